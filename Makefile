@@ -11,6 +11,7 @@ VENV     ?= .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.course-installed
 LAB_PORT ?= 8888
+LAB_ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup lab test course browser clean
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml scripts/install_torch.sh
 
 lab: $(STAMP)
 	# Token authentication stays on; Jupyter prints the URL with the token. Remote box: see README (SSH tunnel).
-	$(PY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT)
+	$(PY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
 
 test: $(STAMP) browser
 	COURSE_PROFILE=smoke HF_HUB_OFFLINE=1 MPLBACKEND=Agg $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
