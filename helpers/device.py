@@ -1,0 +1,363 @@
+"""Pick the device, report the environment (versions, GPUs, CPU features), diagnose common breakage,
+and measure this machine's roofline: matmul throughput per dtype and memory bandwidth."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from helpers.tables import Table
+
+__all__ = ["get_device", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
+           "device_report", "Roofline", "measure_roofline", "Finding", "diagnose", "explain_error",
+           "KNOWN_ERRORS"]
+
+# FP32 "CUDA cores" per SM, by compute capability (NVIDIA's CUDA C++ Programming Guide, table of
+# arithmetic instruction throughput: 32-bit floating-point add/multiply per clock per SM).
+CORES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128,
+                (9, 0): 128, (10, 0): 128, (12, 0): 128}
+
+
+class DeviceUnavailableError(RuntimeError):
+    """The requested device does not exist on this machine."""
+
+
+def _smi(*args: str) -> str | None:
+    """Output of `nvidia-smi args`, or None where it is missing or fails (no driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=20,
+                              check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def get_device(name: str = "auto") -> torch.device:
+    """The torch device to use: "auto" picks cuda, then mps, then cpu; "cuda"/"cuda:1"/"mps"/"cpu" as asked."""
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is a CPU-only build" if torch.version.cuda is None
+                   else "torch was built with CUDA but finds no usable GPU (driver missing or too old?)")
+            raise DeviceUnavailableError(
+                f"CUDA was requested but {why}; use device 'auto' or 'cpu' here, or run "
+                f"helpers.device.diagnose() (lesson 00) for the fix.")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceUnavailableError(f"{name} was requested but only {torch.cuda.device_count()} "
+                                         f"GPU(s) are visible (CUDA_VISIBLE_DEVICES may hide some)")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DeviceUnavailableError("MPS was requested but this is not an Apple-silicon Mac with MPS; use 'auto'")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unsupported device type {dev.type!r}: use 'auto', 'cpu', 'cuda' or 'mps'")
+    return dev
+
+
+# --- environment report ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """One CUDA device as torch sees it, with the number formats its hardware accelerates."""
+
+    index: int
+    name: str
+    capability: tuple[int, int]
+    memory_gb: float  # total memory, GB (10⁹ bytes)
+    sm_count: int
+
+    @property
+    def cuda_cores(self) -> int | None:
+        """SMs × FP32 cores per SM for the architecture (None for an architecture not in the table)."""
+        per_sm = CORES_PER_SM.get(self.capability)
+        return self.sm_count * per_sm if per_sm else None
+
+    @property
+    def accelerates(self) -> dict[str, bool]:
+        """Which formats run on tensor cores: FP16 from Volta (7.0), TF32/BF16 from Ampere (8.0), FP8 from Ada/Hopper (8.9)."""
+        cc = self.capability
+        return {"FP16": cc >= (7, 0), "TF32": cc >= (8, 0), "BF16": cc >= (8, 0), "FP8": cc >= (8, 9)}
+
+
+@dataclass(frozen=True)
+class CPUInfo:
+    """The host CPU: model, logical cores, and the vector / matrix instruction sets that matter to torch."""
+
+    model: str
+    cores: int
+    torch_threads: int
+    isa: dict[str, bool]  # AVX2, AVX-512, AVX512-BF16, AMX-BF16, AMX-FP16
+    torch_capability: str  # what torch's CPU kernels dispatch to, e.g. "AVX512"
+
+
+@dataclass(frozen=True)
+class EnvironmentReport:
+    """Versions and hardware, rendered as a table in a notebook and as text in a terminal."""
+
+    python: str
+    platform: str
+    torch: str
+    cuda_build: str | None  # CUDA version torch was built with (None: CPU-only build)
+    cudnn: str | None
+    nccl: str | None
+    driver: str | None  # NVIDIA driver version, from nvidia-smi
+    driver_cuda: str | None  # newest CUDA version the driver supports, from nvidia-smi
+    cpu: CPUInfo
+    gpus: tuple[GPUInfo, ...] = field(default=())
+
+    def versions(self) -> Table:
+        """Software versions as a table."""
+        t = Table(["component", "version"], title="Software")
+        for k, v in [("Python", self.python), ("platform", self.platform), ("torch", self.torch),
+                     ("CUDA (torch built with)", self.cuda_build or "none (CPU-only build)"),
+                     ("cuDNN", self.cudnn), ("NCCL", self.nccl), ("NVIDIA driver", self.driver),
+                     ("CUDA (driver supports up to)", self.driver_cuda)]:
+            t.add(k, v)
+        return t
+
+    def hardware(self) -> Table:
+        """The CPU and each GPU, with what they accelerate, as a table."""
+        t = Table(["device", "name", "compute capability", "memory GB", "SMs", "CUDA cores",
+                   "accelerates"], title="Hardware")
+        isa = ", ".join(k for k, v in self.cpu.isa.items() if v) or "none of AVX2/AVX-512/AMX"
+        t.add("cpu", self.cpu.model, None, None, None, None,
+              f"{self.cpu.cores} cores, {isa} (torch uses {self.cpu.torch_capability})")
+        for g in self.gpus:
+            acc = ", ".join(k for k, v in g.accelerates.items() if v) or "no tensor cores"
+            t.add(f"cuda:{g.index}", g.name, f"{g.capability[0]}.{g.capability[1]}", round(g.memory_gb, 1),
+                  g.sm_count, g.cuda_cores, acc)
+        return t
+
+    def to_markdown(self) -> str:
+        return self.versions().to_markdown() + "\n\n" + self.hardware().to_markdown()
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def __str__(self) -> str:
+        return f"{self.versions()}\n\n{self.hardware()}"
+
+
+def _cpu_info() -> CPUInfo:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith(("flags", "Features")) and ":" in line:
+                    flags = set(line.split(":", 1)[1].split())
+                if model and flags:
+                    break
+    except OSError:  # not Linux: leave the flags empty
+        pass
+    isa = {"AVX2": "avx2" in flags, "AVX-512": "avx512f" in flags, "AVX512-BF16": "avx512_bf16" in flags,
+           "AMX-BF16": "amx_bf16" in flags, "AMX-FP16": "amx_fp16" in flags}
+    return CPUInfo(model=model, cores=os.cpu_count() or 1, torch_threads=torch.get_num_threads(), isa=isa,
+                   torch_capability=torch.backends.cpu.get_cpu_capability())
+
+
+def _driver() -> tuple[str | None, str | None]:
+    out = _smi()
+    if not out:
+        return None, None
+    drv = re.search(r"Driver Version:\s*([\d.]+)", out)
+    cuda = re.search(r"CUDA Version:\s*([\d.]+)", out)
+    return (drv.group(1) if drv else None), (cuda.group(1) if cuda else None)
+
+
+def device_report() -> EnvironmentReport:
+    """Versions (Python, torch, CUDA, cuDNN, NCCL, driver) and hardware (CPU features, each GPU)."""
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            gpus.append(GPUInfo(i, p.name, (p.major, p.minor), p.total_memory / 1e9, p.multi_processor_count))
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    nccl = None
+    if torch.cuda.is_available() and torch.distributed.is_available() and torch.distributed.is_nccl_available():
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    driver, driver_cuda = _driver()
+    return EnvironmentReport(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
+                             cuda_build=torch.version.cuda, cudnn=str(cudnn) if cudnn else None, nccl=nccl,
+                             driver=driver, driver_cuda=driver_cuda, cpu=_cpu_info(), gpus=tuple(gpus))
+
+
+# --- roofline ----------------------------------------------------------------------------------------
+
+DTYPES = {"float32": torch.float32, "tf32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Measured ceilings of one device: matmul FLOP/s per dtype and copy bandwidth in bytes/s."""
+
+    device_name: str
+    matmul_flops: dict[str, float]  # FLOP/s of an n×n×n matmul, keyed by dtype name
+    bandwidth: float  # bytes/s of a large device copy, counting bytes read + written
+    matmul_size: int
+    copy_bytes: int
+
+    def ridge_point(self, dtype: str = "float32") -> float:
+        """FLOP per byte above which a kernel is compute-bound rather than memory-bound."""
+        return self.matmul_flops[dtype] / self.bandwidth
+
+    def table(self) -> Table:
+        """The roofline as a table (TFLOP/s on GPUs, GFLOP/s on CPUs)."""
+        scale, unit = (1e12, "TFLOP/s") if max(self.matmul_flops.values()) > 5e12 else (1e9, "GFLOP/s")
+        t = Table(["measurement", "value", "unit"], title=f"Measured roofline: {self.device_name}")
+        for k, v in self.matmul_flops.items():
+            t.add(f"matmul {k} ({self.matmul_size}³)", v / scale, unit)
+        t.add(f"copy bandwidth ({self.copy_bytes / 1e6:.0f} MB)", self.bandwidth / 1e9, "GB/s")
+        return t
+
+    def _repr_markdown_(self) -> str:
+        return self.table().to_markdown()
+
+    def __str__(self) -> str:
+        return str(self.table())
+
+
+def measure_roofline(device: torch.device | str | None = None, dtypes: list[str] | None = None,
+                     matmul_size: int | None = None, copy_mb: int | None = None,
+                     min_run_time: float = 0.3) -> Roofline:
+    """Time an n×n matmul per dtype (2n³ FLOP) and a large copy (read + write bytes) on `device`."""
+    from helpers.timing import benchmark
+
+    device = get_device(str(device) if device is not None else "auto")
+    gpu = device.type == "cuda"
+    dtypes = dtypes or (["float32", "tf32", "float16", "bfloat16"] if gpu else ["float32", "bfloat16"])
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        raise ValueError(f"unknown dtype(s) {bad}: choose from {list(DTYPES)}")
+    n = matmul_size or (8192 if gpu else 1024)
+    copy_bytes = (copy_mb or (1024 if gpu else 128)) * 2**20
+    gen = torch.Generator(device=device).manual_seed(0)
+    flops = {}
+    for name in dtypes:
+        # random data: zeros or constants can run faster than real data on some hardware
+        a = torch.randn(n, n, device=device, dtype=DTYPES[name], generator=gen)
+        b = torch.randn(n, n, device=device, dtype=DTYPES[name], generator=gen)
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        try:
+            t = benchmark(lambda: a @ b, name=name, warmup=2, min_run_time=min_run_time)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+        flops[name] = 2 * n**3 / t.median_s
+        del a, b
+    src = torch.randn(copy_bytes // 4, device=device, generator=gen)
+    dst = torch.empty_like(src)
+    t = benchmark(lambda: dst.copy_(src), name="copy", warmup=2, min_run_time=min_run_time)
+    name = torch.cuda.get_device_name(device) if gpu else _cpu_info().model
+    return Roofline(device_name=name, matmul_flops=flops, bandwidth=2 * copy_bytes / t.median_s,
+                    matmul_size=n, copy_bytes=copy_bytes)
+
+
+# --- diagnosing common breakage ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Finding:
+    """One check of the set-up: what was checked, whether it is fine, what was seen, and the fix."""
+
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+# (pattern in an error message, cause, fix): the breakages learners report most
+KNOWN_ERRORS = [
+    (r"Found no NVIDIA driver|NVIDIA driver on your system|no CUDA-capable device",
+     "torch is a CUDA build but no working NVIDIA driver / GPU is visible",
+     "on a GPU box install the NVIDIA driver (nvidia-smi must work); on a CPU box use the CPU build: "
+     "COURSE_TORCH=cpu make setup"),
+    (r"driver version is insufficient|NVIDIA driver on your system is too old|CUDA driver version is insufficient",
+     "the NVIDIA driver is older than the CUDA version torch was built with",
+     "update the driver (it must support at least torch.version.cuda), or install a torch built for "
+     "an older CUDA (pip install torch --index-url https://download.pytorch.org/whl/cu118, for example)"),
+    (r"Torch not compiled with CUDA enabled",
+     "a CPU-only torch build is installed",
+     "on a GPU box install the CUDA build: COURSE_TORCH=cuda make setup"),
+    (r"libcudart\.so[\d.]*: cannot open shared object file|libcudart",
+     "a library expects the CUDA runtime (libcudart) from a system CUDA toolkit that is not on the "
+     "loader's path (torch's own wheels ship theirs)",
+     "install the package's CUDA-bundled wheel, or the CUDA toolkit matching it and add its lib64 "
+     "folder to LD_LIBRARY_PATH; mixing a system CUDA with pip wheels of another version is the usual cause"),
+    (r"CUDA out of memory|OutOfMemoryError",
+     "the GPU ran out of memory",
+     "smaller batch or sequence, mixed precision, activation checkpointing (lesson 03)"),
+]
+
+
+def explain_error(message: str) -> str | None:
+    """The cause and fix of a known CUDA set-up error message, or None when it is not a known one."""
+    for pattern, cause, fix in KNOWN_ERRORS:
+        if re.search(pattern, message, flags=re.IGNORECASE):
+            return f"{cause}. Fix: {fix}"
+    return None
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v or "")[:2])
+
+
+def diagnose(*, torch_cuda: str | None = None, torch_sees_gpu: bool | None = None,
+             smi_gpus: list[str] | None = None, driver_cuda: str | None = None,
+             visible_devices: str | None = None, _gather: bool = True) -> list[Finding]:
+    """Check the GPU set-up and say what is broken and how to fix it; with no arguments, checks this machine."""
+    if _gather:
+        torch_cuda = torch.version.cuda
+        torch_sees_gpu = torch.cuda.is_available()
+        out = _smi("-L")
+        smi_gpus = [l for l in (out or "").splitlines() if l.startswith("GPU")] if out is not None else None
+        driver_cuda = _driver()[1]
+        visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    findings = [Finding("torch build", True, f"torch {torch.__version__}, "
+                        + (f"built with CUDA {torch_cuda}" if torch_cuda else "CPU-only build"))]
+    has_gpu = bool(smi_gpus)
+    findings.append(Finding("NVIDIA driver", True,
+                            "nvidia-smi not found: no NVIDIA driver on this machine" if smi_gpus is None
+                            else f"nvidia-smi lists {len(smi_gpus)} GPU(s), driver supports CUDA {driver_cuda}"))
+    if torch_cuda and smi_gpus is None:
+        findings.append(Finding("CUDA build without a driver", False,
+                                "torch is a CUDA build but there is no NVIDIA driver (nvidia-smi missing)",
+                                "fine on a CPU box, but it is GBs of unused CUDA libraries: COURSE_TORCH=cpu "
+                                "make setup installs the CPU build; on a GPU box install the NVIDIA driver"))
+    if torch_cuda is None and has_gpu:
+        findings.append(Finding("CPU-only torch on a GPU box", False,
+                                "nvidia-smi sees a GPU but torch is a CPU-only build, so every lesson runs on the CPU",
+                                "COURSE_TORCH=cuda make setup (installs the CUDA build of torch)"))
+    if torch_cuda and driver_cuda and _version_tuple(driver_cuda) < _version_tuple(torch_cuda):
+        findings.append(Finding("driver too old for this torch", False,
+                                f"torch needs CUDA {torch_cuda}; the driver supports up to CUDA {driver_cuda}",
+                                "update the NVIDIA driver, or install a torch built for CUDA "
+                                f"{driver_cuda} or older"))
+    if visible_devices is not None and visible_devices.strip() in ("", "-1") and has_gpu:
+        findings.append(Finding("GPUs hidden", False, f"CUDA_VISIBLE_DEVICES={visible_devices!r} hides every GPU",
+                                "unset CUDA_VISIBLE_DEVICES or list the GPU indices to use"))
+    if torch_cuda and has_gpu and not torch_sees_gpu and all(f.ok for f in findings):
+        findings.append(Finding("torch cannot use the GPU", False,
+                                "torch is a CUDA build, the driver sees a GPU, but torch.cuda.is_available() is False",
+                                "run python -c 'import torch; torch.zeros(1).cuda()' and look the message up "
+                                "with helpers.device.explain_error"))
+    findings.append(Finding("torch can use a GPU", True, "yes" if torch_sees_gpu else
+                            "no: the lessons run on the CPU with the smoke sizes"))
+    return findings
