@@ -16,7 +16,7 @@ import torch
 from helpers.tables import Table
 
 __all__ = ["get_device", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
-           "device_report", "Roofline", "measure_roofline", "Finding", "diagnose", "explain_error",
+           "device_report", "Roofline", "measure_roofline", "Finding", "SetupFacts", "diagnose", "findings_table", "explain_error",
            "KNOWN_ERRORS"]
 
 # FP32 "CUDA cores" per SM, by compute capability (NVIDIA's CUDA C++ Programming Guide, table of
@@ -319,17 +319,29 @@ def _version_tuple(v: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v or "")[:2])
 
 
-def diagnose(*, torch_cuda: str | None = None, torch_sees_gpu: bool | None = None,
-             smi_gpus: list[str] | None = None, driver_cuda: str | None = None,
-             visible_devices: str | None = None, _gather: bool = True) -> list[Finding]:
-    """Check the GPU set-up and say what is broken and how to fix it; with no arguments, checks this machine."""
-    if _gather:
-        torch_cuda = torch.version.cuda
-        torch_sees_gpu = torch.cuda.is_available()
+@dataclass(frozen=True)
+class SetupFacts:
+    """What `diagnose` looks at; `SetupFacts.gather()` reads them off this machine."""
+
+    torch_cuda: str | None  # torch.version.cuda: None for a CPU-only build
+    torch_sees_gpu: bool  # torch.cuda.is_available()
+    smi_gpus: list[str] | None  # lines of `nvidia-smi -L`; None when nvidia-smi is missing or fails
+    driver_cuda: str | None  # "CUDA Version" in nvidia-smi's header
+    visible_devices: str | None  # $CUDA_VISIBLE_DEVICES
+
+    @classmethod
+    def gather(cls) -> "SetupFacts":
         out = _smi("-L")
-        smi_gpus = [l for l in (out or "").splitlines() if l.startswith("GPU")] if out is not None else None
-        driver_cuda = _driver()[1]
-        visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return cls(torch_cuda=torch.version.cuda, torch_sees_gpu=torch.cuda.is_available(),
+                   smi_gpus=None if out is None else [l for l in out.splitlines() if l.startswith("GPU")],
+                   driver_cuda=_driver()[1], visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def diagnose(facts: SetupFacts | None = None) -> list[Finding]:
+    """Check the GPU set-up and say what is broken and how to fix it (default: this machine's facts)."""
+    f = facts or SetupFacts.gather()
+    torch_cuda, torch_sees_gpu, smi_gpus = f.torch_cuda, f.torch_sees_gpu, f.smi_gpus
+    driver_cuda, visible_devices = f.driver_cuda, f.visible_devices
     findings = [Finding("torch build", True, f"torch {torch.__version__}, "
                         + (f"built with CUDA {torch_cuda}" if torch_cuda else "CPU-only build"))]
     has_gpu = bool(smi_gpus)
@@ -361,3 +373,11 @@ def diagnose(*, torch_cuda: str | None = None, torch_sees_gpu: bool | None = Non
     findings.append(Finding("torch can use a GPU", True, "yes" if torch_sees_gpu else
                             "no: the lessons run on the CPU with the smoke sizes"))
     return findings
+
+
+def findings_table(findings: list[Finding]) -> Table:
+    """Findings of `diagnose` as a table: check, status, what was seen, the fix."""
+    t = Table(["check", "status", "seen", "fix"], title="Diagnosis")
+    for f in findings:
+        t.add(f.check, "ok" if f.ok else "PROBLEM", f.detail, f.fix or None)
+    return t

@@ -1,0 +1,46 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.config import PROFILES, get_profile, pick, seed_everything
+
+
+def test_profile_from_environment(monkeypatch):
+    monkeypatch.setenv("COURSE_PROFILE", "full")
+    assert get_profile() == "full"
+    monkeypatch.setenv("COURSE_PROFILE", "SMOKE")
+    assert get_profile() == "smoke"
+
+
+def test_unset_profile_follows_the_hardware(monkeypatch):
+    monkeypatch.delenv("COURSE_PROFILE", raising=False)
+    assert get_profile() == ("full" if torch.cuda.is_available() else "smoke")
+
+
+def test_unknown_profile_lists_the_valid_ones(monkeypatch):
+    monkeypatch.setenv("COURSE_PROFILE", "huge")
+    with pytest.raises(ValueError) as err:
+        get_profile()
+    assert "huge" in str(err.value) and all(p in str(err.value) for p in PROFILES)
+
+
+def test_pick():
+    assert pick("smoke", smoke=1, full=2) == 1
+    assert pick("full", smoke=1, full=2) == 2
+    with pytest.raises(ValueError, match="medium"):
+        pick("medium", smoke=1, full=2)
+
+
+def test_seed_everything_repeats_every_generator():
+    def draw():
+        return random.random(), np.random.rand(), torch.rand(3)
+
+    seed_everything(7)
+    a = draw()
+    seed_everything(7)
+    b = draw()
+    assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+    seed_everything(8)
+    assert draw()[0] != a[0]

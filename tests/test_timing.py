@@ -1,0 +1,51 @@
+import time
+
+import pytest
+
+from helpers.tables import Table
+from helpers.timing import Timing, benchmark, compare, time_once
+
+
+def test_benchmark_measures_what_it_runs_and_warms_up():
+    calls = []
+
+    def work():
+        calls.append(1)
+        time.sleep(0.01)
+
+    t = benchmark(work, name="sleep", warmup=3, min_run_time=0.1)
+    assert isinstance(t, Timing) and t.name == "sleep"
+    assert 0.009 < t.median_s < 0.05  # a 10 ms sleep, timed; generous upper bound for a busy machine
+    # warm-up calls happen on top of the timed ones
+    assert len(calls) >= 3 + t.runs * t.calls_per_run
+    assert t.iqr_s >= 0 and len(t.times_s) == t.runs
+
+
+def test_benchmark_rejects_bad_input():
+    with pytest.raises(ValueError, match="callable"):
+        benchmark(42)
+    with pytest.raises(ValueError, match="min_run_time"):
+        benchmark(lambda: None, min_run_time=0)
+
+
+def test_time_once_returns_result_and_seconds():
+    out, s = time_once(lambda: (time.sleep(0.02), "done")[1])
+    assert out == "done" and 0.015 < s < 1.0
+
+
+def test_compare_speedups_relative_to_baseline():
+    slow = Timing("slow", 0.2, 0.0, 3, 1)
+    fast = Timing("fast", 0.05, 0.0, 3, 1)
+    table = compare([slow, fast])
+    assert isinstance(table, Table)
+    assert table.column("speed-up vs slow") == [1.0, 4.0]
+    assert compare({"a": slow, "b": fast}, baseline="b").column("speed-up vs b") == [0.25, 1.0]
+    with pytest.raises(ValueError, match="baseline"):
+        compare([slow], baseline="missing")
+    assert "| fast |" in table.to_markdown()
+
+
+def test_table_checks_row_width():
+    t = Table(["a", "b"])
+    with pytest.raises(ValueError, match="2 columns"):
+        t.add(1, 2, 3)
