@@ -3,20 +3,22 @@ and measure this machine's roofline: matmul throughput per dtype and memory band
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
 from helpers.tables import Table
 
 __all__ = ["get_device", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
-           "device_report", "Roofline", "measure_roofline", "Finding", "SetupFacts", "diagnose", "findings_table", "explain_error",
+           "device_report", "Roofline", "measure_roofline", "load_roofline", "Finding", "SetupFacts", "diagnose", "findings_table", "explain_error",
            "KNOWN_ERRORS"]
 
 # FP32 "CUDA cores" per SM, by compute capability (NVIDIA's CUDA C++ Programming Guide, table of
@@ -233,6 +235,28 @@ class Roofline:
 
     def __str__(self) -> str:
         return str(self.table())
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the roofline as JSON (default: the course cache, where `load_roofline` finds it)."""
+        path = Path(path) if path is not None else _roofline_path(self.device_name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=2))
+        return path
+
+
+def _roofline_path(device_name: str) -> Path:
+    cache = Path(os.environ.get("COURSE_CACHE", Path.home() / ".cache" / "fast-transformers-course"))
+    return cache / f"roofline-{re.sub(r'[^A-Za-z0-9]+', '-', device_name).strip('-').lower()}.json"
+
+
+def load_roofline(device_name: str | None = None) -> Roofline | None:
+    """The roofline lesson 00 measured for `device_name` (default: the current device), or None."""
+    if device_name is None:
+        device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu_info().model
+    path = _roofline_path(device_name)
+    if not path.exists():
+        return None
+    return Roofline(**json.loads(path.read_text()))
 
 
 def measure_roofline(device: torch.device | str | None = None, dtypes: list[str] | None = None,

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["label_axes", "bar_chart"]
+__all__ = ["label_axes", "bar_chart", "roofline_chart"]
 
 
 # --- shared -----------------------------------------------------------------------------------------
@@ -47,6 +47,28 @@ def bar_chart(values: Mapping[str, float], *, title: str, ylabel: str, xlabel: s
     ax.tick_params(axis="x", rotation=30)
     ax.margins(y=0.2)
     label_axes(ax, title, xlabel, ylabel)
+    fig.tight_layout()
+    return fig
+
+
+def roofline_chart(roofline, points: Mapping[str, tuple[float, float]] | None = None) -> Figure:
+    """Attainable FLOP/s against arithmetic intensity (log-log), one roof per dtype; `points` maps a
+    kernel's name to its (FLOP per byte, FLOP/s)."""
+    import numpy as np
+
+    peak = max(roofline.matmul_flops.values())
+    scale, unit = (1e12, "TFLOP/s") if peak > 5e12 else (1e9, "GFLOP/s")
+    ridge = peak / roofline.bandwidth
+    x = np.logspace(np.log10(ridge) - 3, np.log10(ridge) + 2, 200)  # FLOP per byte
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, flops in roofline.matmul_flops.items():
+        ax.loglog(x, np.minimum(flops, roofline.bandwidth * x) / scale, label=f"{name} matmul roof")
+    for name, (intensity, flops) in (points or {}).items():
+        ax.loglog([intensity], [flops / scale], "o")
+        ax.annotate(name, (intensity, flops / scale), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.legend(fontsize=8)
+    label_axes(ax, f"Measured roofline: {roofline.device_name}", "arithmetic intensity [FLOP/byte]",
+               f"attainable throughput [{unit}]")
     fig.tight_layout()
     return fig
 
