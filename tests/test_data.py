@@ -1,0 +1,184 @@
+"""helpers.data: splits, CSV errors, the padding collate function and the length-bucketing sampler."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from helpers import data
+from helpers.data import (LengthBucketSampler, PadCollate, TextExamples, TokenizedDataset,
+                          load_text_classification, make_dataloader, padding_fraction,
+                          read_csv_corpus, stratified_split)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return load_text_classification("bundled", seed=0, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from helpers.models import offline_bert_path
+
+    return AutoTokenizer.from_pretrained(offline_bert_path())
+
+
+def test_bundled_corpus_is_the_bbc_news_articles(bundled):
+    assert bundled.label_names == ["business", "entertainment", "politics", "sports", "tech"]
+    assert sum(bundled.sizes.values()) == 2225 - 98  # exact duplicates dropped
+    raw = load_text_classification("bundled", dedupe=False, verbose=False)
+    assert sum(raw.sizes.values()) == 2225
+    assert bundled.source == "bundled"
+    assert all(isinstance(t, str) and t for t in bundled.train.texts[:50])
+
+
+def test_auto_falls_back_to_bundled_when_hub_disabled(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    splits = load_text_classification(max_examples=100)
+    assert splits.source == "bundled"
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "HF_HUB_OFFLINE" in out[0] and "bundled" in out[0]
+
+
+def test_splits_deterministic_disjoint_and_stratified(bundled):
+    again = load_text_classification("bundled", seed=0, verbose=False)
+    assert again.train.texts == bundled.train.texts and again.test.labels == bundled.test.labels
+    other = load_text_classification("bundled", seed=1, verbose=False)
+    assert other.test.texts != bundled.test.texts
+    parts = [set(bundled.train.texts), set(bundled.val.texts), set(bundled.test.texts)]
+    assert not (parts[0] & parts[1]) and not (parts[0] & parts[2]) and not (parts[1] & parts[2])
+    total = Counter(bundled.train.labels + bundled.val.labels + bundled.test.labels)
+    n = sum(total.values())
+    for split in (bundled.train, bundled.val, bundled.test):
+        counts = Counter(split.labels)
+        for c, k in total.items():  # each class within one example of its share of the whole
+            assert abs(counts[c] - k * len(split) / n) <= 1.5, (c, counts[c], k * len(split) / n)
+
+
+def test_stratified_split_indices_cover_everything_once():
+    labels = [0] * 40 + [1] * 30 + [2] * 30
+    tr, va, te = stratified_split(labels, 0.2, 0.1, seed=3)
+    assert sorted(tr + va + te) == list(range(100))
+    assert (len(tr), len(va), len(te)) == (70, 20, 10)
+    assert Counter(labels[i] for i in te) == {0: 4, 1: 3, 2: 3}
+    with pytest.raises(ValueError, match="val_frac"):
+        stratified_split(labels, 0.6, 0.5)
+
+
+def test_csv_good_wrong_columns_and_empty(tmp_path):
+    good = tmp_path / "good.csv"
+    good.write_text("text,label\nhello world,pos\n\"a, b\",neg\nmore,pos\n", encoding="utf-8")
+    texts, labels, names = read_csv_corpus(good)
+    assert texts == ["hello world", "a, b", "more"] and names == ["neg", "pos"] and labels == [1, 0, 1]
+    numeric = tmp_path / "num.csv"
+    numeric.write_text("label,text\n10,x\n2,y\n", encoding="utf-8")
+    assert read_csv_corpus(numeric)[2] == ["2", "10"]  # integer labels sort as numbers
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("sentence,category\nhi,a\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"needs columns 'text' and 'label'.*sentence.*category"):
+        read_csv_corpus(wrong)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(ValueError, match="empty"):
+        read_csv_corpus(empty)
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("text,label\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no rows"):
+        read_csv_corpus(header_only)
+    with pytest.raises(ValueError, match="does not exist"):
+        read_csv_corpus(tmp_path / "missing.csv")
+
+
+def test_csv_path_selects_csv_source(tmp_path):
+    f = tmp_path / "mine.csv"
+    rows = "".join(f"text number {i},{'ab'[i % 2]}\n" for i in range(40))
+    f.write_text("text,label\n" + rows, encoding="utf-8")
+    splits = load_text_classification(csv_path=f, verbose=False)
+    assert splits.source == "csv" and splits.label_names == ["a", "b"] and sum(splits.sizes.values()) == 40
+    with pytest.raises(ValueError, match="source must be one of"):
+        load_text_classification("web")
+
+
+def test_collate_pads_to_longest_and_masks_real_tokens():
+    batch = [{"input_ids": [101, 5, 6, 102], "labels": 1}, {"input_ids": [101, 102], "labels": 0},
+             {"input_ids": [101, 7, 102], "labels": 2}]
+    out = PadCollate(pad_token_id=0)(batch)
+    assert out["input_ids"].shape == (3, 4) and out["input_ids"].dtype == torch.long
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]
+    assert out["input_ids"].tolist() == [[101, 5, 6, 102], [101, 102, 0, 0], [101, 7, 102, 0]]
+    assert out["labels"].tolist() == [1, 0, 2]
+    fixed = PadCollate(pad_token_id=9, fixed_length=6)(batch)
+    assert fixed["input_ids"].shape == (3, 6) and fixed["input_ids"][1, 2:].eq(9).all()
+    assert fixed["attention_mask"].sum(1).tolist() == [4, 2, 3]
+    with pytest.raises(ValueError, match="fixed_length=3"):
+        PadCollate(fixed_length=3)(batch)
+
+
+def test_collate_agrees_with_transformers_data_collator(bundled, tokenizer):
+    from transformers import DataCollatorWithPadding
+
+    ds = data.tokenize(TextExamples(bundled.train.texts[:8], bundled.train.labels[:8]), tokenizer, 64)
+    ds_short = data.tokenize(TextExamples([t[:80] for t in bundled.train.texts[:8]], bundled.train.labels[:8]),
+                             tokenizer, 64)
+    for d in (ds, ds_short):
+        items = [d[i] for i in range(len(d))]
+        ours = PadCollate(tokenizer.pad_token_id)(items)
+        theirs = DataCollatorWithPadding(tokenizer, padding="longest", return_tensors="pt")(
+            [{"input_ids": x["input_ids"], "labels": x["labels"]} for x in items])
+        assert torch.equal(ours["input_ids"], theirs["input_ids"])
+        assert torch.equal(ours["attention_mask"], theirs["attention_mask"])
+        assert torch.equal(ours["labels"], theirs["labels"])
+    assert max(ds_short.lengths) < 64  # the short texts really were padded dynamically
+
+
+@pytest.mark.parametrize("n,batch_size,drop_last", [(103, 8, False), (1000, 16, False), (103, 8, True)])
+def test_bucket_sampler_yields_every_index_once(n, batch_size, drop_last):
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(5, 500, (n,), generator=g).tolist()
+    sampler = LengthBucketSampler(lengths, batch_size, seed=0, drop_last=drop_last, bucket_batches=4)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    flat = [i for b in batches for i in b]
+    if drop_last:
+        assert len(flat) == n - n % batch_size and len(set(flat)) == len(flat)
+        assert all(len(b) == batch_size for b in batches)
+    else:
+        assert sorted(flat) == list(range(n))
+    sampler.set_epoch(1)
+    assert [i for b in sampler for i in b] != flat  # a new order each epoch
+    sampler.set_epoch(0)
+    assert [i for b in sampler for i in b] == flat  # and the same order for the same epoch
+
+
+def test_bucketing_reduces_padding_on_the_corpus(bundled, tokenizer):
+    ds = data.tokenize(bundled.val, tokenizer, max_length=512)
+    fracs = {p: padding_fraction(make_dataloader(ds, 16, padding=p, pad_token_id=tokenizer.pad_token_id,
+                                                 fixed_length=512)) for p in ("fixed", "dynamic", "bucketed")}
+    assert fracs["fixed"] >= fracs["dynamic"] > fracs["bucketed"] >= 0
+    real = sum(ds.lengths)
+    assert fracs["fixed"] == pytest.approx(1 - real / (512 * len(ds)))
+
+
+def test_dataloader_with_workers_pickles(tokenizer):
+    ds = TokenizedDataset([[101] + [5] * k + [102] for k in range(20)], [k % 3 for k in range(20)])
+    pickle.dumps((ds, PadCollate(0), LengthBucketSampler(ds.lengths, 4)))
+    loader = make_dataloader(ds, 4, padding="bucketed", num_workers=1)
+    batches = list(loader)
+    assert sorted(batches[0].keys()) == ["attention_mask", "input_ids", "labels"]
+    assert sum(int(b["attention_mask"].sum()) for b in batches) == sum(ds.lengths)
+    assert isinstance(loader, DataLoader)
+
+
+def test_bad_inputs_are_value_errors():
+    with pytest.raises(ValueError, match="padding must be one of"):
+        make_dataloader(TokenizedDataset([[1]], [0]), 2, padding="smart")
+    with pytest.raises(ValueError, match="batch_size"):
+        LengthBucketSampler([1, 2], 0)
+    with pytest.raises(ValueError, match="max_examples"):
+        load_text_classification("bundled", max_examples=5, verbose=False)
