@@ -29,7 +29,7 @@ lab: $(STAMP)
 	$(PY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
 
 test: $(STAMP) browser
-	COURSE_PROFILE=smoke HF_HUB_OFFLINE=1 MPLBACKEND=Agg $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
+	COURSE_PROFILE=smoke HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
 
 course: $(STAMP)
 	mkdir -p build
