@@ -13,6 +13,8 @@ STAMP    := $(VENV)/.course-installed
 LAB_PORT ?= 8888
 LAB_ARGS ?=
 PYTEST_ARGS ?=
+# `make test TEST_PROFILE=full` on a GPU runs the notebooks with their real sizes
+TEST_PROFILE ?= smoke
 
 .PHONY: setup lab test course browser clean
 
@@ -29,7 +31,7 @@ lab: $(STAMP)
 	$(PY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
 
 test: $(STAMP) browser
-	COURSE_PROFILE=smoke HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
+	COURSE_PROFILE=$(TEST_PROFILE) HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
 
 course: $(STAMP)
 	mkdir -p build
