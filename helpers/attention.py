@@ -1,12 +1,42 @@
-"""Attention for teaching: the naive formula first; lesson 01 grows this module."""
+"""Attention for teaching (lesson 01): the naive formula, the tiled online-softmax algorithm behind
+FlashAttention, SDPA with a chosen backend, FlexAttention masks, peak memory of one call, and the
+capture of attention maps from a Hugging Face model.
+
+Shapes throughout: q (B, H, Tq, d); k, v (B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real
+token. Causal masks are aligned bottom-right (query i sees keys j <= i + Tk - Tq), which is the usual
+causal mask when Tq == Tk.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["naive_attention"]
+__all__ = ["naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
+           "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod", "peak_memory_bytes",
+           "AttentionMaps", "capture_attention_maps", "attention_flops"]
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               key_padding_mask: torch.Tensor | None) -> None:
+    """Raise ValueError naming the shapes got and needed, for q, k, v and the padding mask."""
+    if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"need q (B, H, Tq, d) and k, v (B, H, Tk, d) with equal B, H, d; got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (k.shape[0], k.shape[2]):
+        raise ValueError(f"key_padding_mask must be (B, Tk) = {(k.shape[0], k.shape[2])}, "
+                         f"got {tuple(key_padding_mask.shape)}")
+
+
+def _causal_allowed(tq: int, tk: int, device: torch.device) -> torch.Tensor:
+    """(Tq, Tk) bool, True where query i may see key j (j <= i + Tk - Tq)."""
+    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(tk - tq)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -16,18 +46,234 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
     q: (B, H, Tq, d); k, v: (B, H, Tk, d); key_padding_mask: (B, Tk) bool, True for real tokens.
     """
-    if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"need q (B, H, Tq, d) and k, v (B, H, Tk, d) with equal B, H, d; got "
-                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    _check_qkv(q, k, v, key_padding_mask)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk): the O(N²) matrix
     if causal:
         tq, tk = scores.shape[-2:]
-        future = torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(tk - tq + 1)
-        scores = scores.masked_fill(future, float("-inf"))
+        scores = scores.masked_fill(~_causal_allowed(tq, tk, q.device), float("-inf"))
     if key_padding_mask is not None:
-        if key_padding_mask.shape != (k.shape[0], k.shape[2]):
-            raise ValueError(f"key_padding_mask must be (B, Tk) = {(k.shape[0], k.shape[2])}, "
-                             f"got {tuple(key_padding_mask.shape)}")
         scores = scores.masked_fill(~key_padding_mask.bool()[:, None, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
+                    block_q: int = 64, block_k: int = 64) -> torch.Tensor:
+    """FlashAttention's algorithm in plain PyTorch: blocks of K/V with a running max and sum (online
+    softmax), so only (block_q, block_k) scores exist at a time, never the (Tq, Tk) matrix."""
+    _check_qkv(q, k, v, key_padding_mask)
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    tq, tk = q.shape[2], k.shape[2]
+    out = torch.empty_like(q)
+    for qs in range(0, tq, block_q):
+        qb = q[:, :, qs:qs + block_q].float() * scale  # (B, H, bq, d); fp32 accumulation, as the kernel does
+        rows = torch.arange(qs, qs + qb.shape[2], device=q.device)
+        m = torch.full(qb.shape[:3], float("-inf"), device=q.device)  # running max per query row
+        l = torch.zeros(qb.shape[:3], device=q.device)  # running sum of exp(score - m)
+        acc = torch.zeros(qb.shape, device=q.device)  # running sum of exp(score - m) * v
+        for ks in range(0, tk, block_k):
+            if causal and ks > rows[-1] + tk - tq:
+                break  # every later key block lies in the future of every query in this block
+            kb, vb = k[:, :, ks:ks + block_k].float(), v[:, :, ks:ks + block_k].float()
+            s = qb @ kb.transpose(-2, -1)  # (B, H, bq, bk): one tile of scores
+            cols = torch.arange(ks, ks + kb.shape[2], device=q.device)
+            if causal:
+                s = s.masked_fill(cols[None, :] > rows[:, None] + tk - tq, float("-inf"))
+            if key_padding_mask is not None:
+                s = s.masked_fill(~key_padding_mask.bool()[:, None, None, ks:ks + block_k], float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # a row with no key yet: avoid inf - inf
+            p = torch.exp(s - m_safe[..., None])  # (B, H, bq, bk)
+            alpha = torch.exp(m - m_safe)  # rescales what was summed under the old max
+            l = l * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + p @ vb
+            m = m_new
+        out[:, :, qs:qs + block_q] = (acc / l[..., None]).to(q.dtype)  # a row with no real key gives NaN, as naive does
+    return out
+
+
+# --- SDPA and its backends ---------------------------------------------------------------------------
+
+SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")  # names used across the course
+
+
+def _backend(name: str) -> Any:
+    from torch.nn.attention import SDPBackend
+
+    table = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    if name not in table:
+        raise ValueError(f"unknown SDPA backend {name!r}: use one of {SDPA_BACKENDS} or None (let torch pick)")
+    return table[name]
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
+                   backend: str | None = None) -> torch.Tensor:
+    """F.scaled_dot_product_attention with the course's masks, restricted to one `backend` if given."""
+    _check_qkv(q, k, v, key_padding_mask)
+    tq, tk = q.shape[2], k.shape[2]
+    mask, is_causal = None, causal and tq == tk  # SDPA's is_causal is top-left aligned: same only if Tq == Tk
+    if key_padding_mask is not None or (causal and not is_causal):
+        mask = torch.ones(k.shape[0], 1, tq, tk, dtype=torch.bool, device=q.device)  # (B, 1, Tq, Tk)
+        if key_padding_mask is not None:
+            mask = mask & key_padding_mask.bool()[:, None, None, :]
+        if causal:
+            mask = mask & _causal_allowed(tq, tk, q.device)
+        is_causal = False  # SDPA takes a mask or is_causal, not both
+    ctx = contextlib.nullcontext() if backend is None else _sdpa_kernel(backend)
+    with ctx:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+
+
+def _sdpa_kernel(name: str) -> Any:
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel(_backend(name))
+
+
+def probe_sdpa_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        causal: bool = False) -> dict[str, str | None]:
+    """For each SDPA backend: None if it runs these inputs on this device, else the reason it refused."""
+    result: dict[str, str | None] = {}
+    for name in SDPA_BACKENDS:
+        try:
+            sdpa_attention(q, k, v, causal=causal, backend=name)
+            result[name] = None
+        except RuntimeError as err:  # "No available kernel..." and friends: reported, not raised
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            result[name] = first[:160]
+    return result
+
+
+# --- FlexAttention -----------------------------------------------------------------------------------
+
+@functools.cache
+def flex_attention_fn() -> Callable[..., torch.Tensor]:
+    """`flex_attention` wrapped in torch.compile (it only runs fast, and on CPU only runs, compiled).
+    The first call for each new shape or mask compiles; time it apart."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def padding_mask_mod(key_padding_mask: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """A FlexAttention mask_mod that hides padded keys; key_padding_mask (B, Tk) bool, True = real."""
+    if key_padding_mask.dim() != 2:
+        raise ValueError(f"key_padding_mask must be (B, Tk), got {tuple(key_padding_mask.shape)}")
+    keep = key_padding_mask.bool()
+
+    def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001 - FlexAttention passes index tensors
+        return keep[b, kv_idx]
+    return mask_mod
+
+
+def sliding_window_mask_mod(window: int, causal: bool = True) -> Callable[..., torch.Tensor]:
+    """A FlexAttention mask_mod for local attention: each query sees keys at most `window` positions away."""
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+
+    def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001
+        near = (q_idx - kv_idx).abs() <= window
+        return near & (kv_idx <= q_idx) if causal else near
+    return mask_mod
+
+
+# --- measuring -------------------------------------------------------------------------------------
+
+def peak_memory_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int:
+    """Peak bytes allocated while `fn()` runs, above what was allocated before it.
+
+    CUDA: the caching allocator's peak statistic. CPU (no allocator statistics): torch.profiler records
+    every allocation and free of the CPU allocator; the running sum in time order peaks at the answer.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    if device.type != "cpu":
+        raise ValueError(f"peak_memory_bytes measures 'cpu' or 'cuda' devices, got {device}")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:  # nbytes > 0: an allocation; < 0: a free
+        live += e.nbytes()
+        peak = max(peak, live)
+    return int(peak)
+
+
+def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, causal: bool = False) -> float:
+    """Matmul FLOPs of one attention forward: 2·B·H·Tq·Tk·d each for QKᵀ and PV (halved when causal)."""
+    flops = 4.0 * batch * heads * tq * tk * head_dim
+    return flops / 2 if causal else flops
+
+
+# --- attention maps of a Hugging Face model ---------------------------------------------------------
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of one text: maps (layers, heads, tokens, tokens), rows sum to 1; token strings."""
+
+    maps: torch.Tensor
+    tokens: list[str]
+    switched_to_eager: bool = False  # True when the model ran SDPA and was switched to eager for the capture
+
+    def __post_init__(self) -> None:
+        if self.maps.dim() != 4 or self.maps.shape[-1] != self.maps.shape[-2]:
+            raise ValueError(f"maps must be (layers, heads, tokens, tokens), got {tuple(self.maps.shape)}")
+        if len(self.tokens) != self.maps.shape[-1]:
+            raise ValueError(f"{len(self.tokens)} tokens given for maps over {self.maps.shape[-1]} tokens "
+                             f"(maps {tuple(self.maps.shape)}); need one token string per position")
+
+    @property
+    def n_layers(self) -> int:
+        return self.maps.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.maps.shape[1]
+
+
+def capture_attention_maps(model: Any, tokenizer: Any, text: str, *, max_length: int = 64,
+                           verbose: bool = True) -> AttentionMaps:
+    """Run `model` on `text` with output_attentions=True and stack the weights (layers, heads, T, T).
+
+    SDPA computes attention without ever forming the weights, so it cannot return them: a model
+    running SDPA is switched to eager attention for the capture (saying so) and switched back after.
+    """
+    if not text:
+        raise ValueError("capture_attention_maps needs a non-empty text")
+    impl = getattr(model.config, "_attn_implementation", None)
+    switched = impl not in (None, "eager")
+    if switched:
+        if verbose:
+            print(f"capture_attention_maps: the model runs {impl!r}, which returns no attention weights; "
+                  "switching it to 'eager' for this capture")
+        model.set_attn_implementation("eager")
+    device = next(model.parameters()).device
+    enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_length).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(**enc, output_attentions=True)
+    finally:
+        model.train(was_training)
+        if switched:
+            model.set_attn_implementation(impl)
+    if not out.attentions:
+        raise RuntimeError("the model returned no attention weights even with eager attention")
+    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # L x (1, H, T, T) -> (L, H, T, T)
+    tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
+    return AttentionMaps(maps=maps, tokens=tokens, switched_to_eager=switched)

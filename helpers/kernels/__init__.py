@@ -1,0 +1,23 @@
+"""Triton kernels of the course: a FlashAttention forward pass (`flash_attention`).
+
+On a CUDA GPU the kernel is compiled by Triton (and autotuned over block sizes). On a machine without
+CUDA it runs through Triton's interpreter, which executes the same kernel code in Python with NumPy on
+CPU tensors: correct, and fine for small sizes, but thousands of times slower than a GPU, so it is for
+checking the algorithm, not for timing it.
+
+Triton decides when it is first imported whether kernels are interpreted: TRITON_INTERPRET=1 must be
+set before then. `flash_attention` on CPU tensors sets it itself if nothing has imported triton yet,
+and otherwise raises an error that says to restart with the variable set (lesson 01's setup cell and
+the tests set it first, on machines without CUDA).
+
+A backward pass is not implemented: `flash_attention` is for inference and for teaching the forward
+algorithm; train with `F.scaled_dot_product_attention`.
+"""
+
+from __future__ import annotations
+
+from helpers.kernels.flash_attention import (SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, flash_attention,
+                                             triton_available, uses_interpreter)
+
+__all__ = ["flash_attention", "triton_available", "uses_interpreter", "SUPPORTED_HEAD_DIMS",
+           "SUPPORTED_DTYPES"]

@@ -1,0 +1,115 @@
+"""Host side of the Triton FlashAttention forward: checks the inputs, picks compiled or interpreted
+Triton, launches one program per (query block, batch·head)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+import sys
+from typing import Any
+
+import torch
+
+__all__ = ["flash_attention", "triton_available", "uses_interpreter", "SUPPORTED_HEAD_DIMS",
+           "SUPPORTED_DTYPES"]
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)  # powers of two that tl.dot tiles; 64 and 128 are the usual ones
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32 on a GPU uses TF32 matmuls
+INTERPRETER_BLOCK = 16  # tile edge under the interpreter: small tiles keep the NumPy work small
+
+
+def triton_available() -> bool:
+    """True when the triton package is installed (Linux; it is not built for macOS or Windows)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def uses_interpreter(device: torch.device | str) -> bool:
+    """True when a kernel on `device` runs through Triton's interpreter: CPU tensors, or TRITON_INTERPRET=1."""
+    env = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "yes", "on")
+    return env or torch.device(device).type != "cuda"
+
+
+def _ensure_interpreter() -> None:
+    """Make Triton interpret kernels: TRITON_INTERPRET=1 must be set before triton is first imported,
+    because triton decides at import time whether its own library functions (tl.zeros, tl.max...) are
+    compiled or interpreted."""
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"  # nothing has imported triton yet: safe to choose now
+        return
+    from triton import knobs
+
+    if not knobs.runtime.interpret:
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so it cannot interpret "
+                           "kernels on CPU tensors in this process: restart, and set "
+                           "os.environ['TRITON_INTERPRET'] = '1' before anything imports triton "
+                           "(lesson 01's setup cell does this on machines without CUDA)")
+
+
+@functools.cache
+def _kernel(interpret: bool, autotune: bool) -> Any:
+    from helpers.kernels import _triton_fwd
+
+    return _triton_fwd.build(interpret, autotune)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
+                    block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
+    """FlashAttention forward in Triton: softmax(Q Kᵀ·scale) V without forming the (Tq, Tk) matrix.
+
+    q (B, H, Tq, d); k, v (B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real token; causal is
+    aligned bottom-right, as in `helpers.attention`. On a GPU the block sizes are autotuned unless
+    given; under the interpreter (CPU tensors) they default to 16. Forward only: no autograd.
+    """
+    from helpers.attention import _check_qkv
+
+    _check_qkv(q, k, v, key_padding_mask)
+    d = q.shape[-1]
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dimension {d} (q {tuple(q.shape)}) is not supported by the kernel: "
+                         f"need d in {SUPPORTED_HEAD_DIMS}")
+    if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype of {[str(t) for t in SUPPORTED_DTYPES]}, got "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    for name, block in (("block_m", block_m), ("block_n", block_n)):
+        if block is not None and (block < 16 or block & (block - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16, got {block}")
+    if not triton_available():
+        raise RuntimeError("flash_attention needs the triton package (Linux): pip install triton")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"flash_attention runs CUDA tensors (compiled) or CPU tensors (interpreted), "
+                         f"got {q.device}")
+    interpret = uses_interpreter(q.device)
+    if interpret:
+        _ensure_interpreter()
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        if torch.is_grad_enabled():
+            raise ValueError("flash_attention has no backward pass; call it under torch.no_grad(), or "
+                             "train with F.scaled_dot_product_attention")
+
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    out = torch.empty_like(q)
+    if key_padding_mask is not None:
+        mask = key_padding_mask.to(device=q.device, dtype=torch.int8).contiguous()  # (B, Tk), 1 = real
+        mask_strides, has_mask = (mask.stride(0), mask.stride(1)), True
+    else:
+        mask, mask_strides, has_mask = q, (0, 0), False  # placeholder pointer, never read
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    args = (q, k, v, out, mask, scale, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            *mask_strides, h, tq, tk, tk - tq)
+    autotune = not interpret and block_m is None and block_n is None
+    kernel = _kernel(interpret, autotune)
+    if autotune:
+        grid = lambda meta: (math.ceil(tq / meta["BLOCK_M"]), b * h)  # noqa: E731
+        kernel[grid](*args, HEAD_DIM=d, CAUSAL=causal, HAS_MASK=has_mask)
+    else:
+        bm = block_m or (INTERPRETER_BLOCK if interpret else 64)
+        bn = block_n or (INTERPRETER_BLOCK if interpret else 64)
+        kernel[(math.ceil(tq / bm), b * h)](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+                                            HAS_MASK=has_mask, EVEN_N=tk % bn == 0)
+    return out

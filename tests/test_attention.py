@@ -1,0 +1,111 @@
+"""helpers.attention: naive and tiled attention agree with SDPA's math backend; masks; memory; maps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.attention import (AttentionMaps, attention_flops, capture_attention_maps, naive_attention,
+                               peak_memory_bytes, probe_sdpa_backends, sdpa_attention, tiled_attention)
+
+# fp32 on CPU: the three compute the same sums in a different order; differences seen are ~1e-6.
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def _inputs(b: int, h: int, tq: int, tk: int, d: int, seed: int, padded: bool):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, tq, d, generator=g)
+    k = torch.randn(b, h, tk, d, generator=g)
+    v = torch.randn(b, h, tk, d, generator=g)
+    mask = None
+    if padded:  # each sequence keeps a random-length prefix of real keys (at least one)
+        lengths = torch.randint(1, tk + 1, (b,), generator=g)
+        mask = torch.arange(tk)[None, :] < lengths[:, None]  # (B, Tk), True = real
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("tq,tk", [(37, 37), (50, 50), (13, 29)])  # not multiples of the block sizes
+def test_naive_and_tiled_match_sdpa_math(causal: bool, padded: bool, tq: int, tk: int) -> None:
+    q, k, v, mask = _inputs(2, 3, tq, tk, 16, seed=tq * 100 + tk + 7 * causal + padded, padded=padded)
+    ref = sdpa_attention(q, k, v, causal=causal, key_padding_mask=mask, backend="math")
+    naive = naive_attention(q, k, v, causal=causal, key_padding_mask=mask)
+    tiled = tiled_attention(q, k, v, causal=causal, key_padding_mask=mask, block_q=16, block_k=8)
+    torch.testing.assert_close(naive, ref, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(tiled, ref, atol=ATOL, rtol=RTOL)
+
+
+def test_masks_change_the_result() -> None:
+    """A check that would pass if masks were silently ignored is no check: they must matter."""
+    q, k, v, mask = _inputs(2, 2, 20, 20, 16, seed=3, padded=False)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[:, 10:] = False
+    plain = tiled_attention(q, k, v, block_q=8, block_k=8)
+    assert not torch.allclose(plain, tiled_attention(q, k, v, causal=True, block_q=8, block_k=8), atol=1e-3)
+    assert not torch.allclose(plain, tiled_attention(q, k, v, key_padding_mask=mask, block_q=8, block_k=8),
+                              atol=1e-3)
+    # causal: the first query sees only the first key, so its output is that key's value
+    torch.testing.assert_close(naive_attention(q, k, v, causal=True)[:, :, 0], v[:, :, 0])
+
+
+def test_bad_shapes_name_what_they_got() -> None:
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match=r"q \(1, 2, 8, 16\).*k \(1, 2, 8, 32\)"):
+        naive_attention(q, torch.randn(1, 2, 8, 32), torch.randn(1, 2, 8, 32))
+    with pytest.raises(ValueError, match=r"\(B, Tk\) = \(1, 8\), got \(1, 9\)"):
+        tiled_attention(q, q, q, key_padding_mask=torch.ones(1, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="need q"):
+        sdpa_attention(q, q[:, :1], q)
+    with pytest.raises(ValueError, match="unknown SDPA backend"):
+        sdpa_attention(q, q, q, backend="fastest")
+
+
+def test_probe_reports_instead_of_raising() -> None:
+    q = torch.randn(1, 2, 16, 16)
+    result = probe_sdpa_backends(q, q, q)
+    assert set(result) == {"math", "flash", "efficient", "cudnn"}
+    assert result["math"] is None  # the math backend runs everywhere
+    if not torch.cuda.is_available():
+        assert isinstance(result["cudnn"], str) and result["cudnn"]  # cuDNN needs a GPU: a reason, not a crash
+
+
+def test_naive_memory_grows_with_the_score_matrix() -> None:
+    """Measured with the profiler's allocation records: the naive call holds (B, H, N, N) fp32 scores."""
+    b, h, n, d = 1, 4, 512, 32
+    q = torch.randn(b, h, n, d)
+    scores_bytes = b * h * n * n * 4
+    naive = peak_memory_bytes(lambda: naive_attention(q, q, q), "cpu")
+    small = peak_memory_bytes(lambda: naive_attention(q[:, :, : n // 2], q[:, :, : n // 2], q[:, :, : n // 2]))
+    assert naive >= scores_bytes, (naive, scores_bytes)
+    assert naive / small > 3.0, (naive, small)  # doubling N: about 4x (N²), not 2x
+    sdpa = peak_memory_bytes(lambda: sdpa_attention(q, q, q, backend="flash"), "cpu")
+    assert sdpa < scores_bytes, (sdpa, scores_bytes)  # CPU flash kernel: tiles, no (N, N) matrix
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        peak_memory_bytes(lambda: None, "meta")
+
+
+def test_attention_flops() -> None:
+    assert attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
+    assert attention_flops(1, 1, 8, 8, 4, causal=True) == 2 * 8 * 8 * 4
+
+
+def test_capture_maps_from_offline_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from helpers.models import load_bert
+
+    model, tok = load_bert(attn_implementation="sdpa", verbose=False)
+    maps = capture_attention_maps(model, tok, "Attention maps show where each token looks.", verbose=False)
+    n_tokens = len(tok("Attention maps show where each token looks.")["input_ids"])
+    cfg = model.config
+    assert maps.maps.shape == (cfg.num_hidden_layers, cfg.num_attention_heads, n_tokens, n_tokens)
+    torch.testing.assert_close(maps.maps.sum(-1), torch.ones(maps.maps.shape[:-1]), atol=1e-5, rtol=0)
+    assert maps.switched_to_eager and maps.tokens[0] == "[CLS]" and maps.tokens[-1] == "[SEP]"
+    assert model.config._attn_implementation == "sdpa"  # switched back after the capture
+
+
+def test_maps_token_count_must_match() -> None:
+    with pytest.raises(ValueError, match=r"3 tokens given for maps over 4 tokens"):
+        AttentionMaps(maps=torch.rand(2, 2, 4, 4), tokens=["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"\(layers, heads, tokens, tokens\)"):
+        AttentionMaps(maps=torch.rand(2, 4, 4), tokens=["a", "b", "c", "d"])
