@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["label_axes", "bar_chart", "roofline_chart"]
+__all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart", "attention_map_chart", "attention_grid_chart", "attention_sweep_chart"]
 
 
 # --- shared -----------------------------------------------------------------------------------------
@@ -75,6 +75,101 @@ def roofline_chart(roofline, points: Mapping[str, tuple[float, float]] | None = 
 
 # --- attention (lesson 01) --------------------------------------------------------------------------
 
+def _as_2d_list(weights) -> list[list[float]]:  # noqa: ANN001 - a tensor, an array or nested lists
+    data = weights.detach().cpu().tolist() if hasattr(weights, "detach") else (
+        weights.tolist() if hasattr(weights, "tolist") else [list(r) for r in weights])
+    if not data or not isinstance(data[0], list) or any(len(r) != len(data) for r in data):
+        shape = getattr(weights, "shape", None)
+        raise ValueError(f"need a square (tokens, tokens) map, got shape {tuple(shape) if shape is not None else '?'}")
+    return data
+
+
+def attention_map_chart(weights, tokens: Sequence[str], *, title: str = "attention map",  # noqa: ANN001
+                        ax: Axes | None = None, highlight: int | None = None) -> Figure:
+    """One attention map (query rows × key columns) with the tokens on both axes; `highlight` frames a query row."""
+    data = _as_2d_list(weights)
+    if len(tokens) != len(data):
+        raise ValueError(f"{len(tokens)} token labels for a map of shape ({len(data)}, {len(data)}): "
+                         "need one label per row and column")
+    if ax is None:
+        size = min(9.0, 2.5 + 0.28 * len(data))
+        fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    else:
+        fig = ax.figure
+    image = ax.imshow(data, cmap="viridis", vmin=0.0, aspect="equal")
+    ax.set_xticks(range(len(tokens)), labels=list(tokens), rotation=90, fontsize=8)
+    ax.set_yticks(range(len(tokens)), labels=list(tokens), fontsize=8)
+    if highlight is not None:
+        if not 0 <= highlight < len(data):
+            raise ValueError(f"highlight must be a row index in [0, {len(data)}), got {highlight}")
+        ax.add_patch(plt.Rectangle((-0.5, highlight - 0.5), len(data), 1, fill=False, edgecolor="red", lw=2))
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight (probability, sums to 1 per row)")
+    label_axes(ax, title, "key token (attended to)", "query token (attending)")
+    return fig
+
+
+def attention_grid_chart(maps, *, layers: Sequence[int] | None = None,  # noqa: ANN001 - (L, H, T, T)
+                         heads: Sequence[int] | None = None, title: str = "attention maps by layer and head") -> Figure:
+    """A grid of small attention maps: one row per layer, one column per head (token labels omitted)."""
+    shape = tuple(getattr(maps, "shape", ()))
+    if len(shape) != 4 or shape[-1] != shape[-2]:
+        raise ValueError(f"need maps of shape (layers, heads, tokens, tokens), got {shape}")
+    layers = list(range(shape[0])) if layers is None else list(layers)
+    heads = list(range(shape[1])) if heads is None else list(heads)
+    if not layers or not heads or any(not 0 <= i < shape[0] for i in layers) or any(not 0 <= j < shape[1] for j in heads):
+        raise ValueError(f"layers must index [0, {shape[0]}) and heads [0, {shape[1]}), got {layers}, {heads}")
+    fig, axes = plt.subplots(len(layers), len(heads), figsize=(1.6 * len(heads) + 1, 1.6 * len(layers) + 0.8),
+                             squeeze=False)
+    for r, layer in enumerate(layers):
+        for c, head in enumerate(heads):
+            ax = axes[r][c]
+            ax.imshow(_as_2d_list(maps[layer][head]), cmap="viridis", vmin=0.0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"layer {layer}, head {head}", fontsize=7)
+            if r == len(layers) - 1:
+                ax.set_xlabel("key (token index)", fontsize=7)
+            if c == 0:
+                ax.set_ylabel("query (token index)", fontsize=7)
+    fig.suptitle(f"{title} (colour: attention weight, 0 to 1)")
+    fig.tight_layout()
+    return fig
+
+
+def attention_sweep_chart(seq_lens: Sequence[int], times_s: Mapping[str, Sequence[float | None]],
+                          peak_bytes: Mapping[str, Sequence[float | None]], *,
+                          title: str = "attention vs sequence length") -> Figure:
+    """Time and peak memory against sequence length, log-log, one line per implementation (None = not run)."""
+    n = len(seq_lens)
+    for what, table in (("times_s", times_s), ("peak_bytes", peak_bytes)):
+        bad = {name: len(vals) for name, vals in table.items() if len(vals) != n}
+        if bad:
+            raise ValueError(f"{what}: every implementation needs {n} values (one per sequence length), got {bad}")
+    if not times_s:
+        raise ValueError("attention_sweep_chart needs at least one implementation")
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, table, scale in ((ax_t, times_s, 1e3), (ax_m, peak_bytes, 1 / 2**20)):
+        for name, vals in table.items():
+            pts = [(s, v * scale) for s, v in zip(seq_lens, vals) if v is not None and v > 0]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+    # a dashed guide of slope 2 (∝ N²) from the largest first memory point, to read the slopes against
+    starts = [vals[0] for vals in peak_bytes.values() if vals and vals[0]]
+    if starts and n > 1:
+        v0, s0 = max(starts) / 2**20, seq_lens[0]
+        ax_m.plot([s0, seq_lens[-1]], [v0, v0 * (seq_lens[-1] / s0) ** 2], "k--", lw=1, label="∝ N² (guide)")
+    label_axes(ax_t, "time per call", "sequence length N (tokens)", "median time (ms)")
+    label_axes(ax_m, "peak memory per call", "sequence length N (tokens)", "peak memory (MiB)")
+    ax_t.legend(fontsize=8)
+    ax_m.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 
 # --- memory and training (lessons 02–03) ------------------------------------------------------------
 
@@ -83,3 +178,46 @@ def roofline_chart(roofline, points: Mapping[str, tuple[float, float]] | None = 
 
 
 # --- capstone (lesson 07) ---------------------------------------------------------------------------
+
+def ladder_chart(samples_per_s: Mapping[str, float], *, title: str,
+                 accuracy: Mapping[str, float] | None = None) -> Figure:
+    """The speed ladder: samples/s per rung (speed-up over the first written on each bar) and, when
+    given, each rung's validation accuracy as dots on a second axis (no speed bought with accuracy)."""
+    if not samples_per_s:
+        raise ValueError("ladder_chart needs at least one rung")
+    if accuracy is not None and set(accuracy) - set(samples_per_s):
+        raise ValueError(f"accuracy names rungs that have no speed: {sorted(set(accuracy) - set(samples_per_s))}")
+    fig = bar_chart(samples_per_s, title=title, ylabel="training throughput [samples/s]", xlabel="rung",
+                    baseline=next(iter(samples_per_s)))
+    if accuracy:
+        ax = fig.axes[0]
+        acc_ax = ax.twinx()
+        names = list(samples_per_s)
+        xs = [names.index(n) for n in accuracy]
+        acc_ax.plot(xs, [100 * a for a in accuracy.values()], "o", color="tab:orange", label="val accuracy")
+        acc_ax.set_ylim(0, 105)
+        acc_ax.set_ylabel("validation accuracy [%]")
+        acc_ax.legend(loc="upper left", fontsize=8)
+        fig.tight_layout()
+    return fig
+
+
+def confusion_matrix_chart(matrix: Sequence[Sequence[int]], labels: Sequence[str], *, title: str) -> Figure:
+    """A confusion matrix: rows are true classes, columns predicted ones, each cell's count written in it."""
+    n = len(labels)
+    if len(matrix) != n or any(len(row) != n for row in matrix):
+        raise ValueError(f"matrix must be {n}×{n} to match {n} labels, got "
+                         f"{len(matrix)}×{len(matrix[0]) if len(matrix) else 0}")
+    fig, ax = plt.subplots(figsize=(1.0 * n + 2.5, 0.9 * n + 1.8))
+    im = ax.imshow(matrix, cmap="Blues")
+    top = max(max(row) for row in matrix) or 1
+    for i in range(n):
+        for j in range(n):
+            v = matrix[i][j]
+            ax.text(j, i, str(v), ha="center", va="center", color="white" if v > top / 2 else "black")
+    ax.set_xticks(range(n), labels, rotation=30, ha="right")
+    ax.set_yticks(range(n), labels)
+    fig.colorbar(im, ax=ax, label="test documents [count]")
+    label_axes(ax, title, "predicted class", "true class")
+    fig.tight_layout()
+    return fig
