@@ -1,0 +1,299 @@
+"""Distributed training plumbing: join the process group torchrun describes, print and log from rank 0,
+and `launch` torchrun from a notebook with every rank's output streamed live into the cell.
+
+torchrun starts one worker process per device and tells each who it is through the environment:
+RANK (0..WORLD_SIZE-1 over all machines), LOCAL_RANK (0..LOCAL_WORLD_SIZE-1 on this machine),
+WORLD_SIZE, MASTER_ADDR/MASTER_PORT (where the process group meets). `setup` reads them, picks the
+device (GPU number LOCAL_RANK, or the CPU) and the backend that suits it (NCCL for CUDA, gloo for CPUs);
+without torchrun it returns a one-process environment, so one script serves both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistEnv", "backend_for", "setup", "teardown", "is_main", "print0", "get_logger", "free_port",
+           "torchrun_command", "launch", "LaunchResult", "LaunchError", "RANK_PREFIX"]
+
+RANK_PREFIX = "[rank{rank}]:"  # how `launch` prefixes each line a worker prints (its global rank)
+_PREFIX_RE = re.compile(r"^\[rank(\d+)\]:")
+_BACKENDS = {"cuda": "nccl", "cpu": "gloo"}  # NCCL talks GPU to GPU (NVLink, InfiniBand); gloo uses TCP
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Who this process is in the job, and where it computes."""
+
+    rank: int  # 0..world_size-1 over every machine
+    local_rank: int  # 0..local_world_size-1 on this machine; picks the GPU
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: str  # "nccl" or "gloo"
+    distributed: bool  # False: a plain single process (no torchrun, no process group)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def backend_for(device: torch.device | str) -> str:
+    """The collective backend for a device type: "nccl" for CUDA GPUs, "gloo" for CPUs."""
+    kind = torch.device(device).type
+    if kind not in _BACKENDS:
+        raise ValueError(f"no distributed backend chosen for device type {kind!r}; "
+                         f"supported: {sorted(_BACKENDS)}")
+    return _BACKENDS[kind]
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer; "
+                         "launch with torchrun, which sets it") from None
+
+
+def _pick_device(device: str, local_rank: int) -> torch.device:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu' "
+                         "(gloo) or check the driver with nvidia-smi")
+    if local_rank >= torch.cuda.device_count():
+        raise ValueError(f"LOCAL_RANK={local_rank} but this machine has {torch.cuda.device_count()} GPU(s): "
+                         "start at most one process per GPU (--nproc-per-node)")
+    return torch.device("cuda", local_rank)
+
+
+def setup(device: str = "auto", timeout_s: float = 120.0) -> DistEnv:
+    """Join the process group described by torchrun's environment; without torchrun, a one-process env."""
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} must lie in [0, WORLD_SIZE={world})")
+    dev = _pick_device(device, local_rank)
+    backend = backend_for(dev)
+    launched = "RANK" in os.environ and "MASTER_ADDR" in os.environ  # torchrun (or Slurm + env) set these
+    if launched and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)  # before any CUDA work, so NCCL binds this process to its GPU
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                device_id=dev if dev.type == "cuda" else None)
+    return DistEnv(rank, local_rank, world, local_world, dev, backend, distributed=launched)
+
+
+def teardown() -> None:
+    """Leave the process group (waits for the others first, so no rank exits while a peer still talks)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _rank() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return _env_int("RANK", 0)
+
+
+def is_main() -> bool:
+    """True on global rank 0 (and in a plain single process)."""
+    return _rank() == 0
+
+
+def print0(*args: object, **kwargs: object) -> None:
+    """`print` on rank 0 only, flushed at once so the line reaches torchrun's log while the run goes on."""
+    if is_main():
+        print(*args, **{"flush": True, **kwargs})  # type: ignore[arg-type]
+
+
+def get_logger(name: str = "course", all_ranks: bool = False) -> logging.Logger:
+    """A logger that writes INFO lines on rank 0 (every rank with `all_ranks`) and warnings everywhere."""
+    logger = logging.getLogger(name)
+    rank = _rank()
+    if not any(getattr(h, "_course_handler", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler._course_handler = True  # type: ignore[attr-defined]
+        handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(message)s",
+                                               datefmt="%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.INFO if (all_ranks or rank == 0) else logging.WARNING)
+    return logger
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (the OS picks it), for a rendezvous endpoint."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int = 2,
+                     nnodes: int = 1, rdzv_endpoint: str | None = None, rdzv_id: str = "course",
+                     rdzv_conf: str | None = None, max_restarts: int = 0, monitor_interval: float = 0.5,
+                     log_dir: str | Path | None = None, local_addr: str | None = None,
+                     extra: Sequence[str] = ()) -> list[str]:
+    """The torchrun command line: one machine (`--standalone`) or `nnodes` meeting at `rdzv_endpoint`."""
+    if nproc_per_node < 1 or nnodes < 1 or max_restarts < 0:
+        raise ValueError(f"need nproc_per_node >= 1, nnodes >= 1, max_restarts >= 0; got {nproc_per_node}, "
+                         f"{nnodes}, {max_restarts}")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint='host:port', the address every node can "
+                         "reach (the first node's), for the c10d rendezvous")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
+           f"--max-restarts={max_restarts}", f"--monitor-interval={monitor_interval}"]
+    if rdzv_endpoint:
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+                f"--rdzv-id={rdzv_id}"]
+        if rdzv_conf:
+            cmd.append(f"--rdzv-conf={rdzv_conf}")
+    else:
+        cmd.append("--standalone")  # a private rendezvous on a free local port
+    if local_addr:
+        cmd.append(f"--local-addr={local_addr}")
+    if log_dir is not None:  # each rank's stdout+stderr go to files there and, prefixed, to our stdout
+        cmd += [f"--log-dir={log_dir}", "--tee=3"]
+    return cmd + [*map(str, extra), str(script), *map(str, args)]
+
+
+@dataclass
+class LaunchResult:
+    """What a finished torchrun printed, line by line, and how it ended."""
+
+    command: list[str]
+    returncode: int
+    seconds: float
+    lines: list[str] = field(repr=False)
+
+    def rank_lines(self, rank: int) -> list[str]:
+        """The lines printed by one global rank, without their prefix."""
+        prefix = RANK_PREFIX.format(rank=rank)
+        return [line[len(prefix):] for line in self.lines if line.startswith(prefix)]
+
+
+class LaunchError(RuntimeError):
+    """torchrun failed (or timed out); the message holds the failing rank's last lines."""
+
+    def __init__(self, message: str, result: LaunchResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def _failed_ranks(lines: Sequence[str]) -> list[int]:
+    """Global ranks torchrun's failure summary names ("rank : 1 (local_rank: 1)")."""
+    found = [int(m.group(1)) for line in lines if (m := re.search(r"^\s*rank\s*:\s*(\d+)", line))]
+    return list(dict.fromkeys(found))
+
+
+def _kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop torchrun and its workers (which run in sessions of their own): SIGTERM, then SIGKILL."""
+    import psutil
+
+    try:
+        workers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        workers = []
+    for p in [proc, *workers]:
+        try:
+            p.terminate()
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    try:
+        proc.wait(timeout=grace_s)  # reaped by subprocess, which keeps its exit code
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace_s)
+    _, alive = psutil.wait_procs(workers, timeout=grace_s)  # not our children: polled, not reaped
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def launch(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int = 2, nnodes: int = 1,
+           rdzv_endpoint: str | None = None, rdzv_conf: str | None = None, max_restarts: int = 0,
+           env: Mapping[str, str] | None = None, timeout_s: float = 300.0, echo: bool = True,
+           tail: int = 25, extra_torchrun_args: Sequence[str] = ()) -> LaunchResult:
+    """Run `torchrun script args` as a subprocess, printing every rank's lines live ("[rankN]: ...");
+    raise `LaunchError` with the failing rank's last `tail` lines if it fails or runs past `timeout_s`."""
+    if not Path(script).is_file():
+        raise ValueError(f"no script at {script!r}; pass the path of a Python file for torchrun to run")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    with tempfile.TemporaryDirectory(prefix="course-torchrun-") as log_dir:
+        cmd = torchrun_command(script, args, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                               rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, max_restarts=max_restarts,
+                               log_dir=log_dir, extra=extra_torchrun_args)
+        full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1",
+                    "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX.replace("{rank}", "${rank}")}
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                bufsize=1, env=full_env, start_new_session=True)
+        lines: list[str] = []
+        recent: deque[str] = deque(maxlen=400)
+        q: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:  # a thread, so the main loop can watch the clock while lines arrive
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                q.put(line.rstrip("\n"))
+            q.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        timed_out = False
+        try:  # torchrun's output ends (EOF) when it exits
+            while True:
+                left = timeout_s - (time.perf_counter() - start)
+                if left <= 0:
+                    timed_out = True
+                    break
+                try:
+                    line = q.get(timeout=min(left, 1.0))
+                except queue.Empty:
+                    continue
+                if line is None:
+                    proc.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - start)))
+                    break
+                lines.append(line)
+                recent.append(line)
+                if echo:
+                    print(line, flush=True)
+        finally:  # a timeout, or the learner interrupting the cell: leave no process behind
+            if proc.poll() is None:
+                _kill_tree(proc)
+        rc = proc.wait()
+    result = LaunchResult(cmd, rc, time.perf_counter() - start, lines)
+    if timed_out or rc != 0:
+        ranks = _failed_ranks(lines) or sorted({int(m.group(1)) for l in lines if (m := _PREFIX_RE.match(l))})
+        why = f"timed out after {timeout_s:.0f} s" if timed_out else f"exited with code {rc}"
+        parts = [f"torchrun {why}; failing rank(s): {ranks or 'unknown'}"]
+        for r in ranks[:2]:
+            own = result.rank_lines(r)[-tail:]
+            parts.append(f"--- last {len(own)} lines of rank {r} ---\n" + "\n".join(own))
+        if not ranks:
+            parts.append("--- last lines ---\n" + "\n".join(list(recent)[-tail:]))
+        raise LaunchError("\n".join(parts), result)
+    return result

@@ -1,0 +1,411 @@
+"""Train the course's small Transformer with DDP or FSDP2 on 1..N processes, launched by torchrun.
+
+    python scripts/train_ddp.py --steps 20                                   # one plain process
+    torchrun --standalone --nproc-per-node=2 scripts/train_ddp.py            # DDP, 2 processes
+    torchrun --standalone --nproc-per-node=2 scripts/train_ddp.py --fsdp     # FSDP2 `fully_shard`
+    torchrun --standalone --nproc-per-node=2 --max-restarts=1 scripts/train_ddp.py --ckpt-dir runs/ck
+
+One global batch of `--global-batch` sequences per optimizer step, whatever the number of processes:
+each rank runs `accum = global_batch / (micro_batch * world_size)` micro-steps. Gradients are averaged
+so that the update equals one process training on the whole global batch (checked by the tests):
+every micro-batch has the same number of tokens, so the mean over the global batch is the mean over
+micro-steps (loss / accum) of the mean over ranks (DDP and FSDP divide by world_size).
+
+The data is a learnable synthetic task from a seeded generator (arithmetic sequences: next token =
+this token + a per-sequence stride, mod vocab), so runs are exactly repeatable and need no download.
+On start, the script resumes from the newest checkpoint in `--ckpt-dir` (DDP: one file rank 0 writes
+atomically; FSDP: a `torch.distributed.checkpoint` folder, each rank writing its own shards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: find `helpers`
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from helpers.distributed import DistEnv, print0, setup, teardown
+from helpers.models import SmallTransformer, TransformerConfig
+
+FAULT_ENV = "COURSE_FAULT_AT_STEP"  # test hook: rank 1 SIGKILLs itself in this step, first attempt only
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps in total")
+    p.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step, all ranks")
+    p.add_argument("--micro-batch", type=int, default=0, help="sequences per rank per micro-step "
+                   "(0: global_batch / world_size, no accumulation)")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--n-layers", type=int, default=2)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--dataset-size", type=int, default=0, help="sequences (0: 8 global batches)")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="sgd: SGD with momentum 0.9, whose update is linear in the gradient (the tests use "
+                   "it to compare parameters tightly; AdamW magnifies rounding noise, see make_optimizer)")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 fully_shard instead of DDP")
+    p.add_argument("--sync-every-micro-step", action="store_true",
+                   help="all-reduce after every micro-step (turns off no_sync), for comparison")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--ckpt-dir", default="", help="resume from / save checkpoints here ('' = none)")
+    p.add_argument("--ckpt-every", type=int, default=0, help="save every N steps (0: never)")
+    p.add_argument("--keep", type=int, default=2, help="checkpoints kept")
+    p.add_argument("--log-every", type=int, default=5)
+    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput")
+    p.add_argument("--out", default="", help="rank 0 writes a JSON summary here")
+    p.add_argument("--save-params", default="", help="rank 0 saves the final full state_dict here")
+    args = p.parse_args(argv)
+    if min(args.steps, args.global_batch, args.seq_len, args.vocab) < 1 or args.micro_batch < 0:
+        p.error("steps, global-batch, seq-len and vocab must be positive, micro-batch >= 0")
+    return args
+
+
+# --- data: a seeded, learnable synthetic task ---------------------------------------------------------
+
+def make_dataset(n: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
+    """(n, seq_len) int64 tokens: x[t] = (start + stride * t) mod vocab, stride in 1..7 per sequence."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, vocab, (n, 1), generator=g)
+    stride = torch.randint(1, 8, (n, 1), generator=g)
+    return (start + stride * torch.arange(seq_len)) % vocab
+
+
+class Batches:
+    """Indices of micro-batch `m` of step `s` on this rank, reproducible from (seed, epoch) alone, so a
+    resumed run reads exactly the data the lost run would have read."""
+
+    def __init__(self, n: int, env: DistEnv, micro: int, accum: int, seed: int) -> None:
+        # drop_last: every rank gets n // world samples; n is a multiple of the global batch (checked)
+        self.sampler = DistributedSampler(range(n), num_replicas=env.world_size, rank=env.rank,
+                                          shuffle=True, seed=seed, drop_last=True)
+        self.micro, self.accum = micro, accum
+        self.steps_per_epoch = len(self.sampler) // (micro * accum)
+        self._epoch, self._indices = -1, []
+
+    def __call__(self, step: int, m: int) -> list[int]:
+        epoch, s = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            self._epoch, self._indices = epoch, list(self.sampler)
+        pos = (s * self.accum + m) * self.micro
+        return self._indices[pos:pos + self.micro]
+
+
+# --- parallelism applied to an unchanged model (as torchtitan does) -----------------------------------
+
+def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float, stats: dict[str, int]) -> nn.Module:
+    """Wrap in DDP: gradients all-reduced in buckets while backward still runs; count what is sent."""
+    ddp = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+              bucket_cap_mb=bucket_cap_mb)
+
+    def counting_allreduce(state, bucket):  # (dict, dist.GradBucket) -> Future; DDP checks the names
+        buf = bucket.buffer()  # one flat bucket of gradients
+        state["allreduce_calls"] += 1
+        state["allreduce_bytes"] += buf.numel() * buf.element_size()
+        return default_hooks.allreduce_hook(None, bucket)  # the default: divide by world, all-reduce
+
+    ddp.register_comm_hook(stats, counting_allreduce)
+    return ddp
+
+
+def apply_fsdp(model: SmallTransformer, env: DistEnv) -> nn.Module:
+    """FSDP2: shard each block, then the root (embeddings, tied head); parameters become DTensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)  # its parameters are all-gathered just before its forward
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def make_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float,
+                   device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (fused into one kernel on a GPU), or SGD with momentum.
+
+    AdamW divides each gradient by its own running RMS: a weight whose true gradient is zero (the key
+    bias: adding a constant to every score of a query leaves softmax unchanged) sees only rounding
+    noise, and AdamW turns that noise into steps of about ±lr. Two runs that sum gradients in a
+    different order then differ there by ~lr, though they train identically (same loss). SGD's update
+    is linear in the gradient, so rounding differences stay rounding-sized: the tests compare with it.
+    """
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
+                             fused=device.type == "cuda")
+
+
+def set_grad_sync(model: nn.Module, sync: bool, fsdp: bool):
+    """A context for one micro-step: DDP's no_sync(), or FSDP2's set_requires_gradient_sync."""
+    if fsdp:
+        model.set_requires_gradient_sync(sync)
+        return nullcontext()
+    if isinstance(model, DDP) and not sync:
+        return model.no_sync()
+    return nullcontext()
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------
+
+CKPT_RE = re.compile(r"^step_(\d{6})(\.pt)?$")
+
+
+def latest_checkpoint(ckpt_dir: Path) -> tuple[int, Path] | None:
+    """(step, path) of the newest complete checkpoint; half-written ones end in .tmp and are ignored."""
+    found = [(int(m.group(1)), p) for p in ckpt_dir.glob("step_*") if (m := CKPT_RE.match(p.name))]
+    return max(found) if found else None
+
+
+def save_checkpoint(ckpt_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int,
+                    env: DistEnv, fsdp: bool, keep: int) -> Path:
+    """DDP: rank 0 writes one file (tmp + rename, atomic); FSDP: DCP, every rank writes its shards."""
+    if fsdp:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        final, tmp = ckpt_dir / f"step_{step:06d}", ckpt_dir / f"step_{step:06d}.tmp"
+        model_sd, optim_sd = get_state_dict(model, opt)  # sharded: each rank holds its part
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+        if env.is_main:
+            (tmp / "meta.json").write_text(json.dumps({"step": step}))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)  # the folder appears complete, or not at all
+    else:
+        final, tmp = ckpt_dir / f"step_{step:06d}.pt", ckpt_dir / f"step_{step:06d}.pt.tmp"
+        if env.is_main:  # every replica is identical: one copy is enough
+            raw = model.module if isinstance(model, DDP) else model
+            torch.save({"model": raw.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+            os.replace(tmp, final)
+    if env.is_main:
+        done = sorted((s, p) for p in ckpt_dir.glob("step_*") if (m := CKPT_RE.match(p.name))
+                      for s in [int(m.group(1))])
+        for _, old in done[:-keep]:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+    if env.distributed:
+        dist.barrier()  # nobody runs ahead of a checkpoint that is not on disk yet
+    return final
+
+
+def load_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, env: DistEnv,
+                    fsdp: bool) -> int:
+    """Restore model and optimizer in place; returns the step the checkpoint was taken after."""
+    if fsdp:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(model, opt)  # the layout to load into (this run's shards)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        return int(json.loads((path / "meta.json").read_text())["step"])
+    ckpt = torch.load(path, map_location=env.device, weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    return int(ckpt["step"])
+
+
+# --- measurements ------------------------------------------------------------------------------------
+
+def local_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank stores for `t` (its shard, for an FSDP DTensor)."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
+
+
+def model_state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
+    """Parameters, gradients and optimizer state held by this rank, in bytes."""
+    params = list(model.parameters())
+    return {"params": sum(local_bytes(p) for p in params),
+            "grads": sum(local_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(local_bytes(v) for s in opt.state.values() for v in s.values()
+                             if torch.is_tensor(v) and v.dim() > 0)}
+
+
+def bytes_written() -> int | None:
+    """Bytes this process has written to files and sockets so far (Linux /proc/self/io), else None."""
+    try:
+        text = Path("/proc/self/io").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^wchar:\s*(\d+)", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated GPU memory, or on a CPU the process's peak resident set (a coarser measure)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def median(xs: list[float] | list[int]) -> float | None:
+    """The middle value (upper median), or None for no values."""
+    return sorted(xs)[len(xs) // 2] if xs else None
+
+
+# --- training ------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    env = setup(args.device)
+    world, attempt = env.world_size, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    micro = args.micro_batch or args.global_batch // world
+    if micro * world == 0 or args.global_batch % (micro * world):
+        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of micro-batch {micro} "
+                         f"x world size {world}")
+    accum = args.global_batch // (micro * world)
+    n = args.dataset_size or 8 * args.global_batch
+    if n % args.global_batch:
+        raise ValueError(f"--dataset-size {n} must be a multiple of --global-batch {args.global_batch}")
+    fault_at = int(os.environ.get(FAULT_ENV, "0") or 0)
+    print(f"rank {env.rank}/{world} pid {os.getpid()} device {env.device} backend {env.backend} "
+          f"threads {torch.get_num_threads()} attempt {attempt}", flush=True)
+
+    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+    data = make_dataset(n, args.seq_len, args.vocab, args.seed).to(env.device)
+    cfg = TransformerConfig(vocab_size=args.vocab, max_len=args.seq_len, d_model=args.d_model,
+                            n_heads=args.n_heads, n_layers=args.n_layers, causal=True)
+    model: nn.Module = SmallTransformer(cfg).to(env.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    stats = {"allreduce_calls": 0, "allreduce_bytes": 0}
+    if args.fsdp:
+        if not env.distributed:
+            raise ValueError("--fsdp needs a process group: launch with torchrun")
+        model = apply_fsdp(model, env)
+    elif env.distributed:
+        model = apply_ddp(model, env, args.bucket_cap_mb, stats)
+    opt = make_optimizer(model, args.optimizer, args.lr, args.weight_decay, env.device)
+    batches = Batches(n, env, micro, accum, args.seed)
+
+    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
+    start_step = 0
+    if ckpt_dir is not None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        found = latest_checkpoint(ckpt_dir)
+        if found is not None:
+            start_step = load_checkpoint(found[1], model, opt, env, args.fsdp)
+            print0(f"resumed from {found[1].name}: step {start_step}")
+    mode = "fsdp" if args.fsdp else ("ddp" if env.distributed else "single")
+    no_sync = not args.sync_every_micro_step
+    print0(f"start: mode {mode} world {world} params {n_params:,} global_batch {args.global_batch} "
+           f"micro_batch {micro} accum {accum} no_sync {no_sync} precision {args.precision} "
+           f"steps {start_step}->{args.steps} attempt {attempt}")
+
+    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    losses: list[float] = []
+    step_s: list[float] = []
+    wire: list[int] = []
+    calls_before = stats["allreduce_calls"]
+    mem: dict[str, int] = {}
+    model.train()
+    for step in range(start_step, args.steps):
+        t0, w0 = time.perf_counter(), bytes_written()
+        calls_before, bytes_before = stats["allreduce_calls"], stats["allreduce_bytes"]
+        loss_sum = torch.zeros((), device=env.device)
+        for m in range(accum):
+            last = m == accum - 1
+            x = data[batches(step, m)]  # (micro, T)
+            with set_grad_sync(model, last or not no_sync, args.fsdp), autocast:
+                loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
+                if fault_at and step + 1 == fault_at and env.rank == 1 and attempt == 0 and last:
+                    print(f"rank 1: simulated crash in step {step + 1} (SIGKILL)", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                loss.backward()  # the last micro-step's backward also averages gradients over ranks
+            loss_sum += loss.detach()
+        opt.step()
+        if step == start_step:  # gradients exist between backward and zero_grad: measure here
+            mem = model_state_bytes(model, opt)
+        opt.zero_grad(set_to_none=True)
+        if env.distributed:  # for the log: the mean loss over the whole global batch
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if env.backend == "nccl" else dist.ReduceOp.SUM)
+            if env.backend != "nccl":  # gloo has no AVG
+                loss_sum /= world
+        losses.append(loss_sum.item())  # .item() waits for the device: the step is done
+        step_s.append(time.perf_counter() - t0)
+        w1 = bytes_written()
+        if w0 is not None and w1 is not None:
+            wire.append(w1 - w0)
+        if step == start_step:
+            stats["calls_per_step"] = stats["allreduce_calls"] - calls_before
+            stats["bytes_per_step"] = stats["allreduce_bytes"] - bytes_before
+        done = step + 1
+        if done % args.log_every == 0 or done == args.steps:
+            tok_s = args.global_batch * args.seq_len / step_s[-1]
+            print0(f"step {done}/{args.steps} loss {losses[-1]:.6f} step_ms {step_s[-1] * 1e3:.1f} "
+                   f"tok/s {tok_s:,.0f}")
+        if ckpt_dir is not None and args.ckpt_every and done % args.ckpt_every == 0 and done < args.steps:
+            path = save_checkpoint(ckpt_dir, model, opt, done, env, args.fsdp, args.keep)
+            print0(f"checkpoint saved: {path.name} (step {done})")
+
+    # measurements from every rank, gathered on rank 0
+    median_step = median(step_s[args.warmup_steps:] or step_s)
+    mine = {"rank": env.rank, "model_state_bytes": mem, "peak_memory_bytes": peak_memory_bytes(env.device),
+            "median_step_s": median_step, "wire_bytes_per_step": median(wire[args.warmup_steps:] or wire)}
+    per_rank = [mine]
+    if env.distributed:
+        per_rank = [None] * world  # type: ignore[list-item]
+        dist.all_gather_object(per_rank, mine)
+
+    full_sd = None
+    if args.save_params:
+        if args.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full_sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                           cpu_offload=True))
+        else:
+            full_sd = (model.module if isinstance(model, DDP) else model).state_dict()
+    summary: dict[str, Any] = {}
+    if env.is_main:
+        tokens_per_step = args.global_batch * args.seq_len
+        summary = {
+            "mode": mode, "world_size": world, "optimizer": args.optimizer, "accum": accum, "micro_batch": micro, "no_sync": no_sync,
+            "global_batch": args.global_batch, "seq_len": args.seq_len, "params": n_params,
+            "threads_per_process": torch.get_num_threads(), "device": str(env.device),
+            "attempt": attempt, "resumed_from": start_step, "first_step": start_step + 1,
+            "losses": losses, "final_loss": losses[-1] if losses else None,
+            "median_step_s": median_step, "tokens_per_s": tokens_per_step / median_step,
+            "tokens_per_s_per_process": tokens_per_step / median_step / world,
+            "allreduce_calls_per_step": stats.get("calls_per_step"),
+            "allreduce_bytes_per_step": stats.get("bytes_per_step"),
+            "grad_bytes": n_params * 4, "per_rank": per_rank,
+        }
+        print0(f"final loss {summary['final_loss']:.8f} median step {median_step * 1e3:.1f} ms "
+               f"tokens/s {summary['tokens_per_s']:,.0f} ({summary['tokens_per_s_per_process']:,.0f} per process)")
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(summary, indent=1))
+        if full_sd is not None:
+            Path(args.save_params).parent.mkdir(parents=True, exist_ok=True)
+            torch.save({k: v.detach().cpu() for k, v in full_sd.items()}, args.save_params)
+    teardown()
+    return summary
+
+
+if __name__ == "__main__":
+    main()
