@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from helpers.attention import naive_attention
 
@@ -120,7 +121,12 @@ class SmallTransformer(nn.Module):
         else:
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
             self.head.weight = self.tok_emb.weight  # weight tying, as in GPT-2 and BERT
+        self.activation_checkpointing = False  # set by set_activation_checkpointing (not part of the config)
         self.apply(self._init)
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (less memory, more time)."""
+        self.activation_checkpointing = bool(enabled)
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -142,7 +148,11 @@ class SmallTransformer(nn.Module):
         pos = torch.arange(t, device=input_ids.device)
         x = self.tok_emb(input_ids) + self.pos_emb(pos)  # (B, T, D)
         for block in self.blocks:
-            x = block(x, attention_mask)
+            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+                # keep only the block's input; its insides are recomputed during backward
+                x = checkpoint(block, x, attention_mask, use_reentrant=False)
+            else:
+                x = block(x, attention_mask)
         x = self.ln_f(x)
         if self.cfg.n_classes:
             if attention_mask is None:
