@@ -147,17 +147,6 @@ def _set_tf32(on: bool) -> None:
     torch.backends.cudnn.allow_tf32 = on
 
 
-def _autocast(precision: str, device: torch.device):
-    try:
-        from helpers.train import autocast_context
-        return autocast_context(precision, device)
-    except ImportError:  # helpers.train not there yet: the same thing inline
-        import contextlib
-        if precision == "bf16":
-            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-
 def _build(cfg, state: dict[str, torch.Tensor], rung: Rung, device: torch.device, lr: float):
     """A fresh model with `state` as weights and the rung's switches, its optimizer, and its callable."""
     from transformers import BertForSequenceClassification
@@ -173,7 +162,9 @@ def _build(cfg, state: dict[str, torch.Tensor], rung: Rung, device: torch.device
 
 
 def _forward(run, batch: dict[str, torch.Tensor], rung: Rung, device: torch.device):
-    with _autocast(rung.precision, device):
+    from helpers.train import autocast_context
+
+    with autocast_context("bf16" if rung.precision == "bf16" else "fp32", device):
         return run(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
 
 
@@ -206,37 +197,21 @@ def _peak_memory(device: torch.device) -> float | None:
     return None  # CPU: no allocator statistics; lesson 03 shows how to measure it another way
 
 
-def _flops_per_sample(cfg, width: int) -> float:
-    """Training FLOPs of one sample padded to `width` tokens: 6 x matmul params x tokens + attention.
-
-    Forward: 2 FLOPs per multiply-add of each weight matmul (4d² in attention projections + 2·d·d_ff in
-    the MLP per layer, per token) and of the two attention matmuls (QKᵀ and AV: 2·T·d per token per
-    layer); backward costs twice the forward, hence 6 and 12.
-    """
-    d, L, ff = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
-    matmul_params = L * (4 * d * d + 2 * d * ff)
-    return width * (6 * matmul_params + 12 * L * width * d)
-
-
 def _peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
-    """Peak FLOP/s to compute MFU against, and where it came from."""
-    if device.type == "cuda":
-        try:
-            from helpers.flops import peak_flops
-            value = peak_flops(torch.cuda.get_device_name(device), "bf16")
-            if value:
-                return float(value), "bf16 dense peak (datasheet)"
-        except (ImportError, ValueError, KeyError):
-            pass
-    try:
-        from helpers.device import load_roofline, measure_roofline
-    except ImportError:
+    """Peak FLOP/s to compute MFU against, and where it came from: the datasheet's dense peak on known
+    GPUs, else the matmul roofline lesson 00 measured (cached), else one measured now."""
+    from helpers.device import load_roofline, measure_roofline
+    from helpers.flops import peak_flops
+
+    peak = peak_flops(device, precision)
+    if peak is None:
+        roof = load_roofline() if device.type == "cpu" else None
+        if roof is None:
+            roof = measure_roofline(device, dtypes=["float32"] if device.type == "cpu" else None)
+        peak = peak_flops(device, precision if device.type == "cuda" else "fp32", roofline=roof)
+    if peak is None:
         return None, "no peak available"
-    key = "bfloat16" if precision == "bf16" and device.type == "cuda" else "float32"
-    roof = load_roofline() if device.type == "cpu" else None  # lesson 00 caches the CPU's roofline
-    if roof is None or key not in roof.matmul_flops:
-        roof = measure_roofline(device, dtypes=[key])
-    return float(roof.matmul_flops[key]), f"measured {key} matmul peak ({roof.matmul_size}³)"
+    return peak.flops, f"{peak.dtype} peak ({peak.source})"
 
 
 def _versions() -> dict[str, str]:
@@ -256,8 +231,11 @@ def _device_name(device: torch.device) -> str:
 
 def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batches: int = 8,
                device: str = "auto", min_run_time: float = 1.0, lr: float = 5e-5, rungs: tuple[Rung, ...] = RUNGS,
-               lengths: list[int] | None = None, n_classes: int = 5, log=print) -> dict[str, Any]:
+               lengths: list[int] | None = None, n_classes: int = 5, pad_multiple: int = 64,
+               peak_flops: float | None = None,
+               log=print) -> dict[str, Any]:
     """Check and time every rung; returns a JSON-ready dict of the results and the run's stamp."""
+    from helpers.flops import model_flops_per_token
     from helpers.timing import benchmark, time_once
 
     if device == "auto":
@@ -278,11 +256,12 @@ def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batche
     state = {k: v.clone() for k, v in BertForSequenceClassification(cfg).state_dict().items()}
     n_params = sum(v.numel() for k, v in state.items())
     batches = {b: make_batches(lengths, batch=batch, n_batches=n_batches, seq=seq, bucketing=b,
-                               vocab=cfg.vocab_size, n_classes=n_classes) for b in (False, True)}
+                               vocab=cfg.vocab_size, n_classes=n_classes, pad_multiple=pad_multiple)
+               for b in (False, True)}
     # the check batch: the first padded batch's samples, padded as each rung pads them
     check_ids = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(0))[:batch].tolist()
-    check = {b: collate(check_ids, lengths, seq=seq, bucketing=b, vocab=cfg.vocab_size, n_classes=n_classes)
-             for b in (False, True)}
+    check = {b: collate(check_ids, lengths, seq=seq, bucketing=b, vocab=cfg.vocab_size, n_classes=n_classes,
+                        pad_multiple=pad_multiple) for b in (False, True)}
     results, prev = [], None
     for rung in rungs:
         _set_tf32(rung.precision in ("tf32", "bf16"))  # cumulative: TF32 stays on for what runs in fp32
@@ -325,7 +304,8 @@ def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batche
         n_samples = sum(len(b["labels"]) for b in dev_batches)
         real_tokens = sum(int(b["attention_mask"].sum()) for b in dev_batches)
         padded_tokens = sum(b["input_ids"].numel() for b in dev_batches)
-        flops = sum(len(b["labels"]) * _flops_per_sample(cfg, b["input_ids"].shape[1]) for b in dev_batches)
+        # FLOPs the hardware executes: every position of the padded batch, at the batch's own width
+        flops = sum(b["input_ids"].numel() * model_flops_per_token(mdl, b["input_ids"].shape[1]) for b in dev_batches)
         row.update(warmup_pass_s=warm_s, pass_median_s=t.median_s, pass_iqr_s=t.iqr_s, runs=t.runs * t.calls_per_run,
                    samples_per_s=n_samples / t.median_s, tokens_per_s=real_tokens / t.median_s,
                    padded_fraction=1 - real_tokens / padded_tokens, flops_per_s=flops / t.median_s,
@@ -335,7 +315,7 @@ def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batche
             f"IQR {t.iqr_s:.3f} s; first call {first_s:.2f} s)")
         del mdl, opt, run, dev_batches
     _set_tf32(False)
-    peak, peak_source = _peak_flops(dev, "bf16")
+    peak, peak_source = (peak_flops, "given peak") if peak_flops else _peak_flops(dev, "bf16")
     base = results[0]["samples_per_s"]
     for row in results:
         row["speedup"] = row["samples_per_s"] / base
