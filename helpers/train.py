@@ -462,10 +462,11 @@ def synthetic_batch_fn(vocab_size: int, batch_size: int, seq_len: int, *, seed: 
                        pad_fraction: float = 0.0) -> Callable[[int, int], dict[str, torch.Tensor]]:
     """A resumable `batch_fn(step, micro)` for a task a Transformer learns in a few dozen steps.
 
-    Random tokens; the label of position t is a fixed random permutation of the token at t-1 (so the
-    model must learn a lookup table *and* to attend to its left neighbour). Each batch is drawn from
-    its own generator seeded with (seed, step, micro): the same call always gives the same batch.
-    `pad_fraction` > 0 pads the tail of each row (random lengths) and masks it out.
+    A substitution cipher: random tokens in, and for each position the label is a fixed random
+    permutation of its token. It is solved by a lookup table, so the loss falls from ln(vocab_size)
+    towards 0 within ~40 steps at lr 3e-3, while every step still runs the whole model. Each batch
+    comes from its own generator seeded with (seed, step, micro): the same call gives the same batch.
+    `pad_fraction` > 0 pads the tail of each row (random lengths) and adds an `attention_mask`.
     """
     if min(vocab_size, batch_size, seq_len) < 2 or not 0 <= pad_fraction < 1:
         raise ValueError(f"need vocab_size, batch_size, seq_len >= 2 and 0 <= pad_fraction < 1, got "
@@ -475,14 +476,13 @@ def synthetic_batch_fn(vocab_size: int, batch_size: int, seq_len: int, *, seed: 
     def batch_fn(step: int, micro: int) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_009 + micro)  # one stream per batch
         ids = torch.randint(vocab_size, (batch_size, seq_len), generator=g)
-        labels = torch.full_like(ids, -100)
-        labels[:, 1:] = perm[ids[:, :-1]]
-        mask = torch.ones_like(ids)
-        if pad_fraction:
-            max_pad = int(seq_len * pad_fraction)
-            lengths = seq_len - torch.randint(max_pad + 1, (batch_size,), generator=g)
-            mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
-            labels[mask == 0] = -100
+        labels = perm[ids]
+        if not pad_fraction:  # no mask: attention takes its fastest path
+            return {"input_ids": ids, "labels": labels}
+        max_pad = int(seq_len * pad_fraction)
+        lengths = seq_len - torch.randint(max_pad + 1, (batch_size,), generator=g)
+        mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()  # (B, T), 1 = real token
+        labels[mask == 0] = -100
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
     return batch_fn
