@@ -77,7 +77,7 @@ def lab_command(port: int, extra_args: Sequence[str] = ()) -> list[str]:
         own.append("--allow-root")  # CI containers run as root; Jupyter refuses root without it
     lab_args = " ".join([*own, *extra_args])
     venv = Path(sys.executable).parent.parent  # $(VENV): the stamp make must leave alone is inside it
-    return ["make", "-s", "-C", str(REPO_ROOT), "-o", str(venv / STAMP), "lab",
+    return ["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "-o", str(venv / STAMP), "lab",
             f"VENV={venv}", f"PY={sys.executable}", f"LAB_PORT={port}", f"LAB_ARGS={lab_args}"]
 
 
@@ -148,7 +148,7 @@ def _stop(proc: subprocess.Popen, server: LabServer | None, grace_s: float) -> N
 @contextmanager
 def lab_server(
     notebook_dir: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     extra_args: Sequence[str] = (),
     timeout_s: float = 120.0,
     grace_s: float = 10.0,
@@ -156,29 +156,34 @@ def lab_server(
     """Run Jupyter Lab via `make lab` on a free port of 127.0.0.1 with a random token; stop it on exit.
 
     notebook_dir: serve this folder instead of notebooks/ (e.g. a scratch folder in a test);
-    env: extra environment for the server and its kernels (e.g. COURSE_PROFILE=smoke);
+    env: extra environment for the server and its kernels (e.g. COURSE_PROFILE=smoke; a None value removes
+         the variable, e.g. MPLBACKEND, so kernels draw inline figures); JUPYTERLAB_SETTINGS_DIR may be given;
     extra_args: more Jupyter options, appended to LAB_ARGS; timeout_s: how long to wait for it to answer.
     """
-    args = list(extra_args)
-    if notebook_dir is not None:
-        root = Path(notebook_dir).resolve()
-        if not root.is_dir():
-            raise ValueError(f"notebook_dir must be an existing folder, got {notebook_dir!r}")
-        args.append(f"--notebook-dir={root}")  # after the Makefile's own --notebook-dir: the last one wins
+    if notebook_dir is not None and not Path(notebook_dir).is_dir():
+        raise ValueError(f"notebook_dir must be an existing folder, got {notebook_dir!r}")
     port = free_port()
     token = secrets.token_hex(24)
     with tempfile.TemporaryDirectory(prefix="course-lab-") as tmp:
         tmp_path = Path(tmp)
         server_env = {
             **os.environ,
+            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),  # the caller's env may replace these two
+            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
             **(env or {}),
             "JUPYTER_TOKEN": token,  # Jupyter reads its token from here; never printed by the tests
-            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
         }
+        server_env = {k: v for k, v in server_env.items() if v is not None}  # None in `env` removes a variable
+        cwd = REPO_ROOT
+        if notebook_dir is not None:
+            # The recipe serves the relative path `notebooks` and Jupyter takes one root dir only: run make
+            # from a folder whose `notebooks` links to the requested one.
+            cwd = tmp_path / "cwd"
+            cwd.mkdir()
+            (cwd / "notebooks").symlink_to(Path(notebook_dir).resolve(), target_is_directory=True)
         log_path = tmp_path / "server.log"
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(lab_command(port, args), cwd=REPO_ROOT, env=server_env, stdout=log,
+            proc = subprocess.Popen(lab_command(port, extra_args), cwd=cwd, env=server_env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         server = LabServer(url=f"http://127.0.0.1:{port}/", token=token, port=port, pid=proc.pid, log_path=log_path)
         answered = None

@@ -1,0 +1,326 @@
+"""Open the course as learners do: Jupyter Lab, started like `make lab`, in a real Chromium driven by Playwright.
+
+- every notebook present in notebooks/ opens in Lab with the course's kernel (`python3`, which is the
+  interpreter running these tests), and the browser leaves the notebook file unchanged;
+- the notebooks that hold widgets (their code imports `ipywidgets` or `helpers.widgets`) run cell by
+  cell in the browser under the smoke profile: no cell shows an error, every figure is rendered, every
+  widget is drawn, and moving the explorer's "layer" slider changes its figure (required of the
+  attention lesson; done for any notebook with such a slider);
+- Lab in the browser asks for the token when the URL has none;
+- each notebook's first Markdown cell carries the lesson's time estimate ("**Time:**").
+Screenshots go to build/screenshots/. Without Chromium or Playwright the browser tests skip and say why
+(`make browser`, i.e. scripts/install_browser.sh, installs Debian's chromium).
+
+Environment: BROWSER_NOTEBOOK_DIR serves another folder of notebooks (e.g. a scratch one);
+COURSE_CHROMIUM names the Chromium executable; BROWSER_CELL_TIMEOUT_S bounds one cell's run (default 600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from jupyter_server import REPO_ROOT, LabServer, api_request, lab_server  # tests/jupyter_server.py
+
+NOTEBOOK_DIR = Path(os.environ.get("BROWSER_NOTEBOOK_DIR", REPO_ROOT / "notebooks")).resolve()
+SCREENSHOT_DIR = REPO_ROOT / "build" / "screenshots"
+CELL_TIMEOUT_S = float(os.environ.get("BROWSER_CELL_TIMEOUT_S", "600"))
+OPEN_TIMEOUT_MS = 120_000  # Lab's first page load and a kernel start, on a busy 2-core machine
+VIEWPORT = {"width": 1400, "height": 1000}
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium", "/usr/lib/chromium/chromium")
+WIDGET_IMPORT = re.compile(r"\bipywidgets\b|\bhelpers\.widgets\b|from\s+helpers\s+import\s+[^\n]*\bwidgets\b")
+FIGURE_CODE = re.compile(r"\bplt\.|\bplots\.|\bmatplotlib\b|\bwidgets\.")
+LAYER_LABEL = re.compile(r"^\s*layer\b", re.IGNORECASE)
+TIME_MARKER = "**Time:**"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
+# Lab settings for the test: never save (the committed notebooks stay output-free), no news pop-up over
+# the screenshots, every cell kept in the page (no virtual scrolling) so each output can be inspected.
+LAB_SETTINGS = {
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/apputils-extension/notification": {"checkForUpdates": False, "fetchNews": "false"},
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+}
+
+
+def _notebooks() -> list[Path]:
+    return sorted(NOTEBOOK_DIR.glob("*.ipynb")) if NOTEBOOK_DIR.is_dir() else []
+
+
+NOTEBOOKS = _notebooks()
+NB_PARAMS = [pytest.param(p, id=p.stem) for p in NOTEBOOKS] or [
+    pytest.param(None, marks=pytest.mark.skip(reason=f"no notebooks in {NOTEBOOK_DIR.name}/ yet"), id="none")]
+
+
+def _code(nb: nbformat.NotebookNode) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def _holds_widgets(nb: nbformat.NotebookNode) -> bool:
+    return bool(WIDGET_IMPORT.search(_code(nb)))
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _skipped_here(cell: nbformat.NotebookNode, gpus: int) -> bool:
+    """Cells the harness skips on this machine, exactly as conftest.py does for nbval."""
+    tags = cell.get("metadata", {}).get("tags", [])
+    return ("requires-cuda" in tags and gpus < 1) or ("requires-multi-gpu" in tags and gpus < 2)
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Path of the Chromium executable, or skip saying how to get one."""
+    pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed (pip install playwright)")
+    wanted = os.environ.get("COURSE_CHROMIUM")
+    for name in ((wanted,) if wanted else CHROMIUM_CANDIDATES):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip(f"Chromium not found ({wanted or ', '.join(CHROMIUM_CANDIDATES)}): run `make browser` "
+                "(scripts/install_browser.sh installs Debian's chromium as root) or set COURSE_CHROMIUM")
+
+
+@pytest.fixture(scope="module")
+def lab(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """Jupyter Lab on NOTEBOOK_DIR, as `make lab` starts it, with the smoke profile reaching its kernels."""
+    settings = tmp_path_factory.mktemp("lab-settings")
+    for plugin, values in LAB_SETTINGS.items():
+        path = settings / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    env = {"COURSE_PROFILE": "smoke", "HF_HUB_OFFLINE": "1", "JUPYTERLAB_SETTINGS_DIR": str(settings),
+           "MPLBACKEND": None}  # make test sets Agg for nbval; in Lab figures must draw inline as for a learner
+    checkpoints = tmp_path_factory.mktemp("lab-checkpoints")  # Lab checkpoints each notebook it opens: not in notebooks/
+    with lab_server(NOTEBOOK_DIR, env=env, extra_args=[f"--FileCheckpoints.checkpoint_dir={checkpoints}"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[object]:
+    """A headless Chromium (Debian's build: Playwright cannot download its own offline)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium)
+        yield b
+        b.close()
+
+
+def _kernel_message(frame: bytes | str) -> tuple[str, dict, dict] | None:
+    """(channel, header, content) of a kernel websocket frame: Jupyter's v1 binary protocol or legacy JSON."""
+    try:
+        if isinstance(frame, str):  # legacy protocol: one JSON object per frame
+            msg = json.loads(frame)
+            return msg.get("channel", ""), msg["header"], msg.get("content", {})
+        # v1.kernel.websocket.jupyter.org: uint64 count n, n uint64 offsets, then channel, header,
+        # parent_header, metadata, content, buffers... at those offsets.
+        n = int.from_bytes(frame[:8], "little")
+        offsets = [int.from_bytes(frame[8 + 8 * i:16 + 8 * i], "little") for i in range(n)] + [len(frame)]
+        parts = [frame[offsets[i]:offsets[i + 1]] for i in range(n)]
+        return parts[0].decode(), json.loads(parts[1]), json.loads(parts[4])
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _watch_kernel_errors(ws: object, errors: list[str]) -> None:
+    """Append every error the kernel reports on this websocket (an `error` message on iopub) to `errors`."""
+    def on_frame(frame: bytes | str) -> None:
+        msg = _kernel_message(frame)
+        if msg and msg[1].get("msg_type") == "error":
+            content = msg[2]
+            trace = ANSI.sub("", "\n".join(content.get("traceback", [])))
+            errors.append(f"{content.get('ename')}: {content.get('evalue')}\n{trace[-3000:]}")
+
+    if "/api/kernels/" in ws.url:
+        ws.on("framereceived", on_frame)
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    """A fresh browser tab; uncaught JavaScript errors go to `page.js_errors`, kernel errors to `page.kernel_errors`."""
+    context = browser.new_context(viewport=VIEWPORT)
+    pg = context.new_page()
+    pg.js_errors, pg.kernel_errors = [], []
+    pg.on("pageerror", lambda exc: pg.js_errors.append(str(exc)))
+    pg.on("websocket", lambda ws: _watch_kernel_errors(ws, pg.kernel_errors))
+    yield pg
+    context.close()
+
+
+# ---------------------------------------------------------------------------------------- page helpers
+def _open_notebook(page: object, lab: LabServer, name: str, display_name: str) -> None:
+    """Open `name` in Lab and wait until its kernel (shown by `display_name`) is idle."""
+    page.goto(f"{lab.url}lab/tree/{name}?reset&token={lab.token}")  # reset: no tabs restored from earlier tests
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=OPEN_TIMEOUT_MS)
+    deadline = time.monotonic() + OPEN_TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:  # the indicator reads "idle" before the kernel starts: ask the server too
+        sessions = [s for s in api_request(lab.url + "api/sessions", lab.token)[1] if s["path"].endswith(name)]
+        status = set(page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator").evaluate_all(
+            "els => els.map(e => e.dataset.status)"))  # the toolbar may hold a second copy in its overflow menu
+        toolbar = page.locator(".jp-NotebookPanel-toolbar").first.inner_text()
+        if sessions and sessions[0]["kernel"]["execution_state"] == "idle" and status == {"idle"} and display_name in toolbar:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{name}: no idle '{display_name}' kernel within {OPEN_TIMEOUT_MS // 1000} s "
+                f"(toolbar: {toolbar!r}, sessions: {sessions})")
+
+
+def _run_cell(page: object, index: int, label: str) -> None:
+    """Run the cell at `index` (Ctrl+Enter on the selected cell) and wait until it has finished."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    cell.locator(".jp-InputPrompt").click()  # selects the cell, command mode
+    page.keyboard.press("Control+Enter")
+    prompt = cell.locator(".jp-InputPrompt")
+    deadline = time.monotonic() + CELL_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{label}: still running after {CELL_TIMEOUT_S:.0f} s")
+
+
+def _widget_errors(page: object, index: int) -> list[str]:
+    """Widget views in the cell at `index` that failed to draw (Lab shows these texts in their place)."""
+    outputs = " ".join(page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output").all_inner_texts())
+    return [m for m in ("Error displaying widget", "Loading widget...") if m in outputs]
+
+
+def _image_srcs(page: object) -> list[str]:
+    return page.locator(".jp-Notebook .jp-OutputArea-output img").evaluate_all("els => els.map(e => e.src)")
+
+
+def _broken_images(page: object) -> int:
+    return page.locator(".jp-Notebook .jp-OutputArea-output img").evaluate_all(
+        "els => els.filter(e => !(e.complete && e.naturalWidth > 0)).length")
+
+
+def _shot(page: object, name: str) -> Path:
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOT_DIR / f"{name}.png"
+    page.screenshot(path=str(path))
+    return path
+
+
+def _move_layer_slider(page: object, label: str) -> bool:
+    """Move the explorer's "layer" slider by one step; True if there was one. Asserts the figure changed."""
+    sliders = [s for s in page.locator(".jp-Notebook .widget-slider").all()
+               if LAYER_LABEL.match(s.locator(".widget-label").first.inner_text())]
+    if not sliders:
+        return False
+    slider = sliders[0]
+    handle = slider.locator("[role='slider']").first
+    before_value = handle.get_attribute("aria-valuenow")
+    before_srcs = _image_srcs(page)
+    slider.scroll_into_view_if_needed()
+    _shot(page, f"{label}-explorer-before")
+    at_max = float(before_value) >= float(handle.get_attribute("aria-valuemax"))
+    handle.focus()
+    page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and handle.get_attribute("aria-valuenow") == before_value:
+        time.sleep(0.2)
+    assert handle.get_attribute("aria-valuenow") != before_value, f"{label}: the layer slider did not move"
+    while time.monotonic() < deadline and _image_srcs(page) == before_srcs:
+        time.sleep(0.2)  # the kernel redraws the figure
+    assert _image_srcs(page) != before_srcs, f"{label}: moving the layer slider did not change any figure"
+    time.sleep(0.5)  # let the new image paint before the screenshot
+    assert _broken_images(page) == 0, f"{label}: a figure failed to render after moving the slider"
+    _shot(page, f"{label}-explorer-after")
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ tests
+@pytest.mark.parametrize("path", NB_PARAMS)
+def test_notebook_opens_with_time_estimate(path: Path) -> None:
+    """The first Markdown cell tells the learner how long the lesson takes (CPU smoke and GPU full)."""
+    nb = nbformat.read(path, as_version=4)
+    first_md = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
+    assert any(line.lstrip().startswith(TIME_MARKER) for line in first_md.splitlines()), (
+        f"{path.name}: the first Markdown cell needs a line starting with {TIME_MARKER} "
+        "(time on a CPU with the smoke profile and on a GPU with the full profile)")
+
+
+def test_lab_asks_for_the_token(lab: LabServer, page: object) -> None:
+    """Without the token in the URL, the browser gets Lab's login page, not the notebooks."""
+    page.goto(lab.url + "lab")
+    page.wait_for_selector("input[type='password']", timeout=OPEN_TIMEOUT_MS)
+    assert page.locator(".jp-Notebook").count() == 0
+    assert "login" in page.url, page.url
+    _shot(page, "login")
+
+
+def test_kernel_is_the_course_interpreter(lab: LabServer) -> None:
+    """Lab's default kernel, python3, runs the interpreter the course is installed in."""
+    import sys
+
+    status, specs = api_request(lab.url + "api/kernelspecs", lab.token)
+    assert status == 200, specs
+    assert specs["default"] == "python3", specs["default"]
+    argv0 = specs["kernelspecs"]["python3"]["spec"]["argv"][0]
+    # "python"/"python3" means the server's own interpreter (jupyter_client substitutes sys.executable),
+    # which lab_server starts as this one.
+    assert argv0 in ("python", "python3") or Path(argv0).resolve() == Path(sys.executable).resolve(), argv0
+
+
+@pytest.mark.parametrize("path", NB_PARAMS)
+def test_notebook_in_browser(path: Path, lab: LabServer, page: object) -> None:
+    """Opens with the course kernel; widget notebooks run every cell with no error, figures and widgets drawn."""
+    nb = nbformat.read(path, as_version=4)
+    original = path.read_bytes()
+    kernel = nb.metadata.get("kernelspec", {})
+    assert kernel.get("name") == "python3", f"{path.name}: kernelspec {kernel!r}; the course's kernel is python3"
+    display_name = api_request(lab.url + "api/kernelspecs", lab.token)[1]["kernelspecs"]["python3"]["spec"]["display_name"]
+    _open_notebook(page, lab, path.name, display_name)
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    assert cells.count() == len(nb.cells), f"{path.name}: Lab shows {cells.count()} cells, the file has {len(nb.cells)}"
+
+    if _holds_widgets(nb):
+        gpus = _gpu_count()
+        code_cells = 0
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code" or _skipped_here(cell, gpus):
+                continue
+            label = f"{path.name} cell {i}"
+            seen = len(page.kernel_errors)
+            _run_cell(page, i, label)
+            code_cells += 1
+            time.sleep(0.3)  # the error (iopub) and the reply (shell) travel on different channels
+            errors = page.kernel_errors[seen:] + _widget_errors(page, i)
+            if errors:
+                cells.nth(i).scroll_into_view_if_needed()
+                _shot(page, f"{path.stem}-error")
+                pytest.fail(f"{label} shows an error:\n" + "\n".join(e[-2000:] for e in errors))
+        assert code_cells > 0, f"{path.name}: no code cell ran"
+        time.sleep(1.0)  # last images and widget views paint
+        figures = page.locator(".jp-Notebook .jp-OutputArea-output img").count()
+        assert _broken_images(page) == 0, f"{path.name}: a figure did not render"
+        if FIGURE_CODE.search(_code(nb)):
+            assert figures > 0, f"{path.name}: the code draws figures but none is shown in Lab"
+        views = page.locator(".jp-Notebook .jp-OutputArea-output .jupyter-widgets").count()
+        assert views > 0, f"{path.name}: the notebook uses widgets but none is drawn"
+        moved = _move_layer_slider(page, path.stem)
+        if "attention" in path.stem:
+            assert moved, f"{path.name}: the attention explorer (a slider described 'layer') is not drawn"
+        cells.nth(len(nb.cells) - 1).scroll_into_view_if_needed()
+        _shot(page, f"{path.stem}-end")
+    page.locator(".jp-Notebook .jp-Cell").first.scroll_into_view_if_needed()
+    _shot(page, path.stem)
+    for session in api_request(lab.url + "api/sessions", lab.token)[1]:  # free the kernel's memory now
+        if session["path"].endswith(path.name):
+            api_request(f"{lab.url}api/sessions/{session['id']}", lab.token, method="DELETE")
+    assert not page.kernel_errors, f"{path.name}: the kernel reported errors: {page.kernel_errors[:3]}"
+    assert not page.js_errors, f"{path.name}: JavaScript errors in the page: {page.js_errors[:3]}"
+    assert path.read_bytes() == original, f"{path.name}: the browser session changed the file"
