@@ -185,32 +185,17 @@ def sliding_window_mask_mod(window: int, causal: bool = True) -> Callable[..., t
 # --- measuring -------------------------------------------------------------------------------------
 
 def peak_memory_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int:
-    """Peak bytes allocated while `fn()` runs, above what was allocated before it.
+    """Peak bytes allocated while `fn()` runs, above what was allocated before it (the inputs are not
+    counted, the output is): `helpers.memory.track_peak_memory`'s CUDA allocator statistics, or on a
+    CPU its running sum of the profiler's allocation records."""
+    from helpers.memory import track_peak_memory
 
-    CUDA: the caching allocator's peak statistic. CPU (no allocator statistics): torch.profiler records
-    every allocation and free of the CPU allocator; the running sum in time order peaks at the answer.
-    """
     device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device) - before)
-    if device.type != "cpu":
+    if device.type not in ("cpu", "cuda"):
         raise ValueError(f"peak_memory_bytes measures 'cpu' or 'cuda' devices, got {device}")
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with track_peak_memory(device) as report:
         fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:  # nbytes > 0: an allocation; < 0: a free
-        live += e.nbytes()
-        peak = max(peak, live)
-    return int(peak)
+    return int(report.peak_increase_bytes)
 
 
 def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, causal: bool = False) -> float:

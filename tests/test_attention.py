@@ -109,3 +109,29 @@ def test_maps_token_count_must_match() -> None:
         AttentionMaps(maps=torch.rand(2, 2, 4, 4), tokens=["a", "b", "c"])
     with pytest.raises(ValueError, match=r"\(layers, heads, tokens, tokens\)"):
         AttentionMaps(maps=torch.rand(2, 4, 4), tokens=["a", "b", "c", "d"])
+
+
+def test_sweep_script_checks_then_times_and_writes_stamped_results(tmp_path) -> None:
+    """benchmarks/attention_sweep.py at tiny sizes: rows for every implementation, files stamped by device."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import attention_sweep as bench
+    finally:
+        sys.path.pop(0)
+    result = bench.sweep([32, 64], impls=["naive", "sdpa-math", "sdpa-cudnn"], batch=1, heads=2, head_dim=16,
+                         dtype="float32", causal=False, device=torch.device("cpu"), min_run_time=0.01, verbose=False)
+    rows = {(r["impl"], r["seq_len"]): r for r in result["rows"]}
+    assert len(rows) == 6
+    assert rows[("naive", 64)]["status"] == "ok" and rows[("naive", 64)]["max_abs_err"] < 1e-4
+    assert rows[("naive", 64)]["median_s"] > 0 and rows[("naive", 64)]["peak_bytes"] > 0
+    if not torch.cuda.is_available():
+        assert rows[("sdpa-cudnn", 32)]["status"] == "unavailable" and rows[("sdpa-cudnn", 32)]["median_s"] is None
+    paths = bench.write_results(result, tmp_path)
+    assert [p.name for p in paths] == [f"attention_sweep-cpu{s}" for s in (".json", ".md", ".png")]
+    stamp = json.loads(paths[0].read_text())["stamp"]
+    assert stamp["torch"] == torch.__version__ and stamp["date"] and stamp["device"]
+    assert "| 64 |" in paths[1].read_text()

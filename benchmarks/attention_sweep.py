@@ -1,0 +1,346 @@
+"""Attention against sequence length: time and peak memory of every implementation the device has.
+
+Implementations: the naive formula (materialises the (N, N) scores), each SDPA backend (math, flash,
+memory-efficient, cuDNN; one the device lacks is reported with torch's reason, not crashed on),
+FlexAttention (compiled; its compile time is reported apart) and the course's Triton kernel
+(`helpers.kernels.flash_attention`; on a CPU it runs through Triton's interpreter, so it is checked
+there but not timed: interpreter times say nothing about the kernel).
+
+Correct before fast: at every length each implementation is first compared with the math backend in
+fp32 on a (1, 2, N, d) slice of the same inputs (tolerance per dtype in TOLERANCE); one that disagrees
+is reported as wrong and not timed. Times are medians after warm-up (`helpers.timing.benchmark`);
+peak memory is measured in a separate call (`helpers.attention.peak_memory_bytes`).
+
+Writes `attention_sweep-<device>[-causal].json`, `.md` and `.png` into `--out`, stamped with the
+device, versions and date.
+
+    python benchmarks/attention_sweep.py                # this device's default sweep (small on a CPU)
+    python benchmarks/attention_sweep.py --gpu-target   # the lesson's GPU target, one call: bf16, d=128,
+                                                        # N up to 8192, non-causal and causal, TFLOP/s vs the
+                                                        # measured bf16 matmul peak, Triton vs best SDPA at 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file from anywhere: make `helpers` importable
+    sys.path.insert(0, str(ROOT))
+
+__all__ = ["IMPLS", "TOLERANCE", "sweep", "gpu_target", "to_markdown", "write_results", "main"]
+
+IMPLS = ("naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "triton")
+# |out - ref| <= tol + tol * |ref| against the fp32 math backend, per input dtype
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 3e-2}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+INTERPRETER_MAX_LEN = 512  # longest N the Triton interpreter is asked to check (it runs in Python)
+TARGET = dict(seq_len=4096, head_dim=128, dtype="bfloat16", ratio=1.3)  # the issue's performance target
+
+
+def _attention_fn(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  causal: bool) -> Callable[[], torch.Tensor]:
+    """A no-argument call of one implementation on these inputs (FlexAttention's block mask built here)."""
+    from helpers.attention import flex_attention_fn, naive_attention, sdpa_attention
+
+    if impl == "naive":
+        return lambda: naive_attention(q, k, v, causal=causal)
+    if impl.startswith("sdpa-"):
+        backend = impl.removeprefix("sdpa-")
+        return lambda: sdpa_attention(q, k, v, causal=causal, backend=backend)
+    if impl == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        block_mask = None
+        if causal:
+            block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, q.shape[2], k.shape[2],
+                                           device=q.device)
+        flex = flex_attention_fn()
+        return lambda: flex(q, k, v, block_mask=block_mask)
+    if impl == "triton":
+        from helpers.kernels import flash_attention
+
+        return lambda: flash_attention(q, k, v, causal=causal)
+    raise ValueError(f"unknown implementation {impl!r}: use some of {IMPLS}")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
+
+
+def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, dtype: str, causal: bool,
+             device: torch.device, min_run_time: float) -> dict[str, Any]:
+    """Check one implementation at one length against the math reference, then time it and measure memory."""
+    from helpers.attention import attention_flops, peak_memory_bytes, sdpa_attention
+    from helpers.kernels import uses_interpreter
+    from helpers.timing import benchmark, time_once
+
+    row: dict[str, Any] = dict(impl=impl, seq_len=seq_len, status="ok", reason="", median_s=None, iqr_s=None,
+                               peak_bytes=None, tflops=None, max_abs_err=None, first_call_s=None)
+    gen = torch.Generator(device=device).manual_seed(seq_len)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=DTYPES[dtype], generator=gen)
+               for _ in range(3))
+    interpreted = impl == "triton" and uses_interpreter(device)
+    if interpreted and seq_len > INTERPRETER_MAX_LEN:
+        row.update(status="not run", reason=f"Triton interpreter: too slow beyond N={INTERPRETER_MAX_LEN}; "
+                                            "checked at the shorter lengths")
+        return row
+    try:
+        with torch.no_grad():
+            fn = _attention_fn(impl, q, k, v, causal)
+            if impl in ("flex", "triton") and not interpreted:  # compile / autotune on the full shape, timed apart
+                _, row["first_call_s"] = time_once(fn)
+            # correctness first, against fp32 math: on the full inputs if their fp32 score matrix fits
+            # comfortably, else on a (1, 2, N, d) slice (the interpreter: a (1, 1, N, d) slice)
+            limit = 8 * 2**30 if device.type == "cuda" else 2**30
+            if interpreted:
+                check = tuple(x[:1, :1].contiguous() for x in (q, k, v))
+            elif batch * heads * seq_len**2 * 4 <= limit:
+                check = (q, k, v)
+            else:
+                check = tuple(x[:1, :2].contiguous() for x in (q, k, v))
+            ref = sdpa_attention(*(x.float() for x in check), causal=causal, backend="math")
+            out = _attention_fn(impl, *check, causal)()
+            err = (out.float() - ref).abs()
+            row["max_abs_err"] = float(err.max())
+            tol = TOLERANCE[dtype]
+            if not bool((err <= tol + tol * ref.abs()).all()):
+                row.update(status="wrong", reason=f"differs from the math backend by up to {row['max_abs_err']:.3g} "
+                                                  f"(tolerance {tol:g})")
+                return row
+            del ref, out, err
+            if interpreted:
+                row.update(status="checked", reason="Triton interpreter: correct on a (1, 1, N, d) slice, not "
+                                                    "timed (interpreter speed says nothing about the kernel)")
+                return row
+            t = benchmark(fn, name=impl, warmup=2, min_run_time=min_run_time)
+            row.update(median_s=t.median_s, iqr_s=t.iqr_s,
+                       tflops=attention_flops(batch, heads, seq_len, seq_len, head_dim, causal) / t.median_s / 1e12)
+            row["peak_bytes"] = peak_memory_bytes(fn, device)
+    except torch.cuda.OutOfMemoryError as err:
+        row.update(status="out of memory", reason=_first_line(err))
+        torch.cuda.empty_cache()
+    except (RuntimeError, ValueError, NotImplementedError) as err:  # a backend the device lacks, and the like
+        row.update(status="unavailable", reason=_first_line(err))
+    return row
+
+
+def _stamp(device: torch.device) -> dict[str, Any]:
+    from helpers.device import device_report
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{device_report().cpu.model} ({torch.get_num_threads()} threads)"
+    return {"device": name, "device_type": device.type, "torch": torch.__version__, "triton": triton_version,
+            "cuda": torch.version.cuda, "python": platform.python_version(),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            # 1-minute load average against the CPU count: other work on the machine disturbs the timings
+            "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "cpu_count": os.cpu_count()}
+
+
+def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head_dim: int, dtype: str,
+          causal: bool, device: torch.device, min_run_time: float, verbose: bool = True) -> dict[str, Any]:
+    """Run every implementation at every length; returns the stamped results (rows as dicts)."""
+    from tqdm.auto import tqdm
+
+    bad = [i for i in impls if i not in IMPLS]
+    if bad or dtype not in DTYPES:
+        raise ValueError(f"implementations must be among {IMPLS} and dtype among {list(DTYPES)}, "
+                         f"got {bad or impls}, {dtype!r}")
+    rows = []
+    cases = [(n, impl) for n in seq_lens for impl in impls]
+    for n, impl in tqdm(cases, desc="attention sweep", disable=not verbose):
+        row = run_case(impl, n, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, causal=causal,
+                       device=device, min_run_time=min_run_time)
+        rows.append(row)
+        if verbose:
+            t = f"{row['median_s'] * 1e3:9.3f} ms" if row["median_s"] else f"{row['status']:>12}"
+            m = f"{row['peak_bytes'] / 2**20:9.2f} MiB" if row["peak_bytes"] is not None else ""
+            tqdm.write(f"N={n:6d} {impl:15s} {t} {m} {row['reason'][:90]}")
+    return {"stamp": _stamp(device),  # taken at the end of the sweep
+            "config": dict(seq_lens=seq_lens, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
+                           causal=causal, min_run_time=min_run_time, tolerance=TOLERANCE[dtype]),
+            "rows": rows}
+
+
+def _slope(rows: list[dict[str, Any]], impl: str) -> float | None:
+    """Log-log slope of peak memory against N between the shortest and longest measured lengths."""
+    pts = sorted((r["seq_len"], r["peak_bytes"]) for r in rows if r["impl"] == impl and r["peak_bytes"])
+    if len(pts) < 2 or pts[0][1] <= 0:
+        return None
+    (n0, m0), (n1, m1) = pts[0], pts[-1]
+    return math.log(m1 / m0) / math.log(n1 / n0)
+
+
+def gpu_target(result: dict[str, Any], peak_flops: float | None) -> dict[str, Any]:
+    """Triton vs the fastest SDPA backend at the target length, and TFLOP/s against the matmul peak."""
+    n = TARGET["seq_len"]
+    at_n = {r["impl"]: r for r in result["rows"] if r["seq_len"] == n and r["median_s"]}
+    sdpa = {k: r for k, r in at_n.items() if k.startswith("sdpa-")}
+    summary: dict[str, Any] = {"seq_len": n, "target_ratio": TARGET["ratio"], "peak_matmul_tflops":
+                               peak_flops / 1e12 if peak_flops else None}
+    if "triton" not in at_n or not sdpa:
+        summary["verdict"] = "not measured: Triton or every SDPA backend did not run at this length"
+        return summary
+    best = min(sdpa.values(), key=lambda r: r["median_s"])
+    ratio = at_n["triton"]["median_s"] / best["median_s"]
+    summary.update(best_sdpa=best["impl"], best_sdpa_ms=best["median_s"] * 1e3,
+                   triton_ms=at_n["triton"]["median_s"] * 1e3, triton_over_best=ratio,
+                   triton_tflops=at_n["triton"]["tflops"], best_sdpa_tflops=best["tflops"])
+    if peak_flops:
+        summary["triton_fraction_of_peak"] = at_n["triton"]["tflops"] * 1e12 / peak_flops
+        summary["best_sdpa_fraction_of_peak"] = best["tflops"] * 1e12 / peak_flops
+    within = ratio <= TARGET["ratio"]
+    summary["verdict"] = (f"Triton takes {ratio:.2f}x the time of {best['impl']} at N={n}: "
+                          f"{'within' if within else 'NOT within'} the {TARGET['ratio']}x target")
+    return summary
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    """The results as Markdown: stamp, one table of times and one of peak memory (rows: N; columns: impls)."""
+    s, c, rows = result["stamp"], result["config"], result["rows"]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    lines = [f"# Attention sweep: {s['device']}", "",
+             f"torch {s['torch']}, triton {s['triton']}, CUDA {s['cuda']}, Python {s['python']}; {s['date']}; "
+             f"load average {s.get('load_average_1min') or 0:.1f} on {s.get('cpu_count')} CPUs when it finished "
+             "(a load above the CPU count means other work was competing for the cores)", "",
+             f"B={c['batch']}, H={c['heads']}, d={c['head_dim']}, {c['dtype']}, "
+             f"{'causal' if c['causal'] else 'non-causal'}; checked against the fp32 math backend "
+             f"(tolerance {c['tolerance']:g}) before timing; median of timed runs after warm-up.", ""]
+    cell = {(r["seq_len"], r["impl"]): r for r in rows}
+    for title, key, fmt in (("Median time (ms)", "median_s", lambda v: f"{v * 1e3:.3f}"),
+                            ("Throughput (TFLOP/s, attention matmuls)", "tflops", lambda v: f"{v:.3g}"),
+                            ("Peak memory above the inputs (MiB)", "peak_bytes", lambda v: f"{v / 2**20:.2f}")):
+        lines += [f"## {title}", "", "| N | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
+        for n in c["seq_lens"]:
+            vals = []
+            for impl in impls:
+                r = cell.get((n, impl))
+                vals.append(fmt(r[key]) if r and r[key] is not None else (r["status"] if r else "–"))
+            lines.append(f"| {n} | " + " | ".join(vals) + " |")
+        lines.append("")
+    slopes = {impl: _slope(rows, impl) for impl in impls}
+    lines += ["## Memory growth", "", "Log-log slope of peak memory against N (2 = grows as N², 1 = as N):", ""]
+    lines += [f"- {impl}: {sl:.2f}" for impl, sl in slopes.items() if sl is not None]
+    notes = sorted({f"- {r['impl']}: {r['status']}: {r['reason']}" for r in rows if r["reason"]})
+    compile_s = [f"- {r['impl']} at N={r['seq_len']}: {r['first_call_s']:.2f} s" for r in rows if r["first_call_s"]]
+    if compile_s:
+        lines += ["", "## First call (compile / autotune), excluded from the times", "", *compile_s]
+    if notes:
+        lines += ["", "## Not timed", "", *notes]
+    if "target" in result:
+        t = result["target"]
+        lines += ["", "## GPU target", "", f"{t['verdict']}."]
+        if t.get("triton_tflops"):
+            peak = f"{t['peak_matmul_tflops']:.0f}" if t.get("peak_matmul_tflops") else "?"
+            lines.append(f"Triton {t['triton_tflops']:.0f} TFLOP/s, {t['best_sdpa']} {t['best_sdpa_tflops']:.0f} "
+                         f"TFLOP/s; measured bf16 matmul peak {peak} TFLOP/s.")
+    return "\n".join(lines) + "\n"
+
+
+def _slug(result: dict[str, Any]) -> str:
+    s = result["stamp"]
+    name = "cpu" if s["device_type"] == "cpu" else re.sub(r"[^a-z0-9]+", "-", s["device"].lower()).strip("-")
+    return name + ("-causal" if result["config"]["causal"] else "")
+
+
+def write_results(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write JSON, Markdown and the sweep plot (PNG) stamped with the device; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.plots import attention_sweep_chart
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"attention_sweep-{_slug(result)}"
+    paths = [stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")]
+    paths[0].write_text(json.dumps(result, indent=2) + "\n")
+    paths[1].write_text(to_markdown(result))
+    seq = result["config"]["seq_lens"]
+    impls = list(dict.fromkeys(r["impl"] for r in result["rows"]))
+    cell = {(r["seq_len"], r["impl"]): r for r in result["rows"]}
+    times = {i: [cell[(n, i)]["median_s"] for n in seq] for i in impls if any(cell[(n, i)]["median_s"] for n in seq)}
+    mem = {i: [cell[(n, i)]["peak_bytes"] for n in seq] for i in times}
+    c, s = result["config"], result["stamp"]
+    fig = attention_sweep_chart(seq, times, mem, title=f"attention, B={c['batch']} H={c['heads']} d={c['head_dim']} "
+                                f"{c['dtype']}{' causal' if c['causal'] else ''} — {s['device']}")
+    fig.savefig(paths[2], dpi=110)
+    return paths
+
+
+def _matmul_peak(device: torch.device, dtype: str) -> float | None:
+    """The device's measured matmul FLOP/s for `dtype` (helpers.device.measure_roofline)."""
+    from helpers.device import measure_roofline
+
+    try:
+        return measure_roofline(device, dtypes=[dtype]).matmul_flops[dtype]
+    except (RuntimeError, ValueError) as err:
+        print(f"could not measure the matmul peak: {_first_line(err)}")
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--seq-lens", type=int, nargs="+", help="sequence lengths (default: per device)")
+    p.add_argument("--batch", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--head-dim", type=int)
+    p.add_argument("--dtype", choices=list(DTYPES))
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), help=f"some of {IMPLS}")
+    p.add_argument("--min-run-time", type=float, default=None, help="seconds of timed runs per case")
+    p.add_argument("--gpu-target", action="store_true",
+                   help="CUDA: bf16, d=128, B=4, H=16, N=1024..8192, non-causal then causal; Triton vs best SDPA "
+                        "at N=4096 and TFLOP/s against the measured bf16 matmul peak")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = p.parse_args(argv)
+
+    from helpers.device import get_device
+
+    device = get_device("cuda" if args.gpu_target else args.device)
+    gpu = device.type == "cuda"
+    if not gpu:  # Triton must choose its interpreter before it is first imported (torch.compile imports it)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    seq_lens = args.seq_lens or ([1024, 2048, 4096, 8192] if args.gpu_target else
+                                 [512, 1024, 2048, 4096, 8192, 16384] if gpu else [128, 256, 512, 1024, 2048])
+    sizes = dict(batch=args.batch or (4 if gpu else 1), heads=args.heads or (16 if gpu else 4),
+                 head_dim=args.head_dim or (TARGET["head_dim"] if gpu else 64),
+                 dtype=args.dtype or (TARGET["dtype"] if gpu else "float32"),
+                 min_run_time=args.min_run_time or (0.5 if gpu else 0.3), impls=args.impls, device=device)
+    peak = _matmul_peak(device, sizes["dtype"]) if args.gpu_target else None
+    start = time.perf_counter()
+    for causal in ([False, True] if args.gpu_target else [args.causal]):
+        result = sweep(seq_lens, causal=causal, **sizes)
+        if args.gpu_target:
+            result["target"] = gpu_target(result, peak)
+            print(result["target"]["verdict"])
+        for path in write_results(result, args.out):
+            print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    print(f"done in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
