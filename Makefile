@@ -40,7 +40,7 @@ course: $(STAMP)
 
 # The browser test needs Debian's chromium; installing it is best effort (the test skips, saying why, without it).
 browser:
-	@true
+	@bash scripts/install_browser.sh $(PY)
 
 clean:
 	rm -rf build .pytest_cache
