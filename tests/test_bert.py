@@ -1,0 +1,113 @@
+"""load_bert: the offline fallback never waits on the network; a fine-tuned model survives save/load."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+
+from helpers import models
+from helpers.models import load_bert
+
+
+@pytest.fixture(scope="module")
+def offline_model():
+    """The bundled MiniLM as a 5-class classifier, loaded once for this file."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    try:
+        yield load_bert("bert-base-uncased", num_labels=5, attn_implementation="eager", verbose=False)
+    finally:
+        mp.undo()
+
+
+def _no_network(*args, **kwargs):
+    raise AssertionError(f"a network connection was attempted: {args}")
+
+
+def test_offline_flag_uses_the_bundled_checkpoint_without_touching_the_network(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket, "create_connection", _no_network)
+    start = time.perf_counter()
+    model, tok = load_bert("bert-base-uncased", num_labels=3)
+    assert time.perf_counter() - start < 120  # loading from disk; a hanging request would blow this
+    assert model.course_source == "offline" and model.config.num_labels == 3
+    assert model.config._attn_implementation == "sdpa"
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("load_bert:") and "HF_HUB_OFFLINE" in line
+    assert tok("hello world")["input_ids"][0] == tok.cls_token_id
+
+
+def test_an_unanswering_hub_times_out_and_falls_back(monkeypatch, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    waited = []
+
+    def silent_server(address, timeout=None, *args, **kwargs):  # a host that never answers
+        assert timeout is not None and timeout <= 5, "the connection attempt must carry a short timeout"
+        waited.append(timeout)
+        time.sleep(timeout)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(socket, "create_connection", silent_server)
+    start = time.perf_counter()
+    assert models.hub_reachable(timeout_s=0.5) is False
+    assert time.perf_counter() - start < 5
+    model, _ = load_bert("bert-base-uncased", num_labels=2)
+    assert model.course_source == "offline" and waited
+    assert "not reachable" in capsys.readouterr().out
+
+
+def test_a_failed_hub_download_falls_back(monkeypatch, capsys):
+    from transformers import AutoModelForSequenceClassification
+
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout_s=2.0: True)
+    real = AutoModelForSequenceClassification.from_pretrained.__func__
+
+    def from_pretrained(cls, path, *args, **kwargs):
+        if str(path) == "bert-base-uncased":
+            raise OSError("simulated: the download failed")
+        return real(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForSequenceClassification, "from_pretrained", classmethod(from_pretrained))
+    model, _ = load_bert("bert-base-uncased", num_labels=2)
+    assert model.course_source == "offline"
+    assert "failed (OSError)" in capsys.readouterr().out
+
+
+def test_bad_arguments_say_what_is_needed():
+    with pytest.raises(ValueError, match="eager"):
+        load_bert(attn_implementation="flash", offline=True)
+    with pytest.raises(ValueError, match="num_labels"):
+        load_bert(num_labels=0, offline=True)
+
+
+def test_fine_tuned_model_round_trips_through_save_pretrained(offline_model, tmp_path):
+    model, tok = offline_model
+    texts = ["Shares rose after the bank's results.", "The striker scored twice in the final.",
+             "MPs voted on the bill.", "A new phone with a faster chip."]
+    batch = tok(texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+    labels = torch.tensor([0, 3, 2, 4])
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    before = model.classifier.weight.detach().clone()
+    for _ in range(2):  # a little fine-tuning, so the saved weights are not the pretrained ones
+        model(**batch, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert not torch.equal(before, model.classifier.weight)
+    model.eval()
+    with torch.no_grad():
+        logits = model(**batch).logits
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded, tok2 = load_bert(str(tmp_path), num_labels=5, attn_implementation="eager")
+    assert loaded.course_source == "local"
+    loaded.eval()
+    batch2 = tok2(texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+    assert torch.equal(batch["input_ids"], batch2["input_ids"])
+    with torch.no_grad():
+        again = loaded(**batch2).logits
+    assert torch.equal(logits, again)  # identical, not merely close: same weights, same ops
