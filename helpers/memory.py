@@ -13,18 +13,48 @@ Measuring peak memory of a block of code
   held when the block began. Tensors that already existed (weights, say) are invisible to it, so the
   caller passes their size as `baseline_bytes` (see `tensor_bytes`) to get an absolute peak.
   Cost: the profiler slows the block down; do not time a block while tracking its memory this way.
+
+Estimating it
+-------------
+`estimate_training_memory` adds up, in bytes, what a training step of a Transformer holds:
+parameters (float32 master weights in every precision), gradients (float32), optimizer state (AdamW:
+two float32 moments per parameter and a step counter per tensor), the autocast copies of the matmul
+weights (16-bit, kept for the backward pass), the activations saved for the backward pass, and the
+largest temporary (the output layer's logits and their gradient). Per layer and token the saved
+activations are, for the pre-norm block of `helpers.models` (D = width, F = MLP width, H = heads):
+residual input 4·D, LN1 output D, Q/K/V 3·D, attention output D, second residual 4·D, LN2 output D,
+MLP hidden F before and after GELU, in bytes: the residual stream is float32 (4 bytes), the rest is
+4 bytes in fp32 and 2 under autocast; plus LayerNorm statistics, and the attention weights H·T per
+token for a naive attention (an SDPA kernel keeps only a log-sum-exp per head). With dropout the
+masks count too, and with activation checkpointing only each block's input is kept, plus one block
+recomputed at a time. On this code it matches what the profiler measures on a CPU to within a few
+percent (tests/test_memory.py).
+
+Recording the allocator's history
+---------------------------------
+`memory_timeline(fn)` runs `fn` under the profiler with memory, shapes and stacks, and sorts every
+byte into categories (parameter, optimizer state, input, temporary, activation, gradient, …) over
+time: torch's own memory timeline, on a CPU or a GPU. `record_memory_history(fn, path)` is the GPU
+tool: the CUDA caching allocator's history of every allocation with its stack trace, saved as a
+snapshot to drop on https://pytorch.org/memory_viz, and exported as an HTML page by torch's own
+visualiser (`torch.cuda._memory_viz`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+import json
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
-__all__ = ["MemoryReport", "track_peak_memory", "tensor_bytes", "GiB", "MiB"]
+__all__ = ["MemoryReport", "track_peak_memory", "tensor_bytes", "MemoryEstimate", "estimate_training_memory",
+           "MemoryTimeline", "memory_timeline", "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
 
 MiB = 2 ** 20
 GiB = 2 ** 30
@@ -126,3 +156,244 @@ def track_peak_memory(device: torch.device | str = "cpu", *, baseline_bytes: int
     report.peak_increase_bytes = peak
     report.end_increase_bytes = final
     report.peak_bytes = baseline_bytes + peak
+
+
+# --- the estimator ----------------------------------------------------------------------------------
+
+ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}  # bytes of a matmul output per precision
+OPTIMIZERS = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}  # float32 state bytes per parameter
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Training memory in bytes, term by term."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    weight_copies: int  # autocast's 16-bit copies of the matmul weights, alive until the backward
+    activations: int  # saved for the backward pass
+    temporary: int  # the largest short-lived buffer: the logits and their gradient
+    precision: str
+    batch_size: int
+    seq_len: int
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.optimizer + self.weight_copies
+                + self.activations + self.temporary)
+
+    def breakdown(self) -> dict[str, int]:
+        """The terms by name, in bytes (for tables and stacked bars)."""
+        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer state": self.optimizer,
+                "autocast weight copies": self.weight_copies, "activations": self.activations,
+                "temporary (logits)": self.temporary}
+
+
+def _config_and_counts(model: Any) -> tuple[Any, int, int, int]:
+    """(TransformerConfig, parameters, parameter tensors, matmul parameters) of a model or a config."""
+    from helpers.flops import matmul_params
+    from helpers.models import SmallTransformer, TransformerConfig
+
+    if isinstance(model, TransformerConfig):
+        with torch.device("meta"):  # build it without allocating: exact counts for free
+            model = SmallTransformer(model)
+    if not isinstance(model, SmallTransformer):
+        raise ValueError(f"estimate_training_memory takes a SmallTransformer or a TransformerConfig, got "
+                         f"{type(model).__name__}; describe other models with a TransformerConfig of their shape")
+    params = list({id(p): p for p in model.parameters()}.values())
+    return model.cfg, sum(p.numel() for p in params), len(params), matmul_params(model)
+
+
+def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, precision: str = "fp32",
+                             optimizer: str = "adamw", activation_checkpointing: bool = False,
+                             attn_probs_dropout: bool = False) -> MemoryEstimate:
+    """Estimate the memory of one training step of a SmallTransformer (or a config of that shape).
+
+    `attn_probs_dropout`: the attention drops out its probabilities and keeps the T×T matrices it
+    needs for that (Hugging Face BERT's eager attention does; SmallTransformer's does not).
+    """
+    if precision not in ACT_BYTES:
+        raise ValueError(f"unknown precision {precision!r}: use one of {tuple(ACT_BYTES)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZERS)}")
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"need batch_size >= 1 and seq_len >= 1, got {batch_size}, {seq_len}")
+    cfg, n_params, n_tensors, n_matmul = _config_and_counts(model)
+    if seq_len > cfg.max_len:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's max_len={cfg.max_len}")
+    a = ACT_BYTES[precision]
+    autocast = a == 2
+    d, f, h, t, v = cfg.d_model, cfg.d_ff, cfg.n_heads, seq_len, cfg.vocab_size
+    tokens = batch_size * seq_len
+
+    # bytes per token of one block, saved for its backward
+    residuals = 2 * 4 * d  # the block's input and the stream after attention, float32
+    norms = 2 * 2 * 4  # mean and 1/std of both LayerNorms
+    matmul_inputs = (d + 3 * d + d + d) * a  # LN1 out, Q/K/V, attention out, LN2 out
+    mlp = 2 * f * a  # hidden before and after GELU
+    if cfg.attn == "naive":
+        attention = h * t * (4 + (a if autocast else 0))  # softmax output (float32), its 16-bit copy
+    else:
+        attention = h * 4  # the kernel's log-sum-exp per head
+    masks = 2 * d if cfg.dropout > 0 else 0  # two residual dropout masks, 1 byte per element
+    if attn_probs_dropout and cfg.dropout > 0:
+        attention += h * t * (1 + a)  # the probabilities' dropout mask and the dropped copy
+    block = residuals + norms + matmul_inputs + mlp + attention + masks
+
+    if cfg.n_classes:  # final LayerNorm input and output, pooled vector
+        head, temporary = 4 * d + 8 + 4 * d, 0
+    else:  # final LayerNorm, its output into the head, log-softmax output (float32)
+        head = 4 * d + 8 + a * d + 4 * v
+        temporary = tokens * v * (4 + a)  # the logits' gradient and the log-softmax output's
+    if activation_checkpointing:  # each block's input kept; one block at a time recomputed
+        activations = tokens * (cfg.n_layers * 4 * d + block + head)
+    else:
+        activations = tokens * (cfg.n_layers * block + head)
+    return MemoryEstimate(
+        parameters=4 * n_params, gradients=4 * n_params,
+        optimizer=OPTIMIZERS[optimizer] * n_params + (4 * n_tensors if optimizer.startswith("adam") else 0),
+        weight_copies=2 * n_matmul if autocast else 0, activations=activations, temporary=temporary,
+        precision=precision, batch_size=batch_size, seq_len=seq_len)
+
+
+# --- memory over time -------------------------------------------------------------------------------
+
+CATEGORIES = ("parameter", "optimizer state", "input", "temporary", "activation", "gradient",
+              "autograd detail", "unknown")
+
+
+@dataclass
+class MemoryTimeline:
+    """Bytes held over time, by category (from torch's memory profiler)."""
+
+    times_s: list[float]  # from the first event
+    bytes_by_category: dict[str, list[int]] = field(default_factory=dict)
+    device: str = "cpu"
+
+    def total(self) -> list[int]:
+        """Bytes held at each time, all categories together."""
+        return [sum(col) for col in zip(*self.bytes_by_category.values())]
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.total(), default=0)
+
+
+def memory_timeline(fn: Callable[[], Any], device: torch.device | str = "cpu") -> MemoryTimeline:
+    """Run `fn()` once under the profiler (memory, shapes, stacks) and return its memory timeline."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("memory_timeline was asked for a CUDA device, but torch sees no GPU")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        # torch marks export_memory_timeline deprecated in favour of a CUDA-only tool; on a CPU it is
+        # still the only categorised timeline there is
+        warnings.simplefilter("ignore", FutureWarning)
+        out = Path(tmp) / "timeline.json"
+        prof.export_memory_timeline(str(out), device=str(device))
+        times_us, sizes = json.loads(out.read_text())
+    if not times_us:
+        return MemoryTimeline([], {c: [] for c in CATEGORIES}, str(device))
+    # sizes[i] = [unused, one column per category in CATEGORIES' order]
+    t0 = times_us[0]
+    columns = list(zip(*sizes))[1:1 + len(CATEGORIES)]
+    return MemoryTimeline([(t - t0) / 1e6 for t in times_us],
+                          {c: list(col) for c, col in zip(CATEGORIES, columns)}, str(device))
+
+
+def record_memory_history(fn: Callable[[], Any], path: str | Path, *, max_entries: int = 100_000) -> dict[str, Path]:
+    """GPU only: record the CUDA allocator's history while `fn()` runs; write `<path>.pickle` (for
+    pytorch.org/memory_viz) and `<path>.html` (torch's own visualiser). Returns both paths."""
+    if not torch.cuda.is_available():
+        raise ValueError("record_memory_history needs a CUDA GPU (it records the CUDA caching allocator); "
+                         "on a CPU use memory_timeline")
+    from torch.cuda import _memory_viz
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    try:
+        fn()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
+    pickle_path, html_path = path.with_suffix(".pickle"), path.with_suffix(".html")
+    import pickle
+
+    with open(pickle_path, "wb") as f:
+        pickle.dump(snapshot, f)
+    html_path.write_text(_memory_viz.trace_plot(snapshot))
+    return {"snapshot": pickle_path, "html": html_path}
+
+
+# --- the largest batch that fits --------------------------------------------------------------------
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
+
+
+def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit: int = 4096,
+                        device: torch.device | str | None = None, verbose: bool = True) -> int:
+    """The largest batch size for which `step_fn(batch_size)` runs without running out of memory.
+
+    Doubles from `start` until an out-of-memory error (`torch.cuda.OutOfMemoryError`) or `limit`,
+    then bisects between the last size that fitted and the first that did not. After each failure it
+    drops the references the error holds and empties the CUDA cache, so the next try starts clean.
+    Returns 0 when even `start` does not fit. Errors other than out-of-memory are raised.
+    """
+    import gc
+
+    if start < 1 or limit < start:
+        raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
+
+    def fits(n: int) -> bool:
+        try:
+            step_fn(n)
+            ok = True
+        except Exception as err:  # noqa: BLE001 - out-of-memory is told apart below
+            if not _is_oom(err):
+                raise
+            ok = False
+            del err  # the traceback pins the failed step's tensors: let them go
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # hand the failed attempt's cached blocks back
+        if verbose:
+            print(f"batch {n:>5}: {'fits' if ok else 'out of memory'}")
+        return ok
+
+    good, bad = 0, None
+    n = start
+    while n <= limit:
+        if fits(n):
+            good, n = n, n * 2
+        else:
+            bad = n
+            break
+    if good == 0:
+        return 0
+    if bad is None:  # doubling passed the limit without a failure: try the limit itself
+        if good == limit or fits(limit):
+            return limit
+        bad = limit
+    return _bisect(fits, good, bad)
+
+
+def _bisect(fits: Callable[[int], bool], good: int, bad: int) -> int:
+    """Largest n in [good, bad) that fits, knowing `good` fits and `bad` does not."""
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good

@@ -1,0 +1,151 @@
+"""Memory tools: the estimator's exact terms and its activation term against the CPU measurement,
+peak tracking, the timeline, and the largest-batch search surviving out-of-memory errors.
+
+Measurement method on this CPU: torch.profiler memory events (every allocation and free of PyTorch's
+CPU allocator, summed in time order), see helpers/memory.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from helpers.memory import (MemoryEstimate, estimate_training_memory, find_max_batch_size, memory_timeline,
+                            record_memory_history, tensor_bytes, track_peak_memory)
+from helpers.models import SmallTransformer, TransformerConfig
+from helpers.train import make_optimizer
+
+B, T = 8, 128
+
+
+def model(**overrides) -> SmallTransformer:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=512, max_len=T, d_model=128, n_heads=4, n_layers=2)
+    return SmallTransformer(TransformerConfig(**{**cfg, **overrides}))
+
+
+def test_parameter_gradient_and_optimizer_terms_are_exact():
+    m = model()
+    est = estimate_training_memory(m, B, T)
+    assert est.parameters == tensor_bytes(m)  # weights only: no gradients yet
+    ids = torch.randint(512, (B, T))
+    opt = make_optimizer(m, 1e-3, 0.01, fused=False)
+    m(ids, labels=ids).loss.backward()
+    assert est.gradients == sum(p.grad.numel() * p.grad.element_size() for p in m.parameters())
+    opt.step()
+    assert est.optimizer == tensor_bytes(opt)  # AdamW: exp_avg, exp_avg_sq, step per tensor
+    assert estimate_training_memory(m.cfg, B, T).parameters == est.parameters  # from a config alone
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "naive"])
+def test_activation_term_is_within_20_percent_of_the_measured_peak(attn):
+    m = model(attn=attn)
+    ids = torch.randint(512, (B, T))
+    with track_peak_memory("cpu") as forward:
+        loss = m(ids, labels=ids).loss  # keeps exactly what the backward pass needs
+    est = estimate_training_memory(m, B, T)
+    ratio = est.activations / forward.peak_increase_bytes
+    assert 0.8 <= ratio <= 1.2, f"estimate {est.activations} vs measured forward peak {forward.peak_increase_bytes}"
+    # and what stays held after the forward pass is the saved activations the estimator counts
+    assert est.activations == pytest.approx(forward.end_increase_bytes, rel=0.05)
+    del loss
+
+
+@pytest.mark.parametrize("n_layers", [2, 4])
+def test_activation_checkpointing_keeps_less_and_the_estimate_follows(n_layers):
+    m = model(n_layers=n_layers)
+    m.set_activation_checkpointing(True)
+    ids = torch.randint(512, (B, T))
+    with track_peak_memory("cpu") as step:
+        m(ids, labels=ids).loss.backward()  # the peak comes while a block is recomputed
+    est = estimate_training_memory(m, B, T, activation_checkpointing=True)
+    assert est.activations < estimate_training_memory(m, B, T).activations
+    ratio = est.activations / step.peak_increase_bytes
+    assert 0.8 <= ratio <= 1.2, f"estimate {est.activations} vs measured peak {step.peak_increase_bytes}"
+
+
+def test_estimates_scale_as_they_should():
+    cfg = TransformerConfig(vocab_size=512, max_len=256, d_model=128, n_heads=4, n_layers=2)
+    e1, e2 = estimate_training_memory(cfg, 4, 64), estimate_training_memory(cfg, 8, 64)
+    assert e2.activations == 2 * e1.activations and e2.parameters == e1.parameters
+    bf16 = estimate_training_memory(cfg, 4, 64, precision="bf16")
+    assert bf16.activations < e1.activations and bf16.weight_copies > 0 and e1.weight_copies == 0
+    naive = estimate_training_memory(TransformerConfig(**{**cfg.__dict__, "attn": "naive"}), 4, 128)
+    sdpa = estimate_training_memory(TransformerConfig(**{**cfg.__dict__, "attn": "sdpa"}), 4, 128)
+    assert naive.activations > sdpa.activations  # the T×T attention weights
+    assert isinstance(e1, MemoryEstimate) and e1.total == sum(e1.breakdown().values())
+
+
+def test_estimator_bad_input():
+    with pytest.raises(ValueError, match="unknown precision"):
+        estimate_training_memory(model(), B, T, precision="int4")
+    with pytest.raises(ValueError, match="max_len"):
+        estimate_training_memory(model(), B, 4 * T)
+    with pytest.raises(ValueError, match="SmallTransformer or a TransformerConfig"):
+        estimate_training_memory(torch.nn.Linear(2, 2), B, T)
+
+
+def test_track_peak_memory_sees_a_known_allocation():
+    with track_peak_memory("cpu", baseline_bytes=1000) as r:
+        x = torch.empty(1_000_000, dtype=torch.float32)  # 4 MB
+        y = torch.empty(500_000, dtype=torch.float32)  # 2 MB more at the peak
+        del y
+    assert r.peak_increase_bytes == 6_000_000 and r.end_increase_bytes == 4_000_000
+    assert r.peak_bytes == 6_001_000
+    del x
+
+
+def test_memory_timeline_sorts_a_training_step_into_categories():
+    m = model(n_layers=1)
+    opt = make_optimizer(m, 1e-3, 0.0, fused=False)
+    ids = torch.randint(512, (2, 32))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        m(ids, labels=ids).loss.backward()
+        opt.step()
+
+    step()  # optimizer state exists from now on
+    tl = memory_timeline(step)
+    assert len(tl.times_s) == len(tl.total()) > 10
+    weights = sum(p.numel() * p.element_size() for p in m.parameters())
+    assert max(tl.bytes_by_category["parameter"]) == weights
+    assert max(tl.bytes_by_category["gradient"]) == weights  # float32 gradients, one per weight
+    assert max(tl.bytes_by_category["activation"]) > 0
+    assert tl.peak_bytes >= 2 * weights + tensor_bytes(opt)
+
+
+def test_largest_batch_search_survives_out_of_memory_and_frees_it():
+    budget = 37  # a fake device: batches above 37 "run out of memory" after allocating
+    leaked = []
+
+    def step(n: int) -> None:
+        activations = torch.empty(n, 1000)
+        leaked.append(weakref.ref(activations))
+        if n > budget:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n} (fake)")
+
+    assert find_max_batch_size(step, verbose=False) == budget
+    gc.collect()
+    assert all(ref() is None for ref in leaked)  # nothing from a failed try is still held
+    assert find_max_batch_size(step, start=64, verbose=False) == 0
+    assert find_max_batch_size(step, limit=20, verbose=False) == 20
+
+    def broken(n: int) -> None:
+        raise ValueError("not a memory problem")
+
+    with pytest.raises(ValueError, match="not a memory problem"):
+        find_max_batch_size(broken, verbose=False)
+
+
+def test_gpu_only_tools_say_so():
+    if torch.cuda.is_available():
+        pytest.skip("this checks the message shown on machines without a GPU")
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        record_memory_history(lambda: None, "unused")
+    with pytest.raises(ValueError, match="no GPU"):
+        with track_peak_memory("cuda"):
+            pass
