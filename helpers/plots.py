@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart", "attention_map_chart", "attention_grid_chart", "attention_sweep_chart"]
+__all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart", "attention_map_chart", "attention_grid_chart", "attention_sweep_chart", "memory_breakdown_chart", "memory_timeline_chart", "loss_curves_chart"]
 
 
 # --- shared -----------------------------------------------------------------------------------------
@@ -172,6 +172,71 @@ def attention_sweep_chart(seq_lens: Sequence[int], times_s: Mapping[str, Sequenc
 
 
 # --- memory and training (lessons 02–03) ------------------------------------------------------------
+
+def memory_breakdown_chart(breakdowns: Mapping[str, Mapping[str, float]], *, title: str,
+                           unit: str = "MiB") -> Figure:
+    """Stacked bars: one bar per run or estimate, one colour per memory term (values in bytes)."""
+    scale = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "GB": 1e9}
+    if unit not in scale:
+        raise ValueError(f"unit must be one of {list(scale)}, got {unit!r}")
+    if not breakdowns:
+        raise ValueError("memory_breakdown_chart needs at least one breakdown {bar: {term: bytes}}")
+    names = list(breakdowns)
+    terms = list(dict.fromkeys(t for b in breakdowns.values() for t in b))  # first-seen order
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.3 * len(names) + 3), 4.0))
+    bottom = [0.0] * len(names)
+    for term in terms:
+        vals = [breakdowns[n].get(term, 0) / scale[unit] for n in names]
+        ax.bar(names, vals, bottom=bottom, label=term)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, total in enumerate(bottom):
+        ax.annotate(f"{total:.3g}", (i, total), ha="center", va="bottom", fontsize=8)
+    ax.tick_params(axis="x", rotation=20)
+    ax.margins(y=0.15)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    label_axes(ax, title, "run", f"memory [{unit}]")
+    fig.tight_layout()
+    return fig
+
+
+def memory_timeline_chart(times_s: Sequence[float], bytes_by_category: Mapping[str, Sequence[float]], *,
+                          title: str, unit: str = "MiB") -> Figure:
+    """Memory held over time, stacked by category (e.g. a `helpers.memory.MemoryTimeline`)."""
+    scale = {"KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+    if unit not in scale:
+        raise ValueError(f"unit must be one of {list(scale)}, got {unit!r}")
+    series = {k: [v / scale[unit] for v in vals] for k, vals in bytes_by_category.items() if any(vals)}
+    if not times_s or not series:
+        raise ValueError("memory_timeline_chart needs times and at least one non-empty category")
+    if any(len(v) != len(times_s) for v in series.values()):
+        raise ValueError("every category needs one value per time")
+    fig, ax = plt.subplots(figsize=(8.0, 4.0))
+    ax.stackplot([t * 1e3 for t in times_s], list(series.values()), labels=list(series), step="post")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    label_axes(ax, title, "time [ms]", f"memory held [{unit}]")
+    fig.tight_layout()
+    return fig
+
+
+def loss_curves_chart(runs: Mapping[str, Sequence[float]], *, title: str, ylabel: str = "training loss [nats]",
+                      xlabel: str = "optimizer step", logy: bool = False,
+                      marks: Mapping[str, Sequence[int]] | None = None) -> Figure:
+    """Several runs' curves on one axis (loss per step, or a GradScaler's scale); `marks` put an x on
+    chosen steps of a run (e.g. the steps a GradScaler skipped)."""
+    if not runs or not all(len(v) for v in runs.values()):
+        raise ValueError("loss_curves_chart needs at least one non-empty run {name: values}")
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    for name, values in runs.items():
+        (line,) = ax.plot(range(len(values)), list(values), label=name, linewidth=1.4)
+        for step in (marks or {}).get(name, []):
+            if 0 <= step < len(values):
+                ax.plot(step, values[step], "x", color=line.get_color(), markersize=8)
+    if logy:
+        ax.set_yscale("log", base=2)
+    ax.legend(fontsize=8)
+    label_axes(ax, title, xlabel, ylabel)
+    fig.tight_layout()
+    return fig
 
 
 # --- input pipeline (lesson 05) ---------------------------------------------------------------------
