@@ -87,6 +87,21 @@ def _pick_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def _attempt_store(timeout_s: float) -> dist.Store | None:
+    """torchrun's own key-value store, with keys private to this restart attempt (None: not under torchrun).
+
+    torchrun (c10d rendezvous) lends the workers its store, which outlives a restart; the keys where
+    the ranks of a failed attempt published their addresses are still there, and a restarted rank can
+    read a dead peer's address ("Connection refused"; pytorch/pytorch#135712, #167288). A prefix per
+    attempt keeps the attempts apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), is_master=False,
+                         timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"course/attempt_{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}", base)
+
+
 def setup(device: str = "auto", timeout_s: float = 120.0) -> DistEnv:
     """Join the process group described by torchrun's environment; without torchrun, a one-process env."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
@@ -99,8 +114,8 @@ def setup(device: str = "auto", timeout_s: float = 120.0) -> DistEnv:
     if launched and not dist.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # before any CUDA work, so NCCL binds this process to its GPU
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
-                                device_id=dev if dev.type == "cuda" else None)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), store=_attempt_store(timeout_s),
+                                rank=rank, world_size=world, device_id=dev if dev.type == "cuda" else None)
     return DistEnv(rank, local_rank, world, local_world, dev, backend, distributed=launched)
 
 
@@ -202,9 +217,15 @@ class LaunchError(RuntimeError):
 
 
 def _failed_ranks(lines: Sequence[str]) -> list[int]:
-    """Global ranks torchrun's failure summary names ("rank : 1 (local_rank: 1)")."""
-    found = [int(m.group(1)) for line in lines if (m := re.search(r"^\s*rank\s*:\s*(\d+)", line))]
-    return list(dict.fromkeys(found))
+    """Global ranks named in torchrun's failure summary ("rank : 1 (local_rank: 1)"), root cause first."""
+    found, root = [], None
+    for i, line in enumerate(lines):
+        if m := re.search(r"^\s*rank\s*:\s*(\d+)", line):
+            found.append(int(m.group(1)))
+            if any("Root Cause" in earlier for earlier in lines[max(0, i - 4):i]):
+                root = int(m.group(1))
+    ordered = ([root] if root is not None else []) + found
+    return list(dict.fromkeys(ordered))
 
 
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -287,13 +308,19 @@ def launch(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int 
         rc = proc.wait()
     result = LaunchResult(cmd, rc, time.perf_counter() - start, lines)
     if timed_out or rc != 0:
-        ranks = _failed_ranks(lines) or sorted({int(m.group(1)) for l in lines if (m := _PREFIX_RE.match(l))})
-        why = f"timed out after {timeout_s:.0f} s" if timed_out else f"exited with code {rc}"
-        parts = [f"torchrun {why}; failing rank(s): {ranks or 'unknown'}"]
-        for r in ranks[:2]:
+        seen = sorted({int(m.group(1)) for line in lines if (m := _PREFIX_RE.match(line))})
+        ranks = [] if timed_out else _failed_ranks(lines)
+        if timed_out:
+            head = f"torchrun timed out after {timeout_s:.0f} s and was stopped; ranks that printed: {seen}"
+        else:
+            head = f"torchrun exited with code {rc}; " + (
+                f"first failing rank: {ranks[0]}" + (f"; also stopped: {ranks[1:]}" if ranks[1:] else "")
+                if ranks else "no rank named in its summary")
+        parts = [head]
+        for r in (ranks or seen)[:2]:
             own = result.rank_lines(r)[-tail:]
             parts.append(f"--- last {len(own)} lines of rank {r} ---\n" + "\n".join(own))
-        if not ranks:
+        if not (ranks or seen):
             parts.append("--- last lines ---\n" + "\n".join(list(recent)[-tail:]))
         raise LaunchError("\n".join(parts), result)
     return result

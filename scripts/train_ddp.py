@@ -224,7 +224,7 @@ def load_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, en
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         return int(json.loads((path / "meta.json").read_text())["step"])
     ckpt = torch.load(path, map_location=env.device, weights_only=True)
-    model.load_state_dict(ckpt["model"])
+    (model.module if isinstance(model, DDP) else model).load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["optimizer"])
     return int(ckpt["step"])
 

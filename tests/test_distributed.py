@@ -1,0 +1,135 @@
+"""helpers.distributed: environment set-up without torchrun, the torchrun command line, and `launch`
+(live per-rank output, failures reported with the failing rank's lines, timeouts that leave no process)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from helpers import distributed as hd
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_backend_for_each_device() -> None:
+    assert hd.backend_for("cpu") == "gloo"
+    assert hd.backend_for(torch.device("cuda", 0)) == "nccl"
+    with pytest.raises(ValueError, match="meta"):
+        hd.backend_for("meta")
+
+
+def test_setup_without_torchrun_is_one_plain_process(no_torchrun: None) -> None:
+    env = hd.setup("cpu")
+    assert (env.rank, env.world_size, env.local_rank, env.distributed) == (0, 1, 0, False)
+    assert env.device == torch.device("cpu") and env.backend == "gloo" and env.is_main
+    assert not torch.distributed.is_initialized()
+    hd.teardown()  # nothing to tear down: must not fail
+
+
+def test_setup_rejects_bad_input(no_torchrun: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="device must be"):
+        hd.setup("tpu")
+    monkeypatch.setenv("RANK", "one")
+    with pytest.raises(ValueError, match="RANK='one'"):
+        hd.setup("cpu")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"RANK=2 must lie in \[0, WORLD_SIZE=2\)"):
+        hd.setup("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_setup_cuda_without_gpu_says_so(no_torchrun: None) -> None:
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        hd.setup("cuda")
+
+
+def test_print0_prints_on_rank_0_only(no_torchrun: None, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    hd.print0("from zero")
+    monkeypatch.setenv("RANK", "1")
+    hd.print0("from one")
+    assert capsys.readouterr().out == "from zero\n"
+
+
+def test_torchrun_command_single_node_and_multi_node(tmp_path: Path) -> None:
+    one = hd.torchrun_command("train.py", ["--steps", "3"], nproc_per_node=2)
+    assert one[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in one and "--nproc-per-node=2" in one and one[-3:] == ["train.py", "--steps", "3"]
+    two = hd.torchrun_command("train.py", nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:29400",
+                              log_dir=tmp_path)
+    assert "--standalone" not in two
+    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400", "--tee=3"} <= set(two)
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        hd.torchrun_command("train.py", nnodes=2)
+    with pytest.raises(ValueError, match="nproc_per_node"):
+        hd.torchrun_command("train.py", nproc_per_node=0)
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = hd.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_launch_rejects_a_missing_script(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no script"):
+        hd.launch(tmp_path / "absent.py")
+
+
+# Worker scripts without torch, so each launch costs only torchrun's own start-up.
+FAILING = textwrap.dedent("""
+    import os, sys
+    rank = int(os.environ["RANK"])
+    print(f"hello from rank {rank} of {os.environ['WORLD_SIZE']}")
+    if rank == 1:
+        print("rank 1 is about to fail: boom")
+        sys.exit(3)
+""")
+SLEEPING = textwrap.dedent("""
+    import time
+    print("started", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_launch_streams_each_rank_and_reports_the_failing_one(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING)
+    with pytest.raises(hd.LaunchError) as info:
+        hd.launch(script, nproc_per_node=2, timeout_s=180)
+    result = info.value.result
+    assert result.returncode != 0
+    assert result.rank_lines(0) == ["hello from rank 0 of 2"]
+    assert result.rank_lines(1)[:2] == ["hello from rank 1 of 2", "rank 1 is about to fail: boom"]
+    message = str(info.value)
+    assert "first failing rank: 1" in message and "boom" in message
+    printed = capsys.readouterr().out  # echoed live, with each line's rank
+    assert "[rank0]:hello from rank 0 of 2" in printed and "[rank1]:rank 1 is about to fail: boom" in printed
+
+
+def test_launch_timeout_raises_and_leaves_no_process(tmp_path: Path) -> None:
+    script = tmp_path / "sleep.py"
+    script.write_text(SLEEPING)
+    marker = uuid.uuid4().hex  # an argument that names this test's processes
+    with pytest.raises(hd.LaunchError, match="timed out after 20 s") as info:
+        hd.launch(script, [marker], nproc_per_node=2, timeout_s=20, echo=False)
+    assert info.value.result.returncode != 0
+    left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert left == [], f"processes left behind: {left}"

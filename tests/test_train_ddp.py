@@ -1,0 +1,171 @@
+"""scripts/train_ddp.py under torchrun with 2 gloo processes on the CPU.
+
+Equality checks train with SGD + momentum: its update is linear in the gradient, so two runs that add
+the same gradients in a different order (one process vs two, all-reduce per micro-step or once) end
+within rounding of each other. Tolerance: |a - b| <= 1e-6 + 1e-4 |b| after 6 steps in fp32 (measured
+differences are ~1e-7). With AdamW the script trains the same, but rounding noise on weights whose true
+gradient is zero is magnified to steps of ~lr (see make_optimizer in the script).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.distributed import DistEnv, LaunchResult, free_port, launch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "train_ddp.py"
+STEPS = 6
+# global batch 16 = 2 ranks x micro-batch 4 x 2 accumulation steps (1 process: 16 x 1)
+COMMON = ["--steps", str(STEPS), "--global-batch", "16", "--optimizer", "sgd", "--lr", "0.1",
+          "--log-every", "2"]
+TWO_RANKS = ["--micro-batch", "4"]
+RTOL, ATOL = 1e-4, 1e-6
+ENV = {"OMP_NUM_THREADS": "1"}  # one thread per process: 2 processes share 2 cores without oversubscribing
+TIMEOUT_S = 240
+
+
+def _train(tmp: Path, name: str, extra: list[str], nproc: int = 2, env: dict[str, str] | None = None,
+           **kwargs) -> dict:
+    out, params = tmp / f"{name}.json", tmp / f"{name}.pt"
+    args = [*COMMON, *extra, "--out", str(out), "--save-params", str(params)]
+    result = launch(SCRIPT, args, nproc_per_node=nproc, env={**ENV, **(env or {})}, timeout_s=TIMEOUT_S,
+                    echo=False, **kwargs)
+    summary = json.loads(out.read_text())
+    summary["params_sd"] = torch.load(params)
+    summary["result"] = result
+    return summary
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("train_ddp")
+    single_out, single_params = tmp / "single.json", tmp / "single.pt"
+    subprocess.run([sys.executable, str(SCRIPT), *COMMON, "--out", str(single_out), "--save-params",
+                    str(single_params)], check=True, timeout=TIMEOUT_S, cwd=ROOT, capture_output=True)
+    single = json.loads(single_out.read_text())
+    single["params_sd"] = torch.load(single_params)
+    return {
+        "single": single,
+        "ddp": _train(tmp, "ddp", TWO_RANKS),
+        "ddp_sync": _train(tmp, "ddp_sync", [*TWO_RANKS, "--sync-every-micro-step"]),
+        "fsdp": _train(tmp, "fsdp", [*TWO_RANKS, "--fsdp"]),
+    }
+
+
+def _assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
+
+
+def test_batches_cover_the_same_global_batch_for_any_world_size() -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    from train_ddp import Batches  # noqa: E402 - the script's module, imported without running it
+
+    cpu = torch.device("cpu")
+    one = Batches(64, DistEnv(0, 0, 1, 1, cpu, "gloo", False), micro=16, accum=1, seed=0)
+    two = [Batches(64, DistEnv(r, r, 2, 2, cpu, "gloo", True), micro=4, accum=2, seed=0) for r in range(2)]
+    for step in range(6):  # crosses an epoch boundary (4 steps per epoch)
+        union = sorted(i for b in two for m in range(2) for i in b(step, m))
+        assert union == sorted(one(step, 0)), f"step {step}"
+    assert one(0, 0) != one(4, 0)  # a new shuffle in the second epoch
+
+
+def test_bad_batch_split_is_a_value_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    sys.path.insert(0, str(SCRIPT.parent))
+    from train_ddp import main  # noqa: E402
+
+    with pytest.raises(ValueError, match="multiple of micro-batch 6"):
+        main(["--global-batch", "16", "--micro-batch", "6", "--device", "cpu"])
+
+
+def test_ddp_matches_one_process_on_the_same_global_batch(runs: dict[str, dict]) -> None:
+    single, ddp = runs["single"], runs["ddp"]
+    assert (ddp["world_size"], ddp["accum"], ddp["no_sync"]) == (2, 2, True)
+    _assert_same_params(ddp["params_sd"], single["params_sd"])
+    assert ddp["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    assert single["losses"][-1] < single["losses"][0]  # it trains
+
+
+def test_no_sync_accumulation_matches_syncing_every_micro_step(runs: dict[str, dict]) -> None:
+    ddp, sync = runs["ddp"], runs["ddp_sync"]
+    _assert_same_params(ddp["params_sd"], sync["params_sd"])
+    # no_sync: one bucketed all-reduce per optimizer step; without: one per micro-step
+    assert ddp["allreduce_calls_per_step"] == 1 and sync["allreduce_calls_per_step"] == 2
+    assert ddp["allreduce_bytes_per_step"] == ddp["grad_bytes"] == sync["allreduce_bytes_per_step"] // 2
+
+
+def test_fsdp_matches_one_process_and_shards_the_state(runs: dict[str, dict]) -> None:
+    single, fsdp, ddp = runs["single"], runs["fsdp"], runs["ddp"]
+    _assert_same_params(fsdp["params_sd"], single["params_sd"])
+    assert fsdp["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    full = ddp["per_rank"][0]["model_state_bytes"]  # every DDP rank holds everything
+    shards = [r["model_state_bytes"] for r in fsdp["per_rank"]]
+    for part in ("params", "grads"):
+        assert sum(s[part] for s in shards) == full[part] == ddp["grad_bytes"]
+        assert max(s[part] for s in shards) <= 0.55 * full[part]  # about half each (dim-0 shards)
+    assert sum(s["optimizer"] for s in shards) == full["optimizer"]  # SGD momentum: one buffer
+
+
+def test_killed_rank_restarts_and_resumes_from_last_checkpoint(runs: dict[str, dict], tmp_path: Path) -> None:
+    fault_step, every = 5, 2  # rank 1 dies in step 5; checkpoints after steps 2 and 4
+    summary = _train(tmp_path, "fault", [*TWO_RANKS, "--ckpt-dir", str(tmp_path / "ckpt"),
+                                         "--ckpt-every", str(every)],
+                     max_restarts=1, env={"COURSE_FAULT_AT_STEP": str(fault_step)})
+    result: LaunchResult = summary["result"]
+    rank0, rank1 = result.rank_lines(0), result.rank_lines(1)
+    assert any("simulated crash in step 5" in line for line in rank1)
+    assert summary["attempt"] == 1, "the job did not restart"
+    last_ckpt = (fault_step - 1) // every * every
+    assert summary["resumed_from"] == last_ckpt
+    assert f"resumed from step_{last_ckpt:06d}.pt: step {last_ckpt}" in rank0
+    # from the log: the last checkpoint written before the crash is the one the restart resumed from,
+    # so only the steps after it (fewer than `every`) were run twice
+    first_attempt = rank0[:next(i for i, l in enumerate(rank0) if l.startswith("resumed from"))]
+    saved = [int(l.split("(step ")[1].rstrip(")")) for l in first_attempt if l.startswith("checkpoint saved")]
+    assert saved and saved[-1] == last_ckpt and fault_step - 1 - saved[-1] < every
+    assert summary["first_step"] == last_ckpt + 1 and len(summary["losses"]) == STEPS - last_ckpt
+    reference = runs["ddp"]  # the same run, undisturbed
+    assert summary["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-6)
+    _assert_same_params(summary["params_sd"], reference["params_sd"])
+
+
+def test_two_torchrun_nodes_on_loopback_train_together(runs: dict[str, dict], tmp_path: Path) -> None:
+    port = free_port()
+    results: dict[int, LaunchResult | BaseException] = {}
+
+    def node(i: int) -> None:
+        try:
+            args = [*COMMON, *TWO_RANKS, "--out", str(tmp_path / f"node{i}.json")]
+            results[i] = launch(SCRIPT, args, nproc_per_node=1, nnodes=2, env=ENV, timeout_s=TIMEOUT_S,
+                                rdzv_endpoint=f"127.0.0.1:{port}", rdzv_conf=f"is_host={int(i == 0)}",
+                                extra_torchrun_args=["--local-addr=127.0.0.1"], echo=False)
+        except BaseException as err:  # re-raised below, in the test's thread
+            results[i] = err
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S + 30)
+    for i in range(2):
+        if isinstance(results.get(i), BaseException):
+            raise results[i]
+    outs = [p for i in range(2) if (p := tmp_path / f"node{i}.json").exists()]
+    assert len(outs) == 1  # global rank 0 wrote it, on whichever node the rendezvous made node 0
+    summary = json.loads(outs[0].read_text())
+    assert summary["world_size"] == 2 and {r["rank"] for r in summary["per_rank"]} == {0, 1}
+    assert summary["final_loss"] == pytest.approx(runs["ddp"]["final_loss"], rel=1e-6)
+    # each torchrun printed the lines of its own worker: global rank 0 on one node, 1 on the other
+    printed = [[r for r in range(2) if results[i].rank_lines(r)] for i in range(2)]
+    assert sorted(printed) == [[0], [1]], printed
