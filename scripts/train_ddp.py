@@ -43,6 +43,8 @@ from torch.utils.data import DistributedSampler
 
 from helpers.distributed import DistEnv, print0, setup, teardown
 from helpers.models import SmallTransformer, TransformerConfig
+from helpers.train import autocast_context
+from helpers.train import make_optimizer as make_adamw
 
 FAULT_ENV = "COURSE_FAULT_AT_STEP"  # test hook: rank 1 SIGKILLs itself in this step, first attempt only
 
@@ -146,7 +148,7 @@ def apply_fsdp(model: SmallTransformer, env: DistEnv) -> nn.Module:
 
 def make_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float,
                    device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (fused into one kernel on a GPU), or SGD with momentum.
+    """AdamW (helpers.train's: no decay on biases and norms; fused on a GPU), or SGD with momentum.
 
     AdamW divides each gradient by its own running RMS: a weight whose true gradient is zero (the key
     bias: adding a constant to every score of a query leaves softmax unchanged) sees only rounding
@@ -156,8 +158,7 @@ def make_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float,
     """
     if kind == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
-                             fused=device.type == "cuda")
+    return make_adamw(model, lr, weight_decay, fused=device.type == "cuda")
 
 
 def set_grad_sync(model: nn.Module, sync: bool, fsdp: bool):
@@ -316,7 +317,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            f"micro_batch {micro} accum {accum} no_sync {no_sync} precision {args.precision} "
            f"steps {start_step}->{args.steps} attempt {attempt}")
 
-    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     losses: list[float] = []
     step_s: list[float] = []
     wire: list[int] = []
@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for m in range(accum):
             last = m == accum - 1
             x = data[batches(step, m)]  # (micro, T)
-            with set_grad_sync(model, last or not no_sync, args.fsdp), autocast:
+            sync = last or not no_sync  # with no_sync, gradients are averaged over ranks only once per step
+            with set_grad_sync(model, sync, args.fsdp), autocast_context(args.precision, env.device):
                 loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
                 if fault_at and step + 1 == fault_at and env.rank == 1 and attempt == 0 and last:
                     print(f"rank 1: simulated crash in step {step + 1} (SIGKILL)", flush=True)
@@ -384,19 +385,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if env.is_main:
         tokens_per_step = args.global_batch * args.seq_len
         summary = {
-            "mode": mode, "world_size": world, "optimizer": args.optimizer, "accum": accum, "micro_batch": micro, "no_sync": no_sync,
+            "mode": mode, "world_size": world, "optimizer": args.optimizer, "accum": accum,
+            "micro_batch": micro, "no_sync": no_sync, "precision": args.precision,
             "global_batch": args.global_batch, "seq_len": args.seq_len, "params": n_params,
             "threads_per_process": torch.get_num_threads(), "device": str(env.device),
             "attempt": attempt, "resumed_from": start_step, "first_step": start_step + 1,
             "losses": losses, "final_loss": losses[-1] if losses else None,
-            "median_step_s": median_step, "tokens_per_s": tokens_per_step / median_step,
+            "step_s": step_s, "median_step_s": median_step, "tokens_per_s": tokens_per_step / median_step,
             "tokens_per_s_per_process": tokens_per_step / median_step / world,
             "allreduce_calls_per_step": stats.get("calls_per_step"),
             "allreduce_bytes_per_step": stats.get("bytes_per_step"),
             "grad_bytes": n_params * 4, "per_rank": per_rank,
         }
-        print0(f"final loss {summary['final_loss']:.8f} median step {median_step * 1e3:.1f} ms "
-               f"tokens/s {summary['tokens_per_s']:,.0f} ({summary['tokens_per_s_per_process']:,.0f} per process)")
+        print0(f"final loss {summary['final_loss']:.8f} median step {median_step * 1e3:.1f} ms tokens/s "
+               f"{summary['tokens_per_s']:,.0f} ({summary['tokens_per_s_per_process']:,.0f} per process)")
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(summary, indent=1))
