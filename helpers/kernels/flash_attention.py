@@ -78,6 +78,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     for name, block in (("block_m", block_m), ("block_n", block_n)):
         if block is not None and (block < 16 or block & (block - 1)):
             raise ValueError(f"{name} must be a power of two >= 16, got {block}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError("flash_attention has no backward pass; call it under torch.no_grad(), or "
+                         "train with F.scaled_dot_product_attention")
     if not triton_available():
         raise RuntimeError("flash_attention needs the triton package (Linux): pip install triton")
     if q.device.type not in ("cpu", "cuda"):
@@ -86,10 +89,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     interpret = uses_interpreter(q.device)
     if interpret:
         _ensure_interpreter()
-    if q.requires_grad or k.requires_grad or v.requires_grad:
-        if torch.is_grad_enabled():
-            raise ValueError("flash_attention has no backward pass; call it under torch.no_grad(), or "
-                             "train with F.scaled_dot_product_attention")
 
     b, h, tq, _ = q.shape
     tk = k.shape[2]
