@@ -180,8 +180,17 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
+        """Every term at once: an upper bound of the step's peak."""
         return (self.parameters + self.gradients + self.optimizer + self.weight_copies
                 + self.activations + self.temporary)
+
+    @property
+    def peak(self) -> int:
+        """The step's expected high-water mark. Weights and optimizer state live throughout; with
+        `zero_grad(set_to_none=True)` the gradients are created during the backward pass while the
+        activations are being freed, so the two rarely coexist in full: the larger of the two counts."""
+        return (self.parameters + self.optimizer + self.weight_copies
+                + max(self.activations + self.temporary, self.gradients))
 
     def breakdown(self) -> dict[str, int]:
         """The terms by name, in bytes (for tables and stacked bars)."""

@@ -200,10 +200,14 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
     if hasattr(model, "set_activation_checkpointing"):
         model.set_activation_checkpointing(enabled)
     elif hasattr(model, "gradient_checkpointing_enable"):  # Hugging Face PreTrainedModel
+        if not enabled and not getattr(model, "is_gradient_checkpointing", False):
+            return  # already off
+        # transformers 5 renamed the switch to activation_checkpointing_*; 4.x has gradient_checkpointing_*
+        prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
         if enabled:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            getattr(model, f"{prefix}_checkpointing_enable")(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
         else:
-            model.gradient_checkpointing_disable()
+            getattr(model, f"{prefix}_checkpointing_disable")()
     elif enabled:
         raise ValueError(f"{type(model).__name__} has no activation-checkpointing switch: wrap its blocks "
                          "with torch.utils.checkpoint.checkpoint, or use SmallTransformer / a HF model")

@@ -149,3 +149,21 @@ def test_gpu_only_tools_say_so():
     with pytest.raises(ValueError, match="no GPU"):
         with track_peak_memory("cuda"):
             pass
+
+
+def test_expected_peak_of_a_whole_step_is_within_20_percent_of_the_measured_one():
+    m = model()
+    opt = make_optimizer(m, 1e-3, 0.01, fused=False)
+    ids = torch.randint(512, (B, T))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        m(ids, labels=ids).loss.backward()
+        opt.step()
+
+    step()  # AdamW's state exists from here on, as in every later step
+    with track_peak_memory("cpu", baseline_bytes=tensor_bytes(m, opt, ids)) as measured:
+        step()
+    est = estimate_training_memory(m, B, T)
+    assert 0.8 <= est.peak / measured.peak_bytes <= 1.2, (est.peak, measured.peak_bytes)
+    assert est.peak <= est.total

@@ -194,3 +194,19 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert load_checkpoint(path, model)["step"] == 1
     assert os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_the_prepared_gpu_benchmark_runs_in_smoke_mode(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import mixed_precision_gpu
+
+    assert mixed_precision_gpu.main(["--smoke", "--device", "cpu", "--only", "small", "--out", str(tmp_path)]) == 0
+    (result,) = tmp_path.glob("mixed_precision-*.json")
+    rows = json.loads(result.read_text())["rows"]
+    assert [r["precision"] for r in rows] == ["fp32", "tf32", "fp16", "bf16"]
+    assert all(r["correct"] and r["estimate_bytes"] > 0 for r in rows)
+    assert (tmp_path / result.name.replace(".json", ".md")).read_text().startswith("# Mixed precision on")
