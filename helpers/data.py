@@ -21,6 +21,9 @@ Tokenising and batching:
 
 - `tokenize(examples, tokenizer, max_length=128) -> TokenizedDataset`: unpadded token ids per example;
   `dataset[i]` is `{"input_ids": list[int], "labels": int}`, `dataset.lengths` the token counts.
+- `LazyTokenizedDataset(examples, tokenizer, max_length=128)`: the same items, tokenised on access
+  (as a pipeline reading raw text does): the work DataLoader worker processes can take off the
+  training loop.
 - `PadCollate(pad_token_id=0, fixed_length=None)`: the `collate_fn`; pads to the longest sequence in
   the batch (dynamic padding) or to `fixed_length`; returns a dict of `input_ids` (B, T),
   `attention_mask` (B, T; 1 = real token) and `labels` (B,), all int64.
@@ -51,7 +54,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 __all__ = [
     "HUB_DATASET", "BUNDLED_PACKAGE", "SOURCES", "TextExamples", "TextSplits",
     "load_text_classification", "read_bundled_corpus", "read_csv_corpus", "bundled_corpus_path",
-    "stratified_split", "TokenizedDataset", "tokenize", "PadCollate", "LengthBucketSampler",
+    "stratified_split", "TokenizedDataset", "LazyTokenizedDataset", "tokenize", "PadCollate", "LengthBucketSampler",
     "make_dataloader", "padding_fraction",
 ]
 
@@ -298,6 +301,27 @@ class TokenizedDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+
+
+class LazyTokenizedDataset(Dataset):
+    """Raw texts tokenised when an item is read; `ds[i]` is {"input_ids": list[int], "labels": int}."""
+
+    def __init__(self, examples: TextExamples, tokenizer: Any, max_length: int = 128) -> None:
+        if max_length < 2:
+            raise ValueError(f"max_length must be at least 2 (room for the special tokens), got {max_length}")
+        if not callable(tokenizer):
+            raise ValueError(f"tokenizer must be a Hugging Face tokenizer (callable), got {type(tokenizer).__name__}")
+        self.texts = list(examples.texts)
+        self.labels = [int(y) for y in examples.labels]
+        self.tokenizer = tokenizer  # Hugging Face tokenizers pickle, so worker processes get a copy
+        self.max_length = max_length
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids = self.tokenizer(self.texts[i], truncation=True, max_length=self.max_length)["input_ids"]
+        return {"input_ids": ids, "labels": self.labels[i]}
 
 
 def tokenize(examples: TextExamples, tokenizer: Any, max_length: int = 128) -> TokenizedDataset:

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart", "attention_map_chart", "attention_grid_chart", "attention_sweep_chart", "memory_breakdown_chart", "memory_timeline_chart", "loss_curves_chart"]
+__all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart", "attention_map_chart", "attention_grid_chart", "attention_sweep_chart", "memory_breakdown_chart", "memory_timeline_chart", "loss_curves_chart", "length_histogram_chart", "step_breakdown_chart"]
 
 
 # --- shared -----------------------------------------------------------------------------------------
@@ -240,6 +240,38 @@ def loss_curves_chart(runs: Mapping[str, Sequence[float]], *, title: str, ylabel
 
 
 # --- input pipeline (lesson 05) ---------------------------------------------------------------------
+
+def length_histogram_chart(lengths: Sequence[int], *, title: str, max_length: int | None = None,
+                           bins: int = 40) -> Figure:
+    """Histogram of sequence lengths in tokens, with the truncation length drawn as a line."""
+    if len(lengths) == 0:
+        raise ValueError("length_histogram_chart needs at least one length")
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
+    ax.hist(list(lengths), bins=bins, color="tab:blue")
+    if max_length is not None:
+        ax.axvline(max_length, color="tab:red", linestyle="--", label=f"truncation at {max_length}")
+        ax.legend()
+    label_axes(ax, title, "length [tokens]", "sequences [count]")
+    fig.tight_layout()
+    return fig
+
+
+def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure:
+    """Where one training step's time goes: one horizontal bar per phase, in ms and % of the step."""
+    if not phases_s or any(v < 0 for v in phases_s.values()):
+        raise ValueError(f"step_breakdown_chart needs phase -> seconds (>= 0), got {dict(phases_s)!r}")
+    names, ms = list(phases_s), [v * 1e3 for v in phases_s.values()]
+    total = sum(ms) or 1.0
+    fig, ax = plt.subplots(figsize=(6.5, 0.5 * len(names) + 1.5))
+    bars = ax.barh(names, ms, color="tab:blue")
+    for bar, v in zip(bars, ms):
+        ax.annotate(f"{v:.3g} ms ({100 * v / total:.0f} %)", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                    xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.invert_yaxis()  # phases top to bottom in the order of the step
+    ax.margins(x=0.3)
+    label_axes(ax, title, "time per step [ms]", "phase")
+    fig.tight_layout()
+    return fig
 
 
 # --- capstone (lesson 07) ---------------------------------------------------------------------------

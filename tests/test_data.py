@@ -182,3 +182,38 @@ def test_bad_inputs_are_value_errors():
         LengthBucketSampler([1, 2], 0)
     with pytest.raises(ValueError, match="max_examples"):
         load_text_classification("bundled", max_examples=5, verbose=False)
+
+
+def test_lazy_dataset_matches_pretokenised(bundled, tokenizer):
+    from helpers.data import LazyTokenizedDataset
+
+    few = TextExamples(bundled.val.texts[:6], bundled.val.labels[:6])
+    lazy, eager = LazyTokenizedDataset(few, tokenizer, 64), data.tokenize(few, tokenizer, 64)
+    assert [lazy[i] for i in range(6)] == [eager[i] for i in range(6)]
+    loader = DataLoader(lazy, batch_size=3, collate_fn=PadCollate(tokenizer.pad_token_id), num_workers=1)
+    assert sum(int(b["attention_mask"].sum()) for b in loader) == sum(eager.lengths)
+
+
+# --- figures of lesson 05 (helpers.plots, input pipeline section) -----------------------------------
+
+def test_lesson05_figures_are_labelled():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.plots import length_histogram_chart, step_breakdown_chart
+
+    fig = length_histogram_chart([10, 20, 20, 300], title="lengths", max_length=128)
+    ax = fig.axes[0]
+    assert ax.get_title() == "lengths" and "tokens" in ax.get_xlabel() and ax.get_legend() is not None
+    fig2 = step_breakdown_chart({"data": 0.01, "forward": 0.03, "backward": 0.06}, title="one step")
+    ax2 = fig2.axes[0]
+    assert [t.get_text() for t in ax2.get_yticklabels()] == ["data", "forward", "backward"]
+    assert "[ms]" in ax2.get_xlabel()
+    assert [round(p.get_width(), 6) for p in ax2.patches] == [10.0, 30.0, 60.0]  # seconds drawn as ms
+    plt.close("all")
+    with pytest.raises(ValueError):
+        step_breakdown_chart({}, title="x")
+    with pytest.raises(ValueError):
+        length_histogram_chart([], title="x")
