@@ -38,9 +38,9 @@ class AttentionExplorer:
                                  continuous_update=False)
         self.head = w.IntSlider(value=head, min=0, max=maps.n_heads - 1, description="head",
                                 continuous_update=False)
-        options: list[tuple[str, int | None]] = [("all tokens", None)]
-        options += [(f"{i}: {tok}", i) for i, tok in enumerate(maps.tokens)]
-        self.token = w.Dropdown(options=options, value=None, description="token")
+        # -1 = no token highlighted (a None value would show as an empty selection in the browser)
+        options = [("all tokens", -1)] + [(f"{i}: {tok}", i) for i, tok in enumerate(maps.tokens)]
+        self.token = w.Dropdown(options=options, value=-1, description="token")
         self.output = w.Output()
         self.widget = w.VBox([w.HBox([self.layer, self.head, self.token]), self.output])
         self.widget.add_class("attention-explorer")
@@ -55,7 +55,8 @@ class AttentionExplorer:
         """Draw the selected layer and head into the output area; returns the new figure."""
         from IPython.display import display
 
-        layer, head, row = self.layer.value, self.head.value, self.token.value
+        layer, head = self.layer.value, self.head.value
+        row = self.token.value if self.token.value >= 0 else None
         weights: torch.Tensor = self.maps.maps[layer, head]  # (T, T), rows sum to 1
         title = f"layer {layer}, head {head}"
         if row is not None:

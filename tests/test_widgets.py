@@ -25,7 +25,7 @@ def test_structure_is_stable() -> None:
     assert [c.description for c in controls.children] == ["layer", "head", "token"]
     assert output is ex.output and "attention-explorer" in ex.widget._dom_classes
     assert (ex.layer.min, ex.layer.max, ex.head.max) == (0, 2, 1)
-    assert ex.token.options[0] == ("all tokens", None) and len(ex.token.options) == 6
+    assert ex.token.options[0] == ("all tokens", -1) and ex.token.label == "all tokens" and len(ex.token.options) == 6
 
 
 def test_moving_the_sliders_redraws_the_selected_map() -> None:
@@ -43,6 +43,8 @@ def test_moving_the_sliders_redraws_the_selected_map() -> None:
     top = maps.tokens[int(maps.maps[2, 1, 3].argmax())]
     assert title.startswith("layer 2, head 1: 'tok3' attends most to") and f"'{top}'" in title
     assert len(ex.figure.axes[0].patches) == 1  # the highlighted row
+    ex.token.value = -1  # back to "all tokens": no highlight
+    assert len(ex.figure.axes[0].patches) == 0 and ex.figure.axes[0].get_title() == "layer 2, head 1"
 
 
 def test_bad_input() -> None:
