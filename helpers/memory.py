@@ -363,6 +363,8 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
 
     if start < 1 or limit < start:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
+    # whose cache to empty after a failure: the given device, or any GPU torch sees
+    cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
 
     def fits(n: int) -> bool:
         try:
@@ -374,7 +376,7 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
             ok = False
             del err  # the traceback pins the failed step's tensors: let them go
         gc.collect()
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.empty_cache()  # hand the failed attempt's cached blocks back
         if verbose:
             print(f"batch {n:>5}: {'fits' if ok else 'out of memory'}")
