@@ -242,7 +242,10 @@ def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, preci
     matmul_inputs = (d + 3 * d + d + d) * a  # LN1 out, Q/K/V, attention out, LN2 out
     mlp = 2 * f * a  # hidden before and after GELU
     if cfg.attn == "naive":
-        attention = h * t * (4 + (a if autocast else 0))  # softmax output (float32), its 16-bit copy
+        # softmax output (float32), and under autocast its 16-bit copy for the matmul with V. This is
+        # CUDA's autocast policy (softmax in float32); a CPU's keeps softmax in 16 bits, so there the
+        # estimate is high by 4·H·T bytes per token and layer.
+        attention = h * t * (4 + (a if autocast else 0))
     else:
         attention = h * 4  # the kernel's log-sum-exp per head
     masks = 2 * d if cfg.dropout > 0 else 0  # two residual dropout masks, 1 byte per element

@@ -167,3 +167,18 @@ def test_expected_peak_of_a_whole_step_is_within_20_percent_of_the_measured_one(
     est = estimate_training_memory(m, B, T)
     assert 0.8 <= est.peak / measured.peak_bytes <= 1.2, (est.peak, measured.peak_bytes)
     assert est.peak <= est.total
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_autocast_activations_and_weight_copies_match_the_measurement(precision):
+    from helpers.train import autocast_context
+
+    m = model()  # SDPA attention: the same autocast policy on CPU and CUDA
+    ids = torch.randint(512, (B, T))
+    with track_peak_memory("cpu") as forward:
+        with autocast_context(precision, "cpu"):
+            loss = m(ids, labels=ids).loss
+    est = estimate_training_memory(m, B, T, precision=precision)
+    # kept after the forward: the saved activations and autocast's 16-bit weight copies
+    assert est.activations + est.weight_copies == pytest.approx(forward.end_increase_bytes, rel=0.05)
+    del loss
