@@ -1,4 +1,4 @@
-"""Triton kernels of the course: a FlashAttention forward pass (`flash_attention`).
+"""Triton kernels of the course: FlashAttention (`flash_attention`), forward and backward.
 
 On a CUDA GPU the kernel is compiled by Triton (and autotuned over block sizes). On a machine without
 CUDA it runs through Triton's interpreter, which executes the same kernel code in Python with NumPy on
@@ -10,8 +10,9 @@ set before then. `flash_attention` on CPU tensors sets it itself if nothing has 
 and otherwise raises an error that says to restart with the variable set (lesson 01's setup cell and
 the tests set it first, on machines without CUDA).
 
-A backward pass is not implemented: `flash_attention` is for inference and for teaching the forward
-algorithm; train with `F.scaled_dot_product_attention`.
+`flash_attention` is differentiable: its backward pass is two more Triton kernels (`_triton_bwd.py`) that
+recompute the attention probabilities tile by tile from the row log-sum-exp the forward kept. Only the
+forward is autotuned; the backward uses fixed 64×64 tiles on a GPU.
 """
 
 from __future__ import annotations

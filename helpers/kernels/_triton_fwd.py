@@ -13,7 +13,7 @@ import triton.language as tl
 
 
 
-def attn_fwd(Q, K, V, O, Mask, sm_scale,
+def attn_fwd(Q, K, V, O, L, Mask, sm_scale,
              stride_qb, stride_qh, stride_qt, stride_qd,
              stride_kb, stride_kh, stride_kt, stride_kd,
              stride_vb, stride_vh, stride_vt, stride_vd,
@@ -69,6 +69,8 @@ def attn_fwd(Q, K, V, O, Mask, sm_scale,
         m_i = m_new
 
     acc = acc / l_i[:, None]  # a row with no visible key divides by 0 -> NaN, as the naive formula gives
+    # log-sum-exp of each row (log2 units, scale included), kept for the backward pass: P = exp2(S·scale - L)
+    tl.store(L + pid_bh * TQ + offs_m, m_i + tl.log2(l_i), mask=offs_m < TQ)
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < TQ)
 

@@ -1,5 +1,6 @@
-"""Host side of the Triton FlashAttention forward: checks the inputs, picks compiled or interpreted
-Triton, launches one program per (query block, batch·head)."""
+"""Host side of the Triton FlashAttention kernels: checks the inputs, picks compiled or interpreted
+Triton, launches one program per (query block, batch·head) forward and per key or query block backward,
+and ties forward and backward together with `torch.autograd.Function`."""
 
 from __future__ import annotations
 
@@ -57,11 +58,12 @@ def _kernel(interpret: bool, autotune: bool) -> Any:
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
                     block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
-    """FlashAttention forward in Triton: softmax(Q Kᵀ·scale) V without forming the (Tq, Tk) matrix.
+    """FlashAttention in Triton: softmax(Q Kᵀ·scale) V without forming the (Tq, Tk) matrix.
 
     q (B, H, Tq, d); k, v (B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real token; causal is
     aligned bottom-right, as in `helpers.attention`. On a GPU the block sizes are autotuned unless
-    given; under the interpreter (CPU tensors) they default to 16. Forward only: no autograd.
+    given; under the interpreter (CPU tensors) they default to 16. Differentiable: the backward pass
+    is two more Triton kernels that recompute the probabilities tile by tile.
     """
     from helpers.attention import _check_qkv
 
@@ -78,9 +80,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     for name, block in (("block_m", block_m), ("block_n", block_n)):
         if block is not None and (block < 16 or block & (block - 1)):
             raise ValueError(f"{name} must be a power of two >= 16, got {block}")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ValueError("flash_attention has no backward pass; call it under torch.no_grad(), or "
-                         "train with F.scaled_dot_product_attention")
     if not triton_available():
         raise RuntimeError("flash_attention needs the triton package (Linux): pip install triton")
     if q.device.type not in ("cpu", "cuda"):
@@ -90,25 +89,81 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     if interpret:
         _ensure_interpreter()
 
-    b, h, tq, _ = q.shape
-    tk = k.shape[2]
-    out = torch.empty_like(q)
     if key_padding_mask is not None:
         mask = key_padding_mask.to(device=q.device, dtype=torch.int8).contiguous()  # (B, Tk), 1 = real
-        mask_strides, has_mask = (mask.stride(0), mask.stride(1)), True
     else:
-        mask, mask_strides, has_mask = q, (0, 0), False  # placeholder pointer, never read
+        mask = None
     scale = scale if scale is not None else 1.0 / math.sqrt(d)
-    args = (q, k, v, out, mask, scale, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+    return _FlashAttention.apply(q, k, v, mask, causal, scale, block_m, block_n, interpret)
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+             scale: float, block_m: int | None, block_n: int | None,
+             interpret: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel: (output (B, H, Tq, d), row log-sum-exp (B·H, Tq) fp32, log2 units)."""
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    out = torch.empty_like(q)
+    lse = torch.empty(b * h, tq, device=q.device, dtype=torch.float32)
+    mask_arg, mask_strides = (mask, (mask.stride(0), mask.stride(1))) if mask is not None else (lse, (0, 0))
+    args = (q, k, v, out, lse, mask_arg, scale, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             *mask_strides, h, tq, tk, tk - tq)
     autotune = not interpret and block_m is None and block_n is None
     kernel = _kernel(interpret, autotune)
     if autotune:
         grid = lambda meta: (math.ceil(tq / meta["BLOCK_M"]), b * h)  # noqa: E731
-        kernel[grid](*args, HEAD_DIM=d, CAUSAL=causal, HAS_MASK=has_mask)
+        kernel[grid](*args, HEAD_DIM=d, CAUSAL=causal, HAS_MASK=mask is not None)
     else:
         bm = block_m or (INTERPRETER_BLOCK if interpret else 64)
         bn = block_n or (INTERPRETER_BLOCK if interpret else 64)
         kernel[(math.ceil(tq / bm), b * h)](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-                                            HAS_MASK=has_mask, EVEN_N=tk % bn == 0)
-    return out
+                                            HAS_MASK=mask is not None, EVEN_N=tk % bn == 0)
+    return out, lse
+
+
+@functools.cache
+def _bwd_kernels(interpret: bool) -> Any:
+    from helpers.kernels import _triton_bwd
+
+    return _triton_bwd.build(interpret)
+
+
+def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+              lse: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float,
+              interpret: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the two backward kernels: (dq, dk, dv)."""
+    q, k, v, out, do = (t.contiguous() for t in (q, k, v, out, do))  # the kernels index (B, H, T, d) densely
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    delta = (do.float() * out.float()).sum(-1).reshape(b * h, tq)  # D = rowsum(dO ∘ O), (B·H, Tq)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    bm = bn = INTERPRETER_BLOCK if interpret else 64
+    launch = {} if interpret else dict(num_warps=4 if d <= 64 else 8, num_stages=2)
+    common = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_MASK=mask is not None, **launch)
+    mask_arg = mask if mask is not None else lse
+    dkdv, dq_kernel = _bwd_kernels(interpret)
+    dkdv[(math.ceil(tk / bn), b * h)](q, k, v, do, lse, delta, dk, dv, mask_arg, scale, h, tq, tk, tk - tq,
+                                      **common)
+    dq_kernel[(math.ceil(tq / bm), b * h)](q, k, v, do, lse, delta, dq, mask_arg, scale, h, tq, tk, tk - tq,
+                                           **common)
+    return dq, dk, dv
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Forward and backward kernels tied together for autograd."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                causal: bool, scale: float, block_m: int | None, block_n: int | None,
+                interpret: bool) -> torch.Tensor:
+        out, lse = _forward(q, k, v, mask, causal, scale, block_m, block_n, interpret)
+        ctx.save_for_backward(q, k, v, out, lse, *(() if mask is None else (mask,)))
+        ctx.config = (causal, scale, interpret)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse, *mask = ctx.saved_tensors
+        causal, scale, interpret = ctx.config
+        dq, dk, dv = _backward(do, q, k, v, out, lse, mask[0] if mask else None, causal, scale, interpret)
+        return dq, dk, dv, None, None, None, None, None, None
