@@ -378,9 +378,10 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
                 raise
             ok = False
             del err  # the traceback pins the failed step's tensors: let them go
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()  # hand the failed attempt's cached blocks back
+        if not ok:
+            gc.collect()  # frames of the failed step may sit in reference cycles
+            if cuda:
+                torch.cuda.empty_cache()  # hand the failed attempt's cached blocks back
         if verbose:
             print(f"batch {n:>5}: {'fits' if ok else 'out of memory'}")
         return ok
