@@ -7,7 +7,6 @@ CPU allocator, summed in time order), see helpers/memory.py.
 
 from __future__ import annotations
 
-import gc
 import weakref
 
 import pytest
@@ -123,13 +122,14 @@ def test_largest_batch_search_survives_out_of_memory_and_frees_it():
     leaked = []
 
     def step(n: int) -> None:
+        # each try starts with nothing left of the earlier ones, failed tries included
+        assert all(ref() is None for ref in leaked), "a previous try's tensors are still alive"
         activations = torch.empty(n, 1000)
         leaked.append(weakref.ref(activations))
         if n > budget:
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n} (fake)")
 
     assert find_max_batch_size(step, verbose=False) == budget
-    gc.collect()
     assert all(ref() is None for ref in leaked)  # nothing from a failed try is still held
     assert find_max_batch_size(step, start=64, verbose=False) == 0
     assert find_max_batch_size(step, limit=20, verbose=False) == 20
