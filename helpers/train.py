@@ -200,10 +200,10 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
     if hasattr(model, "set_activation_checkpointing"):
         model.set_activation_checkpointing(enabled)
     elif hasattr(model, "gradient_checkpointing_enable"):  # Hugging Face PreTrainedModel
-        if not enabled and not getattr(model, "is_gradient_checkpointing", False):
-            return  # already off
         # transformers 5 renamed the switch to activation_checkpointing_*; 4.x has gradient_checkpointing_*
-        prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+        prefix = "activation" if hasattr(type(model), "activation_checkpointing_enable") else "gradient"
+        if not enabled and not getattr(model, f"is_{prefix}_checkpointing", False):
+            return  # already off
         if enabled:
             getattr(model, f"{prefix}_checkpointing_enable")(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
         else:

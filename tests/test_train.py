@@ -210,3 +210,27 @@ def test_the_prepared_gpu_benchmark_runs_in_smoke_mode(tmp_path):
     assert [r["precision"] for r in rows] == ["fp32", "tf32", "fp16", "bf16"]
     assert all(r["correct"] and r["estimate_bytes"] > 0 for r in rows)
     assert (tmp_path / result.name.replace(".json", ".md")).read_text().startswith("# Mixed precision on")
+
+
+def test_a_hugging_face_model_trains_with_the_same_loop():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tokens = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=5)
+
+    def batch_fn(step: int, micro: int):
+        b = tokens(step, micro)
+        b["labels"] = (b["input_ids"][:, 0] < VOCAB // 2).long()  # a sequence label
+        return b
+
+    def bert():
+        torch.manual_seed(0)
+        return BertForSequenceClassification(BertConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB,
+            max_position_embeddings=SEQ, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+    plain = train(bert(), batch_fn, quiet(steps=3))
+    model = bert()
+    ckpt = train(model, batch_fn, quiet(steps=3, activation_checkpointing=True))
+    assert getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing")
+    torch.testing.assert_close(torch.tensor(ckpt.losses), torch.tensor(plain.losses), rtol=1e-5, atol=1e-6)
+    assert plain.flops_per_token > 0  # sizes read from the Hugging Face config
