@@ -1,16 +1,17 @@
-"""The FlashAttention forward kernel, written in Triton (imported lazily: only this file needs triton).
+"""The FlashAttention forward kernel, written in Triton (imported lazily: only this file and
+`_triton_bwd.py` need triton).
 
 One program computes one (BLOCK_M, d) tile of the output for one (batch, head): it loads its Q tile
 once, then streams K/V tiles of BLOCK_N keys, keeping a running row max `m`, a running row sum `l` and
 an fp32 accumulator, exactly like `helpers.attention.tiled_attention`. The (T, T) score matrix never
 exists; each tile of scores lives in registers. Exponentials use exp2 with log2(e) folded into the scale.
+Each row's log-sum-exp goes to L for the backward pass.
 
 No `from __future__ import annotations` here: Triton reads the `tl.constexpr` annotations as objects.
 """
 
 import triton
 import triton.language as tl
-
 
 
 def attn_fwd(Q, K, V, O, L, Mask, sm_scale,
