@@ -167,3 +167,18 @@ def test_kernel_compiles_for_gpus_without_a_gpu() -> None:
                           cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("compiled") == 6, done.stdout
+
+
+def test_cpu_call_after_compiled_triton_import_says_how_to_fix() -> None:
+    """Triton imported before TRITON_INTERPRET was set cannot interpret: a clear error, not a crash deep inside."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import triton, torch\nfrom helpers.kernels import flash_attention\nq = torch.randn(1, 1, 16, 16)\n"
+            "try:\n    flash_attention(q, q, q)\nexcept RuntimeError as err:\n    print(err)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "TRITON_INTERPRET" in done.stdout and "restart" in done.stdout, done.stdout
