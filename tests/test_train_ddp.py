@@ -117,25 +117,30 @@ def test_fsdp_matches_one_process_and_shards_the_state(runs: dict[str, dict]) ->
     assert sum(s["optimizer"] for s in shards) == full["optimizer"]  # SGD momentum: one buffer
 
 
-def test_killed_rank_restarts_and_resumes_from_last_checkpoint(runs: dict[str, dict], tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])  # DDP: one file from rank 0; FSDP: a DCP folder of shards
+def test_killed_rank_restarts_and_resumes_from_last_checkpoint(runs: dict[str, dict], tmp_path: Path,
+                                                               mode: str) -> None:
     fault_step, every = 5, 2  # rank 1 dies in step 5; checkpoints after steps 2 and 4
-    summary = _train(tmp_path, "fault", [*TWO_RANKS, "--ckpt-dir", str(tmp_path / "ckpt"),
+    extra = ["--fsdp"] if mode == "fsdp" else []
+    summary = _train(tmp_path, "fault", [*TWO_RANKS, *extra, "--ckpt-dir", str(tmp_path / "ckpt"),
                                          "--ckpt-every", str(every)],
                      max_restarts=1, env={"COURSE_FAULT_AT_STEP": str(fault_step)})
+    assert summary["mode"] == mode
     result: LaunchResult = summary["result"]
     rank0, rank1 = result.rank_lines(0), result.rank_lines(1)
     assert any("simulated crash in step 5" in line for line in rank1)
     assert summary["attempt"] == 1, "the job did not restart"
     last_ckpt = (fault_step - 1) // every * every
     assert summary["resumed_from"] == last_ckpt
-    assert f"resumed from step_{last_ckpt:06d}.pt: step {last_ckpt}" in rank0
+    assert any(l.startswith(f"resumed from step_{last_ckpt:06d}") and l.endswith(f": step {last_ckpt}")
+               for l in rank0)
     # from the log: the last checkpoint written before the crash is the one the restart resumed from,
     # so only the steps after it (fewer than `every`) were run twice
     first_attempt = rank0[:next(i for i, l in enumerate(rank0) if l.startswith("resumed from"))]
     saved = [int(l.split("(step ")[1].rstrip(")")) for l in first_attempt if l.startswith("checkpoint saved")]
     assert saved and saved[-1] == last_ckpt and fault_step - 1 - saved[-1] < every
     assert summary["first_step"] == last_ckpt + 1 and len(summary["losses"]) == STEPS - last_ckpt
-    reference = runs["ddp"]  # the same run, undisturbed
+    reference = runs[mode]  # the same run, undisturbed
     assert summary["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-6)
     _assert_same_params(summary["params_sd"], reference["params_sd"])
 
