@@ -397,8 +397,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "allreduce_bytes_per_step": stats.get("bytes_per_step"),
             "grad_bytes": n_params * 4, "per_rank": per_rank,
         }
+        state_mb = sum(mem.values()) / 1e6
+        peak_mb = max(r["peak_memory_bytes"] for r in per_rank) / 1e6
         print0(f"final loss {summary['final_loss']:.8f} median step {median_step * 1e3:.1f} ms tokens/s "
-               f"{summary['tokens_per_s']:,.0f} ({summary['tokens_per_s_per_process']:,.0f} per process)")
+               f"{summary['tokens_per_s']:,.0f} ({summary['tokens_per_s_per_process']:,.0f} per process) "
+               f"model state {state_mb:.2f} MB/rank, peak {'GPU' if env.device.type == 'cuda' else 'RSS'} "
+               f"{peak_mb:,.0f} MB (largest rank)")
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(summary, indent=1))

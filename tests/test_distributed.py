@@ -65,6 +65,16 @@ def test_print0_prints_on_rank_0_only(no_torchrun: None, monkeypatch: pytest.Mon
     assert capsys.readouterr().out == "from zero\n"
 
 
+def test_get_logger_is_quiet_on_other_ranks(no_torchrun: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    assert hd.get_logger("course.test0").level == logging.INFO
+    monkeypatch.setenv("RANK", "1")
+    assert hd.get_logger("course.test1").level == logging.WARNING
+    assert hd.get_logger("course.test1", all_ranks=True).level == logging.INFO
+    assert len(hd.get_logger("course.test1").handlers) == 1  # no duplicate handler on a second call
+
+
 def test_torchrun_command_single_node_and_multi_node(tmp_path: Path) -> None:
     one = hd.torchrun_command("train.py", ["--steps", "3"], nproc_per_node=2)
     assert one[:3] == [sys.executable, "-m", "torch.distributed.run"]

@@ -174,3 +174,15 @@ def test_two_torchrun_nodes_on_loopback_train_together(runs: dict[str, dict], tm
     # each torchrun printed the lines of its own worker: global rank 0 on one node, 1 on the other
     printed = [[r for r in range(2) if results[i].rank_lines(r)] for i in range(2)]
     assert sorted(printed) == [[0], [1]], printed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL backend)")
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_nccl_with_one_process_on_a_gpu(tmp_path: Path, fsdp: bool) -> None:
+    out = tmp_path / "gpu.json"
+    args = [*COMMON, "--device", "cuda", "--out", str(out), *(["--fsdp"] if fsdp else [])]
+    result = launch(SCRIPT, args, nproc_per_node=1, env=ENV, timeout_s=TIMEOUT_S, echo=False)
+    assert any("backend nccl" in line for line in result.rank_lines(0))
+    summary = json.loads(out.read_text())
+    assert summary["device"] == "cuda:0" and summary["mode"] == ("fsdp" if fsdp else "ddp")
+    assert summary["losses"][-1] < summary["losses"][0] and summary["per_rank"][0]["peak_memory_bytes"] > 0
