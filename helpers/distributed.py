@@ -14,7 +14,6 @@ import logging
 import os
 import queue
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -102,7 +101,7 @@ def _attempt_store(timeout_s: float) -> dist.Store | None:
     return dist.PrefixStore(f"course/attempt_{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}", base)
 
 
-def setup(device: str = "auto", timeout_s: float = 120.0) -> DistEnv:
+def setup(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     """Join the process group described by torchrun's environment; without torchrun, a one-process env."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)

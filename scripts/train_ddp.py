@@ -124,7 +124,7 @@ def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float, stats: dict[
     ddp = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
               bucket_cap_mb=bucket_cap_mb)
 
-    def counting_allreduce(state, bucket):  # (dict, dist.GradBucket) -> Future; DDP checks the names
+    def counting_allreduce(state, bucket):  # (dict, GradBucket) -> Future; unannotated: DDP checks real types
         buf = bucket.buffer()  # one flat bucket of gradients
         state["allreduce_calls"] += 1
         state["allreduce_bytes"] += buf.numel() * buf.element_size()
