@@ -186,3 +186,19 @@ def test_nccl_with_one_process_on_a_gpu(tmp_path: Path, fsdp: bool) -> None:
     summary = json.loads(out.read_text())
     assert summary["device"] == "cuda:0" and summary["mode"] == ("fsdp" if fsdp else "ddp")
     assert summary["losses"][-1] < summary["losses"][0] and summary["per_rank"][0]["peak_memory_bytes"] > 0
+
+
+def test_slurm_script_is_valid_bash_and_passes_known_flags() -> None:
+    import re
+    import shutil
+
+    sbatch = ROOT / "scripts" / "slurm" / "train_ddp.sbatch"
+    if shutil.which("bash"):
+        subprocess.run(["bash", "-n", str(sbatch)], check=True, timeout=30)
+    text = sbatch.read_text()
+    assert "torch.distributed.run" in text and "--rdzv-backend=c10d" in text
+    script_args = text.rsplit("scripts/train_ddp.py", 1)[1]  # what the torchrun line passes to the script
+    flags = set(re.findall(r"(--[a-z][a-z-]*)", script_args))
+    parser_flags = set(re.findall(r"(--[a-z][a-z-]*)", subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120, check=True).stdout))
+    assert flags and flags <= parser_flags, f"unknown flags for train_ddp.py: {flags - parser_flags}"
