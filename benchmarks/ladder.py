@@ -363,7 +363,30 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         f"Best rung: **{summ['best']}**, {summ['speedup_best_vs_fp32_eager']:.2f}x the fp32 eager baseline; "
         f"MFU {mfu}.",
+        *_targets(result),
     ])
+
+
+TARGETS = {"speedup": 10.0, "mfu": 0.50}  # lesson 07's targets for BERT-base at seq 512 on an H100/H200-class GPU
+
+
+def _targets(result: dict[str, Any]) -> list[str]:
+    """Lines saying whether the GPU targets were met, and by how much they fell short if not."""
+    s, u, summ = result["stamp"], result["setup"], result["summary"]
+    if s["device_type"] != "cuda" or u["model"] != "base" or u["seq"] != 512:
+        return ["", f"(The targets, >= {TARGETS['speedup']:.0f}x and >= {100 * TARGETS['mfu']:.0f} % MFU, apply to "
+                    "BERT-base at seq 512 on an H100/H200-class GPU; this run is not that.)"]
+    lines = [""]
+    sp = summ["speedup_best_vs_fp32_eager"]
+    lines.append(f"- Target speed-up >= {TARGETS['speedup']:.0f}x: {sp:.2f}x, "
+                 + ("met." if sp >= TARGETS["speedup"] else f"short by {TARGETS['speedup'] / sp:.2f}x."))
+    m = summ["best_mfu"]
+    if m is None:
+        lines.append("- Target MFU: no peak known for this GPU, not computed.")
+    else:
+        lines.append(f"- Target MFU >= {100 * TARGETS['mfu']:.0f} % (dense bf16 peak): {100 * m:.1f} %, "
+                     + ("met." if m >= TARGETS["mfu"] else f"short by {100 * (TARGETS['mfu'] - m):.1f} points."))
+    return lines
 
 
 def write_results(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file (torchrun, the command line): make `helpers` importable
     sys.path.insert(0, str(ROOT))
 
-__all__ = ["FinetuneConfig", "load_splits", "tokenize_splits", "make_batches", "build_model", "evaluate", "tfidf_baseline",
-           "finetune", "main"]
+__all__ = ["FinetuneConfig", "load_splits", "tokenize_splits", "make_batches", "build_model", "evaluate",
+           "tfidf_baseline", "executed_flops_per_s", "finetune", "main"]
 
 ATTNS = ("eager", "sdpa")
 PADDINGS = ("fixed", "bucketed")
@@ -58,6 +58,7 @@ class FinetuneConfig:
     save_dir: str = ""  # "" = do not save the fine-tuned model (save_pretrained)
     device: str = "auto"  # auto | cpu | cuda
     tfidf_baseline: bool = False  # also report TF-IDF + logistic regression on the same split
+    peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = GPU datasheet bf16 peak / cached CPU roofline
 
     def __post_init__(self) -> None:
         if self.attn not in ATTNS:
@@ -156,8 +157,35 @@ def tfidf_baseline(splits: Any) -> float:
     return float(clf.score(vec.transform(splits.test.texts), splits.test.labels))
 
 
+def executed_flops_per_s(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],
+                         step_times_s: list[float]) -> float:
+    """FLOP/s the hardware executed in steps 1.. (step 0 is warm-up and compilation): every position of
+    each batch, padding included, at the batch's own width (`helpers.flops.model_flops_per_token`)."""
+    from helpers.flops import model_flops_per_token
+
+    if len(step_times_s) < 2:
+        return 0.0
+    flops = sum(b["input_ids"].numel() * model_flops_per_token(model, b["input_ids"].shape[1])
+                for b in batches[1:len(step_times_s)])
+    return flops / sum(step_times_s[1:])
+
+
+def _default_peak(device: torch.device) -> float | None:
+    """The dense bf16 datasheet peak of a known GPU, or the CPU's fp32 roofline if lesson 00 cached it."""
+    from helpers.device import load_roofline
+    from helpers.flops import peak_flops
+
+    if device.type == "cuda":
+        peak = peak_flops(device, "bf16")
+    else:
+        roof = load_roofline()
+        peak = peak_flops(device, "fp32", roofline=roof) if roof is not None else None
+    return peak.flops if peak is not None else None
+
+
 def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
     """Fine-tune as `cfg` says, in this process (and its torchrun peers); returns the measurements."""
+    from helpers.data import padding_fraction
     from helpers.distributed import setup, teardown
     from helpers.train import TrainConfig, train
 
@@ -190,6 +218,10 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
         t_train = time.perf_counter()
         res = train(run, batches, tcfg, env.device)
         train_s = time.perf_counter() - t_train
+        done = batches[(res.resumed_from or 0):(res.resumed_from or 0) + len(res.step_times_s)]
+        job_flops_per_s = executed_flops_per_s(raw, done, res.step_times_s) * env.world_size
+        peak = cfg.peak_flops or _default_peak(env.device)
+        devices = env.world_size if env.device.type == "cuda" else 1  # CPU processes share one CPU
         result: dict[str, Any] = {"config": asdict(cfg), "world_size": env.world_size, "device": str(env.device),
                                   "model_source": getattr(raw, "course_source", "?"), "steps": res.steps_done,
                                   "resumed_from": res.resumed_from, "final_loss": res.final_loss,
@@ -198,7 +230,10 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
                                   # every process handled as many samples: the job's throughput is world_size x
                                   "samples_per_s": res.samples_per_s * env.world_size,
                                   "tokens_per_s": res.tokens_per_s * env.world_size,
-                                  "mfu": res.mfu, "peak_memory_bytes": res.peak_memory_bytes}
+                                  "mfu": job_flops_per_s / (peak * devices) if peak and job_flops_per_s else None,
+                                  "first_step_s": res.step_times_s[0] if res.step_times_s else None,
+                                  "padding": padding_fraction(done) if done else None,
+                                  "peak_memory_bytes": res.peak_memory_bytes}
         if main_rank:
             acc_val = evaluate(raw, data["val"], batch_size=cfg.eval_batch_size, precision=cfg.precision,
                                device=env.device)[0] if len(data["val"]) else None

@@ -80,3 +80,16 @@ def test_command_line_help_lists_the_notebook_names():
     for flag in ("--max-length", "--batch-size", "--precision", "--compile", "--fused-adamw", "--padding",
                  "--checkpoint-dir", "--results-json"):
         assert flag in out.stdout
+
+
+def test_torchrun_launches_it_as_ddp_on_cpu(tmp_path):
+    from helpers.distributed import launch
+
+    out = tmp_path / "result.json"
+    args = ["--max-examples", "60", "--max-steps", "2", "--batch-size", "2", "--max-length", "32",
+            "--device", "cpu", "--results-json", str(out)]
+    result = launch(SCRIPT, args, nproc_per_node=2, timeout_s=600, echo=False, env={"HF_HUB_OFFLINE": "1"})
+    data = json.loads(out.read_text())
+    assert data["world_size"] == 2 and data["steps"] == 2
+    assert any("RESULT " in line for line in result.rank_lines(0))
+    assert not any("RESULT " in line for line in result.rank_lines(1))  # rank 0 alone reports
