@@ -2,14 +2,15 @@
 # Best effort: make a Chromium available for the browser test (tests/test_browser.py). Debian's
 # `chromium` package is used because Playwright cannot download its own browser build offline.
 # Idempotent and fast when Chromium is already there; never fails the caller: without Chromium the
-# browser test skips and says why. Usage: scripts/install_browser.sh [PATH/TO/python]
+# browser test skips and says why. An installed chromium-browser or Google Chrome (as on GitHub's Ubuntu
+# runners) is used as it is. Usage: scripts/install_browser.sh [PATH/TO/python]
 # COURSE_CHROMIUM=/path/to/chromium names a browser to use instead (nothing is installed then).
 set -uo pipefail
 PY=${1:-python3}
 
 find_chromium() {
   local name
-  for name in ${COURSE_CHROMIUM:-} chromium chromium-browser; do
+  for name in ${COURSE_CHROMIUM:-} chromium chromium-browser google-chrome google-chrome-stable; do
     if command -v "$name" >/dev/null 2>&1 && "$name" --version >/dev/null 2>&1; then command -v "$name"; return 0; fi
   done
   return 1

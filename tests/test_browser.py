@@ -40,7 +40,8 @@ NOTEBOOK_TIMEOUT_S = int(os.environ.get("BROWSER_NOTEBOOK_TIMEOUT_S", "1800"))  
 RUN_ALL = os.environ.get("BROWSER_RUN_ALL", "widgets")  # which notebooks run all cells in the browser
 OPEN_TIMEOUT_MS = 120_000  # Lab's first page load and a kernel start, on a busy 2-core machine
 VIEWPORT = {"width": 1400, "height": 1000}
-CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium", "/usr/lib/chromium/chromium")
+# Debian's chromium first; GitHub's Ubuntu runners ship chromium-browser and Google Chrome, which work too.
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/lib/chromium/chromium", "google-chrome", "google-chrome-stable")
 WIDGET_IMPORT = re.compile(r"\bipywidgets\b|\bhelpers\.widgets\b|from\s+helpers\s+import\s+[^\n]*\bwidgets\b")
 FIGURE_CODE = re.compile(r"\bplt\.|\bplots\.|\bmatplotlib\b|\bwidgets\.")
 LAYER_LABEL = re.compile(r"^\s*layer\b", re.IGNORECASE)
@@ -313,7 +314,7 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> None:
     if "attention" in path.stem:
         assert moved, f"{path.name}: the attention explorer (a slider described 'layer') is not drawn"
     measured = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and "What we measured" in c.source]
-    cells.nth(measured[0] if measured else len(nb.cells) - 1).scroll_into_view_if_needed()
+    cells.nth(measured[0] if measured else len(nb.cells) - 1).evaluate("e => e.scrollIntoView({block: 'start'})")
     _shot(page, f"{path.stem}-measured" if measured else f"{path.stem}-end")  # this run's numbers, as shown
 
 
