@@ -318,11 +318,11 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> None:
     _shot(page, f"{path.stem}-measured" if measured else f"{path.stem}-end")  # this run's numbers, as shown
 
 
-def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) -> None:
-    """Run the first code cell (the `parameters` cell: profile and sizes): the kernel runs, in the smoke profile."""
+def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) -> int | None:
+    """Run the first code cell (the `parameters` cell: profile and sizes) -> its index; checks the smoke profile."""
     index = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), None)
     if index is None:
-        return
+        return None
     seen = len(page.kernel_errors)
     _run_cell(page, index, f"{path.name} cell {index}")
     time.sleep(0.3)
@@ -331,6 +331,7 @@ def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) ->
     text = " ".join(printed).lower()
     if "profile" in text:  # COURSE_PROFILE=smoke reached the kernel through the server's environment
         assert "smoke" in text, f"{path.name}: the kernel is not in the smoke profile: {text[:200]!r}"
+    return index
 
 
 def _runs_here(path: Path, nb: nbformat.NotebookNode) -> bool:
@@ -355,9 +356,10 @@ def test_notebook_in_browser(path: Path, lab: LabServer, page: object) -> None:
         assert cells.count() == len(nb.cells), f"{path.name}: Lab shows {cells.count()} cells, the file has {len(nb.cells)}"
         if _runs_here(path, nb):
             _run_all_cells(page, nb, path)
+            page.locator(".jp-Notebook .jp-Cell").first.evaluate("e => e.scrollIntoView({block: 'start'})")
         else:
-            _run_parameters_cell(page, nb, path)
-        page.locator(".jp-Notebook .jp-Cell").first.scroll_into_view_if_needed()
+            index = _run_parameters_cell(page, nb, path)
+            cells.nth(index or 0).evaluate("e => e.scrollIntoView({block: 'center'})")  # its output in view
         _shot(page, path.stem)
     except BaseException:
         _shot(page, f"{path.stem}-failed")  # what the learner would see at the failure
