@@ -261,7 +261,8 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak allocated GPU memory, or on a CPU the process's peak resident set (a coarser measure)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # macOS reports bytes, Linux KiB
 
 
 def median(xs: list[float] | list[int]) -> float | None:
