@@ -226,7 +226,10 @@ def _versions() -> dict[str, str]:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    from helpers.device import device_report
+
+    n = torch.get_num_threads()
+    return f"{device_report().cpu.model} ({platform.machine()}), {n} thread{'' if n == 1 else 's'}"
 
 
 def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batches: int = 8,
