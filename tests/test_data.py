@@ -217,3 +217,51 @@ def test_lesson05_figures_are_labelled():
         step_breakdown_chart({}, title="x")
     with pytest.raises(ValueError):
         length_histogram_chart([], title="x")
+
+
+class _FakeHubSplit:
+    """Just enough of a `datasets.Dataset` for helpers.data's hub path."""
+
+    def __init__(self, rows, features):
+        self.rows, self.features, self.column_names = rows, features, list(rows[0])
+
+    def __getitem__(self, column):
+        return [r[column] for r in self.rows]
+
+
+def _fake_datasets(monkeypatch, fail=False):
+    import sys
+    import types
+
+    names = ["business", "sport", "tech"]
+    rows = [{"text": f"article {i}", "label": i % 3 * 2, "label_text": names[i % 3]} for i in range(60)]
+
+    def load_dataset(name):
+        if fail:
+            raise ConnectionError("no network")
+        return {"train": _FakeHubSplit(rows[:45], {}), "test": _FakeHubSplit(rows[45:], {})}
+
+    fake = types.ModuleType("datasets")
+    fake.load_dataset = load_dataset
+    fake.concatenate_datasets = lambda parts: _FakeHubSplit([r for p in parts for r in p.rows], {})
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    monkeypatch.setattr(data, "_hub_unavailable_reason", lambda: None)
+
+
+def test_hub_path_reads_label_text(monkeypatch):
+    _fake_datasets(monkeypatch)
+    splits = load_text_classification("hub", verbose=False)
+    assert splits.source == "hub" and splits.label_names == ["business", "sport", "tech"]
+    assert sum(splits.sizes.values()) == 60 and set(splits.train.labels) == {0, 1, 2}
+
+
+def test_hub_failure_falls_back_in_auto_and_raises_in_hub(monkeypatch, capsys):
+    _fake_datasets(monkeypatch, fail=True)
+    splits = load_text_classification(max_examples=100)
+    assert splits.source == "bundled"
+    assert "failed (ConnectionError)" in capsys.readouterr().out
+    with pytest.raises(ConnectionError):
+        load_text_classification("hub")
+    monkeypatch.setattr(data, "_hub_unavailable_reason", lambda: "HF_HUB_OFFLINE is set")
+    with pytest.raises(RuntimeError, match="HF_HUB_OFFLINE"):
+        load_text_classification("hub")
