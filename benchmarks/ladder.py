@@ -199,19 +199,19 @@ def _peak_memory(device: torch.device) -> float | None:
 
 def _peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
     """Peak FLOP/s to compute MFU against, and where it came from: the datasheet's dense peak on known
-    GPUs, else the matmul roofline lesson 00 measured (cached), else one measured now."""
-    from helpers.device import load_roofline, measure_roofline
+    GPUs, else a matmul roofline measured now, with the threads and the load the rungs run under (a
+    cached one from a busier or idler moment would make MFU meaningless, even above 100 %)."""
+    from helpers.device import measure_roofline
     from helpers.flops import peak_flops
 
     peak = peak_flops(device, precision)
     if peak is None:
-        roof = load_roofline() if device.type == "cpu" else None
-        if roof is None:
-            roof = measure_roofline(device, dtypes=["float32"] if device.type == "cpu" else None)
-        peak = peak_flops(device, precision if device.type == "cuda" else "fp32", roofline=roof)
+        cpu = device.type == "cpu"
+        roof = measure_roofline(device, dtypes=["float32"] if cpu else None)
+        peak = peak_flops(device, "fp32" if cpu else precision, roofline=roof)
     if peak is None:
         return None, "no peak available"
-    return peak.flops, f"{peak.dtype} peak ({peak.source})"
+    return peak.flops, f"{peak.dtype} peak ({peak.source}, {peak.flops / 1e9:.3g} GFLOP/s)"
 
 
 def _versions() -> dict[str, str]:
@@ -348,12 +348,13 @@ def to_markdown(result: dict[str, Any]) -> str:
     s, u = result["stamp"], result["setup"]
     vers = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
     table = Table(["rung", "samples/s", "tokens/s", "speed-up", "MFU", "peak memory GB", "padding",
-                   "first call s", "claim"])
+                   "timed passes", "IQR %", "first call s", "claim"])
     for r in result["rungs"]:
         mem = r["peak_memory_bytes"] / 1e9 if r["peak_memory_bytes"] is not None else None
         mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else None
         table.add(r["name"], r["samples_per_s"], r["tokens_per_s"], f"{r['speedup']:.2f}x", mfu, mem,
-                  f"{100 * r['padded_fraction']:.0f} %", r["first_call_s"], r["claim"])
+                  f"{100 * r['padded_fraction']:.0f} %", r["runs"], 100 * r["pass_iqr_s"] / r["pass_median_s"],
+                  r["first_call_s"], r["claim"])
     summ = result["summary"]
     mfu = f"{100 * summ['best_mfu']:.1f} %" if summ["best_mfu"] is not None else "n/a"
     return "\n".join([
@@ -361,6 +362,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"BERT `{u['model']}` shapes ({u['params'] / 1e6:.1f} M params), seq {u['seq']}, batch {u['batch']}, "
         f"{u['batches_per_pass']} batches per timed pass of BBC-News-length samples; MFU against "
         f"{u['peak_source']}.",
+        *([f"Note: {s['note']}"] if s.get("note") else []),
         "",
         table.to_markdown(),
         "",
@@ -417,10 +419,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batches", type=int, default=8, help="steps per timed pass")
     p.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timed passes per rung (at least one)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--note", default="", help="a line about the conditions (shared machine, ...) for the results")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for the results")
     args = p.parse_args(argv)
     result = run_ladder(model=args.model, seq=args.seq, batch=args.batch, n_batches=args.batches,
                         device=args.device, min_run_time=args.min_run_time)
+    if args.note:
+        result["stamp"]["note"] = args.note
     paths = write_results(result, args.out)
     print(to_markdown(result))
     print("wrote", ", ".join(str(p) for p in paths.values()))

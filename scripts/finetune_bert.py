@@ -58,7 +58,7 @@ class FinetuneConfig:
     save_dir: str = ""  # "" = do not save the fine-tuned model (save_pretrained)
     device: str = "auto"  # auto | cpu | cuda
     tfidf_baseline: bool = False  # also report TF-IDF + logistic regression on the same split
-    peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = GPU datasheet bf16 peak / cached CPU roofline
+    peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = a GPU's datasheet bf16 peak, else measured
 
     def __post_init__(self) -> None:
         if self.attn not in ATTNS:
@@ -171,15 +171,14 @@ def executed_flops_per_s(model: torch.nn.Module, batches: list[dict[str, torch.T
 
 
 def _default_peak(device: torch.device) -> float | None:
-    """The dense bf16 datasheet peak of a known GPU, or the CPU's fp32 roofline if lesson 00 cached it."""
-    from helpers.device import load_roofline
+    """The dense bf16 datasheet peak of a known GPU, else a matmul roofline measured now (a CPU's)."""
+    from helpers.device import measure_roofline
     from helpers.flops import peak_flops
 
-    if device.type == "cuda":
-        peak = peak_flops(device, "bf16")
-    else:
-        roof = load_roofline()
-        peak = peak_flops(device, "fp32", roofline=roof) if roof is not None else None
+    peak = peak_flops(device, "bf16")
+    if peak is None:
+        roof = measure_roofline(device, dtypes=["float32"] if device.type == "cpu" else None)
+        peak = peak_flops(device, "fp32" if device.type == "cpu" else "bf16", roofline=roof)
     return peak.flops if peak is not None else None
 
 
