@@ -7,8 +7,8 @@
   cell in the browser under the smoke profile: no cell shows an error, every figure is rendered, every
   widget is drawn, and moving the explorer's "layer" slider changes its figure (required of the
   attention lesson; done for any notebook with such a slider);
-- Lab in the browser asks for the token when the URL has none;
-- each notebook's first Markdown cell carries the lesson's time estimate ("**Time:**").
+- Lab in the browser asks for the token when the URL has none.
+(The time estimate, "**Time:**" in each lesson's first Markdown cell, is checked in test_notebooks.py.)
 Screenshots go to build/screenshots/. Without Chromium or Playwright the browser tests skip and say why
 (`make browser`, i.e. scripts/install_browser.sh, installs Debian's chromium).
 
@@ -45,7 +45,6 @@ CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/lib/chromium/chromi
 WIDGET_IMPORT = re.compile(r"\bipywidgets\b|\bhelpers\.widgets\b|from\s+helpers\s+import\s+[^\n]*\bwidgets\b")
 FIGURE_CODE = re.compile(r"\bplt\.|\bplots\.|\bmatplotlib\b|\bwidgets\.")
 LAYER_LABEL = re.compile(r"^\s*layer\b", re.IGNORECASE)
-TIME_MARKER = "**Time:**"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
 # Lab settings for the test: never save (the committed notebooks stay output-free), no news pop-up over
 # the screenshots, every cell kept in the page (no virtual scrolling) so each output can be inspected.
@@ -253,16 +252,6 @@ def _move_layer_slider(page: object, label: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ tests
-@pytest.mark.parametrize("path", NB_PARAMS)
-def test_notebook_opens_with_time_estimate(path: Path) -> None:
-    """The first Markdown cell tells the learner how long the lesson takes (CPU smoke and GPU full)."""
-    nb = nbformat.read(path, as_version=4)
-    first_md = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
-    assert any(line.lstrip().startswith(TIME_MARKER) for line in first_md.splitlines()), (
-        f"{path.name}: the first Markdown cell needs a line starting with {TIME_MARKER} "
-        "(time on a CPU with the smoke profile and on a GPU with the full profile)")
-
-
 def test_lab_asks_for_the_token(lab: LabServer, page: object) -> None:
     """Without the token in the URL, the browser gets Lab's login page, not the notebooks."""
     page.goto(lab.url + "lab")
