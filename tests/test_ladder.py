@@ -90,3 +90,21 @@ def test_bad_arguments_are_rejected():
         if torch.cuda.is_available():
             pytest.skip("a CUDA GPU is present")
         ladder.run_ladder(**{**SMALL, "device": "cuda"})
+
+
+def test_capstone_charts_carry_titles_labels_and_units():
+    import matplotlib.pyplot as plt
+
+    from helpers.plots import confusion_matrix_chart, ladder_chart
+
+    fig = ladder_chart({"fp32 eager": 2.0, "+ bf16": 1.0}, title="ladder", accuracy={"fp32 eager": 0.9, "+ bf16": 0.92})
+    bars, acc = fig.axes[:2]
+    assert bars.get_title() == "ladder" and "samples/s" in bars.get_ylabel() and "%" in acc.get_ylabel()
+    assert any("0.50×" in t.get_text() for t in bars.texts)  # the speed-up over the first rung is written
+    with pytest.raises(ValueError, match="no speed"):
+        ladder_chart({"a": 1.0}, title="t", accuracy={"b": 0.5})
+    fig2 = confusion_matrix_chart([[3, 1], [0, 4]], ["x", "y"], title="cm")
+    assert fig2.axes[0].get_xlabel() == "predicted class" and [t.get_text() for t in fig2.axes[0].texts] == ["3", "1", "0", "4"]
+    with pytest.raises(ValueError, match="2×2"):
+        confusion_matrix_chart([[1, 2, 3]], ["x", "y"], title="cm")
+    plt.close("all")
