@@ -41,3 +41,13 @@ def test_lab_binds_loopback_and_keeps_the_token():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_readme_shows_the_latest_ladder_results():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "benchmarks" / "update_readme.py")
+    update_readme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(update_readme)
+    assert update_readme.results_block(ROOT) in (ROOT / "README.md").read_text(), \
+        "README.md's results differ from benchmarks/results/ladder-*.md: run python benchmarks/update_readme.py"
