@@ -1,6 +1,6 @@
 """Start Jupyter Lab the way `make lab` does, for tests that talk to it over HTTP or drive it in a browser.
 
-    from jupyter_server import lab_server      # tests/ is on sys.path under pytest
+    from labserver import lab_server      # tests/ is on sys.path under pytest
     with lab_server(env={"COURSE_PROFILE": "smoke"}) as lab:
         requests_get(lab.url + "api/status", headers={"Authorization": f"token {lab.token}"})
 
@@ -14,8 +14,6 @@ running the tests is the one Lab runs on (`PY=sys.executable`), so its `python3`
 interpreter. Lab's settings and workspaces go to a temp dir, so nothing of the user's ~/.jupyter is used
 or changed. Jupyter Lab is left exactly as `make lab` configures it otherwise (127.0.0.1, token auth on).
 
-Note the module name: under pytest `tests/` comes first on sys.path, so inside the test process this
-file shadows the real `jupyter_server` package; tests must not import that package themselves.
 """
 
 from __future__ import annotations

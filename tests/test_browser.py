@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from jupyter_server import REPO_ROOT, LabServer, api_request, lab_server  # tests/jupyter_server.py
+from labserver import REPO_ROOT, LabServer, api_request, lab_server  # tests/labserver.py
 
 NOTEBOOK_DIR = Path(os.environ.get("BROWSER_NOTEBOOK_DIR", REPO_ROOT / "notebooks")).resolve()
 SCREENSHOT_DIR = REPO_ROOT / "build" / "screenshots"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from jupyter_server import api_request, lab_server  # tests/jupyter_server.py
+from labserver import api_request, lab_server  # tests/labserver.py
 
 
 def _listening_addresses(port: int) -> set[str]:
