@@ -346,6 +346,8 @@ def _to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]
 def _flops_and_peak(model: nn.Module, seq_len: int, cfg: TrainConfig, device: torch.device) -> tuple[float | None, float | None]:
     from helpers.flops import model_flops_per_token, peak_flops
 
+    model = getattr(model, "module", model)  # DDP keeps the wrapped model in .module
+    model = getattr(model, "_orig_mod", model)  # and torch.compile in ._orig_mod
     try:
         per_token = model_flops_per_token(model, seq_len)
     except ValueError:
