@@ -32,7 +32,7 @@ def label_axes(ax: Axes, title: str, xlabel: str, ylabel: str) -> Axes:
 
 def bar_chart(values: Mapping[str, float], *, title: str, ylabel: str, xlabel: str = "variant",
               annotate: str = "{:.3g}", baseline: str | None = None) -> Figure:
-    """One bar per variant, its value written on top; with `baseline`, the speed-up over it too."""
+    """One bar per variant, its value written on top; with `baseline`, also its ratio to that bar."""
     if not values:
         raise ValueError("bar_chart needs at least one value")
     names, vals = list(values), list(values.values())
@@ -41,7 +41,7 @@ def bar_chart(values: Mapping[str, float], *, title: str, ylabel: str, xlabel: s
     for bar, v in zip(bars, vals):
         text = annotate.format(v)
         if baseline is not None:
-            text += f"\n{v / values[baseline]:.2f}×"
+            text += f"\n{v / values[baseline]:.2f}× {baseline}"  # the ratio, naming what it is relative to
         ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8)
     ax.tick_params(axis="x", rotation=30)
