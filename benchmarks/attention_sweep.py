@@ -140,7 +140,7 @@ def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, 
 
 
 def _stamp(device: torch.device) -> dict[str, Any]:
-    from helpers.device import device_report
+    from helpers.hardware import device_report
 
     try:
         import triton
@@ -291,8 +291,8 @@ def write_results(result: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 def _matmul_peak(device: torch.device, dtype: str) -> float | None:
-    """The device's measured matmul FLOP/s for `dtype` (helpers.device.measure_roofline)."""
-    from helpers.device import measure_roofline
+    """The device's measured matmul FLOP/s for `dtype` (helpers.hardware.measure_roofline)."""
+    from helpers.hardware import measure_roofline
 
     try:
         return measure_roofline(device, dtypes=[dtype]).matmul_flops[dtype]
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
 
-    from helpers.device import get_device
+    from helpers.hardware import get_device
 
     device = get_device("cuda" if args.gpu_target else args.device)
     gpu = device.type == "cuda"

@@ -201,7 +201,7 @@ def _peak_flops(device: torch.device, precision: str) -> tuple[float | None, str
     """Peak FLOP/s to compute MFU against, and where it came from: the datasheet's dense peak on known
     GPUs, else a matmul roofline measured now, with the threads and the load the rungs run under (a
     cached one from a busier or idler moment would make MFU meaningless, even above 100 %)."""
-    from helpers.device import measure_roofline
+    from helpers.hardware import measure_roofline
     from helpers.flops import peak_flops
 
     peak = peak_flops(device, precision)
@@ -226,7 +226,7 @@ def _versions() -> dict[str, str]:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from helpers.device import device_report
+    from helpers.hardware import device_report
 
     n = torch.get_num_threads()
     return f"{device_report().cpu.model} ({platform.machine()}), {n} thread{'' if n == 1 else 's'}"

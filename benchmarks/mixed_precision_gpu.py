@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    "or build/ with --smoke)")
     args = parser.parse_args(argv)
 
-    from helpers.device import get_device
+    from helpers.hardware import get_device
 
     device = get_device(args.device)
     if device.type != "cuda" and not args.smoke:

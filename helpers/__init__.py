@@ -10,13 +10,13 @@ import importlib
 from typing import Any
 
 _SUBMODULES = (
-    "config", "device", "timing", "memory", "flops", "attention", "kernels",
+    "config", "hardware", "timing", "memory", "flops", "attention", "kernels",
     "plots", "widgets", "data", "models", "train", "distributed",
 )
 # Shortcuts re-exported at the top level: name -> module that defines it.
 _SHORTCUTS = {
-    "device_report": "device",
-    "get_device": "device",
+    "device_report": "hardware",
+    "get_device": "hardware",
     "get_profile": "config",
     "benchmark": "timing",
 }

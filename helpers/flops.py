@@ -133,7 +133,7 @@ class PeakFlops:
 def peak_flops(device: torch.device | str | None = None, precision: str = "bf16", *,
                roofline: Any = None, device_name: str | None = None) -> PeakFlops | None:
     """The peak for `precision` on `device`: the datasheet table for known GPUs, else a measured
-    roofline (`helpers.device.measure_roofline`), else None."""
+    roofline (`helpers.hardware.measure_roofline`), else None."""
     if precision not in PRECISION_DTYPE:
         raise ValueError(f"unknown precision {precision!r}: use one of {tuple(PRECISION_DTYPE)}")
     dtype = PRECISION_DTYPE[precision]

@@ -172,7 +172,7 @@ def executed_flops_per_s(model: torch.nn.Module, batches: list[dict[str, torch.T
 
 def _default_peak(device: torch.device) -> float | None:
     """The dense bf16 datasheet peak of a known GPU, else a matmul roofline measured now (a CPU's)."""
-    from helpers.device import measure_roofline
+    from helpers.hardware import measure_roofline
     from helpers.flops import peak_flops
 
     peak = peak_flops(device, "bf16")

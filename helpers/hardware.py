@@ -61,7 +61,7 @@ def get_device(name: str = "auto") -> torch.device:
                    else "torch was built with CUDA but finds no usable GPU (driver missing or too old?)")
             raise DeviceUnavailableError(
                 f"CUDA was requested but {why}; use device 'auto' or 'cpu' here, or run "
-                f"helpers.device.diagnose() (lesson 00) for the fix.")
+                f"helpers.hardware.diagnose() (lesson 00) for the fix.")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise DeviceUnavailableError(f"{name} was requested but only {torch.cuda.device_count()} "
                                          f"GPU(s) are visible (CUDA_VISIBLE_DEVICES may hide some)")
@@ -393,7 +393,7 @@ def diagnose(facts: SetupFacts | None = None) -> list[Finding]:
         findings.append(Finding("torch cannot use the GPU", False,
                                 "torch is a CUDA build, the driver sees a GPU, but torch.cuda.is_available() is False",
                                 "run python -c 'import torch; torch.zeros(1).cuda()' and look the message up "
-                                "with helpers.device.explain_error"))
+                                "with helpers.hardware.explain_error"))
     findings.append(Finding("torch can use a GPU", True, "yes" if torch_sees_gpu else
                             "no: the lessons run on the CPU with the smoke sizes"))
     return findings

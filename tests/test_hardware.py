@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from helpers.device import (DeviceUnavailableError, EnvironmentReport, GPUInfo, SetupFacts, diagnose,
+from helpers.hardware import (DeviceUnavailableError, EnvironmentReport, GPUInfo, SetupFacts, diagnose,
                             explain_error, device_report, findings_table, get_device, measure_roofline)
 
 
