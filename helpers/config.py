@@ -1,12 +1,14 @@
-"""The course profile (smoke or full), seeding, and sizes picked per profile."""
+"""The course profile (smoke or full), seeding, sizes picked per profile, and whether the Hugging Face
+hub may be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 07)."""
 
 from __future__ import annotations
 
 import os
 import random
+import socket
 from typing import TypeVar
 
-__all__ = ["PROFILES", "get_profile", "pick", "seed_everything"]
+__all__ = ["PROFILES", "get_profile", "pick", "seed_everything", "hub_offline", "hub_reachable"]
 
 PROFILES = ("smoke", "full")  # smoke: tiny sizes, CI and CPUs; full: the real sizes, for a GPU
 T = TypeVar("T")
@@ -41,3 +43,22 @@ def seed_everything(seed: int = 0) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+TRUE_WORDS = ("1", "true", "yes", "on")  # how Hugging Face reads a boolean environment variable
+
+
+def hub_offline() -> bool:
+    """True when HF_HUB_OFFLINE asks for no hub access (lessons 01 and 07 fall back to offline assets)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE_WORDS
+
+
+def hub_reachable(timeout_s: float = 2.0) -> bool:
+    """False when HF_HUB_OFFLINE is set or huggingface.co does not answer within `timeout_s` (lesson 07)."""
+    if hub_offline():
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

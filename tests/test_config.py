@@ -44,3 +44,19 @@ def test_seed_everything_repeats_every_generator():
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
     seed_everything(8)
     assert draw()[0] != a[0]
+
+
+def test_hub_offline_is_read_in_one_place(monkeypatch):
+    import socket
+
+    from helpers import config
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("HF_HUB_OFFLINE is set: no connection may be attempted")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    for value in ("1", "true", "YES", " on "):
+        monkeypatch.setenv("HF_HUB_OFFLINE", value)
+        assert config.hub_offline() and not config.hub_reachable()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert not config.hub_offline()
