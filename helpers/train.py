@@ -19,16 +19,13 @@ counted from `attention_mask` when present (real tokens only), else `input_ids.n
   resume, the micro-batches already used are drawn again and dropped, so it repeats exactly only if
   the iterable's order is deterministic (for a shuffling DataLoader: a `generator` seeded anew).
 
-Precisions (`PRECISIONS`)
--------------------------
-- "fp32": plain float32; TF32 tensor-core math switched off.
-- "tf32": float32 tensors, matmuls and convolutions on a GPU's TF32 tensor cores (Ampere or newer;
-  elsewhere there are no TF32 units and it is the same as fp32).
-- "fp16": `torch.autocast(dtype=float16)` for the forward pass, and a `torch.amp.GradScaler` that
-  multiplies the loss so small gradients survive float16, unscales before clipping, and skips the step
-  (halving its scale) when a gradient overflowed to inf or NaN.
-- "bf16": `torch.autocast(dtype=bfloat16)`; bfloat16 has float32's exponent range, so no scaler.
-Weights, gradients and optimizer state stay float32 in every mode ("mixed" precision).
+Precisions
+----------
+`cfg.precision` is one of `helpers.precision.PRECISIONS` ("fp32", "tf32", "fp16", "bf16"; see that
+module). On a GPU, TF32 stays on for what runs in float32 at every precision but "fp32"
+(`helpers.precision.uses_tf32`); on a CPU float32 stays exact.
+(`PRECISIONS`, `check_precision` and `autocast_context` are imported here too, for the lessons that
+import them from `helpers.train`.)
 
 Checkpoints
 -----------
@@ -56,15 +53,14 @@ import torch
 from torch import nn
 
 from helpers.config import seed_everything
+from helpers.precision import (PRECISIONS, autocast_context, check_precision, make_scaler, tf32_matmuls,
+                               uses_tf32)
 from helpers.timing import synchronize
 
-__all__ = ["PRECISIONS", "TrainConfig", "TrainResult", "check_precision", "autocast_context",
-           "matmul_precision", "make_optimizer", "make_scaler", "set_activation_checkpointing",
+__all__ = ["TrainConfig", "TrainResult", "make_optimizer", "set_activation_checkpointing",
            "save_checkpoint", "load_checkpoint", "checkpoint_path", "count_tokens", "train",
            "synthetic_batch_fn"]
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 CHECKPOINT_NAME = "last.pt"
 CHECKPOINT_FORMAT = 1
 
@@ -122,56 +118,6 @@ class TrainResult:
     @property
     def final_loss(self) -> float:
         return self.losses[-1] if self.losses else math.nan
-
-
-# --- precision --------------------------------------------------------------------------------------
-
-def check_precision(precision: str, device: torch.device | str) -> None:
-    """Raise ValueError when `precision` is unknown or `device` cannot run it."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: use one of {PRECISIONS}")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"precision {precision!r} was asked for on {device}, but torch sees no CUDA GPU")
-    if precision in AUTOCAST_DTYPES and not torch.amp.is_autocast_available(device.type):
-        raise ValueError(f"{precision} needs torch.autocast, which is not available on {device.type!r}: "
-                         "use fp32")
-    if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
-        cap = torch.cuda.get_device_capability(device)
-        raise ValueError(f"bf16 needs a GPU of compute capability 8.0 or newer (Ampere); "
-                         f"{torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]}: use fp16")
-    if device.type == "cuda" and precision == "fp16" and torch.cuda.get_device_capability(device) < (5, 3):
-        raise ValueError(f"fp16 needs a GPU of compute capability 5.3 or newer; "
-                         f"{torch.cuda.get_device_name(device)} is older: use fp32")
-
-
-def autocast_context(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """The context for the forward pass: autocast to float16/bfloat16, or nothing for fp32/tf32."""
-    check_precision(precision, device)
-    device = torch.device(device)
-    if precision in AUTOCAST_DTYPES:
-        return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
-    return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def matmul_precision(precision: str) -> Iterator[None]:
-    """TF32 tensor-core math on for "tf32", off otherwise, restored afterwards (CUDA matmuls and cuDNN)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: use one of {PRECISIONS}")
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    on = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = on, on
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
-def make_scaler(precision: str, device: torch.device | str, init_scale: float = 2.0 ** 16) -> torch.amp.GradScaler:
-    """A GradScaler, enabled for fp16 only (bf16 and fp32 do not need one)."""
-    device = torch.device(device)
-    return torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=precision == "fp16")
 
 
 # --- model and optimizer ----------------------------------------------------------------------------
@@ -398,7 +344,7 @@ def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device
         torch.cuda.reset_peak_memory_stats(device)
     bar = tqdm(range(start, cfg.steps), desc=f"train {cfg.precision}", disable=not cfg.progress,
                initial=start, total=cfg.steps)
-    with matmul_precision(cfg.precision):
+    with tf32_matmuls(uses_tf32(cfg.precision) and device.type == "cuda"):
         for step in bar:
             first = step == start
             profile_cpu = first and cfg.track_memory and not cuda and not torch.autograd._profiler_enabled()
