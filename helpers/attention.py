@@ -1,5 +1,5 @@
 """Attention for teaching (lesson 01): the naive formula, the tiled online-softmax algorithm behind
-FlashAttention, SDPA with a chosen backend, FlexAttention masks, peak memory of one call, and the
+FlashAttention, SDPA with a chosen backend, FlexAttention masks, and the
 capture of attention maps from a Hugging Face model.
 
 Shapes throughout: q (B, H, Tq, d); k, v (B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real
@@ -13,13 +13,15 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
-           "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod", "peak_memory_bytes",
+from helpers.memory import peak_increase_bytes
+
+__all__ = ["check_padding_mask", "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
+           "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod",
            "AttentionMaps", "capture_attention_maps", "attention_flops"]
 
 
@@ -29,9 +31,25 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"need q (B, H, Tq, d) and k, v (B, H, Tk, d) with equal B, H, d; got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (k.shape[0], k.shape[2]):
-        raise ValueError(f"key_padding_mask must be (B, Tk) = {(k.shape[0], k.shape[2])}, "
-                         f"got {tuple(key_padding_mask.shape)}")
+    if key_padding_mask is not None:
+        check_padding_mask(key_padding_mask)
+        if tuple(key_padding_mask.shape) != (k.shape[0], k.shape[2]):
+            raise ValueError(f"key_padding_mask must be (B, Tk) = {(k.shape[0], k.shape[2])}, "
+                             f"got {tuple(key_padding_mask.shape)}")
+
+
+def check_padding_mask(mask: torch.Tensor, name: str = "key_padding_mask") -> None:
+    """Refuse a floating-point mask (lesson 01): the course's masks are boolean, True (or 1) = real token.
+
+    An additive float mask (0 = keep, -inf = drop), the other common convention, read as boolean would
+    keep exactly the positions it meant to drop; every implementation here refuses it instead.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor (B, Tk), got {type(mask).__name__}")
+    if mask.is_floating_point() or mask.is_complex():
+        raise ValueError(f"{name} has dtype {mask.dtype}; the course uses boolean masks, True (or 1) = real "
+                         f"token to attend to, False (or 0) = padding. For an additive float mask "
+                         f"(0 = keep, -inf = drop) pass `mask == 0`; for a 1.0/0.0 mask pass `mask.bool()`")
 
 
 def _causal_allowed(tq: int, tk: int, device: torch.device) -> torch.Tensor:
@@ -162,6 +180,7 @@ def flex_attention_fn() -> Callable[..., torch.Tensor]:
 
 def padding_mask_mod(key_padding_mask: torch.Tensor) -> Callable[..., torch.Tensor]:
     """A FlexAttention mask_mod that hides padded keys; key_padding_mask (B, Tk) bool, True = real."""
+    check_padding_mask(key_padding_mask)
     if key_padding_mask.dim() != 2:
         raise ValueError(f"key_padding_mask must be (B, Tk), got {tuple(key_padding_mask.shape)}")
     keep = key_padding_mask.bool()
@@ -184,18 +203,7 @@ def sliding_window_mask_mod(window: int, causal: bool = True) -> Callable[..., t
 
 # --- measuring -------------------------------------------------------------------------------------
 
-def peak_memory_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int:
-    """Peak bytes allocated while `fn()` runs, above what was allocated before it (the inputs are not
-    counted, the output is): `helpers.memory.track_peak_memory`'s CUDA allocator statistics, or on a
-    CPU its running sum of the profiler's allocation records."""
-    from helpers.memory import track_peak_memory
-
-    device = torch.device(device)
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"peak_memory_bytes measures 'cpu' or 'cuda' devices, got {device}")
-    with track_peak_memory(device) as report:
-        fn()
-    return int(report.peak_increase_bytes)
+peak_memory_bytes = peak_increase_bytes  # the old name, kept until benchmarks/attention_sweep.py moves
 
 
 def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, causal: bool = False) -> float:
@@ -230,35 +238,46 @@ class AttentionMaps:
         return self.maps.shape[1]
 
 
-def capture_attention_maps(model: Any, tokenizer: Any, text: str, *, max_length: int = 64,
-                           verbose: bool = True) -> AttentionMaps:
-    """Run `model` on `text` with output_attentions=True and stack the weights (layers, heads, T, T).
+def capture_attention_maps(model: Any, tokenizer: Any, text: str | Sequence[str], *, max_length: int = 64,
+                           verbose: bool = True) -> AttentionMaps | list[AttentionMaps]:
+    """Attention weights of a Hugging Face model, (layers, heads, T, T) per text (lessons 01 and 07).
 
+    `text`: one string gives one `AttentionMaps`; a list of strings runs as one padded batch and gives
+    one `AttentionMaps` per text, cut to that text's real tokens (no [PAD] rows or columns).
     SDPA computes attention without ever forming the weights, so it cannot return them: a model
-    running SDPA is switched to eager attention for the capture (saying so) and switched back after.
+    running SDPA is switched to the naive attention (Hugging Face calls it "eager") for the capture,
+    saying so, and switched back afterwards whatever happens in between.
     """
-    if not text:
-        raise ValueError("capture_attention_maps needs a non-empty text")
+    texts = [text] if isinstance(text, str) else list(text) if isinstance(text, Sequence) else None
+    if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise ValueError(f"capture_attention_maps needs a non-empty text or a non-empty list of non-empty "
+                         f"texts, got {text!r}"[:200])
     impl = getattr(model.config, "_attn_implementation", None)
     switched = impl not in (None, "eager")
-    if switched:
-        if verbose:
-            print(f"capture_attention_maps: the model runs {impl!r}, which returns no attention weights; "
-                  "switching it to 'eager' for this capture")
-        model.set_attn_implementation("eager")
-    device = next(model.parameters()).device
-    enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_length).to(device)
     was_training = model.training
-    model.eval()
     try:
+        if switched:
+            if verbose:
+                print(f"capture_attention_maps: the model runs {impl!r}, which returns no attention weights; "
+                      "switching it to the naive attention ('eager') for this capture")
+            model.set_attn_implementation("eager")
+        device = next(model.parameters()).device
+        enc = tokenizer(texts, return_tensors="pt", truncation=True, max_length=max_length,
+                        padding=True).to(device)
+        model.eval()
         with torch.no_grad():
             out = model(**enc, output_attentions=True)
     finally:
         model.train(was_training)
-        if switched:
+        if switched and getattr(model.config, "_attn_implementation", None) != impl:
             model.set_attn_implementation(impl)
     if not out.attentions:
-        raise RuntimeError("the model returned no attention weights even with eager attention")
-    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # L x (1, H, T, T) -> (L, H, T, T)
-    tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-    return AttentionMaps(maps=maps, tokens=tokens, switched_to_eager=switched)
+        raise RuntimeError("the model returned no attention weights even with the naive attention")
+    stacked = torch.stack(out.attentions, dim=1).float().cpu()  # L x (B, H, T, T) -> (B, L, H, T, T)
+    result = []
+    for i in range(len(texts)):
+        real = enc["attention_mask"][i].bool().cpu()  # (T,), True for this text's own tokens
+        maps = stacked[i][:, :, real][:, :, :, real]  # (L, H, n, n): padding rows and columns dropped
+        tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][i].cpu()[real].tolist())
+        result.append(AttentionMaps(maps=maps, tokens=tokens, switched_to_eager=switched))
+    return result[0] if isinstance(text, str) else result

@@ -166,6 +166,13 @@ def read_csv_corpus(path: str | os.PathLike) -> tuple[list[str], list[int], list
     bad = [i + 2 for i, (t, l) in enumerate(rows) if t is None or l is None or not str(l).strip()]
     if bad:
         raise ValueError(f"CSV file {str(path)!r}: lines {bad[:5]} lack a text or a label")
+    # an empty text field is how pandas writes NaN: it would become an empty training example
+    empty = [i + 2 for i, (t, _) in enumerate(rows) if not t.strip()]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
+        raise ValueError(f"CSV file {str(path)!r}: {len(empty)} of {len(rows)} rows have an empty `text` "
+                         f"(lines {shown}; pandas writes NaN that way): fill those texts in or delete the "
+                         f"rows (in pandas: df.dropna(subset=['text']))")
     labels, names = _encode_labels([l for _, l in rows])
     return [t for t, _ in rows], labels, names
 
@@ -199,6 +206,25 @@ def _hub_unavailable_reason() -> str | None:
     if not config.hub_reachable():
         return "the hub is not reachable"
     return None
+
+
+MIN_PER_CLASS = 3  # a stratified train/validation/test split needs an example of each class in each part
+
+
+def _check_classes(labels: Sequence[int], names: Sequence[str], where: str) -> None:
+    """Refuse a corpus with fewer than two classes, or a class too small to split three ways."""
+    counts = {name: 0 for name in names}
+    for y in labels:
+        counts[names[y]] += 1
+    each = ", ".join(f"{n!r}: {c}" for n, c in counts.items())
+    if len(names) < 2:
+        raise ValueError(f"{where} has {len(names)} class ({each} examples): a classifier needs at least "
+                         f"two classes in the `label` column")
+    small = [n for n, c in counts.items() if c < MIN_PER_CLASS]
+    if small:
+        raise ValueError(f"{where}: classes {small} have fewer than {MIN_PER_CLASS} examples (examples per "
+                         f"class: {each}); a stratified train/val/test split needs at least {MIN_PER_CLASS} "
+                         f"of each: add examples or remove those classes")
 
 
 def _drop_duplicates(texts: list[str], labels: list[int]) -> tuple[list[str], list[int], int]:
@@ -260,6 +286,7 @@ def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLik
             texts, labels, names = read_bundled_corpus()
             source = "bundled"
             why = f"{reason}: using the bundled BBC News corpus instead of {hub_name}"
+    _check_classes(labels, names, why)
     dropped = 0
     if dedupe:  # an article in both train and test would leak (the BBC corpus repeats 98 of them)
         texts, labels, dropped = _drop_duplicates(texts, labels)

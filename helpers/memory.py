@@ -14,6 +14,15 @@ Measuring peak memory of a block of code
   caller passes their size as `baseline_bytes` (see `tensor_bytes`) to get an absolute peak.
   Cost: the profiler slows the block down; do not time a block while tracking its memory this way.
 
+Names, one per meaning (used across the course)
+-----------------------------------------------
+- `peak_bytes`: the most bytes held by tensors at any moment of a block, everything included (on
+  CUDA `torch.cuda.max_memory_allocated`; on CPU the caller's `baseline_bytes` plus the increase).
+- `peak_increase_bytes`: the most bytes held above what was held when the block began (the memory
+  a call adds); `end_increase_bytes`: what is still held above that when it ends.
+- `rss_bytes` / `peak_rss_bytes`: the process's resident set size (now / its maximum): tensors plus
+  Python, libraries and freed memory malloc kept; the operating system's figure, not PyTorch's.
+
 Estimating it
 -------------
 `estimate_training_memory` adds up, in bytes, what a training step of a Transformer holds:
@@ -48,12 +57,12 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
 
-__all__ = ["MemoryReport", "track_peak_memory", "tensor_bytes", "MemoryEstimate", "estimate_training_memory",
+__all__ = ["MemoryReport", "track_peak_memory", "peak_increase_bytes", "tensor_bytes", "MemoryEstimate", "estimate_training_memory",
            "MemoryTimeline", "memory_timeline", "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
 
 MiB = 2 ** 20
@@ -75,38 +84,51 @@ class MemoryReport:
         return self.peak_bytes / MiB
 
 
-def tensor_bytes(*things: nn.Module | torch.optim.Optimizer | torch.Tensor | Iterable[torch.Tensor]) -> int:
+def tensor_bytes(*things: Any) -> int:
     """Bytes of the distinct tensor storages in modules (parameters, buffers, gradients), optimizers
-    (their state) and tensors: what a training step starts with."""
+    (their state), tensors, and mappings or sequences of them, such as a `state_dict()` (lesson 03).
+
+    Storages shared by several tensors (tied weights, views) count once. Numbers, strings and None inside
+    a container are skipped (a state dict's step counts and hyper-parameters); anything else is refused.
+    """
     seen: set[int] = set()
     total = 0
 
-    def add(t: object) -> None:
+    def add(t: torch.Tensor) -> None:
         nonlocal total
-        if isinstance(t, torch.Tensor):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in seen and storage.nbytes():
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen and storage.nbytes():
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
 
-    for thing in things:
-        if isinstance(thing, nn.Module):
+    def walk(thing: Any, top: bool) -> None:
+        if isinstance(thing, torch.Tensor):
+            add(thing)
+        elif isinstance(thing, nn.Module):
             for p in thing.parameters():
                 add(p)
-                add(p.grad)
+                if p.grad is not None:
+                    add(p.grad)
             for b in thing.buffers():
                 add(b)
         elif isinstance(thing, torch.optim.Optimizer):
-            for state in thing.state.values():
-                for value in state.values():
-                    add(value)
-        elif isinstance(thing, torch.Tensor):
-            add(thing)
+            walk(list(thing.state.values()), False)
+        elif isinstance(thing, Mapping):  # a state_dict, an optimizer's state, a batch
+            for value in thing.values():
+                walk(value, False)
+        elif isinstance(thing, (str, bytes)) or thing is None or isinstance(thing, (int, float, complex)):
+            if top:
+                raise ValueError(f"tensor_bytes counts tensors; got {type(thing).__name__} {thing!r}: pass "
+                                 "modules, optimizers, tensors, or mappings and sequences of them")
         elif isinstance(thing, Iterable):
-            for t in thing:
-                add(t)
+            for item in thing:
+                walk(item, False)
         else:
-            raise ValueError(f"tensor_bytes takes modules, optimizers and tensors, got {type(thing).__name__}")
+            raise ValueError(f"tensor_bytes cannot count a {type(thing).__name__}: pass modules, optimizers, "
+                             "tensors, or mappings and sequences of them")
+
+    for thing in things:
+        walk(thing, True)
     return total
 
 
@@ -158,6 +180,18 @@ def track_peak_memory(device: torch.device | str = "cpu", *, baseline_bytes: int
     report.peak_bytes = baseline_bytes + peak
 
 
+def peak_increase_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int:
+    """Peak bytes allocated while `fn()` runs, above what was held before it (lesson 01): the inputs are
+    not counted, the output is. `track_peak_memory`'s CUDA allocator statistics, or on a CPU its running
+    sum of the profiler's allocation records."""
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"peak_increase_bytes measures 'cpu' or 'cuda' devices, got {device}")
+    with track_peak_memory(device) as report:
+        fn()
+    return int(report.peak_increase_bytes)
+
+
 # --- the estimator ----------------------------------------------------------------------------------
 
 ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}  # bytes of a matmul output per precision
@@ -200,18 +234,22 @@ class MemoryEstimate:
 
 
 def _config_and_counts(model: Any) -> tuple[Any, int, int, int]:
-    """(TransformerConfig, parameters, parameter tensors, matmul parameters) of a model or a config."""
-    from helpers.flops import matmul_params
-    from helpers.models import SmallTransformer, TransformerConfig
+    """(TransformerConfig, parameters, parameter tensors, matmul parameters) of a model or a config.
 
-    if isinstance(model, TransformerConfig):
+    Duck-typed, so this "measure" module does not import `helpers.models` (imports run one way): a
+    SmallTransformer is a module with a `.cfg`, and a TransformerConfig `build()`s its model.
+    """
+    from helpers.flops import matmul_params
+
+    if not isinstance(model, nn.Module) and callable(getattr(model, "build", None)):
         with torch.device("meta"):  # build it without allocating: exact counts for free
-            model = SmallTransformer(model)
-    if not isinstance(model, SmallTransformer):
+            model = model.build()
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(model, nn.Module) or not all(hasattr(cfg, a) for a in ("d_model", "n_heads", "attn")):
         raise ValueError(f"estimate_training_memory takes a SmallTransformer or a TransformerConfig, got "
                          f"{type(model).__name__}; describe other models with a TransformerConfig of their shape")
     params = list({id(p): p for p in model.parameters()}.values())
-    return model.cfg, sum(p.numel() for p in params), len(params), matmul_params(model)
+    return cfg, sum(p.numel() for p in params), len(params), matmul_params(model)
 
 
 def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, precision: str = "fp32",

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.attention import naive_attention
+from helpers.attention import check_padding_mask, naive_attention
 
 __all__ = ["TransformerConfig", "SmallTransformer", "ModelOutput", "small_config",
            "load_bert", "bert_base_random", "offline_bert_path", "has_weights"]
@@ -44,6 +44,10 @@ class TransformerConfig:
         if min(self.vocab_size, self.max_len, self.d_model, self.n_heads, self.n_layers) < 1:
             raise ValueError(f"sizes must be positive: {self}")
         self.d_ff = self.d_ff or 4 * self.d_model
+
+    def build(self) -> SmallTransformer:
+        """The SmallTransformer of this shape (lessons 01-05); `helpers.memory` sizes configs through it."""
+        return SmallTransformer(self)
 
 
 def small_config(profile: str, **overrides: Any) -> TransformerConfig:
@@ -140,12 +144,22 @@ class SmallTransformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> ModelOutput:
-        """input_ids (B, T); attention_mask (B, T), 1 for real tokens; labels (B,) or (B, T), -100 = ignore."""
-        b, t = input_ids.shape
+        """input_ids (B, T); attention_mask (B, T), 1 or True for real tokens; labels (B,) or (B, T),
+        -100 = ignore. Token ids are checked on a CPU; on a GPU a check would stall the host every step."""
+        t = input_ids.shape[-1]
         if t > self.cfg.max_len:
             raise ValueError(f"sequence of {t} tokens is longer than max_len={self.cfg.max_len}")
+        if attention_mask is not None:
+            check_padding_mask(attention_mask, "attention_mask")
         pos = torch.arange(t, device=input_ids.device)
-        x = self.tok_emb(input_ids) + self.pos_emb(pos)  # (B, T, D)
+        try:
+            tokens = self.tok_emb(input_ids)  # (B, T, D)
+        except IndexError as err:  # raised on a CPU only; costs nothing when the ids are right
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}) (the vocabulary size); found "
+                             f"ids from {int(input_ids.min())} to {int(input_ids.max())}: use the tokenizer "
+                             f"the model was built for, or TransformerConfig(vocab_size=...) large enough"
+                             ) from err
+        x = tokens + self.pos_emb(pos)  # (B, T, D)
         for block in self.blocks:
             if self.activation_checkpointing and self.training and torch.is_grad_enabled():
                 # keep only the block's input; its insides are recomputed during backward

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.memory import peak_increase_bytes
 from helpers.attention import (AttentionMaps, attention_flops, capture_attention_maps, naive_attention,
-                               peak_memory_bytes, probe_sdpa_backends, sdpa_attention, tiled_attention)
+                               probe_sdpa_backends, sdpa_attention, tiled_attention)
 
 # fp32 on CPU: the three compute the same sums in a different order; differences seen are ~1e-6.
 ATOL, RTOL = 1e-5, 1e-4
@@ -75,14 +76,14 @@ def test_naive_memory_grows_with_the_score_matrix() -> None:
     b, h, n, d = 1, 4, 512, 32
     q = torch.randn(b, h, n, d)
     scores_bytes = b * h * n * n * 4
-    naive = peak_memory_bytes(lambda: naive_attention(q, q, q), "cpu")
-    small = peak_memory_bytes(lambda: naive_attention(q[:, :, : n // 2], q[:, :, : n // 2], q[:, :, : n // 2]))
+    naive = peak_increase_bytes(lambda: naive_attention(q, q, q), "cpu")
+    small = peak_increase_bytes(lambda: naive_attention(q[:, :, : n // 2], q[:, :, : n // 2], q[:, :, : n // 2]))
     assert naive >= scores_bytes, (naive, scores_bytes)
     assert naive / small > 3.0, (naive, small)  # doubling N: about 4x (N²), not 2x
-    sdpa = peak_memory_bytes(lambda: sdpa_attention(q, q, q, backend="flash"), "cpu")
+    sdpa = peak_increase_bytes(lambda: sdpa_attention(q, q, q, backend="flash"), "cpu")
     assert sdpa < scores_bytes, (sdpa, scores_bytes)  # CPU flash kernel: tiles, no (N, N) matrix
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
-        peak_memory_bytes(lambda: None, "meta")
+        peak_increase_bytes(lambda: None, "meta")
 
 
 def test_attention_flops() -> None:
@@ -135,3 +136,46 @@ def test_sweep_script_checks_then_times_and_writes_stamped_results(tmp_path) -> 
     stamp = json.loads(paths[0].read_text())["stamp"]
     assert stamp["torch"] == torch.__version__ and stamp["date"] and stamp["device"]
     assert "| 64 |" in paths[1].read_text()
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    try:
+        from helpers.models import load_bert
+
+        yield load_bert(attn_implementation="sdpa", verbose=False)
+    finally:
+        mp.undo()
+
+
+def test_capture_restores_the_attention_implementation_when_it_fails(minilm) -> None:
+    model, tok = minilm
+
+    def broken_tokenizer(*args, **kwargs):
+        raise RuntimeError("simulated failure after the switch")
+
+    with pytest.raises(RuntimeError, match="simulated"):
+        capture_attention_maps(model, broken_tokenizer, "some text", verbose=False)
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="non-empty"):
+        capture_attention_maps(model, tok, ["fine", ""], verbose=False)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_maps_of_a_text_in_a_padded_batch_equal_its_maps_alone(minilm) -> None:
+    model, tok = minilm
+    texts = ["A short one.", "Attention maps of a longer text, which sets the padded length of the batch.",
+             "Middle length text here."]
+    batch = capture_attention_maps(model, tok, texts, verbose=False)
+    assert isinstance(batch, list) and len(batch) == 3
+    for text, maps in zip(texts, batch):
+        alone = capture_attention_maps(model, tok, text, verbose=False)
+        assert maps.tokens == alone.tokens and "[PAD]" not in maps.tokens
+        assert maps.maps.shape[-1] == len(tok(text)["input_ids"])
+        # fp32, same weights; only the batch's extra (masked) key columns differ: rounding-level agreement
+        torch.testing.assert_close(maps.maps, alone.maps, atol=1e-5, rtol=0)
+        torch.testing.assert_close(maps.maps.sum(-1), torch.ones(maps.maps.shape[:-1]), atol=1e-5, rtol=0)
+    # the check can fail: the padded rows of the short text, kept, would not match its maps alone
+    assert batch[0].maps.shape != batch[1].maps.shape

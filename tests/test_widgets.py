@@ -52,3 +52,19 @@ def test_bad_input() -> None:
         AttentionExplorer(torch.rand(2, 2, 3, 3))
     with pytest.raises(ValueError, match=r"layer must be in \[0, 3\)"):
         AttentionExplorer(_maps(), layer=3)
+
+
+def test_several_texts_show_one_chosen_text_without_padding() -> None:
+    short, long = _maps(t=4), _maps(t=7)
+    short.tokens[:] = ["[CLS]", "a", "b", "[SEP]"]
+    ex = AttentionExplorer([short, long])
+    controls, _ = ex.widget.children
+    assert [c.description for c in controls.children] == ["text", "layer", "head", "token"]
+    labels = [t.get_text() for t in ex.figure.axes[0].get_xticklabels()]
+    assert labels == short.tokens and len(ex.token.options) == 5
+    ex.token.value = 2
+    ex.text.value = 1  # another text: its own tokens, the token choice reset
+    assert ex.token.value == -1 and len(ex.token.options) == 8
+    assert [t.get_text() for t in ex.figure.axes[0].get_xticklabels()] == long.tokens
+    with pytest.raises(ValueError, match=r"text must be in \[0, 2\)"):
+        AttentionExplorer([short, long], text=2)
