@@ -265,3 +265,16 @@ def test_hub_failure_falls_back_in_auto_and_raises_in_hub(monkeypatch, capsys):
     monkeypatch.setattr(data, "_hub_unavailable_reason", lambda: "HF_HUB_OFFLINE is set")
     with pytest.raises(RuntimeError, match="HF_HUB_OFFLINE"):
         load_text_classification("hub")
+
+
+def test_the_sample_csv_in_data_loads_as_your_own_data(capsys):
+    """data/sample.csv: the documented format, three classes of 14, stratified three ways."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "sample.csv"
+    splits = load_text_classification(csv_path=path, seed=0)
+    assert splits.source == "csv" and splits.label_names == ["cooking", "sport", "weather"]
+    assert sum(splits.sizes.values()) == 42
+    for part in (splits.train, splits.val, splits.test):  # every class in every split
+        assert set(part.labels) == {0, 1, 2}
+    assert "your CSV sample.csv; 42 examples, 3 classes" in capsys.readouterr().out
