@@ -2,6 +2,7 @@
 #   make lab    set everything up, then open Jupyter Lab on notebooks/ (127.0.0.1, token auth on)
 #   make test   set everything up, then run every test (unit, scripts, nbval over every notebook)
 # and `make course`, which executes every notebook headless into build/ (executed copies + HTML).
+# On a GPU box (air-gapped is fine): `make gpu-check` (see docs/gpu-check.md), after `make gpu-wheels` here.
 #
 # Set-up is idempotent: .venv is created once and re-installed only when pyproject.toml changes.
 # COURSE_TORCH=cpu|cuda|keep overrides the torch build (default: cuda where nvidia-smi sees a GPU).
@@ -16,7 +17,7 @@ PYTEST_ARGS ?=
 # `make test TEST_PROFILE=full` on a GPU runs the notebooks with their real sizes
 TEST_PROFILE ?= smoke
 
-.PHONY: setup lab test course browser clean
+.PHONY: setup lab test course browser clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -28,7 +29,11 @@ $(STAMP): pyproject.toml scripts/install_torch.sh
 
 lab: $(STAMP)
 	# Token authentication stays on; Jupyter prints the URL with the token. Remote box: see README (SSH tunnel).
-	$(PY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
+	@# Root is the usual user in containers and on cloud GPU boxes, and Jupyter refuses it without --allow-root.
+	@root=; if [ "$$(id -u)" = 0 ]; then root=--allow-root; \
+	  echo "make lab: running as root (usual in containers and on cloud GPU boxes): adding --allow-root"; fi; \
+	exec $(PY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+	  $$root $(LAB_ARGS)
 
 test: $(STAMP) browser
 	COURSE_PROFILE=$(TEST_PROFILE) HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
@@ -41,6 +46,21 @@ course: $(STAMP)
 # The browser test needs Debian's chromium; installing it is best effort (the test skips, saying why, without it).
 browser:
 	@bash scripts/install_browser.sh $(PY)
+
+# The prepared GPU check (docs/gpu-check.md). It runs with the box's own python3 and torch, offline: no set-up
+# stamp, no pip from an index. ONLY=step,step reruns some steps; NOTEBOOKS=03,04 narrows the notebooks step;
+# DRY_RUN=1 prints the plan; GPU_CHECK_OUT=<folder> is where it writes (default build/gpu-check).
+ONLY ?=
+NOTEBOOKS ?=
+DRY_RUN ?=
+gpu-check:
+	$(if $(GPU_CHECK_OUT),GPU_CHECK_OUT=$(GPU_CHECK_OUT)) $(PYTHON) scripts/gpu_check.py $(if $(ONLY),--only $(ONLY)) \
+	  $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS)) $(if $(filter-out 0,$(DRY_RUN)),--dry-run)
+
+# Wheels the GPU box lacks, for Python 3.12 manylinux x86-64, into .whl/ (ignored; carried to the box), plus
+# .whl/bert-standin/ (BERT config + tokenizer, no weights). Needs the package index; prints the set's size.
+gpu-wheels: $(STAMP)
+	$(PY) scripts/gpu_check.py --make-wheels
 
 clean:
 	rm -rf build .pytest_cache

@@ -36,4 +36,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if "requires-cuda" in tags and gpus < 1:
                 item.add_marker(pytest.mark.skip(reason="cell tagged requires-cuda; no CUDA GPU here"))
             elif "requires-multi-gpu" in tags and gpus < 2:
-                item.add_marker(pytest.mark.skip(reason=f"cell tagged requires-multi-gpu; {gpus} GPU(s) here"))
+                reason = f"cell tagged requires-multi-gpu; {gpus} GPU(s) here"
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -67,20 +67,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def lab_command(port: int, extra_args: Sequence[str] = ()) -> list[str]:
-    """The `make lab` command line for `port`: no browser opened (root allowed), set-up stamp not rebuilt."""
+    """The `make lab` command line for `port`: no browser opened, set-up stamp not rebuilt."""
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
-    own = ["--no-browser"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        own.append("--allow-root")  # CI containers run as root; Jupyter refuses root without it
-    lab_args = " ".join([*own, *extra_args])
+    lab_args = " ".join(["--no-browser", *extra_args])  # as root, `make lab` adds --allow-root itself
     venv = Path(sys.executable).parent.parent  # $(VENV): the stamp make must leave alone is inside it
     return ["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "-o", str(venv / STAMP), "lab",
             f"VENV={venv}", f"PY={sys.executable}", f"LAB_PORT={port}", f"LAB_ARGS={lab_args}"]
 
 
-def api_request(url: str, token: str | None = None, method: str = "GET", timeout: float = 10.0) -> tuple[int, object]:
-    """HTTP `method` on `url` (token in the Authorization header when given) -> (status, parsed JSON or text)."""
+def api_request(url: str, token: str | None = None, method: str = "GET",
+                timeout: float = 10.0) -> tuple[int, object]:
+    """HTTP `method` on `url` (token in the Authorization header when given) -> (status, JSON or text)."""
     req = urllib.request.Request(url, method=method, data=b"" if method in ("POST", "PUT") else None)
     if token is not None:
         req.add_header("Authorization", f"token {token}")
@@ -171,7 +169,8 @@ def lab_server(
             **(env or {}),
             "JUPYTER_TOKEN": token,  # Jupyter reads its token from here; never printed by the tests
         }
-        server_env = {k: v for k, v in server_env.items() if v is not None}  # None in `env` removes a variable
+        # None in `env` removes a variable
+        server_env = {k: v for k, v in server_env.items() if v is not None}
         cwd = REPO_ROOT
         if notebook_dir is not None:
             # The recipe serves the relative path `notebooks` and Jupyter takes one root dir only: run make
@@ -182,8 +181,10 @@ def lab_server(
         log_path = tmp_path / "server.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(lab_command(port, extra_args), cwd=cwd, env=server_env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        server = LabServer(url=f"http://127.0.0.1:{port}/", token=token, port=port, pid=proc.pid, log_path=log_path)
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        server = LabServer(url=f"http://127.0.0.1:{port}/", token=token, port=port, pid=proc.pid,
+                           log_path=log_path)
         answered = None
         try:
             deadline = time.monotonic() + timeout_s

@@ -30,9 +30,11 @@ def test_follows_the_lesson_skeleton(path):
     first_code = next(c for c in cells if c["cell_type"] == "code")
     assert "parameters" in first_code.get("metadata", {}).get("tags", []), \
         f"{path.name}: the first code cell must carry the `parameters` tag"
-    assert "get_profile" in "".join(first_code["source"]), f"{path.name}: the parameters cell reads the profile"
+    assert "get_profile" in "".join(first_code["source"]), \
+        f"{path.name}: the parameters cell reads the profile"
     first_md = "".join(next(c for c in cells if c["cell_type"] == "markdown")["source"])
-    assert "**Time:**" in first_md, f"{path.name}: the first markdown cell gives the time it takes (**Time:**)"
+    assert "**Time:**" in first_md, \
+        f"{path.name}: the first markdown cell gives the time it takes (**Time:**)"
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     missing = [s for s in SECTIONS if s not in markdown]
     assert not missing, f"{path.name}: missing sections {missing}"
