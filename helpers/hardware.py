@@ -1,8 +1,15 @@
 """Pick the device, report the environment (versions, GPUs, CPU features), diagnose common breakage,
-and measure this machine's roofline: matmul throughput per dtype and memory bandwidth."""
+measure this machine's roofline (matmul throughput per precision, memory bandwidth), and pick the peak
+FLOP/s that MFU is measured against: the datasheet for known GPUs, else the measured roofline.
+
+Precision names are the course's one vocabulary: "fp32", "tf32", "fp16", "bf16", "fp8" (the format the
+matmuls run in; "tf32" is fp32 storage with TF32 tensor-core matmuls).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -12,14 +19,16 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
 from helpers.tables import Table
 
 __all__ = ["get_device", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
-           "device_report", "Roofline", "measure_roofline", "load_roofline", "Finding", "SetupFacts", "diagnose", "findings_table", "explain_error",
-           "KNOWN_ERRORS"]
+           "device_report", "device_name", "nvidia_driver", "Roofline", "measure_roofline", "load_roofline",
+           "MATMUL_DTYPES", "GPU_PEAK_FLOPS", "PeakFlops", "peak_flops", "Finding", "SetupFacts", "diagnose",
+           "findings_table", "explain_error", "KNOWN_ERRORS"]
 
 # FP32 "CUDA cores" per SM, by compute capability (NVIDIA's CUDA C++ Programming Guide, table of
 # arithmetic instruction throughput: 32-bit floating-point add/multiply per clock per SM).
@@ -43,7 +52,7 @@ def _smi(*args: str) -> str | None:
 
 
 def get_device(name: str = "auto") -> torch.device:
-    """The torch device to use: "auto" picks cuda, then mps, then cpu; "cuda"/"cuda:1"/"mps"/"cpu" as asked."""
+    """The torch device to use (lesson 00): "auto" picks cuda, then mps, then cpu; others as asked."""
     name = (name or "auto").strip().lower()
     if name == "auto":
         if torch.cuda.is_available():
@@ -65,8 +74,10 @@ def get_device(name: str = "auto") -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise DeviceUnavailableError(f"{name} was requested but only {torch.cuda.device_count()} "
                                          f"GPU(s) are visible (CUDA_VISIBLE_DEVICES may hide some)")
-    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise DeviceUnavailableError("MPS was requested but this is not an Apple-silicon Mac with MPS; use 'auto'")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None)
+                                    and torch.backends.mps.is_available()):
+        raise DeviceUnavailableError("MPS was requested but this is not an Apple-silicon Mac with MPS; "
+                                     "use 'auto'")
     elif dev.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"unsupported device type {dev.type!r}: use 'auto', 'cpu', 'cuda' or 'mps'")
     return dev
@@ -92,7 +103,8 @@ class GPUInfo:
 
     @property
     def accelerates(self) -> dict[str, bool]:
-        """Which formats run on tensor cores: FP16 from Volta (7.0), TF32/BF16 from Ampere (8.0), FP8 from Ada/Hopper (8.9)."""
+        """Which formats run on tensor cores: FP16 from Volta (7.0), TF32/BF16 from Ampere (8.0), FP8 from
+        Ada/Hopper (8.9)."""
         cc = self.capability
         return {"FP16": cc >= (7, 0), "TF32": cc >= (8, 0), "BF16": cc >= (8, 0), "FP8": cc >= (8, 9)}
 
@@ -193,36 +205,65 @@ def device_report() -> EnvironmentReport:
             gpus.append(GPUInfo(i, p.name, (p.major, p.minor), p.total_memory / 1e9, p.multi_processor_count))
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     nccl = None
-    if torch.cuda.is_available() and torch.distributed.is_available() and torch.distributed.is_nccl_available():
+    if (torch.cuda.is_available() and torch.distributed.is_available()
+            and torch.distributed.is_nccl_available()):
         v = torch.cuda.nccl.version()
         nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     driver, driver_cuda = _driver()
-    return EnvironmentReport(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
+    return EnvironmentReport(python=sys.version.split()[0], platform=platform.platform(),
+                             torch=torch.__version__,
                              cuda_build=torch.version.cuda, cudnn=str(cudnn) if cudnn else None, nccl=nccl,
                              driver=driver, driver_cuda=driver_cuda, cpu=_cpu_info(), gpus=tuple(gpus))
 
 
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver version nvidia-smi reports, or None without a driver (lesson 00)."""
+    return _driver()[0]
+
+
+def device_name(device: torch.device | str | None = None) -> str:
+    """The one name of a device in reports, rooflines and stamps: the GPU's, or the CPU model (lesson 00)."""
+    dev = get_device(str(device) if device is not None else "auto")
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    model = _cpu_info().model
+    return f"{model} (MPS)" if dev.type == "mps" else model
+
+
 # --- roofline ----------------------------------------------------------------------------------------
 
-DTYPES = {"float32": torch.float32, "tf32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The torch dtype of each precision's matmul operands ("tf32": fp32 tensors, TF32 tensor-core matmuls).
+MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Names of the dtype vocabulary rooflines used before the course settled on one; read, never written.
+_LEGACY_NAMES = {"float32": "fp32", "tfloat32": "tf32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def _precision_key(name: str) -> str:
+    return _LEGACY_NAMES.get(name, name)
 
 
 @dataclass(frozen=True)
 class Roofline:
-    """Measured ceilings of one device: matmul FLOP/s per dtype and copy bandwidth in bytes/s."""
+    """Measured ceilings of one device: matmul FLOP/s per precision and copy bandwidth in bytes/s."""
 
     device_name: str
-    matmul_flops: dict[str, float]  # FLOP/s of an n×n×n matmul, keyed by dtype name
+    matmul_flops: dict[str, float]  # FLOP/s of an n×n×n matmul, keyed by precision ("fp32", "bf16", ...)
     bandwidth: float  # bytes/s of a large device copy, counting bytes read + written
     matmul_size: int
     copy_bytes: int
 
-    def ridge_point(self, dtype: str = "float32") -> float:
-        """FLOP per byte above which a kernel is compute-bound rather than memory-bound."""
-        return self.matmul_flops[dtype] / self.bandwidth
+    def __post_init__(self) -> None:  # a roofline saved with dtype names ("float32") reads as precisions
+        object.__setattr__(self, "matmul_flops", {_precision_key(k): v for k, v in self.matmul_flops.items()})
+
+    def ridge_point(self, precision: str = "fp32") -> float:
+        """FLOP per byte above which a kernel is compute-bound rather than memory-bound (lesson 00)."""
+        key = _precision_key(precision)
+        if key not in self.matmul_flops:
+            raise ValueError(f"precision {precision!r} was not measured; measured: {list(self.matmul_flops)}")
+        return self.matmul_flops[key] / self.bandwidth
 
     def table(self) -> Table:
-        """The roofline as a table (TFLOP/s on GPUs, GFLOP/s on CPUs)."""
+        """The roofline as a table (TFLOP/s on GPUs, GFLOP/s on CPUs) (lesson 00)."""
         scale, unit = (1e12, "TFLOP/s") if max(self.matmul_flops.values()) > 5e12 else (1e9, "GFLOP/s")
         t = Table(["measurement", "value", "unit"], title=f"Measured roofline: {self.device_name}")
         for k, v in self.matmul_flops.items():
@@ -237,62 +278,178 @@ class Roofline:
         return str(self.table())
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write the roofline as JSON (default: the course cache, where `load_roofline` finds it)."""
+        """Write the roofline as JSON (default: the course cache, where `load_roofline` looks) (lesson 00)."""
         path = Path(path) if path is not None else _roofline_path(self.device_name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(self), indent=2))
         return path
 
 
-def _roofline_path(device_name: str) -> Path:
+def _roofline_path(name: str) -> Path:
     cache = Path(os.environ.get("COURSE_CACHE", Path.home() / ".cache" / "fast-transformers-course"))
-    return cache / f"roofline-{re.sub(r'[^A-Za-z0-9]+', '-', device_name).strip('-').lower()}.json"
+    return cache / f"roofline-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower()}.json"
 
 
-def load_roofline(device_name: str | None = None) -> Roofline | None:
-    """The roofline lesson 00 measured for `device_name` (default: the current device), or None."""
-    if device_name is None:
-        device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu_info().model
-    path = _roofline_path(device_name)
+def load_roofline(name: str | None = None) -> Roofline | None:
+    """The roofline lesson 00 measured for the device called `name` (default: the current one), or None."""
+    path = _roofline_path(name if name is not None else device_name())
     if not path.exists():
         return None
     return Roofline(**json.loads(path.read_text()))
 
 
-def measure_roofline(device: torch.device | str | None = None, dtypes: list[str] | None = None,
+@contextlib.contextmanager
+def _tf32_matmuls(enabled: bool) -> Iterator[None]:
+    """TF32 for float32 CUDA matmuls on (or off) inside the block, restored after."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def measure_roofline(device: torch.device | str | None = None, precisions: list[str] | None = None,
                      matmul_size: int | None = None, copy_mb: int | None = None,
-                     min_run_time: float = 0.3) -> Roofline:
-    """Time an n×n matmul per dtype (2n³ FLOP) and a large copy (read + write bytes) on `device`."""
+                     min_run_time: float = 0.3, *, dtypes: list[str] | None = None) -> Roofline:
+    """Time an n×n matmul per precision (2n³ FLOP) and a large copy (read + write bytes) (lesson 00).
+
+    `dtypes` is the old name of `precisions` and also takes the old names ("float32", "bfloat16")."""
     from helpers.timing import benchmark
 
     device = get_device(str(device) if device is not None else "auto")
     gpu = device.type == "cuda"
-    dtypes = dtypes or (["float32", "tf32", "float16", "bfloat16"] if gpu else ["float32", "bfloat16"])
-    bad = [d for d in dtypes if d not in DTYPES]
+    asked = precisions if precisions is not None else dtypes
+    names = [_precision_key(p) for p in asked] if asked else (["fp32", "tf32", "fp16", "bf16"] if gpu
+                                                              else ["fp32", "bf16"])
+    bad = [p for p in names if p not in MATMUL_DTYPES]
     if bad:
-        raise ValueError(f"unknown dtype(s) {bad}: choose from {list(DTYPES)}")
+        raise ValueError(f"unknown precision(s) {bad}: choose from {list(MATMUL_DTYPES)}")
     n = matmul_size or (8192 if gpu else 1024)
     copy_bytes = (copy_mb or (1024 if gpu else 128)) * 2**20
     gen = torch.Generator(device=device).manual_seed(0)
     flops = {}
-    for name in dtypes:
+    for name in names:
         # random data: zeros or constants can run faster than real data on some hardware
-        a = torch.randn(n, n, device=device, dtype=DTYPES[name], generator=gen)
-        b = torch.randn(n, n, device=device, dtype=DTYPES[name], generator=gen)
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
-        try:
-            t = benchmark(lambda: a @ b, name=name, warmup=2, min_run_time=min_run_time)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
+        a = torch.randn(n, n, device=device, dtype=MATMUL_DTYPES[name], generator=gen)
+        b = torch.randn(n, n, device=device, dtype=MATMUL_DTYPES[name], generator=gen)
+        with _tf32_matmuls(name == "tf32"):  # "fp32" is measured with TF32 off: true fp32 matmuls
+            t = benchmark(functools.partial(torch.matmul, a, b), name=name, warmup=2,
+                          min_run_time=min_run_time)
         flops[name] = 2 * n**3 / t.median_s
         del a, b
     src = torch.randn(copy_bytes // 4, device=device, generator=gen)
     dst = torch.empty_like(src)
     t = benchmark(lambda: dst.copy_(src), name="copy", warmup=2, min_run_time=min_run_time)
-    name = torch.cuda.get_device_name(device) if gpu else _cpu_info().model
-    return Roofline(device_name=name, matmul_flops=flops, bandwidth=2 * copy_bytes / t.median_s,
-                    matmul_size=n, copy_bytes=copy_bytes)
+    return Roofline(device_name=device_name(device), matmul_flops=flops,
+                    bandwidth=2 * copy_bytes / t.median_s, matmul_size=n, copy_bytes=copy_bytes)
+
+
+# --- peak FLOP/s: the one place that picks the peak MFU is measured against ---------------------------
+
+TFLOPS = 1e12
+
+# Dense peak FLOP/s per precision ("fp16"/"bf16"/"fp8": tensor cores with fp32 accumulation, which is
+# what mixed-precision training uses). Datasheets print the 2× "with sparsity" figures: they are halved
+# back to dense here. Patterns are matched, in order, as whole words against the lower-case device name
+# ("l4" is not "l40s"; "h100 nvl" and "h100 pcie" before "h100"). A precision a GPU has no units for
+# is left out.
+GPU_PEAK_FLOPS: dict[str, dict[str, Any]] = {
+    # H200 SXM datasheet: TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS, all "with sparsity"
+    # H200 NVL datasheet: TF32 835, BF16/FP16 1,671, FP8 3,341 TFLOPS with sparsity
+    "h200 nvl": dict(fp32=60.0 * TFLOPS, tf32=417.5 * TFLOPS, fp16=835.5 * TFLOPS, bf16=835.5 * TFLOPS,
+                     fp8=1670.5 * TFLOPS,
+                     source="NVIDIA H200 NVL datasheet (dense = half the sparsity figures)"),
+    "h200": dict(fp32=67.0 * TFLOPS, tf32=494.7 * TFLOPS, fp16=989.4 * TFLOPS, bf16=989.4 * TFLOPS,
+                 fp8=1978.9 * TFLOPS,
+                 source="NVIDIA H200 Tensor Core GPU datasheet (SXM; dense = half the sparsity figures)"),
+    # H100 NVL datasheet (per GPU): TF32 835, BF16/FP16 1,671, FP8 3,341 TFLOPS with sparsity
+    "h100 nvl": dict(fp32=60.0 * TFLOPS, tf32=417.5 * TFLOPS, fp16=835.5 * TFLOPS, bf16=835.5 * TFLOPS,
+                     fp8=1670.5 * TFLOPS,
+                     source="NVIDIA H100 NVL datasheet (per GPU; dense = half the sparsity figures)"),
+    # H100 whitepaper, PCIe: TF32 378, BF16/FP16 756, FP8 1,513 TFLOPS dense
+    "h100 pcie": dict(fp32=51.0 * TFLOPS, tf32=378.0 * TFLOPS, fp16=756.0 * TFLOPS, bf16=756.0 * TFLOPS,
+                      fp8=1513.0 * TFLOPS,
+                      source="NVIDIA H100 Tensor Core GPU datasheet (PCIe; dense figures)"),
+    # H100 whitepaper, SXM5: TF32 494.7, BF16/FP16 989.4, FP8 1,978.9 TFLOPS dense
+    "h100": dict(fp32=67.0 * TFLOPS, tf32=494.7 * TFLOPS, fp16=989.4 * TFLOPS, bf16=989.4 * TFLOPS,
+                 fp8=1978.9 * TFLOPS,
+                 source="NVIDIA H100 Tensor Core GPU datasheet (SXM; dense = half the sparsity figures)"),
+    "a100": dict(fp32=19.5 * TFLOPS, tf32=156.0 * TFLOPS, fp16=312.0 * TFLOPS, bf16=312.0 * TFLOPS,
+                 source="NVIDIA A100 Tensor Core GPU datasheet (dense figures)"),
+    # L4 datasheet: FP8 485 TFLOPS with sparsity
+    "l4": dict(fp32=30.3 * TFLOPS, tf32=60.0 * TFLOPS, fp16=121.0 * TFLOPS, bf16=121.0 * TFLOPS,
+               fp8=242.5 * TFLOPS,
+               source="NVIDIA L4 Tensor Core GPU datasheet (dense = half the sparsity figures)"),
+    "a10": dict(fp32=31.2 * TFLOPS, tf32=62.5 * TFLOPS, fp16=125.0 * TFLOPS, bf16=125.0 * TFLOPS,
+                source="NVIDIA A10 Tensor Core GPU datasheet (dense figures)"),
+    "t4": dict(fp32=8.1 * TFLOPS, fp16=65.0 * TFLOPS,  # Turing: no TF32, no bf16 units
+               source="NVIDIA T4 Tensor Core GPU datasheet (mixed-precision FP16/FP32 figure)"),
+    "v100": dict(fp32=15.7 * TFLOPS, fp16=125.0 * TFLOPS,  # Volta: no TF32, no bf16 units
+                 source="NVIDIA V100 Tensor Core GPU datasheet (SXM2)"),
+    # Ada whitepaper, RTX 4090: FP8 tensor with FP32 accumulate 330.3 dense
+    "rtx 4090": dict(fp32=82.6 * TFLOPS, tf32=82.6 * TFLOPS, fp16=165.2 * TFLOPS, bf16=165.2 * TFLOPS,
+                     fp8=330.3 * TFLOPS,
+                     source="NVIDIA Ada GPU architecture whitepaper, appendix table for the RTX 4090 "
+                            "(tensor with FP32 accumulate, dense)"),
+    "rtx 3090": dict(fp32=35.6 * TFLOPS, tf32=35.6 * TFLOPS, fp16=71.0 * TFLOPS, bf16=71.0 * TFLOPS,
+                     source="NVIDIA Ampere GA102 GPU architecture whitepaper, table for the RTX 3090 "
+                            "(FP16/BF16 tensor with FP32 accumulate, dense)"),
+}
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """A device's peak dense FLOP/s for one precision, and where the number comes from (lesson 00)."""
+
+    flops: float
+    precision: str
+    source: str
+
+
+def _has_tf32_units(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def peak_flops(device: torch.device | str | None = None, precision: str = "bf16", *,
+               roofline: Roofline | None = None, gpu_name: str | None = None,
+               measure: bool = False) -> PeakFlops | None:
+    """The peak MFU is measured against (lessons 00, 02, 07): the datasheet for a known GPU, else the
+    measured `roofline`, else (with `measure`) a roofline measured now, else None.
+
+    `gpu_name` looks a GPU up in the datasheet table without having it ("NVIDIA H100 80GB HBM3").
+    "tf32" on hardware without TF32 units (a CPU, a pre-Ampere GPU) runs fp32 matmuls: fp32's peak."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {PRECISIONS}")
+    if roofline is not None and not isinstance(roofline, Roofline):
+        raise TypeError(f"roofline must be a helpers.hardware.Roofline (from measure_roofline), "
+                        f"got {type(roofline).__name__}")
+    dev = get_device(str(device) if device is not None else ("cuda" if gpu_name is None and
+                                                             torch.cuda.is_available() else "cpu"))
+    name = gpu_name or (torch.cuda.get_device_name(dev) if dev.type == "cuda" else None)
+    if name:
+        low = name.lower()
+        for pattern, row in GPU_PEAK_FLOPS.items():
+            if re.search(rf"\b{re.escape(pattern)}\b", low):
+                if precision in row:
+                    return PeakFlops(row[precision], precision, row["source"])
+                if precision == "tf32" and "fp32" in row:  # no TF32 units: tf32 runs as fp32
+                    return PeakFlops(row["fp32"], "fp32", row["source"] + "; no TF32 units: the fp32 peak")
+                break  # a known GPU without units for this precision: try the measurement
+    no_tf32 = gpu_name is None and not _has_tf32_units(dev)
+    key = "fp32" if precision == "tf32" and no_tf32 else precision
+    if roofline is None and measure and key in MATMUL_DTYPES:
+        roofline = measure_roofline(dev, precisions=[key])
+    if roofline is not None:
+        measured = roofline.matmul_flops
+        if precision in measured:
+            key = precision
+        if measured.get(key):
+            note = "" if key == precision else "; no TF32 units: the fp32 matmul"
+            return PeakFlops(float(measured[key]), key,
+                             f"measured matmul roofline on {roofline.device_name}{note}")
+    return None
 
 
 # --- diagnosing common breakage ----------------------------------------------------------------------
@@ -313,7 +470,8 @@ KNOWN_ERRORS = [
      "torch is a CUDA build but no working NVIDIA driver / GPU is visible",
      "on a GPU box install the NVIDIA driver (nvidia-smi must work); on a CPU box use the CPU build: "
      "COURSE_TORCH=cpu make setup"),
-    (r"driver version is insufficient|NVIDIA driver on your system is too old|CUDA driver version is insufficient",
+    (r"driver version is insufficient|NVIDIA driver on your system is too old"
+     r"|CUDA driver version is insufficient",
      "the NVIDIA driver is older than the CUDA version torch was built with",
      "update the driver (it must support at least torch.version.cuda), or install a torch built for "
      "an older CUDA (pip install torch --index-url https://download.pytorch.org/whl/cu118, for example)"),
@@ -357,7 +515,7 @@ class SetupFacts:
     def gather(cls) -> "SetupFacts":
         out = _smi("-L")
         return cls(torch_cuda=torch.version.cuda, torch_sees_gpu=torch.cuda.is_available(),
-                   smi_gpus=None if out is None else [l for l in out.splitlines() if l.startswith("GPU")],
+                   smi_gpus=None if out is None else [ln for ln in out.splitlines() if ln.startswith("GPU")],
                    driver_cuda=_driver()[1], visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
@@ -371,7 +529,8 @@ def diagnose(facts: SetupFacts | None = None) -> list[Finding]:
     has_gpu = bool(smi_gpus)
     findings.append(Finding("NVIDIA driver", True,
                             "nvidia-smi not found: no NVIDIA driver on this machine" if smi_gpus is None
-                            else f"nvidia-smi lists {len(smi_gpus)} GPU(s), driver supports CUDA {driver_cuda}"))
+                            else f"nvidia-smi lists {len(smi_gpus)} GPU(s), driver supports CUDA "
+                                 f"{driver_cuda}"))
     if torch_cuda and smi_gpus is None:
         findings.append(Finding("CUDA build without a driver", False,
                                 "torch is a CUDA build but there is no NVIDIA driver (nvidia-smi missing)",
@@ -379,19 +538,23 @@ def diagnose(facts: SetupFacts | None = None) -> list[Finding]:
                                 "make setup installs the CPU build; on a GPU box install the NVIDIA driver"))
     if torch_cuda is None and has_gpu:
         findings.append(Finding("CPU-only torch on a GPU box", False,
-                                "nvidia-smi sees a GPU but torch is a CPU-only build, so every lesson runs on the CPU",
+                                "nvidia-smi sees a GPU but torch is a CPU-only build, so every lesson "
+                                "runs on the CPU",
                                 "COURSE_TORCH=cuda make setup (installs the CUDA build of torch)"))
     if torch_cuda and driver_cuda and _version_tuple(driver_cuda) < _version_tuple(torch_cuda):
         findings.append(Finding("driver too old for this torch", False,
-                                f"torch needs CUDA {torch_cuda}; the driver supports up to CUDA {driver_cuda}",
+                                f"torch needs CUDA {torch_cuda}; the driver supports up to CUDA "
+                                f"{driver_cuda}",
                                 "update the NVIDIA driver, or install a torch built for CUDA "
                                 f"{driver_cuda} or older"))
     if visible_devices is not None and visible_devices.strip() in ("", "-1") and has_gpu:
-        findings.append(Finding("GPUs hidden", False, f"CUDA_VISIBLE_DEVICES={visible_devices!r} hides every GPU",
+        findings.append(Finding("GPUs hidden", False,
+                                f"CUDA_VISIBLE_DEVICES={visible_devices!r} hides every GPU",
                                 "unset CUDA_VISIBLE_DEVICES or list the GPU indices to use"))
     if torch_cuda and has_gpu and not torch_sees_gpu and all(f.ok for f in findings):
         findings.append(Finding("torch cannot use the GPU", False,
-                                "torch is a CUDA build, the driver sees a GPU, but torch.cuda.is_available() is False",
+                                "torch is a CUDA build, the driver sees a GPU, but "
+                                "torch.cuda.is_available() is False",
                                 "run python -c 'import torch; torch.zeros(1).cuda()' and look the message up "
                                 "with helpers.hardware.explain_error"))
     findings.append(Finding("torch can use a GPU", True, "yes" if torch_sees_gpu else
