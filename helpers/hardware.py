@@ -8,7 +8,6 @@ matmuls run in; "tf32" is fp32 storage with TF32 tensor-core matmuls).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -19,10 +18,11 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from helpers.precision import PRECISIONS, tf32_matmuls
 from helpers.tables import Table
 
 __all__ = ["get_device", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
@@ -298,17 +298,6 @@ def load_roofline(name: str | None = None) -> Roofline | None:
     return Roofline(**json.loads(path.read_text()))
 
 
-@contextlib.contextmanager
-def _tf32_matmuls(enabled: bool) -> Iterator[None]:
-    """TF32 for float32 CUDA matmuls on (or off) inside the block, restored after."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-
-
 def measure_roofline(device: torch.device | str | None = None, precisions: list[str] | None = None,
                      matmul_size: int | None = None, copy_mb: int | None = None,
                      min_run_time: float = 0.3, *, dtypes: list[str] | None = None) -> Roofline:
@@ -333,7 +322,7 @@ def measure_roofline(device: torch.device | str | None = None, precisions: list[
         # random data: zeros or constants can run faster than real data on some hardware
         a = torch.randn(n, n, device=device, dtype=MATMUL_DTYPES[name], generator=gen)
         b = torch.randn(n, n, device=device, dtype=MATMUL_DTYPES[name], generator=gen)
-        with _tf32_matmuls(name == "tf32"):  # "fp32" is measured with TF32 off: true fp32 matmuls
+        with tf32_matmuls(name == "tf32"):  # "fp32" is measured with TF32 off: true fp32 matmuls
             t = benchmark(functools.partial(torch.matmul, a, b), name=name, warmup=2,
                           min_run_time=min_run_time)
         flops[name] = 2 * n**3 / t.median_s
@@ -396,7 +385,8 @@ GPU_PEAK_FLOPS: dict[str, dict[str, Any]] = {
                      source="NVIDIA Ampere GA102 GPU architecture whitepaper, table for the RTX 3090 "
                             "(FP16/BF16 tensor with FP32 accumulate, dense)"),
 }
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+# the training precisions (helpers.precision) and fp8, which has datasheet peaks but no training rung
+PEAK_PRECISIONS = (*PRECISIONS, "fp8")
 
 
 @dataclass(frozen=True)
@@ -420,8 +410,8 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
 
     `gpu_name` looks a GPU up in the datasheet table without having it ("NVIDIA H100 80GB HBM3").
     "tf32" on hardware without TF32 units (a CPU, a pre-Ampere GPU) runs fp32 matmuls: fp32's peak."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: use one of {PRECISIONS}")
+    if precision not in PEAK_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {PEAK_PRECISIONS}")
     if roofline is not None and not isinstance(roofline, Roofline):
         raise TypeError(f"roofline must be a helpers.hardware.Roofline (from measure_roofline), "
                         f"got {type(roofline).__name__}")

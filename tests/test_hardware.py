@@ -146,3 +146,12 @@ def test_explain_known_errors():
     assert "LD_LIBRARY_PATH" in explain_error("OSError: libcudart.so.12: cannot open shared object file")
     assert "CPU-only" in explain_error("AssertionError: Torch not compiled with CUDA enabled")
     assert explain_error("something else entirely") is None
+
+
+def test_roofline_measures_fp32_with_tf32_off_and_tf32_with_it_on(monkeypatch):
+    from helpers import hardware
+
+    switched, real = [], hardware.tf32_matmuls
+    monkeypatch.setattr(hardware, "tf32_matmuls", lambda on: (switched.append(on), real(on))[1])
+    r = measure_roofline("cpu", precisions=["fp32", "tf32"], matmul_size=64, copy_mb=1, min_run_time=0.01)
+    assert switched == [False, True] and set(r.matmul_flops) == {"fp32", "tf32"}
