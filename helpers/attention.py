@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from helpers.memory import peak_increase_bytes
 
-__all__ = ["check_padding_mask", "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
+__all__ = ["AGREEMENT_TOL", "agreement_tolerance", "attention_agreement", "check_padding_mask", "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
            "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod",
            "AttentionMaps", "capture_attention_maps", "attention_flops"]
 
@@ -111,6 +111,42 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             m = m_new
         out[:, :, qs:qs + block_q] = (acc / l[..., None]).to(q.dtype)  # a row with no real key gives NaN, as naive does
     return out
+
+
+# --- checking one implementation against another ------------------------------------------------------
+
+# Largest per-(batch, head) relative error accepted against an fp32 reference, per input dtype, on
+# inputs whose scores spread over several units (std 3). Measured on a CPU, B=1 H=4 N=256 d=64: bf16 naive
+# 1.1e-2, bf16 SDPA and tiled 5e-3, fp16 1.3e-3 and below; heads swapped: 1.4. fp32 on a GPU gets TF32's
+# tolerance: the Triton kernel's tl.dot multiplies fp32 in TF32 (10-bit mantissa).
+AGREEMENT_TOL = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 3e-2}
+
+
+def agreement_tolerance(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
+    """The `attention_agreement` tolerance for inputs of `dtype` on `device` (lesson 01)."""
+    names = {torch.float32: "tf32" if torch.device(device).type == "cuda" else "fp32",
+             torch.float16: "fp16", torch.bfloat16: "bf16"}
+    if dtype not in names:
+        raise ValueError(f"no attention tolerance for {dtype}: use float32, float16 or bfloat16")
+    return AGREEMENT_TOL[names[dtype]]
+
+
+def attention_agreement(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest relative error of any (batch, head) slice, ‖out − ref‖ / ‖ref‖ over its (T, d) values,
+    computed in float64 (lesson 01). Relative, so it means the same for tiny and large outputs; per
+    head, so one wrong or swapped head shows (an error of about 1.4 for two swapped heads)."""
+    if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor):
+        raise TypeError(f"attention_agreement compares two tensors, got {type(out).__name__} and "
+                        f"{type(ref).__name__}")
+    if out.shape != ref.shape or out.dim() != 4:
+        raise ValueError(f"need two (B, H, T, d) tensors of one shape, got {tuple(out.shape)} and "
+                         f"{tuple(ref.shape)}")
+    ref64 = ref.detach().double().flatten(2)  # (B, H, T·d)
+    norm = ref64.norm(dim=-1)  # (B, H)
+    if not bool((norm > 0).all()):
+        raise ValueError("the reference has a head whose output is all zeros: a relative error is undefined")
+    diff = (out.detach().to(ref64.device).double().flatten(2) - ref64).norm(dim=-1)
+    return float((diff / norm).max())
 
 
 # --- SDPA and its backends ---------------------------------------------------------------------------

@@ -179,3 +179,43 @@ def test_maps_of_a_text_in_a_padded_batch_equal_its_maps_alone(minilm) -> None:
         torch.testing.assert_close(maps.maps.sum(-1), torch.ones(maps.maps.shape[:-1]), atol=1e-5, rtol=0)
     # the check can fail: the padded rows of the short text, kept, would not match its maps alone
     assert batch[0].maps.shape != batch[1].maps.shape
+
+
+def _spread_qkv(b=1, h=4, n=256, d=64, score_std=3.0, seed=0):
+    """q, k, v whose scores q·k/√d have std `score_std` (a trained model's spread, not near-uniform)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(3))
+    return q * score_std ** 0.5, k * score_std ** 0.5, v
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_agreement_passes_16_bit_and_catches_swapped_heads(dtype) -> None:
+    from helpers.attention import agreement_tolerance, attention_agreement
+
+    q, k, v = _spread_qkv()
+    ref = sdpa_attention(q, k, v, backend="math")
+    tol = agreement_tolerance(dtype)
+    for fn in (naive_attention, tiled_attention, sdpa_attention):
+        out = fn(q.to(dtype), k.to(dtype), v.to(dtype))
+        assert attention_agreement(out, ref) < tol, fn.__name__
+        swapped = out[:, [1, 0, 2, 3]]  # heads 0 and 1 exchanged: a reshape bug
+        assert attention_agreement(swapped, ref) > 20 * tol, fn.__name__
+    one_row = ref.clone()
+    one_row[0, 2, 5] += ref[0, 2].norm(dim=-1).mean()  # a single query row wrong by a typical row norm
+    assert attention_agreement(one_row, ref) > tol  # 1/√N = 0.06 of the head's norm at N=256
+
+
+def test_agreement_is_relative_and_checks_its_inputs() -> None:
+    from helpers.attention import agreement_tolerance, attention_agreement
+
+    q, k, v = _spread_qkv(n=32)
+    ref = sdpa_attention(q, k, v)
+    assert attention_agreement(ref, ref) == 0.0
+    assert attention_agreement(ref * 1e-6 * 1.01, ref * 1e-6) == pytest.approx(0.01)  # scale does not matter
+    with pytest.raises(ValueError, match="one shape"):
+        attention_agreement(ref, ref[:, :2])
+    with pytest.raises(ValueError, match="all zeros"):
+        attention_agreement(ref, torch.zeros_like(ref))
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        agreement_tolerance(torch.int8)
+    assert agreement_tolerance(torch.float32, "cuda") > agreement_tolerance(torch.float32, "cpu")
