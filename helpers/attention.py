@@ -20,9 +20,10 @@ import torch.nn.functional as F
 
 from helpers.memory import peak_increase_bytes
 
-__all__ = ["AGREEMENT_TOL", "agreement_tolerance", "attention_agreement", "check_padding_mask", "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
-           "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod",
-           "AttentionMaps", "capture_attention_maps", "attention_flops"]
+__all__ = ["AGREEMENT_TOL", "agreement_tolerance", "attention_agreement", "check_padding_mask",
+           "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
+           "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod", "AttentionMaps",
+           "capture_attention_maps", "attention_flops"]
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -90,7 +91,7 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         qb = q[:, :, qs:qs + block_q].float() * scale  # (B, H, bq, d); fp32 accumulation, as the kernel does
         rows = torch.arange(qs, qs + qb.shape[2], device=q.device)
         m = torch.full(qb.shape[:3], float("-inf"), device=q.device)  # running max per query row
-        l = torch.zeros(qb.shape[:3], device=q.device)  # running sum of exp(score - m)
+        row_sum = torch.zeros(qb.shape[:3], device=q.device)  # running sum of exp(score - m)
         acc = torch.zeros(qb.shape, device=q.device)  # running sum of exp(score - m) * v
         for ks in range(0, tk, block_k):
             if causal and ks > rows[-1] + tk - tq:
@@ -106,10 +107,11 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # a row with no key yet: avoid inf - inf
             p = torch.exp(s - m_safe[..., None])  # (B, H, bq, bk)
             alpha = torch.exp(m - m_safe)  # rescales what was summed under the old max
-            l = l * alpha + p.sum(-1)
+            row_sum = row_sum * alpha + p.sum(-1)
             acc = acc * alpha[..., None] + p @ vb
             m = m_new
-        out[:, :, qs:qs + block_q] = (acc / l[..., None]).to(q.dtype)  # a row with no real key gives NaN, as naive does
+        # a row with no real key gives NaN, as naive does
+        out[:, :, qs:qs + block_q] = (acc / row_sum[..., None]).to(q.dtype)
     return out
 
 
@@ -160,7 +162,8 @@ def _backend(name: str) -> Any:
     table = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
              "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
     if name not in table:
-        raise ValueError(f"unknown SDPA backend {name!r}: use one of {SDPA_BACKENDS} or None (let torch pick)")
+        raise ValueError(f"unknown SDPA backend {name!r}: use one of {SDPA_BACKENDS} or None "
+                         "(let torch pick)")
     return table[name]
 
 

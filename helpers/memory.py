@@ -62,8 +62,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-__all__ = ["MemoryReport", "track_peak_memory", "peak_increase_bytes", "tensor_bytes", "MemoryEstimate", "estimate_training_memory",
-           "MemoryTimeline", "memory_timeline", "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
+__all__ = ["MemoryReport", "track_peak_memory", "peak_increase_bytes", "tensor_bytes", "MemoryEstimate",
+           "estimate_training_memory", "MemoryTimeline", "memory_timeline", "record_memory_history",
+           "find_max_batch_size", "GiB", "MiB"]
 
 MiB = 2 ** 20
 GiB = 2 ** 30
@@ -144,7 +145,8 @@ def _cpu_peak_from_events(events: Iterable) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def track_peak_memory(device: torch.device | str = "cpu", *, baseline_bytes: int = 0) -> Iterator[MemoryReport]:
+def track_peak_memory(device: torch.device | str = "cpu", *,
+                      baseline_bytes: int = 0) -> Iterator[MemoryReport]:
     """Measure the peak memory of the `with` block (CUDA allocator stats; on CPU profiler memory events).
 
     `baseline_bytes`: bytes already held when the block starts, added on CPU (on CUDA the allocator
@@ -247,7 +249,8 @@ def _config_and_counts(model: Any) -> tuple[Any, int, int, int]:
     cfg = getattr(model, "cfg", None)
     if not isinstance(model, nn.Module) or not all(hasattr(cfg, a) for a in ("d_model", "n_heads", "attn")):
         raise ValueError(f"estimate_training_memory takes a SmallTransformer or a TransformerConfig, got "
-                         f"{type(model).__name__}; describe other models with a TransformerConfig of their shape")
+                         f"{type(model).__name__}; describe other models with a TransformerConfig of "
+                         "their shape")
     params = list({id(p): p for p in model.parameters()}.values())
     return cfg, sum(p.numel() for p in params), len(params), matmul_params(model)
 
@@ -358,7 +361,8 @@ def memory_timeline(fn: Callable[[], Any], device: torch.device | str = "cpu") -
                           {c: list(col) for c, col in zip(CATEGORIES, columns)}, str(device))
 
 
-def record_memory_history(fn: Callable[[], Any], path: str | Path, *, max_entries: int = 100_000) -> dict[str, Path]:
+def record_memory_history(fn: Callable[[], Any], path: str | Path, *,
+                          max_entries: int = 100_000) -> dict[str, Path]:
     """GPU only: record the CUDA allocator's history while `fn()` runs; write `<path>.pickle` (for
     pytorch.org/memory_viz) and `<path>.html` (torch's own visualiser). Returns both paths."""
     if not torch.cuda.is_available():

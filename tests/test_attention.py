@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.attention import (
+    AttentionMaps,
+    attention_flops,
+    capture_attention_maps,
+    naive_attention,
+    probe_sdpa_backends,
+    sdpa_attention,
+    tiled_attention,
+)
 from helpers.memory import peak_increase_bytes
-from helpers.attention import (AttentionMaps, attention_flops, capture_attention_maps, naive_attention,
-                               probe_sdpa_backends, sdpa_attention, tiled_attention)
 
 # fp32 on CPU: the three compute the same sums in a different order; differences seen are ~1e-6.
 ATOL, RTOL = 1e-5, 1e-4
@@ -68,7 +75,7 @@ def test_probe_reports_instead_of_raising() -> None:
     assert set(result) == {"math", "flash", "efficient", "cudnn"}
     assert result["math"] is None  # the math backend runs everywhere
     if not torch.cuda.is_available():
-        assert isinstance(result["cudnn"], str) and result["cudnn"]  # cuDNN needs a GPU: a reason, not a crash
+        assert isinstance(result["cudnn"], str) and result["cudnn"]  # cuDNN needs a GPU: a reason, no crash
 
 
 def test_naive_memory_grows_with_the_score_matrix() -> None:
@@ -77,7 +84,8 @@ def test_naive_memory_grows_with_the_score_matrix() -> None:
     q = torch.randn(b, h, n, d)
     scores_bytes = b * h * n * n * 4
     naive = peak_increase_bytes(lambda: naive_attention(q, q, q), "cpu")
-    small = peak_increase_bytes(lambda: naive_attention(q[:, :, : n // 2], q[:, :, : n // 2], q[:, :, : n // 2]))
+    half = q[:, :, : n // 2]
+    small = peak_increase_bytes(lambda: naive_attention(half, half, half))
     assert naive >= scores_bytes, (naive, scores_bytes)
     assert naive / small > 3.0, (naive, small)  # doubling N: about 4x (N²), not 2x
     sdpa = peak_increase_bytes(lambda: sdpa_attention(q, q, q, backend="flash"), "cpu")
@@ -124,13 +132,15 @@ def test_sweep_script_checks_then_times_and_writes_stamped_results(tmp_path) -> 
     finally:
         sys.path.pop(0)
     result = bench.sweep([32, 64], impls=["naive", "sdpa-math", "sdpa-cudnn"], batch=1, heads=2, head_dim=16,
-                         dtype="float32", causal=False, device=torch.device("cpu"), min_run_time=0.01, verbose=False)
+                         dtype="float32", causal=False, device=torch.device("cpu"), min_run_time=0.01,
+                         verbose=False)
     rows = {(r["impl"], r["seq_len"]): r for r in result["rows"]}
     assert len(rows) == 6
     assert rows[("naive", 64)]["status"] == "ok" and rows[("naive", 64)]["max_abs_err"] < 1e-4
     assert rows[("naive", 64)]["median_s"] > 0 and rows[("naive", 64)]["peak_bytes"] > 0
     if not torch.cuda.is_available():
-        assert rows[("sdpa-cudnn", 32)]["status"] == "unavailable" and rows[("sdpa-cudnn", 32)]["median_s"] is None
+        cudnn = rows[("sdpa-cudnn", 32)]
+        assert cudnn["status"] == "unavailable" and cudnn["median_s"] is None
     paths = bench.write_results(result, tmp_path)
     assert [p.name for p in paths] == [f"attention_sweep-cpu{s}" for s in (".json", ".md", ".png")]
     stamp = json.loads(paths[0].read_text())["stamp"]

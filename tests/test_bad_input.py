@@ -36,8 +36,9 @@ def test_a_class_too_small_to_split_is_refused_with_counts(tmp_path):
 
 def test_empty_text_fields_are_refused_naming_the_lines(tmp_path):
     f = tmp_path / "nan.csv"
-    texts = ["good one", "", "another", "", "   "] * 2  # how pandas' to_csv writes NaN and None: an empty field
-    f.write_text("text,label\n" + "".join(f"{t},{'ab'[i % 2]}\n" for i, t in enumerate(texts)), encoding="utf-8")
+    texts = ["good one", "", "another", "", "   "] * 2  # pandas' to_csv writes NaN and None as empty fields
+    rows = "".join(f"{t},{'ab'[i % 2]}\n" for i, t in enumerate(texts))
+    f.write_text("text,label\n" + rows, encoding="utf-8")
     with pytest.raises(ValueError, match=r"6 of 10 rows have an empty `text` \(lines 3, 5, 6, 8, 10, 11"):
         read_csv_corpus(f)
 

@@ -122,7 +122,8 @@ def _config_and_tokenizer_only(tmp_path):
     src = offline_bert_path()
     dst = tmp_path / "bert-no-weights"
     dst.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "vocab.txt"):
         if (src / name).is_file():
             shutil.copy(src / name, dst / name)
     assert has_weights(src) and not has_weights(dst)
@@ -135,7 +136,8 @@ def test_env_folder_without_weights_gives_random_weights_and_says_so(tmp_path, m
     monkeypatch.setattr(socket, "create_connection", _no_network)
     model, tok = load_bert("bert-base-uncased", num_labels=3)
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("load_bert: COURSE_BERT_PATH=") and "random weights: speed only, no accuracy" in line
+    assert line.startswith("load_bert: COURSE_BERT_PATH=")
+    assert "random weights: speed only, no accuracy" in line
     assert model.course_source == "env" and model.course_pretrained is False
     assert model.config.num_labels == 3 and model.config._attn_implementation == "sdpa"
     pretrained, _ = load_bert("bert-base-uncased", num_labels=3, offline=True, verbose=False)

@@ -10,9 +10,17 @@ import torch
 from torch.utils.data import DataLoader
 
 from helpers import data
-from helpers.data import (LengthBucketSampler, PadCollate, TextExamples, TokenizedDataset,
-                          load_text_classification, make_dataloader, padding_fraction,
-                          read_csv_corpus, stratified_split)
+from helpers.data import (
+    LengthBucketSampler,
+    PadCollate,
+    TextExamples,
+    TokenizedDataset,
+    load_text_classification,
+    make_dataloader,
+    padding_fraction,
+    read_csv_corpus,
+    stratified_split,
+)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +132,8 @@ def test_collate_agrees_with_transformers_data_collator(bundled, tokenizer):
     from transformers import DataCollatorWithPadding
 
     ds = data.tokenize(TextExamples(bundled.train.texts[:8], bundled.train.labels[:8]), tokenizer, 64)
-    ds_short = data.tokenize(TextExamples([t[:80] for t in bundled.train.texts[:8]], bundled.train.labels[:8]),
-                             tokenizer, 64)
+    short = TextExamples([t[:80] for t in bundled.train.texts[:8]], bundled.train.labels[:8])
+    ds_short = data.tokenize(short, tokenizer, 64)
     for d in (ds, ds_short):
         items = [d[i] for i in range(len(d))]
         ours = PadCollate(tokenizer.pad_token_id)(items)

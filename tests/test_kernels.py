@@ -42,7 +42,8 @@ def _inputs(b, h, tq, tk, d, seed, padded, device="cpu", dtype=torch.float32):
 
 
 def _check(q, k, v, mask, causal, tol, **kw) -> None:
-    ref = sdpa_attention(q.float(), k.float(), v.float(), causal=causal, key_padding_mask=mask, backend="math")
+    ref = sdpa_attention(q.float(), k.float(), v.float(), causal=causal, key_padding_mask=mask,
+                         backend="math")
     with torch.no_grad():
         out = flash_attention(q, k, v, causal=causal, key_padding_mask=mask, **kw)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -148,7 +149,8 @@ for raw, extra in [(_triton_fwd.attn_fwd, {"EVEN_N": False}), (_triton_bwd.attn_
                    or n.startswith("stride") else "*" + dtype) for n in names}
         const = dict(HEAD_DIM=d, BLOCK_M=64, BLOCK_N=64, CAUSAL=causal, HAS_MASK=mask, **extra)
         src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
-        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": 2})
+        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": 4, "num_stages": 2})
         assert "mma" in kernel.asm["ptx"], "no tensor-core instruction in the PTX"
         print(f"{raw.__name__} sm_{arch} {dtype} d={d} causal={causal} mask={mask}: compiled")
 '''
@@ -156,7 +158,8 @@ for raw, extra in [(_triton_fwd.attn_fwd, {"EVEN_N": False}), (_triton_bwd.attn_
 
 def test_kernel_compiles_for_gpus_without_a_gpu() -> None:
     """The compiled (non-interpreted) path, checked on any Linux machine: Triton compiles the forward and
-    both backward kernels to PTX for sm_90 (H100/H200) and sm_80 (A100) without a GPU. Run in a fresh process: this one interprets."""
+    both backward kernels to PTX for sm_90 (H100/H200) and sm_80 (A100) without a GPU. Run in a fresh
+    process: this one interprets."""
     import subprocess
     import sys
     from pathlib import Path
@@ -170,13 +173,14 @@ def test_kernel_compiles_for_gpus_without_a_gpu() -> None:
 
 
 def test_cpu_call_after_compiled_triton_import_says_how_to_fix() -> None:
-    """Triton imported before TRITON_INTERPRET was set cannot interpret: a clear error, not a crash deep inside."""
+    """Triton imported before TRITON_INTERPRET was set cannot interpret: a clear error, no deep crash."""
     import subprocess
     import sys
     from pathlib import Path
 
-    code = ("import triton, torch\nfrom helpers.kernels import flash_attention\nq = torch.randn(1, 1, 16, 16)\n"
-            "try:\n    flash_attention(q, q, q)\nexcept RuntimeError as err:\n    print(err)\n")
+    code = ("import triton, torch\nfrom helpers.kernels import flash_attention\n"
+            "q = torch.randn(1, 1, 16, 16)\ntry:\n    flash_attention(q, q, q)\n"
+            "except RuntimeError as err:\n    print(err)\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=Path(__file__).resolve().parents[1], timeout=120)

@@ -12,8 +12,15 @@ import weakref
 import pytest
 import torch
 
-from helpers.memory import (MemoryEstimate, estimate_training_memory, find_max_batch_size, memory_timeline,
-                            record_memory_history, tensor_bytes, track_peak_memory)
+from helpers.memory import (
+    MemoryEstimate,
+    estimate_training_memory,
+    find_max_batch_size,
+    memory_timeline,
+    record_memory_history,
+    tensor_bytes,
+    track_peak_memory,
+)
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.train import make_optimizer
 
@@ -47,7 +54,8 @@ def test_activation_term_is_within_20_percent_of_the_measured_peak(attn):
         loss = m(ids, labels=ids).loss  # keeps exactly what the backward pass needs
     est = estimate_training_memory(m, B, T)
     ratio = est.activations / forward.peak_increase_bytes
-    assert 0.8 <= ratio <= 1.2, f"estimate {est.activations} vs measured forward peak {forward.peak_increase_bytes}"
+    assert 0.8 <= ratio <= 1.2, \
+        f"estimate {est.activations} vs measured forward peak {forward.peak_increase_bytes}"
     # and what stays held after the forward pass is the saved activations the estimator counts
     assert est.activations == pytest.approx(forward.end_increase_bytes, rel=0.05)
     del loss

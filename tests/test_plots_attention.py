@@ -54,7 +54,7 @@ def test_sweep_chart_is_log_log_with_one_line_per_implementation() -> None:
     fig = attention_sweep_chart(seq, times, mem)
     ax_t, ax_m = fig.axes
     assert ax_t.get_xscale() == ax_t.get_yscale() == ax_m.get_yscale() == "log"
-    assert [l.get_label() for l in ax_t.get_lines()] == ["naive", "sdpa"]
+    assert [line.get_label() for line in ax_t.get_lines()] == ["naive", "sdpa"]
     assert len(ax_t.get_lines()[1].get_xdata()) == 2  # None: not run at that length, not plotted
     assert "ms" in ax_t.get_ylabel() and "MiB" in ax_m.get_ylabel() and "tokens" in ax_m.get_xlabel()
     assert ax_m.get_lines()[0].get_ydata()[-1] == pytest.approx(16.0)  # 2**24 bytes = 16 MiB

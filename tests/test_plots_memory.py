@@ -27,8 +27,8 @@ def test_memory_breakdown_stacks_the_terms():
 
 
 def test_memory_timeline_chart_draws_each_category():
-    fig = memory_timeline_chart([0.0, 0.001, 0.002], {"parameter": [2 ** 20] * 3, "activation": [0, 2 ** 21, 0],
-                                                       "unknown": [0, 0, 0]}, title="one step")
+    held = {"parameter": [2 ** 20] * 3, "activation": [0, 2 ** 21, 0], "unknown": [0, 0, 0]}
+    fig = memory_timeline_chart([0.0, 0.001, 0.002], held, title="one step")
     ax = fig.axes[0]
     assert ax.get_xlabel() == "time [ms]" and ax.get_ylabel() == "memory held [MiB]"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["parameter", "activation"]  # empty dropped

@@ -25,7 +25,8 @@ def test_structure_is_stable() -> None:
     assert [c.description for c in controls.children] == ["layer", "head", "token"]
     assert output is ex.output and "attention-explorer" in ex.widget._dom_classes
     assert (ex.layer.min, ex.layer.max, ex.head.max) == (0, 2, 1)
-    assert ex.token.options[0] == ("all tokens", -1) and ex.token.label == "all tokens" and len(ex.token.options) == 6
+    assert ex.token.options[0] == ("all tokens", -1) and ex.token.label == "all tokens"
+    assert len(ex.token.options) == 6
 
 
 def test_moving_the_sliders_redraws_the_selected_map() -> None:

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 
-def attn_fwd(Q, K, V, O, L, Mask, sm_scale,
+def attn_fwd(Q, K, V, O, L, Mask, sm_scale,  # noqa: E741 - O is the output, named as in the papers
              stride_qb, stride_qh, stride_qt, stride_qd,
              stride_kb, stride_kh, stride_kt, stride_kd,
              stride_vb, stride_vh, stride_vt, stride_vd,
@@ -39,7 +39,8 @@ def attn_fwd(Q, K, V, O, L, Mask, sm_scale,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of each row's scores
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp(score - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running sum of exp(score - m_i) · v
-    qk_scale = sm_scale * 1.4426950408889634  # log2(e), written out: a global float cannot be used inside a compiled kernel
+    # log2(e), written out: a global float cannot be used inside a compiled kernel
+    qk_scale = sm_scale * 1.4426950408889634
 
     hi = TK
     if CAUSAL:  # key blocks entirely in the future of this query block are skipped, not masked
@@ -98,5 +99,6 @@ def build(interpret, autotune):
     kernel = triton.jit(attn_fwd)
     if autotune:
         kernel = triton.heuristics({"EVEN_N": _even_n})(kernel)
-        kernel = triton.autotune(configs=GPU_CONFIGS, key=["TQ", "TK", "HEAD_DIM", "CAUSAL", "HAS_MASK"])(kernel)
+        keys = ["TQ", "TK", "HEAD_DIM", "CAUSAL", "HAS_MASK"]  # a new tuning run for each new value of these
+        kernel = triton.autotune(configs=GPU_CONFIGS, key=keys)(kernel)
     return kernel

@@ -27,7 +27,8 @@ def triton_available() -> bool:
 
 
 def uses_interpreter(device: torch.device | str) -> bool:
-    """True when a kernel on `device` runs through Triton's interpreter: CPU tensors, or TRITON_INTERPRET=1."""
+    """True when a kernel on `device` runs through Triton's interpreter: CPU tensors, or TRITON_INTERPRET=1
+    (lesson 01)."""
     env = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "yes", "on")
     return env or torch.device(device).type != "cuda"
 
