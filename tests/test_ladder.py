@@ -1,95 +1,235 @@
-"""benchmarks/ladder.py: rungs are checked against each other before timing, and results are written."""
+"""helpers.ladder (lesson 07, benchmarks/ladder.py): rungs checked before timing, the greedy rule, MFU on
+useful FLOPs, device-specific explanations, results written with their stamp."""
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
-import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ladder
+from helpers.timing import Timing
 
-
-def _ladder():
-    spec = importlib.util.spec_from_file_location("ladder", ROOT / "benchmarks" / "ladder.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["ladder"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ladder = _ladder()
 # BERT-shaped but small, with a small vocabulary: the embedding table would dominate a tiny model's step
-ladder.MODEL_SIZES["test"] = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
-                                  intermediate_size=128, vocab_size=2000)
+TEST_SIZE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+                 vocab_size=2000)
 LENGTHS = [5, 31, 12, 32, 20, 7, 32, 16]  # tokens per sample, as corpus_lengths would give them
-SMALL = dict(model="test", seq=32, batch=2, n_batches=2, min_run_time=0.01, lengths=LENGTHS, device="cpu",
-             pad_multiple=8, peak_flops=1e11)
+SMALL = dict(model="test", seq=32, batch=4, n_batches=2, repeats=2, lengths=LENGTHS, device="cpu",
+             peak_flops=1e11)
 # compiling takes a minute on a small CPU: the tests climb the ladder without torch.compile
-NO_COMPILE = tuple(replace(r, compile=False) for r in ladder.RUNGS if r.name != "+ torch.compile")
+NO_COMPILE = tuple(r for r in ladder.RUNGS if r.switch != "compile")
+
+
+@pytest.fixture(autouse=True)
+def _test_size(monkeypatch):
+    monkeypatch.setitem(ladder.MODEL_SIZES, "test", TEST_SIZE)
+
+
+def _t(median: float, iqr: float) -> Timing:
+    return Timing("t", median, iqr, 5, 1)
+
+
+def _batches():
+    return ladder.sample_batches(LENGTHS, batch=2, n_batches=3, seq=32, vocab=2000, n_classes=5)
 
 
 def test_batches_hold_the_same_samples_whatever_the_padding():
-    kw = dict(batch=2, n_batches=3, seq=32, vocab=2000, n_classes=5, pad_multiple=8)
-    padded = ladder.make_batches(LENGTHS, bucketing=False, **kw)
-    bucketed = ladder.make_batches(LENGTHS, bucketing=True, **kw)
-    def samples(batches):
-        return sorted(tuple(ids[m.bool()].tolist()) for b in batches
-                      for ids, m in zip(b["input_ids"], b["attention_mask"]))
-    assert samples(padded) == samples(bucketed)
-    assert all(b["input_ids"].shape[1] == 32 for b in padded)
-    assert all(b["input_ids"].shape[1] % 8 == 0 for b in bucketed)
-    assert sum(b["input_ids"].numel() for b in bucketed) < sum(b["input_ids"].numel() for b in padded)
+    batches, check = _batches()
+
+    def samples(bs):
+        return sorted(tuple(ids[m.bool()].tolist())
+                      for b in bs for ids, m in zip(b["input_ids"], b["attention_mask"]))
+
+    assert samples(batches["fixed"]) == samples(batches["bucketed"])
+    assert all(b["input_ids"].shape[1] == 32 for b in batches["fixed"])
+    assert sum(b["input_ids"].numel() for b in batches["bucketed"]) < sum(b["input_ids"].numel()
+                                                                           for b in batches["fixed"])
+    # the check batches hold the same samples in the same order, so logits compare row by row
+    f, d = check["fixed"], check["bucketed"]
+    width = d["input_ids"].shape[1]
+    assert torch.equal(f["input_ids"][:, :width], d["input_ids"]) and torch.equal(f["labels"], d["labels"])
 
 
-def test_agree_uses_the_tolerance_of_the_precision():
+def test_agree_uses_the_tolerance_of_the_looser_precision():
     ref = torch.tensor([1.0, -2.0])
-    assert ladder.agree(ref + 1e-3, ref, "bf16")[0]
-    assert not ladder.agree(ref + 1e-3, ref, "fp32")[0]
+    assert ladder.agree(ref + 1e-3, ref, "bf16").ok
+    assert not ladder.agree(ref + 1e-3, ref, "fp32").ok
+    assert ladder.looser("fp32", "bf16") == "bf16" and ladder.looser("tf32", "fp32") == "tf32"
+    with pytest.raises(ValueError, match="unknown precision"):
+        ladder.looser("fp64", "fp32")
+
+
+def test_greedy_rule_keeps_only_what_is_faster_beyond_the_spread():
+    best = _t(1.0, 0.05)
+    assert ladder.keeps(_t(0.8, 0.02), best).keep  # 1.25x > 1.05
+    assert not ladder.keeps(_t(0.97, 0.02), best).keep  # 1.03x: within the 5 % spread
+    assert not ladder.keeps(_t(0.9, 0.2), best).keep  # 1.11x, but the candidate spreads 22 %
+    assert not ladder.keeps(_t(1.5, 0.01), best).keep  # slower
+    with pytest.raises(ValueError, match="positive median"):
+        ladder.keeps(_t(0.0, 0.0), best)
+
+
+def _fake_measure(seconds: dict[str, float], iqr: float = 0.01):
+    """A timing function: each stack's time is the product of its switches' factors (no real work)."""
+    def measure(stack, ref):
+        t = 1.0
+        for rung in ladder.RUNGS:
+            on = getattr(stack, rung.switch) == rung.value
+            if rung.switch in ("precision", "padding"):  # ladders of their own: bf16 includes TF32,
+                order = ladder.PRECISION_ORDER if rung.switch == "precision" else ladder.PADDINGS  # packing
+                on = order.index(getattr(stack, rung.switch)) >= order.index(rung.value)  # removes more
+            if on:
+                t *= seconds.get(rung.name, 1.0)
+        return ladder.Arm(stack, _t(t, iqr * t), None, {"samples_per_s": 1 / t})
+    return measure
+
+
+def test_greedy_stack_leaves_out_what_is_slower_here_and_keeps_what_pays():
+    # as on this CPU: bf16 and compile slower, TF32 the same math, fused AdamW and padding faster
+    cpu_like = {"+ bf16 autocast": 3.0, "+ torch.compile": 1.2, "+ fused AdamW": 0.7,
+                "+ dynamic padding": 0.6}
+    _, steps, stack = ladder.climb(ladder.RUNGS, _fake_measure(cpu_like), greedy=True, log=lambda s: None)
+    assert stack == ladder.Stack(fused_adamw=True, padding="bucketed")
+    assert [s.decision.keep for s in steps] == [False, False, False, False, True, True, False, False]
+    # the other way round: on a GPU-like machine every rung pays and all are kept
+    gpu_like = {r.name: 0.8 for r in ladder.RUNGS}
+    _, _, stack = ladder.climb(ladder.RUNGS, _fake_measure(gpu_like), greedy=True, log=lambda s: None)
+    everything = dict(precision="bf16", attn="sdpa", compile=True, fused_adamw=True, padding="packed",
+                      fp8=True)
+    assert stack == ladder.Stack(**everything)
+    # cumulative: every rung is added whatever it measured
+    _, _, stack = ladder.climb(ladder.RUNGS, _fake_measure(cpu_like), greedy=False, log=lambda s: None)
+    assert stack.precision == "bf16" and stack.compile
+
+
+def test_greedy_rung_is_compared_with_the_best_stack_so_far():
+    seen = []
+
+    def measure(stack, ref):
+        seen.append((stack, ref.stack if ref else None))
+        return _fake_measure({"+ bf16 autocast": 3.0})(stack, ref)
+
+    ladder.climb(ladder.RUNGS[:3], measure, greedy=True, log=lambda s: None)
+    # SDPA is added to fp32 (bf16 was dropped), and checked against the fp32 baseline
+    assert seen[-1] == (ladder.Stack(attn="sdpa"), ladder.BASELINE)
+
+
+def test_time_budget_leaves_rungs_unmeasured():
+    _, steps, _ = ladder.climb(ladder.RUNGS, _fake_measure({}), time_budget_s=0.0, log=lambda s: None)
+    assert all(s.arm is None for s in steps)
+
+
+def test_tf32_agreement_check_runs_with_tf32_on():
+    # the old check compared fp32 with fp32; each forward pass must run with its own precision's TF32 switch
+    from transformers import BertForSequenceClassification
+
+    seen = []
+    model = BertForSequenceClassification(ladder.bert_config("test", 5)).eval()
+    model.classifier.register_forward_pre_hook(lambda m, a: seen.append(torch.get_float32_matmul_precision()))
+    _, check = _batches()
+    before = torch.get_float32_matmul_precision()
+    for precision in ("fp32", "tf32", "bf16"):
+        ladder.forward(model, check["fixed"], precision, torch.device("cpu"))
+    assert seen == ["highest", "high", "high"]  # TF32 stays on for what runs in fp32 after its rung
+    assert torch.get_float32_matmul_precision() == before  # restored
+
+
+def test_fused_adamw_is_checked_by_one_optimizer_step():
+    w = torch.nn.Parameter(torch.randn(50))
+    w.grad = torch.randn(50)
+    same = ladder.optimizer_step_agreement([w], lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=False),
+                                           lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True))
+    assert same.ok
+    planted = ladder.optimizer_step_agreement([w], lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                                              lambda ps: torch.optim.AdamW(ps, lr=1.1e-3))
+    assert not planted.ok  # a different update is caught, which a forward-logits check never sees
 
 
 def test_every_rung_is_checked_then_timed():
     result = ladder.run_ladder(**SMALL, rungs=NO_COMPILE, log=lambda *a: None)
-    rows = result["rungs"]
-    assert [r["name"] for r in rows] == [r.name for r in NO_COMPILE]
-    for row in rows[1:]:  # each rung after the first was compared with the one before it
-        assert row["check_logits_err"] <= row["check_logits_tol"]
-        assert row["check_loss_err"] <= row["check_loss_tol"]
-    assert "check_fused_err" in rows[-1]
-    assert rows[0]["speedup"] == 1.0 and all(r["samples_per_s"] > 0 for r in rows)
-    assert rows[-1]["padded_fraction"] < rows[0]["padded_fraction"]  # bucketing removed padding
+    rows = result["rows"]
+    assert [r["name"] for r in rows[1:]] == [r.name for r in NO_COMPILE]
+    timed = [r for r in rows[1:] if r["name"] != "+ FP8"]  # FP8 needs compute capability 8.9
+    assert all("≤" in r["check_logits"] and "≤" in r["check_loss"] for r in timed), [r["why"] for r in timed]
+    fused = next(r for r in rows if r["name"] == "+ fused AdamW")
+    assert "≤" in fused["check_optimizer"]
+    assert rows[0]["speedup"] == 1.0
+    assert all(r["samples_per_s"] > 0 and r["mfu"] > 0 for r in [rows[0], *timed])
+    by = {r["name"]: r for r in rows}
+    bucketed, packed = by["+ dynamic padding"], by["+ packing"]
+    assert packed["padded_fraction"] <= bucketed["padded_fraction"] < rows[0]["padded_fraction"]
+    assert "padding" in bucketed["why"]
+    # MFU on useful FLOPs: the same samples padded, bucketed or packed do the same useful work, so
+    # removing padding cannot lower MFU (the old MFU counted padded positions)
+    assert rows[0]["useful_flops_per_pass"] == pytest.approx(packed["useful_flops_per_pass"])
+    fp8 = by["+ FP8"]
+    assert "samples_per_s" not in fp8 and "skipped" in fp8["why"] and "8.9" in fp8["why"]
 
 
-def test_a_rung_that_disagrees_stops_the_ladder(monkeypatch):
+def test_a_rung_that_disagrees_is_neither_timed_nor_kept(monkeypatch):
     # SDPA in fp32 differs from eager attention by rounding only; with a zero tolerance that must fail
     monkeypatch.setitem(ladder.TOLERANCES, "fp32", (0.0, 0.0))
-    rungs = (ladder.RUNGS[0], replace(ladder.RUNGS[0], name="sdpa fp32", attn="sdpa"))
-    with pytest.raises(AssertionError, match="disagrees"):
-        ladder.run_ladder(**SMALL, rungs=rungs, log=lambda *a: None)
+    sdpa = next(r for r in ladder.RUNGS if r.switch == "attn")
+    result = ladder.run_ladder(**SMALL, rungs=(sdpa,), greedy=True, log=lambda *a: None)
+    row = result["rows"][1]
+    assert "disagrees" in row["why"] and "samples_per_s" not in row and not row["kept"]
+    assert result["your_stack"]["attn"] == "eager"
+
+
+def test_why_notes_describe_the_device_that_ran(monkeypatch):
+    tf32, bf16 = ladder.RUNGS[0], ladder.RUNGS[1]
+    cpu = torch.device("cpu")
+    assert "CPU" in ladder.explain(tf32, 1.0, cpu)
+    monkeypatch.setattr(ladder, "_facts", lambda d: {"type": "cuda", "cap": (9, 0), "name": "NVIDIA H200"})
+    on_gpu = ladder.explain(tf32, 1.8, cpu), ladder.explain(bf16, 1.6, cpu)
+    assert all("CPU" not in note for note in on_gpu) and "tensor cores" in on_gpu[0]
+    assert "pays" in on_gpu[1]
 
 
 def test_results_are_written_with_their_stamp(tmp_path):
-    result = ladder.run_ladder(**SMALL, rungs=NO_COMPILE[:2], log=lambda *a: None)
-    paths = ladder.write_results(result, tmp_path)
+    from helpers.results import write_results
+
+    result = ladder.run_ladder(**SMALL, rungs=NO_COMPILE[:2], greedy=True, log=lambda *a: None)
+    import matplotlib.pyplot as plt
+
+    paths = write_results("ladder", result, ladder.to_markdown(result), fig=plt.figure(), out_dir=tmp_path)
     data = json.loads(paths["json"].read_text())
-    assert data["stamp"]["device_type"] == "cpu" and data["stamp"]["versions"]["torch"] == torch.__version__
+    assert data["stamp"]["device_type"] == "cpu" and data["stamp"]["torch"] == torch.__version__
     md = paths["md"].read_text()
-    assert data["stamp"]["date"] in md and "| fp32 eager |" in md
-    assert paths["png"].stat().st_size > 0
-    assert paths["json"].name == "ladder-cpu.json"
+    assert data["stamp"]["date"] in md and "| fp32 eager (baseline) |" in md and "TrainConfig(" in md
+    assert paths["png"].stat().st_size > 0 and paths["json"].name == "ladder-cpu.json"
 
 
 def test_bad_arguments_are_rejected():
-    with pytest.raises(ValueError, match="unknown --model"):
+    with pytest.raises(ValueError, match="unknown model size"):
         ladder.bert_config("huge", 2)
-    with pytest.raises(ValueError, match="torch sees no CUDA"):
-        if torch.cuda.is_available():
-            pytest.skip("a CUDA GPU is present")
-        ladder.run_ladder(**{**SMALL, "device": "cuda"})
+    with pytest.raises(ValueError, match="Stack.precision"):
+        ladder.Stack(precision="fp64")
+    with pytest.raises(ValueError, match="not a Stack switch"):
+        ladder.Rung("+ magic", "magic", True, "")
+    with pytest.raises(ValueError, match="need 8 samples"):
+        ladder.sample_batches(LENGTHS[:3], batch=4, n_batches=2, seq=32, vocab=2000, n_classes=5)
+    with pytest.raises(ValueError, match="seq 4"):
+        ladder.run_ladder(**{**SMALL, "seq": 4})
+
+
+def test_stack_code_names_the_switches():
+    code = ladder.Stack(precision="bf16", compile=True, padding="bucketed").code()
+    assert "precision='bf16'" in code and "layer.compile()" in code and "padding='bucketed'" in code
+    assert dataclasses.replace(ladder.BASELINE).code().count("compile") == 0
+
+
+def test_command_line_keeps_the_flags_gpu_check_uses():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "benchmarks/ladder.py", "--help"], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    for flag in ("--gpu-target", "--time-budget", "--greedy", "--out", "--note"):
+        assert flag in out
 
 
 def test_capstone_charts_carry_titles_labels_and_units():
@@ -97,14 +237,16 @@ def test_capstone_charts_carry_titles_labels_and_units():
 
     from helpers.plots import confusion_matrix_chart, ladder_chart
 
-    fig = ladder_chart({"fp32 eager": 2.0, "+ bf16": 1.0}, title="ladder", accuracy={"fp32 eager": 0.9, "+ bf16": 0.92})
+    fig = ladder_chart({"fp32 eager": 2.0, "+ bf16": 1.0}, title="ladder",
+                       accuracy={"fp32 eager": 0.9, "+ bf16": 0.92})
     bars, acc = fig.axes[:2]
     assert bars.get_title() == "ladder" and "samples/s" in bars.get_ylabel() and "%" in acc.get_ylabel()
     assert any("0.50×" in t.get_text() for t in bars.texts)  # the speed-up over the first rung is written
     with pytest.raises(ValueError, match="no speed"):
         ladder_chart({"a": 1.0}, title="t", accuracy={"b": 0.5})
     fig2 = confusion_matrix_chart([[3, 1], [0, 4]], ["x", "y"], title="cm")
-    assert fig2.axes[0].get_xlabel() == "predicted class" and [t.get_text() for t in fig2.axes[0].texts] == ["3", "1", "0", "4"]
+    assert fig2.axes[0].get_xlabel() == "predicted class"
+    assert [t.get_text() for t in fig2.axes[0].texts] == ["3", "1", "0", "4"]
     with pytest.raises(ValueError, match="2×2"):
         confusion_matrix_chart([[1, 2, 3]], ["x", "y"], title="cm")
     plt.close("all")

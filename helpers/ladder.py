@@ -1,0 +1,725 @@
+"""The speed ladder of lesson 07 and `benchmarks/ladder.py`: rungs, the checks before timing, timed
+passes, and the greedy selection of the stack that pays on this machine.
+
+A *stack* (`Stack`) is the full set of switches one training run uses; a *rung* (`Rung`) changes one
+switch. The ladder starts from `BASELINE` (fp32, eager attention, no compile, the default AdamW, every
+batch padded to the longest sequence allowed) and climbs `RUNGS` in order:
+
+    + TF32 -> + bf16 autocast -> + SDPA -> + torch.compile -> + fused AdamW -> + dynamic padding
+    -> + packing (helpers.packing) -> + FP8 (helpers.fp8; GPUs of compute capability 8.9+ only)
+
+Two ways to climb (`climb`):
+
+- cumulative: every rung is added to the stack below it, whatever it measured;
+- greedy: each rung is added to the *best stack so far* and kept only when it is faster beyond the
+  measured spread (`keeps`): median speed ratio > 1 + the larger relative IQR (IQR / median) of the two
+  arms. What survives is "your stack" for this machine, printed as the switches to use (`Stack.code`).
+
+Before a stack is timed it is checked against the stack it adds to (`measure_stack`), from the same
+weights on the same samples: logits and loss of one forward pass within the tolerance of the looser
+precision of the two (`TOLERANCES`), each pass run with its own precision (TF32 switched on for tf32 and
+every later precision: `helpers.precision.uses_tf32`, as in training); the fused-AdamW rung also checks
+one optimizer step's updates against the unfused step on identical gradients (`optimizer_step_agreement`).
+A stack that disagrees is not timed and not kept (`RungDisagrees`); a rung the device cannot run (FP8
+below compute capability 8.9) is skipped with its one-line reason.
+
+Throughput counts real tokens; MFU counts *useful* FLOPs: each document's tokens at its own length
+(`helpers.packing.packed_padding_stats`), never padded positions: removing padding raises MFU, as it should.
+
+`run_ladder` runs it all on a BERT with random weights (speed does not depend on their values) and
+samples of the BBC News corpus' token lengths: the benchmark; lesson 07 calls `measure_stack` and
+`climb` on the pretrained model and the real tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from helpers.timing import Timing, synchronize
+
+__all__ = ["Stack", "Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
+           "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
+           "keeps", "climb", "RungDisagrees", "time_passes", "apply_stack", "forward",
+           "measure_stack", "sample_batches", "corpus_lengths", "bert_config", "explain", "run_ladder",
+           "ladder_rows", "ladder_table", "to_markdown"]
+
+PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp8")  # later = looser tolerance
+PADDINGS = ("fixed", "bucketed", "packed")  # to seq | to each batch's longest, length buckets | packed rows
+ATTNS = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The switches of one training run (lesson 07): what each rung of the ladder changes."""
+
+    precision: str = "fp32"  # "fp32" | "tf32" | "bf16" (autocast); TF32 stays on after "tf32"
+    fp8: bool = False  # FP8 matmuls in the Linear layers (helpers.fp8), under the stack's autocast
+    attn: str = "eager"  # "eager" (materialised softmax) | "sdpa" (F.scaled_dot_product_attention)
+    compile: bool = False  # torch.compile each Transformer layer (regional compilation, lesson 04)
+    fused_adamw: bool = False  # one fused AdamW kernel instead of the default implementation
+    padding: str = "fixed"  # "fixed" (to seq) | "bucketed" (length buckets, to the longest) | "packed"
+
+    def __post_init__(self) -> None:
+        bad = {"precision": (self.precision, PRECISION_ORDER[:3]), "attn": (self.attn, ATTNS),
+               "padding": (self.padding, PADDINGS)}
+        for name, (value, allowed) in bad.items():
+            if value not in allowed:
+                raise ValueError(f"Stack.{name}={value!r}: use one of {allowed}")
+
+    def with_(self, rung: Rung) -> Stack:
+        """This stack with `rung`'s switch set (lesson 07)."""
+        return dataclasses.replace(self, **{rung.switch: rung.value})
+
+    def code(self) -> str:
+        """The switches as code to paste: TrainConfig, attention, compile, batching (lesson 07)."""
+        lines = [f"TrainConfig(..., precision={self.precision!r}, fused_adamw={self.fused_adamw}, "
+                 "lr_schedule='linear')",
+                 f"load_bert(..., attn_implementation={self.attn!r})"]
+        if self.fp8:
+            lines.append("model = convert_to_float8(model)  # helpers.fp8, under bf16 autocast")
+        if self.compile:
+            lines.append("for layer in model.base_model.encoder.layer: layer.compile()  # regional compile")
+        if self.padding == "packed":
+            lines.append("DataLoader(..., collate_fn=PackCollate(MAX_LENGTH, pad_id)); PackedModel(model)")
+        else:
+            pad = ("padding='bucketed'" if self.padding == "bucketed"
+                   else "padding='fixed', fixed_length=MAX_LENGTH")
+            lines.append(f"make_dataloader(..., {pad})")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung: the switch it changes, to what, and what is commonly claimed for it (lesson 07)."""
+
+    name: str
+    switch: str  # a field of Stack
+    value: Any
+    claim: str
+
+    def __post_init__(self) -> None:
+        if self.switch not in {f.name for f in dataclasses.fields(Stack)}:
+            raise ValueError(f"Rung {self.name!r} changes {self.switch!r}, which is not a Stack switch")
+
+
+BASELINE = Stack()
+RUNGS: tuple[Rung, ...] = (
+    Rung("+ TF32", "precision", "tf32", "up to ~2-3x on fp32 matmuls (Ampere+ GPUs)"),
+    Rung("+ bf16 autocast", "precision", "bf16", "1.5-2.3x, ~40 % less memory"),
+    Rung("+ SDPA", "attn", "sdpa", "faster, less memory, most on long sequences"),
+    Rung("+ torch.compile", "compile", True, "10-30 % faster"),
+    Rung("+ fused AdamW", "fused_adamw", True, "a few % (one kernel per step for all parameters)"),
+    Rung("+ dynamic padding", "padding", "bucketed", "proportional to the padding removed"),
+    Rung("+ packing", "padding", "packed", "no padding at all: the fastest BERT recipes unpad"),
+    Rung("+ FP8", "fp8", True, "up to 2x bf16's matmul rate on Hopper/Ada"),
+)
+
+# (atol, rtol) for logits and loss: |a - b| <= atol + rtol * max|reference|, per the looser precision.
+TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-4), "tf32": (2e-3, 1e-2),
+                                              "bf16": (2e-2, 5e-2), "fp8": (1e-1, 1e-1)}
+RULE = "keep a rung when best median / candidate median > 1 + max(IQR / median of both arms)"
+TARGETS = {"speedup": 12.0, "mfu": 0.50}  # issue 15: BERT-base, seq 512, H100/H200, whole stack vs fp32 eager
+
+MODEL_SIZES: dict[str, dict[str, int]] = {  # BertConfig overrides; "base" is BertConfig() itself
+    "base": {},
+    "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
+    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),
+}
+
+# Token counts of the 2,225 BBC News articles with BERT's uncased WordPiece vocabulary ([CLS] ... [SEP],
+# untruncated), at the quantiles 0, 5, ..., 100 %: measured with the bundled corpus and tokenizer, kept
+# here for machines without them (the GPU box); `corpus_lengths` reads the real ones when it can.
+BBC_LENGTH_QUANTILES = (108, 213, 246, 276, 294, 314, 335, 354, 376, 398, 421, 453, 483, 520, 556, 591, 636,
+                        691, 773, 913, 5303)
+
+
+# --- checks ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Agreement:
+    """The result of a check: within tolerance or not, the largest difference, and the allowed one."""
+
+    ok: bool
+    err: float
+    allowed: float
+
+    def __str__(self) -> str:
+        return f"|Δ| {self.err:.1e} {'≤' if self.ok else '>'} {self.allowed:.1e}"
+
+
+def looser(a: str, b: str) -> str:
+    """The looser of two precisions, whose tolerance a comparison between them uses (lesson 07)."""
+    for p in (a, b):
+        if p not in PRECISION_ORDER:
+            raise ValueError(f"unknown precision {p!r}: use one of {PRECISION_ORDER}")
+    return max(a, b, key=PRECISION_ORDER.index)
+
+
+def agree(a: torch.Tensor, b: torch.Tensor, precision: str) -> Agreement:
+    """Whether `a` matches the reference `b` within the tolerance of `precision` (lesson 07)."""
+    if precision not in TOLERANCES:
+        raise ValueError(f"unknown precision {precision!r}: use one of {tuple(TOLERANCES)}")
+    if a.shape != b.shape:
+        raise ValueError(f"cannot compare shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    atol, rtol = TOLERANCES[precision]
+    err = (a.float() - b.float()).abs().max().item()
+    allowed = atol + rtol * b.float().abs().max().item()
+    return Agreement(err <= allowed, err, allowed)
+
+
+def optimizer_step_agreement(params: Sequence[nn.Parameter], make_reference: Callable[[list], Any],
+                             make_candidate: Callable[[list], Any], rtol: float = 1e-3) -> Agreement:
+    """One step of two optimizers on copies of the same parameters and gradients: do the *updates* agree,
+    within `rtol` of the largest reference update? (lesson 07's fused-AdamW check: the optimizer changes
+    the parameters, never the forward pass; an update is ~lr, far below a parameter's own size)."""
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
+        raise ValueError("no parameter has a gradient: run a backward pass before the optimizer check")
+    updates = []
+    for make in (make_reference, make_candidate):
+        copies = [p.detach().clone().float().requires_grad_(True) for p in with_grad]
+        for c, p in zip(copies, with_grad):
+            c.grad = p.grad.detach().clone().float()
+        make(copies).step()
+        deltas = [(c.detach() - p.detach().float()).flatten() for c, p in zip(copies, with_grad)]
+        updates.append(torch.cat(deltas))
+    err = (updates[1] - updates[0]).abs().max().item()
+    allowed = rtol * updates[0].abs().max().item()
+    return Agreement(err <= allowed, err, allowed)
+
+
+# --- greedy selection ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a candidate arm beats the best one beyond the spread: ratio > 1 + spread (lesson 07)."""
+
+    keep: bool
+    ratio: float  # best median time / candidate median time: > 1 means the candidate is faster
+    threshold: float  # 1 + the larger relative IQR of the two arms
+
+    def __str__(self) -> str:
+        verdict = "kept" if self.keep else "dropped"
+        return f"{self.ratio:.2f}x vs threshold {self.threshold:.2f}x: {verdict}"
+
+
+def keeps(candidate: Timing, best: Timing) -> Decision:
+    """The greedy rule: keep the candidate when its median is faster than the best arm's by more than the
+    larger relative spread (IQR / median) of the two arms (lesson 07)."""
+    for name, t in (("candidate", candidate), ("best", best)):
+        if not t.median_s > 0 or t.iqr_s < 0:
+            raise ValueError(f"the {name} timing needs a positive median and a non-negative IQR, got {t}")
+    ratio = best.median_s / candidate.median_s
+    threshold = 1.0 + max(candidate.iqr_s / candidate.median_s, best.iqr_s / best.median_s)
+    return Decision(ratio > threshold, ratio, threshold)
+
+
+class RungDisagrees(AssertionError):
+    """A stack's outputs differ from the stack below beyond the tolerance: it is not timed (lesson 07)."""
+
+
+@dataclass
+class Arm:
+    """One measured stack: its timing, the outputs later stacks are checked against, and a row of numbers."""
+
+    stack: Stack
+    timing: Timing
+    reference: Any = None  # what `measure_stack` compares the next stack with (logits, loss, precision)
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Step:
+    """One rung of a climb: the stack measured, its arm, and the decision against the stack below it."""
+
+    rung: Rung
+    stack: Stack
+    arm: Arm | None  # None: not measured (see `note`)
+    base: Stack  # the stack it was added to
+    decision: Decision | None
+    note: str = ""  # why it was not measured: time budget, the device cannot run it, failed its check
+
+
+def climb(rungs: Sequence[Rung], measure: Callable[[Stack, Arm | None], Arm], *, greedy: bool = False,
+          baseline: Stack = BASELINE, time_budget_s: float | None = None,
+          skip: Callable[[Rung], str | None] | None = None,
+          log: Callable[[str], None] = print) -> tuple[Arm, list[Step], Stack]:
+    """Measure the baseline, then each rung added to the stack below it (cumulative) or to the best stack
+    so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 07).
+
+    `measure(stack, reference_arm)` checks `stack` against the reference arm and times it (raising
+    RungDisagrees when it disagrees: reported, not kept); `skip(rung)` gives a reason not to run a rung
+    on this device (or None); rungs left when `time_budget_s` has run out are reported as not measured."""
+    if not rungs:
+        raise ValueError("climb needs at least one rung")
+    t0 = time.perf_counter()
+    base_arm = measure(baseline, None)
+    best = below = base_arm
+    steps: list[Step] = []
+    for rung in rungs:
+        stack = (best if greedy else below).stack.with_(rung)
+        ref = best if greedy else below
+        if stack == ref.stack:
+            log(f"{rung.name}: already in the stack, nothing to measure")
+            steps.append(Step(rung, stack, ref, ref.stack, None))
+            continue
+        why = skip(rung) if skip is not None else None
+        if why is None and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+            why = f"not measured: the time budget of {time_budget_s:.0f} s is spent"
+        if why is None:
+            try:
+                arm = measure(stack, ref)
+            except RungDisagrees as err:
+                why = f"failed its check, not timed: {err}"
+        if why is not None:
+            log(f"{rung.name}: {why}")
+            steps.append(Step(rung, stack, None, ref.stack, None, why))
+            continue
+        decision = keeps(arm.timing, ref.timing)
+        steps.append(Step(rung, stack, arm, ref.stack, decision))
+        log(f"{rung.name}: {decision}" if greedy else f"{rung.name}: {decision.ratio:.2f}x the rung below")
+        below = arm
+        if decision.keep or not greedy:
+            best = arm
+    return base_arm, steps, (best.stack if greedy else below.stack)
+
+
+# --- measuring a stack ----------------------------------------------------------------------------------
+
+def time_passes(fn: Callable[[], Any], *, repeats: int = 5, name: str = "",
+                device: torch.device | None = None) -> Timing:
+    """`repeats` timed calls of `fn` (device synchronised), as a Timing: median and IQR (lesson 07)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t)
+    q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
+    return Timing(name=name, median_s=statistics.median(times), iqr_s=q[2] - q[0], runs=repeats,
+                  calls_per_run=1, times_s=tuple(times))
+
+
+@contextlib.contextmanager
+def _precision(precision: str, device: torch.device) -> Iterator[None]:
+    """TF32 on for tf32 and every later precision, autocast for the 16-bit ones (helpers.precision)."""
+    from helpers.precision import autocast_context, tf32_matmuls, uses_tf32
+
+    with tf32_matmuls(uses_tf32(precision)), autocast_context(precision, device):
+        yield
+
+
+def apply_stack(model: nn.Module, stack: Stack) -> nn.Module:
+    """`model` with the stack's attention implementation, FP8 linears, compiled layers and packed forward,
+    as asked; the result is what trains (its parameters are `model`'s) (lesson 07)."""
+    model.set_attn_implementation(stack.attn)
+    if stack.fp8:
+        from helpers.fp8 import convert_to_float8
+
+        convert_to_float8(model)
+    if stack.compile:
+        layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
+        if layers is None:
+            model = torch.compile(model)
+        else:
+            for layer in layers:  # regional compilation: the layers share one graph, compiled once
+                layer.compile()
+    if stack.padding == "packed":
+        from helpers.packing import PackedModel
+
+        model = PackedModel(model)
+    return model
+
+
+def forward(model: nn.Module, batch: Mapping[str, torch.Tensor], precision: str, device: torch.device):
+    """The model's output on `batch` under `precision` (TF32 and autocast as in training) (lesson 07)."""
+    with _precision("bf16" if precision == "fp8" else precision, device):  # FP8 linears run under bf16
+        return model(**batch)
+
+
+def _precision_of(stack: Stack) -> str:
+    return "fp8" if stack.fp8 else stack.precision
+
+
+def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def measure_stack(stack: Stack, reference: Arm | None, *, make_model: Callable[[], nn.Module],
+                  batches: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
+                  check: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device, lr: float = 5e-5,
+                  repeats: int = 5, peak_flops: float | None = None) -> Arm:
+    """Check `stack` against `reference` (same weights, same samples), then time `repeats` passes over
+    its batches (lesson 07). `make_model()` gives a fresh model with the initial weights on `device`;
+    `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
+    Raises AssertionError when the stack disagrees with the reference."""
+    from helpers.packing import packed_padding_stats
+    from helpers.train import make_optimizer
+
+    model = make_model()
+    run = apply_stack(model, stack)
+    run.train()
+    row: dict[str, Any] = {}
+    # 1. agreement with the reference: one forward pass (the first call also compiles, when asked)
+    cb = _to(check[stack.padding], device)
+    t0 = time.perf_counter()
+    out = forward(run, cb, _precision_of(stack), device)
+    synchronize(device)
+    row["first_call_s"] = time.perf_counter() - t0
+    logits, loss = out.logits.detach().float().cpu(), out.loss.detach().float().cpu().reshape(1)
+    precision = _precision_of(stack)
+    if reference is not None:
+        ref_logits, ref_loss, ref_precision = reference.reference
+        tol = looser(precision, ref_precision)
+        ok_l, ok_s = agree(logits, ref_logits, tol), agree(loss, ref_loss, tol)
+        row.update(check_logits=str(ok_l), check_loss=str(ok_s))
+        if not (ok_l.ok and ok_s.ok):
+            raise RungDisagrees(f"{stack} disagrees with {reference.stack}: logits {ok_l}, loss {ok_s}")
+    opt = make_optimizer(model, lr, 0.01, fused=stack.fused_adamw)
+    if reference is not None and stack.fused_adamw and not reference.stack.fused_adamw:
+        out.loss.backward()  # gradients for the check: the optimizer never changes the forward pass
+        step = optimizer_step_agreement(
+            list(model.parameters()), lambda ps: torch.optim.AdamW(ps, lr=lr, fused=False),
+            lambda ps: torch.optim.AdamW(ps, lr=lr, fused=True))
+        row["check_optimizer"] = str(step)
+        if not step.ok:
+            raise RungDisagrees(f"one fused AdamW step differs from the unfused one: {step}")
+    opt.zero_grad(set_to_none=True)
+    # 2. timed passes over the stack's batches (the same samples for every stack)
+    dev_batches = [_to(b, device) for b in batches[stack.padding]]
+
+    def one_pass() -> None:
+        for b in dev_batches:
+            forward(run, b, precision, device).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    one_pass()  # warm-up: new shapes compile here (dynamic padding), the optimizer state appears
+    synchronize(device)
+    row["warmup_pass_s"] = time.perf_counter() - t0
+    timing = time_passes(one_pass, repeats=repeats, device=device)
+    stats = packed_padding_stats(dev_batches, model)  # documents, real tokens, useful FLOPs (no padding)
+    flops, t = stats.useful_flops, timing.median_s
+    row.update(pass_median_s=t, pass_iqr_s=timing.iqr_s, passes=timing.runs, useful_flops_per_pass=flops,
+               samples_per_s=stats.documents / t, tokens_per_s=stats.real_tokens / t,
+               padded_fraction=stats.padding_fraction, useful_flops_per_s=flops / timing.median_s,
+               mfu=flops / timing.median_s / peak_flops if peak_flops else None,
+               peak_memory_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
+    return Arm(stack, timing, (logits, loss, precision), row)
+
+
+# --- the benchmark: random-weight BERT, BBC News lengths ----------------------------------------------------
+
+def bert_config(model: str, n_classes: int):
+    """BERT-base shapes (or a smaller named size) with dropout off, so stacks compare exactly (benchmark)."""
+    from transformers import BertConfig
+
+    if model not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {model!r}: use one of {sorted(MODEL_SIZES)}")
+    return BertConfig(**MODEL_SIZES[model], num_labels=n_classes, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0)
+
+
+def corpus_lengths(seq: int, n: int = 2225, *, log: Callable[[str], None] = print) -> tuple[list[int], str]:
+    """Token counts of BBC News articles truncated to `seq`: read from the bundled corpus when it is
+    installed, else drawn from `BBC_LENGTH_QUANTILES` (said in one line); (lengths, source) (benchmark)."""
+    import numpy as np
+
+    try:
+        from transformers import AutoTokenizer
+
+        from helpers.data import read_bundled_corpus
+        from helpers.models import offline_bert_path
+
+        texts, _, _ = read_bundled_corpus()
+        tok = AutoTokenizer.from_pretrained(str(offline_bert_path()))
+        ids = tok(texts, truncation=True, max_length=seq)["input_ids"]
+        return [len(x) for x in ids], "BBC News token lengths (bundled corpus)"
+    except (ImportError, RuntimeError, OSError, ValueError) as err:
+        log(f"corpus_lengths: the bundled corpus or tokenizer is missing ({type(err).__name__}): lengths "
+            "drawn from the recorded BBC News length quantiles")
+        u = np.random.default_rng(0).uniform(0, len(BBC_LENGTH_QUANTILES) - 1, n)
+        lengths = np.interp(u, np.arange(len(BBC_LENGTH_QUANTILES)), BBC_LENGTH_QUANTILES)
+        return [int(min(x, seq)) for x in lengths], "BBC News length quantiles (recorded)"
+
+
+def sample_batches(lengths: Sequence[int], *, batch: int, n_batches: int, seq: int, vocab: int,
+                   n_classes: int, pad_token_id: int = 0, seed: int = 0,
+                   token_ids: Sequence[Sequence[int]] | None = None, labels: Sequence[int] | None = None,
+                   check_size: int | None = None
+                   ) -> tuple[dict[str, list[dict[str, torch.Tensor]]], dict[str, dict[str, torch.Tensor]]]:
+    """(batches, check): the same `batch * n_batches` samples batched as each padding does,
+    {"fixed": [...], "bucketed": [...]} (helpers.data's make_dataloader), and the first `check_size` of them
+    (default: `batch`) as one batch per padding, in the same order, for the agreement checks; "packed"
+    batches hold the same documents per batch as the others, packed into rows (helpers.packing). Token ids are
+    random of the given lengths unless `token_ids` are given (benchmark and lesson 07)."""
+    from torch.utils.data import DataLoader
+
+    from helpers.data import PadCollate, TokenizedDataset, make_dataloader
+    from helpers.packing import PackCollate
+
+    need = batch * n_batches
+    if min(batch, n_batches, seq) < 1:
+        raise ValueError(f"need batch, n_batches and seq >= 1, got {batch}, {n_batches}, {seq}")
+    if len(lengths) < need:
+        raise ValueError(f"need {need} samples for {n_batches} batches of {batch}, got {len(lengths)}")
+    g = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(len(lengths), generator=g)[:need].tolist()
+    ids, ys = [], []
+    for i in chosen:
+        n = min(int(lengths[i]), seq)
+        if token_ids is not None:
+            ids.append(list(token_ids[i])[:n])
+        else:
+            tg = torch.Generator().manual_seed(seed * 1_000_003 + i)  # sample i always gets the same tokens
+            ids.append(torch.randint(1000, vocab, (n,), generator=tg).tolist())
+        ys.append(int(labels[i]) if labels is not None else i % n_classes)
+    ds = TokenizedDataset(ids, ys)
+    batches = {padding: list(make_dataloader(ds, batch, padding=padding, pad_token_id=pad_token_id,
+                                             fixed_length=seq, shuffle=True, seed=seed))
+               for padding in ("fixed", "bucketed")}
+    pack = PackCollate(seq, pad_token_id)  # the same documents per batch, packed into fewer rows
+    batches["packed"] = list(DataLoader(ds, batch_size=batch, shuffle=True, collate_fn=pack,
+                                        generator=torch.Generator().manual_seed(seed)))
+    items = [ds[i] for i in range(min(check_size or batch, len(ds)))]
+    check = {"fixed": PadCollate(pad_token_id, seq)(items), "bucketed": PadCollate(pad_token_id)(items),
+             "packed": pack(items)}
+    return batches, check
+
+
+def _peak(device: torch.device) -> tuple[float | None, str]:
+    """The peak MFU is computed against: a GPU's dense bf16 datasheet peak, else a matmul roofline measured
+    now (fp32 on a CPU: same threads, same load as the rungs) (helpers.hardware.peak_flops)."""
+    from helpers.hardware import peak_flops
+
+    peak = peak_flops(device, "fp32" if device.type == "cpu" else "bf16", measure=True)
+    if peak is None:
+        return None, "no peak known"
+    return peak.flops, f"{peak.precision} peak ({peak.source}), {peak.flops / 1e12:.3g} TFLOP/s"
+
+
+def _facts(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        return {"type": "cuda", "cap": cap, "name": torch.cuda.get_device_name(device)}
+    amx = False
+    with contextlib.suppress(Exception):
+        amx = bool(torch._C._cpu._is_amx_tile_supported())
+    return {"type": device.type, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "amx": amx}
+
+
+def explain(rung: Rung, ratio: float, device: torch.device, *, padded_removed: float | None = None) -> str:
+    """Why a rung measured `ratio` (speed over the stack below) on the device that ran it (lesson 07)."""
+    f = _facts(device)
+    gpu = f["type"] == "cuda"
+    verdict = ("it pays here" if ratio >= 1.05 else "no measurable effect here" if ratio > 0.95
+               else "SLOWER here")
+    if rung.switch == "precision" and rung.value == "tf32":
+        if gpu and f["cap"] >= (8, 0):
+            why = "fp32 matmuls ran on TF32 tensor cores"
+        elif gpu:
+            cap = f"{f['cap'][0]}.{f['cap'][1]}"
+            why = f"{f['name']} (compute capability {cap}) has no TF32 units: the same fp32 math"
+        else:
+            why = "a CPU has no TF32 units: the same fp32 math ran"
+    elif rung.switch == "precision" and rung.value == "bf16":
+        if gpu and f["cap"] >= (8, 0):
+            why = "matmuls ran on bf16 tensor cores, half the bytes moved"
+        elif gpu:
+            why = "this GPU has no bf16 tensor cores (compute capability < 8.0)"
+        elif f.get("amx"):
+            why = f"this CPU has AMX bf16 units ({f['cpu_capability']})"
+        else:
+            why = (f"this CPU ({f['cpu_capability']}, no AMX) has no bf16 matmul units: autocast adds "
+                   "conversions instead of speed")
+    elif rung.switch == "attn":
+        why = ("one fused attention kernel; at short sequences attention is a small share of the FLOPs"
+               if ratio < 1.05 else "one fused attention kernel, the T×T matrix never stored")
+    elif rung.switch == "compile":
+        why = ("Inductor fused the elementwise work between the matmuls" if ratio >= 1.05 else
+               ("on a CPU the eager kernels are already well fused; little is left to gain" if not gpu else
+                "little elementwise work left to fuse at these sizes"))
+    elif rung.switch == "fused_adamw":
+        why = "the optimizer step is a small share of a BERT step" if ratio < 1.05 else "one kernel per step"
+    elif rung.switch == "fp8":
+        why = ("FP8 tensor cores ran the Linear layers' matmuls" if ratio >= 1.05 else
+               "the casts and scales around each FP8 matmul cost what FP8 saved (compile fuses them)")
+    elif rung.switch == "padding" and rung.value == "packed":
+        why = ("no padding left at all; packed rows keep documents apart with a block-diagonal mask"
+               if ratio >= 1.05 else "little padding was left after bucketing, and the document mask costs")
+    elif rung.switch == "padding":
+        share = (f"{100 * padded_removed:.0f} % of the positions were padding"
+                 if padded_removed is not None else "")
+        why = f"only padding can be removed; {share}" if share else "only padding can be removed"
+    else:
+        why = rung.claim
+    return f"{ratio:.2f}x the stack below: {verdict} ({why})"
+
+
+def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batches: int = 4,
+               device: str = "auto", repeats: int = 5, lr: float = 5e-5, rungs: Sequence[Rung] = RUNGS,
+               greedy: bool = False, lengths: Sequence[int] | None = None, n_classes: int = 5,
+               peak_flops: float | None = None, time_budget_s: float | None = None,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Check and time every rung on a random-weight BERT (cumulative or greedy); a JSON-ready dict with
+    the run's stamp (benchmarks/ladder.py)."""
+    from transformers import BertForSequenceClassification
+
+    from helpers.hardware import get_device
+    from helpers.results import stamp
+
+    dev = get_device(device)
+    cfg = bert_config(model, n_classes)
+    if seq > cfg.max_position_embeddings or seq < 8:
+        raise ValueError(f"seq {seq}: use 8 ... {cfg.max_position_embeddings} (BERT's positions)")
+    if lengths is None:
+        lengths, lengths_source = corpus_lengths(seq, log=log)
+    else:
+        lengths, lengths_source = list(lengths), "given lengths"
+    log(f"run_ladder: BERT {model!r} shapes with random weights (speed does not depend on their values), "
+        f"{lengths_source}")
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in BertForSequenceClassification(cfg).state_dict().items()}
+    batches, check = sample_batches(lengths, batch=batch, n_batches=n_batches, seq=seq, vocab=cfg.vocab_size,
+                                    n_classes=n_classes)
+    peak, peak_source = (peak_flops, "given peak") if peak_flops else _peak(dev)
+
+    def make_model() -> nn.Module:
+        m = BertForSequenceClassification(copy.deepcopy(cfg))
+        m.load_state_dict(state)
+        return m.to(dev)
+
+    def measure(stack: Stack, ref: Arm | None) -> Arm:
+        torch._dynamo.reset()  # each compiled stack compiles afresh: its first call includes it
+        return measure_stack(stack, ref, make_model=make_model, batches=batches, check=check, device=dev,
+                             lr=lr, repeats=repeats, peak_flops=peak)
+
+    def skip(rung: Rung) -> str | None:
+        if rung.switch == "fp8":
+            from helpers.fp8 import fp8_supported
+
+            ok, why = fp8_supported(dev)
+            return None if ok else f"skipped: {why}"
+        return None
+
+    base, steps, final = climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip, log=log)
+    n_params = sum(v.numel() for v in state.values())
+    st = stamp(dev)
+    return {"stamp": st, "mode": "greedy" if greedy else "cumulative",
+            "setup": {"model": model, "params": n_params, "seq": seq, "batch": batch,
+                      "batches_per_pass": n_batches,
+                      "repeats": repeats, "lr": lr, "lengths": lengths_source, "peak_flops": peak,
+                      "peak_source": peak_source, "tolerances": TOLERANCES, "time_budget_s": time_budget_s,
+                      "rule": RULE},
+            "rows": ladder_rows(base, steps, dev, greedy=greedy),
+            "your_stack": dataclasses.asdict(final), "your_stack_code": final.code()}
+
+
+def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
+                greedy: bool) -> list[dict[str, Any]]:
+    """One JSON-ready row per measured stack: switches, numbers, decision and the device's why (lesson 07)."""
+    rows = [{"name": "fp32 eager (baseline)", **dataclasses.asdict(base.stack), **base.row,
+             "speedup": 1.0, "vs_below": None, "kept": True, "why": "the reference", "claim": "baseline"}]
+    base_sps = base.row["samples_per_s"]
+    for s in steps:
+        row: dict[str, Any] = {"name": s.rung.name, **dataclasses.asdict(s.stack), "claim": s.rung.claim}
+        if s.arm is None:
+            row.update(kept=False, why=s.note)
+        elif s.decision is None:
+            row.update(kept=True, why="already in the stack")
+        else:
+            # padding removed by the padding rung: what the fixed-width baseline computed in vain
+            removed = base.row["padded_fraction"] if s.rung.switch == "padding" else None
+            row.update(**s.arm.row, speedup=s.arm.row["samples_per_s"] / base_sps, vs_below=s.decision.ratio,
+                       threshold=s.decision.threshold, kept=s.decision.keep if greedy else True,
+                       why=explain(s.rung, s.decision.ratio, device, padded_removed=removed))
+        rows.append(row)
+    return rows
+
+
+def ladder_table(result: Mapping[str, Any]):
+    """The ladder as a helpers.tables.Table (lesson 07, benchmark)."""
+    from helpers.tables import Table
+
+    greedy = result["mode"] == "greedy"
+    table = Table(["rung", "samples/s", "tokens/s (real)", "speed-up", "vs stack below", "MFU (useful FLOPs)",
+                   "peak memory GB", "padding", "IQR %", "first call s", "kept" if greedy else "check"])
+    for r in result["rows"]:
+        if "samples_per_s" not in r:
+            table.add(r["name"], None, None, None, None, None, None, None, None, None, r["why"])
+            continue
+        mem = r["peak_memory_bytes"] / 1e9 if r.get("peak_memory_bytes") else None
+        mfu = f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else None
+        last = ("yes" if r["kept"] else "no") if greedy else r.get("check_logits", "reference")
+        table.add(r["name"], r["samples_per_s"], r["tokens_per_s"], f"{r['speedup']:.2f}x",
+                  f"{r['vs_below']:.2f}x" if r["vs_below"] else "", mfu, mem,
+                  f"{100 * r['padded_fraction']:.0f} %",
+                  100 * r["pass_iqr_s"] / r["pass_median_s"], r["first_call_s"], last)
+    return table
+
+
+def to_markdown(result: Mapping[str, Any]) -> str:
+    """The ladder as Markdown: stamp line, setup, table, the why of each rung, your stack (benchmark)."""
+    s, u = result["stamp"], result["setup"]
+    vers = ", ".join(f"{k} {s[k]}" for k in ("torch", "cuda", "transformers", "triton", "python") if s.get(k))
+    measured = [r for r in result["rows"] if "samples_per_s" in r]
+    best = max(measured, key=lambda r: r["samples_per_s"])
+    lines = [
+        f"Ladder ({result['mode']}) on **{s['device']}** ({vers}), {s['date']}, {s.get('threads')} threads, "
+        f"load average {s.get('load_average_1min')}.",
+        f"BERT `{u['model']}` shapes ({u['params'] / 1e6:.1f} M params, random weights), seq {u['seq']}, "
+        f"batch {u['batch']}, {u['batches_per_pass']} batches per pass, {u['repeats']} timed passes per "
+        f"stack; lengths: {u['lengths']}. Tokens/s count real tokens; MFU counts useful FLOPs (each "
+        f"document's real tokens at its own length, no padding) against the {u['peak_source']}.",
+        f"Greedy rule: {u['rule']}." if result["mode"] == "greedy" else "",
+        *([f"Note: {s['note']}"] if s.get("note") else []),
+        "",
+        ladder_table(result).to_markdown(),
+        "",
+        *[f"- {r['name']}: {r['why']}" for r in result["rows"][1:]],
+        "",
+        f"Fastest stack measured: **{best['name']}**, {best['speedup']:.2f}x the fp32 eager baseline"
+        + (f", MFU {100 * best['mfu']:.1f} %." if best.get("mfu") is not None else "."),
+        "",
+        "Your stack on this machine:",
+        "",
+        "```python",
+        result["your_stack_code"],
+        "```",
+        *_targets(result, best),
+    ]
+    return "\n".join(lines)
+
+
+def _targets(result: Mapping[str, Any], best: Mapping[str, Any]) -> list[str]:
+    s, u = result["stamp"], result["setup"]
+    t = f">= {TARGETS['speedup']:.0f}x and >= {100 * TARGETS['mfu']:.0f} % MFU"
+    if s["device_type"] != "cuda" or u["model"] != "base" or u["seq"] != 512:
+        return ["", f"(The targets, {t}, apply to BERT-base at seq 512 on an H100/H200-class GPU; this "
+                    "run is not that.)"]
+    sp, m = best["speedup"], best.get("mfu")
+    out = ["", f"- Target speed-up >= {TARGETS['speedup']:.0f}x: {sp:.2f}x, "
+               + ("met." if sp >= TARGETS["speedup"] else f"short by {TARGETS['speedup'] / sp:.2f}x.")]
+    if m is None:
+        out.append("- Target MFU: no peak known for this GPU, not computed.")
+    else:
+        out.append(f"- Target MFU >= {100 * TARGETS['mfu']:.0f} % (useful FLOPs, dense bf16 peak): "
+                   f"{100 * m:.1f} %, " + ("met." if m >= TARGETS["mfu"]
+                                           else f"short by {100 * (TARGETS['mfu'] - m):.1f} points."))
+    return out
