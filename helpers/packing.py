@@ -22,6 +22,12 @@ models choose it (`model.config._attn_implementation`):
   attention dropout: HF's flex path and this one refuse to train with attention dropout > 0 (set it
   to 0 in every arm of a comparison with `disable_attention_dropout(model)`).
 
+Hugging Face's `DataCollatorWithFlattening` (one row, position ids restarting per document) is not
+enough for BERT on its own: with "sdpa" or "eager" attention, transformers 5.x builds BERT's mask
+without looking at position ids, so the documents of a flattened row attend to each other (checked
+with transformers 5.24; only the flash-attention implementations read the boundaries). Here the
+boundaries travel as `doc_ids` and every path above honours them.
+
 The course's SmallTransformer is packed with the dense mask and pools each document's own tokens (its
 classifier averages the real tokens of a sequence).
 
@@ -44,15 +50,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Sampler
 
-__all__ = ["STRATEGIES", "VARLEN", "pack_lengths", "PackCollate", "document_mask", "document_block_mask",
-           "varlen_segments", "packed_forward", "PackedModel", "PackingStats", "packed_padding_stats",
-           "use_varlen", "varlen_available", "disable_attention_dropout"]
+__all__ = ["STRATEGIES", "VARLEN", "pack_lengths", "PackCollate", "PackedBatchSampler", "document_mask",
+           "document_block_mask", "varlen_segments", "packed_forward", "PackedModel", "PackingStats",
+           "packed_padding_stats", "use_varlen", "varlen_available", "disable_attention_dropout"]
 
 STRATEGIES = ("first_fit", "sequential")
 VARLEN = "course_varlen"  # name of the varlen attention registered with Hugging Face (use_varlen)
@@ -139,6 +146,57 @@ class PackCollate:
     def __repr__(self) -> str:
         return (f"PackCollate(seq_len={self.seq_len}, pad_token_id={self.pad_token_id}, "
                 f"strategy={self.strategy!r})")
+
+
+class PackedBatchSampler(Sampler[list[int]]):
+    """batch_sampler: every epoch, packs all documents first-fit into rows of `seq_len`, shuffles the
+    rows and yields the documents of `rows_per_batch` rows at a time, row after row (lesson 05).
+
+    Packing the whole epoch leaves far less padding than packing each batch's documents alone. Use
+    it with PackCollate(seq_len, strategy="sequential"), which then needs at most `rows_per_batch`
+    rows: the documents of each row fit in one row, so filling rows in order never needs more."""
+
+    def __init__(self, lengths: Sequence[int], seq_len: int, rows_per_batch: int, *, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False) -> None:
+        if rows_per_batch < 1:
+            raise ValueError(f"rows_per_batch must be positive, got {rows_per_batch}")
+        if len(lengths) == 0:
+            raise ValueError("PackedBatchSampler needs at least one document length")
+        self.lengths = [int(n) for n in lengths]
+        self.seq_len, self.rows_per_batch = seq_len, rows_per_batch
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+        self._cache: tuple[int, list[list[int]]] | None = None  # (epoch, its rows)
+        pack_lengths(self.lengths[:1], seq_len)  # checks seq_len early
+
+    def set_epoch(self, epoch: int) -> None:
+        """A different (still reproducible) packing and order for each epoch."""
+        self.epoch = epoch
+
+    def _rows(self) -> list[list[int]]:
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=g).tolist() if self.shuffle else \
+            list(range(len(self.lengths)))
+        rows = [[order[i] for i in row] for row in pack_lengths([self.lengths[i] for i in order],
+                                                                self.seq_len, "first_fit")]
+        if self.shuffle:  # first-fit groups rows by length: mix them
+            rows = [rows[i] for i in torch.randperm(len(rows), generator=g).tolist()]
+        self._cache = (self.epoch, rows)
+        return rows
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rows = self._rows()
+        for start in range(0, len(rows), self.rows_per_batch):
+            chunk = rows[start:start + self.rows_per_batch]
+            if self.drop_last and len(chunk) < self.rows_per_batch:
+                return
+            yield [d for row in chunk for d in row]
+
+    def __len__(self) -> int:
+        n = len(self._rows())
+        return n // self.rows_per_batch if self.drop_last else -(-n // self.rows_per_batch)
 
 
 # --- masks that keep documents apart -----------------------------------------------------------------

@@ -29,7 +29,7 @@ DEVICES = ["cpu"] * CPU_FP8 + ["cuda"] * CUDA_FP8
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
+    return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
 
 
 # --- scaling math (no FP8 matmul needed) ---------------------------------------------------------

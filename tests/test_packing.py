@@ -85,6 +85,23 @@ def test_packing_leaves_little_padding():
     assert packed.padding_fraction < 0.05 < padded.padding_fraction
 
 
+def test_packed_batch_sampler_covers_the_epoch_within_rows_per_batch():
+    lengths = [3 + (11 * i) % 40 for i in range(200)]
+    docs = _docs(lengths)
+    sampler = packing.PackedBatchSampler(lengths, 48, rows_per_batch=4, seed=3)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(200))  # every document once per epoch
+    collate = PackCollate(48, strategy="sequential")
+    packed = [collate([docs[i] for i in b]) for b in batches]
+    assert max(len(b["input_ids"]) for b in packed) <= 4  # never more rows than asked for
+    epoch = packed_padding_stats(packed)
+    per_batch = packed_padding_stats([PackCollate(48)(docs[i:i + 16]) for i in range(0, 200, 16)])
+    assert epoch.padding_fraction < per_batch.padding_fraction  # packing the epoch wastes less
+    sampler.set_epoch(1)
+    assert list(sampler) != batches  # a new shuffle each epoch
+
+
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="strategy"):
         pack_lengths([3], 8, "best")
@@ -98,6 +115,8 @@ def test_bad_input_is_refused():
         packed_forward(torch.nn.Linear(2, 2), PackCollate(SEQ_LEN)(_docs()))
     with pytest.raises(ValueError, match="no batches"):
         packed_padding_stats([])
+    with pytest.raises(ValueError, match="rows_per_batch"):
+        packing.PackedBatchSampler([3, 4], 8, 0)
 
 
 # --- packed == padded ------------------------------------------------------------------------------
@@ -182,6 +201,19 @@ def test_no_attention_across_documents(make, monkeypatch):
     monkeypatch.setattr(packing, "document_mask", lambda doc: torch.ones_like(
         doc[:, None, :, None] == doc[:, None, None, :]))
     assert _leak(model) > 1e-4
+
+
+def test_hf_flattening_collator_alone_does_not_separate_documents_in_bert():
+    """Why packing carries doc_ids: BERT with SDPA ignores the restarting position ids of HF's collator."""
+    from transformers import DataCollatorWithFlattening
+
+    model = _bert("sdpa")
+    flat = [DataCollatorWithFlattening()([{"input_ids": [1, 5, 6, 7, 2]}, {"input_ids": [1, t, t + 1, 2]}])
+            for t in (8, 40)]  # the second document differs
+    with torch.no_grad():
+        h = [model.bert(b["input_ids"], position_ids=b["position_ids"]).last_hidden_state for b in flat]
+    assert (h[0][0, :5] - h[1][0, :5]).abs().max() > 1e-4, (
+        "transformers now keeps flattened documents apart in BERT: helpers.packing's notes need updating")
 
 
 def test_document_mask_is_block_diagonal():
