@@ -9,26 +9,24 @@ there but not timed: interpreter times say nothing about the kernel).
 Correct before fast: at every length each implementation is first compared with the math backend in
 fp32 on a (1, 2, N, d) slice of the same inputs (tolerance per dtype in TOLERANCE); one that disagrees
 is reported as wrong and not timed. Times are medians after warm-up (`helpers.timing.benchmark`);
-peak memory is measured in a separate call (`helpers.attention.peak_memory_bytes`).
+peak memory is measured in a separate call (`helpers.memory.peak_increase_bytes`).
 
-Writes `attention_sweep-<device>[-causal].json`, `.md` and `.png` into `--out`, stamped with the
-device, versions and date.
+Writes `attention_sweep-<slug>[-causal].json`, `.md` and `.png` into `--out` (default
+benchmarks/results) through `helpers.results`, stamped with the device, versions and date. `--time-budget`
+bounds a run: lengths are measured target length first, and cases left when the budget is spent are
+reported as "not run", never guessed.
 
     python benchmarks/attention_sweep.py                # this device's default sweep (small on a CPU)
     python benchmarks/attention_sweep.py --gpu-target   # the lesson's GPU target, one call: bf16, d=128,
                                                         # N up to 8192, non-causal and causal, TFLOP/s vs the
-                                                        # measured bf16 matmul peak, Triton vs best SDPA at 4096
+                                                        # bf16 matmul peak, Triton vs best SDPA at 4096
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import math
 import os
-import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -36,18 +34,18 @@ from typing import Any, Callable
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a file from anywhere: make `helpers` importable
-    sys.path.insert(0, str(ROOT))
-
-__all__ = ["IMPLS", "TOLERANCE", "sweep", "gpu_target", "to_markdown", "write_results", "main"]
+from helpers.hardware import MATMUL_DTYPES, get_device, measure_roofline, peak_flops
+from helpers.results import stamp
+from helpers.results import write_results as write_files
 
 IMPLS = ("naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "triton")
-# |out - ref| <= tol + tol * |ref| against the fp32 math backend, per input dtype
-TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 3e-2}
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# |out - ref| <= tol + tol * |ref| against the fp32 math backend, per input precision
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}
+# the dtype names this script took before the course's one vocabulary; still read, never written
+OLD_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 INTERPRETER_MAX_LEN = 512  # longest N the Triton interpreter is asked to check (it runs in Python)
-TARGET = dict(seq_len=4096, head_dim=128, dtype="bfloat16", ratio=1.3)  # the issue's performance target
+TARGET = dict(seq_len=4096, head_dim=128, dtype="bf16", ratio=1.3)  # the issue's performance target
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _attention_fn(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -84,15 +82,16 @@ def _first_line(err: BaseException) -> str:
 def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, dtype: str, causal: bool,
              device: torch.device, min_run_time: float) -> dict[str, Any]:
     """Check one implementation at one length against the math reference, then time it and measure memory."""
-    from helpers.attention import attention_flops, peak_memory_bytes, sdpa_attention
+    from helpers.attention import attention_flops, sdpa_attention
     from helpers.kernels import uses_interpreter
+    from helpers.memory import peak_increase_bytes
     from helpers.timing import benchmark, time_once
 
     row: dict[str, Any] = dict(impl=impl, seq_len=seq_len, status="ok", reason="", median_s=None, iqr_s=None,
                                peak_bytes=None, tflops=None, max_abs_err=None, first_call_s=None)
     gen = torch.Generator(device=device).manual_seed(seq_len)
-    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=DTYPES[dtype], generator=gen)
-               for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=MATMUL_DTYPES[dtype],
+                           generator=gen) for _ in range(3))
     interpreted = impl == "triton" and uses_interpreter(device)
     if interpreted and seq_len > INTERPRETER_MAX_LEN:
         row.update(status="not run", reason=f"Triton interpreter: too slow beyond N={INTERPRETER_MAX_LEN}; "
@@ -101,12 +100,14 @@ def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, 
     try:
         with torch.no_grad():
             fn = _attention_fn(impl, q, k, v, causal)
-            if impl in ("flex", "triton") and not interpreted:  # compile / autotune on the full shape, timed apart
+            # compile / autotune on the full shape, timed apart
+            if impl in ("flex", "triton") and not interpreted:
                 _, row["first_call_s"] = time_once(fn)
             # correctness first, against fp32 math: on the full inputs if their fp32 score matrix fits
             # comfortably, else on a (1, 2, N, d) slice (the interpreter: a (1, 1, N, d) slice)
             # (the math backend holds ~3 such matrices: a sixth of the GPU's memory leaves room for the rest)
-            limit = torch.cuda.get_device_properties(device).total_memory // 6 if device.type == "cuda" else 2**30
+            limit = (torch.cuda.get_device_properties(device).total_memory // 6 if device.type == "cuda"
+                     else 2**30)
             if interpreted:
                 check = tuple(x[:1, :1].contiguous() for x in (q, k, v))
             elif batch * heads * seq_len**2 * 4 <= limit:
@@ -119,18 +120,21 @@ def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, 
             row["max_abs_err"] = float(err.max())
             tol = TOLERANCE[dtype]
             if not bool((err <= tol + tol * ref.abs()).all()):
-                row.update(status="wrong", reason=f"differs from the math backend by up to {row['max_abs_err']:.3g} "
+                row.update(status="wrong", reason="differs from the math backend by up to "
+                                                  f"{row['max_abs_err']:.3g} "
                                                   f"(tolerance {tol:g})")
                 return row
             del ref, out, err
             if interpreted:
-                row.update(status="checked", reason="Triton interpreter: correct on a (1, 1, N, d) slice, not "
+                row.update(status="checked", reason="Triton interpreter: correct on a (1, 1, N, d) slice, "
+                                                    "not "
                                                     "timed (interpreter speed says nothing about the kernel)")
                 return row
             t = benchmark(fn, name=impl, warmup=2, min_run_time=min_run_time)
             row.update(median_s=t.median_s, iqr_s=t.iqr_s,
-                       tflops=attention_flops(batch, heads, seq_len, seq_len, head_dim, causal) / t.median_s / 1e12)
-            row["peak_bytes"] = peak_memory_bytes(fn, device)
+                       tflops=attention_flops(batch, heads, seq_len, seq_len, head_dim, causal)
+                       / t.median_s / 1e12)
+            row["peak_bytes"] = peak_increase_bytes(fn, device)
     except torch.cuda.OutOfMemoryError as err:
         row.update(status="out of memory", reason=_first_line(err))
         torch.cuda.empty_cache()
@@ -139,39 +143,26 @@ def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, 
     return row
 
 
-def _stamp(device: torch.device) -> dict[str, Any]:
-    from helpers.hardware import device_report
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"{device_report().cpu.model} ({torch.get_num_threads()} threads)"
-    return {"device": name, "device_type": device.type, "torch": torch.__version__, "triton": triton_version,
-            "cuda": torch.version.cuda, "python": platform.python_version(),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            # 1-minute load average against the CPU count: other work on the machine disturbs the timings
-            "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "cpu_count": os.cpu_count()}
-
-
 def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head_dim: int, dtype: str,
-          causal: bool, device: torch.device, min_run_time: float, verbose: bool = True) -> dict[str, Any]:
-    """Run every implementation at every length; returns the stamped results (rows as dicts)."""
+          causal: bool, device: torch.device, min_run_time: float, verbose: bool = True,
+          deadline: float | None = None) -> dict[str, Any]:
+    """Every implementation at every length, in the order given; returns the stamped results (rows as
+    dicts). Cases after `deadline` (a `time.monotonic()` value) are reported "not run"."""
     from tqdm.auto import tqdm
 
+    dtype = OLD_NAMES.get(dtype, dtype)
     bad = [i for i in impls if i not in IMPLS]
-    if bad or dtype not in DTYPES:
-        raise ValueError(f"implementations must be among {IMPLS} and dtype among {list(DTYPES)}, "
+    if bad or dtype not in TOLERANCE:
+        raise ValueError(f"implementations must be among {IMPLS} and dtype among {list(TOLERANCE)}, "
                          f"got {bad or impls}, {dtype!r}")
     rows = []
     cases = [(n, impl) for n in seq_lens for impl in impls]
     for n, impl in tqdm(cases, desc="attention sweep", disable=not verbose):
+        if deadline is not None and time.monotonic() > deadline:
+            rows.append(dict(impl=impl, seq_len=n, status="not run", reason="time budget spent",
+                             median_s=None, iqr_s=None, peak_bytes=None, tflops=None, max_abs_err=None,
+                             first_call_s=None))
+            continue
         row = run_case(impl, n, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, causal=causal,
                        device=device, min_run_time=min_run_time)
         rows.append(row)
@@ -179,9 +170,9 @@ def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head
             t = f"{row['median_s'] * 1e3:9.3f} ms" if row["median_s"] else f"{row['status']:>12}"
             m = f"{row['peak_bytes'] / 2**20:9.2f} MiB" if row["peak_bytes"] is not None else ""
             tqdm.write(f"N={n:6d} {impl:15s} {t} {m} {row['reason'][:90]}")
-    return {"stamp": _stamp(device),  # taken at the end of the sweep
-            "config": dict(seq_lens=seq_lens, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
-                           causal=causal, min_run_time=min_run_time, tolerance=TOLERANCE[dtype]),
+    return {"stamp": stamp(device),  # taken at the end of the sweep: the load average covers it
+            "config": dict(seq_lens=sorted(seq_lens), batch=batch, heads=heads, head_dim=head_dim,
+                           dtype=dtype, causal=causal, min_run_time=min_run_time, tolerance=TOLERANCE[dtype]),
             "rows": rows}
 
 
@@ -194,13 +185,13 @@ def _slope(rows: list[dict[str, Any]], impl: str) -> float | None:
     return math.log(m1 / m0) / math.log(n1 / n0)
 
 
-def gpu_target(result: dict[str, Any], peak_flops: float | None) -> dict[str, Any]:
-    """Triton vs the fastest SDPA backend at the target length, and TFLOP/s against the matmul peak."""
+def gpu_target(result: dict[str, Any], peak: dict[str, Any]) -> dict[str, Any]:
+    """Triton vs the fastest SDPA backend at the target length, and TFLOP/s against the matmul peaks
+    (`peak`: "measured_flops" from this run's roofline, "datasheet_flops" and its "source" or None)."""
     n = TARGET["seq_len"]
     at_n = {r["impl"]: r for r in result["rows"] if r["seq_len"] == n and r["median_s"]}
     sdpa = {k: r for k, r in at_n.items() if k.startswith("sdpa-")}
-    summary: dict[str, Any] = {"seq_len": n, "target_ratio": TARGET["ratio"], "peak_matmul_tflops":
-                               peak_flops / 1e12 if peak_flops else None}
+    summary: dict[str, Any] = {"seq_len": n, "target_ratio": TARGET["ratio"], **peak}
     if "triton" not in at_n or not sdpa:
         summary["verdict"] = "not measured: Triton or every SDPA backend did not run at this length"
         return summary
@@ -209,9 +200,11 @@ def gpu_target(result: dict[str, Any], peak_flops: float | None) -> dict[str, An
     summary.update(best_sdpa=best["impl"], best_sdpa_ms=best["median_s"] * 1e3,
                    triton_ms=at_n["triton"]["median_s"] * 1e3, triton_over_best=ratio,
                    triton_tflops=at_n["triton"]["tflops"], best_sdpa_tflops=best["tflops"])
-    if peak_flops:
-        summary["triton_fraction_of_peak"] = at_n["triton"]["tflops"] * 1e12 / peak_flops
-        summary["best_sdpa_fraction_of_peak"] = best["tflops"] * 1e12 / peak_flops
+    for which in ("measured", "datasheet"):
+        if peak.get(f"{which}_flops"):
+            flops = peak[f"{which}_flops"]
+            summary[f"triton_fraction_of_{which}_peak"] = at_n["triton"]["tflops"] * 1e12 / flops
+            summary[f"best_sdpa_fraction_of_{which}_peak"] = best["tflops"] * 1e12 / flops
     within = ratio <= TARGET["ratio"]
     summary["verdict"] = (f"Triton takes {ratio:.2f}x the time of {best['impl']} at N={n}: "
                           f"{'within' if within else 'NOT within'} the {TARGET['ratio']}x target")
@@ -223,8 +216,9 @@ def to_markdown(result: dict[str, Any]) -> str:
     s, c, rows = result["stamp"], result["config"], result["rows"]
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     lines = [f"# Attention sweep: {s['device']}", "",
-             f"torch {s['torch']}, triton {s['triton']}, CUDA {s['cuda']}, Python {s['python']}; {s['date']}; "
-             f"load average {s.get('load_average_1min') or 0:.1f} on {s.get('cpu_count')} CPUs when it finished "
+             f"torch {s['torch']}, triton {s['triton']}, CUDA {s['cuda']}, Python {s['python']}; "
+             f"{s['date']}; load average {s.get('load_average_1min') or 0:.1f} on {s.get('cpu_count')} CPUs "
+             "when it finished "
              "(a load above the CPU count means other work was competing for the cores)", "",
              f"B={c['batch']}, H={c['heads']}, d={c['head_dim']}, {c['dtype']}, "
              f"{'causal' if c['causal'] else 'non-causal'}; checked against the fp32 math backend "
@@ -232,7 +226,8 @@ def to_markdown(result: dict[str, Any]) -> str:
     cell = {(r["seq_len"], r["impl"]): r for r in rows}
     for title, key, fmt in (("Median time (ms)", "median_s", lambda v: f"{v * 1e3:.3f}"),
                             ("Throughput (TFLOP/s, attention matmuls)", "tflops", lambda v: f"{v:.3g}"),
-                            ("Peak memory above the inputs (MiB)", "peak_bytes", lambda v: f"{v / 2**20:.2f}")):
+                            ("Peak memory above the inputs (MiB)", "peak_bytes",
+                             lambda v: f"{v / 2**20:.2f}")):
         lines += [f"## {title}", "", "| N | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
         for n in c["seq_lens"]:
             vals = []
@@ -242,10 +237,12 @@ def to_markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {n} | " + " | ".join(vals) + " |")
         lines.append("")
     slopes = {impl: _slope(rows, impl) for impl in impls}
-    lines += ["## Memory growth", "", "Log-log slope of peak memory against N (2 = grows as N², 1 = as N):", ""]
+    lines += ["## Memory growth", "", "Log-log slope of peak memory against N (2 = grows as N², 1 = as N):",
+              ""]
     lines += [f"- {impl}: {sl:.2f}" for impl, sl in slopes.items() if sl is not None]
     notes = sorted({f"- {r['impl']}: {r['status']}: {r['reason']}" for r in rows if r["reason"]})
-    compile_s = [f"- {r['impl']} at N={r['seq_len']}: {r['first_call_s']:.2f} s" for r in rows if r["first_call_s"]]
+    compile_s = [f"- {r['impl']} at N={r['seq_len']}: {r['first_call_s']:.2f} s" for r in rows
+                 if r["first_call_s"]]
     if compile_s:
         lines += ["", "## First call (compile / autotune), excluded from the times", "", *compile_s]
     if notes:
@@ -254,51 +251,49 @@ def to_markdown(result: dict[str, Any]) -> str:
         t = result["target"]
         lines += ["", "## GPU target", "", f"{t['verdict']}."]
         if t.get("triton_tflops"):
-            peak = f"{t['peak_matmul_tflops']:.0f}" if t.get("peak_matmul_tflops") else "?"
-            lines.append(f"Triton {t['triton_tflops']:.0f} TFLOP/s, {t['best_sdpa']} {t['best_sdpa_tflops']:.0f} "
-                         f"TFLOP/s; measured bf16 matmul peak {peak} TFLOP/s.")
+            measured = f"{t['measured_flops'] / 1e12:.0f}" if t.get("measured_flops") else "?"
+            sheet = (f"; datasheet {t['datasheet_flops'] / 1e12:.0f} TFLOP/s ({t['datasheet_source']})"
+                     if t.get("datasheet_flops") else "; no datasheet peak for this GPU")
+            lines.append(f"Triton {t['triton_tflops']:.0f} TFLOP/s, {t['best_sdpa']} "
+                         f"{t['best_sdpa_tflops']:.0f} TFLOP/s; {t['dtype']} matmul peak measured in this "
+                         f"run {measured} TFLOP/s{sheet}.")
     return "\n".join(lines) + "\n"
 
 
-def _slug(result: dict[str, Any]) -> str:
-    s = result["stamp"]
-    name = "cpu" if s["device_type"] == "cpu" else re.sub(r"[^a-z0-9]+", "-", s["device"].lower()).strip("-")
-    return name + ("-causal" if result["config"]["causal"] else "")
-
-
 def write_results(result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Write JSON, Markdown and the sweep plot (PNG) stamped with the device; returns the paths."""
+    """Write JSON, Markdown and the sweep plot (PNG) named after the device; returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     from helpers.plots import attention_sweep_chart
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"attention_sweep-{_slug(result)}"
-    paths = [stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")]
-    paths[0].write_text(json.dumps(result, indent=2) + "\n")
-    paths[1].write_text(to_markdown(result))
     seq = result["config"]["seq_lens"]
     impls = list(dict.fromkeys(r["impl"] for r in result["rows"]))
     cell = {(r["seq_len"], r["impl"]): r for r in result["rows"]}
-    times = {i: [cell[(n, i)]["median_s"] for n in seq] for i in impls if any(cell[(n, i)]["median_s"] for n in seq)}
+    times = {i: [cell[(n, i)]["median_s"] for n in seq] for i in impls
+             if any(cell[(n, i)]["median_s"] for n in seq)}
     mem = {i: [cell[(n, i)]["peak_bytes"] for n in seq] for i in times}
     c, s = result["config"], result["stamp"]
-    fig = attention_sweep_chart(seq, times, mem, title=f"attention, B={c['batch']} H={c['heads']} d={c['head_dim']} "
-                                f"{c['dtype']}{' causal' if c['causal'] else ''} — {s['device']}")
-    fig.savefig(paths[2], dpi=110)
-    return paths
+    fig = None
+    if times:  # nothing timed (every case unavailable or not run): no figure
+        fig = attention_sweep_chart(seq, times, mem, title=f"attention, B={c['batch']} H={c['heads']} "
+                                    f"d={c['head_dim']} {c['dtype']}{' causal' if c['causal'] else ''} — "
+                                    f"{s['device']}")
+    paths = write_files("attention_sweep", result, to_markdown(result), fig=fig, out_dir=out_dir,
+                        variant="causal" if c["causal"] else "")
+    if fig is not None:
+        plt.close(fig)
+    return list(paths.values())  # json, md[, png]
 
 
-def _matmul_peak(device: torch.device, dtype: str) -> float | None:
-    """The device's measured matmul FLOP/s for `dtype` (helpers.hardware.measure_roofline)."""
-    from helpers.hardware import measure_roofline
-
-    try:
-        return measure_roofline(device, dtypes=[dtype]).matmul_flops[dtype]
-    except (RuntimeError, ValueError) as err:
-        print(f"could not measure the matmul peak: {_first_line(err)}")
-        return None
+def measure_peaks(device: torch.device, dtype: str) -> dict[str, Any]:
+    """This run's measured matmul FLOP/s for `dtype`, and the datasheet's (`helpers.hardware.peak_flops`)."""
+    measured = measure_roofline(device, precisions=[dtype]).matmul_flops[dtype]
+    sheet = peak_flops(device, dtype)
+    return {"dtype": dtype, "measured_flops": measured, "datasheet_flops": sheet.flops if sheet else None,
+            "datasheet_source": sheet.source if sheet else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,38 +303,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int)
     p.add_argument("--heads", type=int)
     p.add_argument("--head-dim", type=int)
-    p.add_argument("--dtype", choices=list(DTYPES))
+    p.add_argument("--dtype", choices=list(TOLERANCE))
     p.add_argument("--causal", action="store_true")
     p.add_argument("--impls", nargs="+", default=list(IMPLS), help=f"some of {IMPLS}")
     p.add_argument("--min-run-time", type=float, default=None, help="seconds of timed runs per case")
     p.add_argument("--gpu-target", action="store_true",
-                   help="CUDA: bf16, d=128, B=4, H=16, N=1024..8192, non-causal then causal; Triton vs best SDPA "
-                        "at N=4096 and TFLOP/s against the measured bf16 matmul peak")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+                   help="CUDA: bf16, d=128, B=4, H=16, N=4096 first then 1024..8192, non-causal then causal; "
+                        "Triton vs best SDPA at N=4096 and TFLOP/s against the bf16 matmul peak")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds for the sweep's cases, split evenly between the passes (default: none; "
+                        "70 with --gpu-target)")
+    p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-
-    from helpers.hardware import get_device
 
     device = get_device("cuda" if args.gpu_target else args.device)
     gpu = device.type == "cuda"
     if not gpu:  # Triton must choose its interpreter before it is first imported (torch.compile imports it)
         os.environ.setdefault("TRITON_INTERPRET", "1")
     seq_lens = args.seq_lens or ([1024, 2048, 4096, 8192] if args.gpu_target else
-                                 [512, 1024, 2048, 4096, 8192, 16384] if gpu else [128, 256, 512, 1024, 2048])
+                                 [512, 1024, 2048, 4096, 8192, 16384] if gpu else
+                                 [128, 256, 512, 1024, 2048])
+    if args.gpu_target and TARGET["seq_len"] in seq_lens:  # the target length first: it survives a budget cut
+        seq_lens = [TARGET["seq_len"]] + [n for n in seq_lens if n != TARGET["seq_len"]]
     sizes = dict(batch=args.batch or (4 if gpu else 1), heads=args.heads or (16 if gpu else 4),
                  head_dim=args.head_dim or (TARGET["head_dim"] if gpu else 64),
-                 dtype=args.dtype or (TARGET["dtype"] if gpu else "float32"),
+                 dtype=args.dtype or (TARGET["dtype"] if gpu else "fp32"),
                  min_run_time=args.min_run_time or 0.3, impls=args.impls, device=device)
-    peak = _matmul_peak(device, sizes["dtype"]) if args.gpu_target else None
-    start = time.perf_counter()
-    for causal in ([False, True] if args.gpu_target else [args.causal]):
-        result = sweep(seq_lens, causal=causal, **sizes)
-        if args.gpu_target:
+    peak = measure_peaks(device, sizes["dtype"]) if args.gpu_target else None
+    budget = args.time_budget if args.time_budget is not None else (70.0 if args.gpu_target else None)
+    passes = [False, True] if args.gpu_target else [args.causal]
+    start = time.monotonic()
+    for i, causal in enumerate(passes):
+        deadline = start + budget * (i + 1) / len(passes) if budget else None
+        result = sweep(seq_lens, causal=causal, deadline=deadline, **sizes)
+        if peak is not None:
             result["target"] = gpu_target(result, peak)
             print(result["target"]["verdict"])
         for path in write_results(result, args.out):
-            print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
-    print(f"done in {time.perf_counter() - start:.0f} s")
+            print(f"wrote {path}")
+    print(f"done in {time.monotonic() - start:.0f} s")
     return 0
 
 
