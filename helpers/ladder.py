@@ -50,8 +50,8 @@ from helpers.timing import Timing, synchronize
 __all__ = ["Stack", "Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
            "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
            "keeps", "climb", "RungDisagrees", "time_passes", "apply_stack", "forward",
-           "measure_stack", "sample_batches", "corpus_lengths", "bert_config", "explain", "run_ladder",
-           "ladder_rows", "ladder_table", "to_markdown"]
+           "measure_stack", "climb_stacks", "sample_batches", "corpus_lengths", "bert_config", "explain",
+           "run_ladder", "ladder_rows", "ladder_table", "to_markdown"]
 
 PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp8")  # later = looser tolerance
 PADDINGS = ("fixed", "bucketed", "packed")  # to seq | to each batch's longest, length buckets | packed rows
@@ -605,30 +605,44 @@ def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batche
         m.load_state_dict(state)
         return m.to(dev)
 
+    result = climb_stacks(make_model, batches, check, device=dev, greedy=greedy, repeats=repeats, lr=lr,
+                          peak_flops=peak, rungs=rungs, time_budget_s=time_budget_s, log=log)
+    result.pop("stack")
+    n_params = sum(v.numel() for v in state.values())
+    return {"stamp": stamp(dev), **result,
+            "setup": {"model": model, "params": n_params, "seq": seq, "batch": batch,
+                      "batches_per_pass": n_batches, "repeats": repeats, "lr": lr, "lengths": lengths_source,
+                      "peak_flops": peak, "peak_source": peak_source, "tolerances": TOLERANCES,
+                      "time_budget_s": time_budget_s, "rule": RULE}}
+
+
+def climb_stacks(make_model: Callable[[], nn.Module],
+                 batches: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
+                 check: Mapping[str, Mapping[str, torch.Tensor]], *, device: torch.device,
+                 greedy: bool = True,
+                 repeats: int = 5, lr: float = 5e-5, peak_flops: float | None = None,
+                 rungs: Sequence[Rung] = RUNGS, time_budget_s: float | None = None,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """`climb` with `measure_stack` on the given model and batches (`sample_batches`): each stack checked,
+    then timed; rungs the device cannot run (FP8) skipped with their reason. Returns {"mode", "rows",
+    "your_stack", "your_stack_code", "stack"} (lesson 07 and `run_ladder`)."""
     def measure(stack: Stack, ref: Arm | None) -> Arm:
         torch._dynamo.reset()  # each compiled stack compiles afresh: its first call includes it
-        return measure_stack(stack, ref, make_model=make_model, batches=batches, check=check, device=dev,
-                             lr=lr, repeats=repeats, peak_flops=peak)
+        return measure_stack(stack, ref, make_model=make_model, batches=batches, check=check, device=device,
+                             lr=lr, repeats=repeats, peak_flops=peak_flops)
 
     def skip(rung: Rung) -> str | None:
         if rung.switch == "fp8":
             from helpers.fp8 import fp8_supported
 
-            ok, why = fp8_supported(dev)
+            ok, why = fp8_supported(device)
             return None if ok else f"skipped: {why}"
         return None
 
     base, steps, final = climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip, log=log)
-    n_params = sum(v.numel() for v in state.values())
-    st = stamp(dev)
-    return {"stamp": st, "mode": "greedy" if greedy else "cumulative",
-            "setup": {"model": model, "params": n_params, "seq": seq, "batch": batch,
-                      "batches_per_pass": n_batches,
-                      "repeats": repeats, "lr": lr, "lengths": lengths_source, "peak_flops": peak,
-                      "peak_source": peak_source, "tolerances": TOLERANCES, "time_budget_s": time_budget_s,
-                      "rule": RULE},
-            "rows": ladder_rows(base, steps, dev, greedy=greedy),
-            "your_stack": dataclasses.asdict(final), "your_stack_code": final.code()}
+    rows = ladder_rows(base, steps, device, greedy=greedy)
+    return {"mode": "greedy" if greedy else "cumulative", "rows": rows,
+            "your_stack": dataclasses.asdict(final), "your_stack_code": final.code(), "stack": final}
 
 
 def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
