@@ -64,6 +64,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     """softmax(Q Kᵀ / √d) V, materialising the full (Tq, Tk) score matrix.
 
     q: (B, H, Tq, d); k, v: (B, H, Tk, d); key_padding_mask: (B, Tk) bool, True for real tokens.
+    Lesson 01.
     """
     _check_qkv(q, k, v, key_padding_mask)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -80,7 +81,7 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
                     block_q: int = 64, block_k: int = 64) -> torch.Tensor:
     """FlashAttention's algorithm in plain PyTorch: blocks of K/V with a running max and sum (online
-    softmax), so only (block_q, block_k) scores exist at a time, never the (Tq, Tk) matrix."""
+    softmax), so only (block_q, block_k) scores exist at a time, never the (Tq, Tk) matrix (lesson 01)."""
     _check_qkv(q, k, v, key_padding_mask)
     if block_q < 1 or block_k < 1:
         raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
@@ -170,7 +171,8 @@ def _backend(name: str) -> Any:
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
                    backend: str | None = None) -> torch.Tensor:
-    """F.scaled_dot_product_attention with the course's masks, restricted to one `backend` if given."""
+    """F.scaled_dot_product_attention with the course's masks, restricted to one `backend` if given
+    (lesson 01)."""
     _check_qkv(q, k, v, key_padding_mask)
     tq, tk = q.shape[2], k.shape[2]
     mask, is_causal = None, causal and tq == tk  # SDPA's is_causal is top-left aligned: same only if Tq == Tk
@@ -194,7 +196,8 @@ def _sdpa_kernel(name: str) -> Any:
 
 def probe_sdpa_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                         causal: bool = False) -> dict[str, str | None]:
-    """For each SDPA backend: None if it runs these inputs on this device, else the reason it refused."""
+    """For each SDPA backend: None if it runs these inputs on this device, else the reason it refused
+    (lesson 01)."""
     result: dict[str, str | None] = {}
     for name in SDPA_BACKENDS:
         try:
@@ -211,14 +214,15 @@ def probe_sdpa_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 @functools.cache
 def flex_attention_fn() -> Callable[..., torch.Tensor]:
     """`flex_attention` wrapped in torch.compile (it only runs fast, and on CPU only runs, compiled).
-    The first call for each new shape or mask compiles; time it apart."""
+    The first call for each new shape or mask compiles; time it apart (lesson 01)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
 
 
 def padding_mask_mod(key_padding_mask: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """A FlexAttention mask_mod that hides padded keys; key_padding_mask (B, Tk) bool, True = real."""
+    """A FlexAttention mask_mod that hides padded keys; key_padding_mask (B, Tk) bool, True = real
+    (lesson 01)."""
     check_padding_mask(key_padding_mask)
     if key_padding_mask.dim() != 2:
         raise ValueError(f"key_padding_mask must be (B, Tk), got {tuple(key_padding_mask.shape)}")
@@ -230,7 +234,8 @@ def padding_mask_mod(key_padding_mask: torch.Tensor) -> Callable[..., torch.Tens
 
 
 def sliding_window_mask_mod(window: int, causal: bool = True) -> Callable[..., torch.Tensor]:
-    """A FlexAttention mask_mod for local attention: each query sees keys at most `window` positions away."""
+    """A FlexAttention mask_mod for local attention: each query sees keys at most `window` positions away
+    (lesson 01)."""
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
 
@@ -246,7 +251,8 @@ peak_memory_bytes = peak_increase_bytes  # the old name, kept until benchmarks/a
 
 
 def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, causal: bool = False) -> float:
-    """Matmul FLOPs of one attention forward: 2·B·H·Tq·Tk·d each for QKᵀ and PV (halved when causal)."""
+    """Matmul FLOPs of one attention forward: 2·B·H·Tq·Tk·d each for QKᵀ and PV (halved when causal)
+    (lesson 01)."""
     flops = 4.0 * batch * heads * tq * tk * head_dim
     return flops / 2 if causal else flops
 
@@ -255,11 +261,12 @@ def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, cau
 
 @dataclass
 class AttentionMaps:
-    """Attention weights of one text: maps (layers, heads, tokens, tokens), rows sum to 1; token strings."""
+    """Attention weights of one text: maps (layers, heads, tokens, tokens), rows sum to 1; token strings
+    (lessons 01 and 07)."""
 
     maps: torch.Tensor
     tokens: list[str]
-    switched_to_eager: bool = False  # True when the model ran SDPA and was switched to eager for the capture
+    switched_to_naive: bool = False  # True when the model ran SDPA and was switched for the capture
 
     def __post_init__(self) -> None:
         if self.maps.dim() != 4 or self.maps.shape[-1] != self.maps.shape[-2]:
@@ -318,5 +325,5 @@ def capture_attention_maps(model: Any, tokenizer: Any, text: str | Sequence[str]
         real = enc["attention_mask"][i].bool().cpu()  # (T,), True for this text's own tokens
         maps = stacked[i][:, :, real][:, :, :, real]  # (L, H, n, n): padding rows and columns dropped
         tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][i].cpu()[real].tolist())
-        result.append(AttentionMaps(maps=maps, tokens=tokens, switched_to_eager=switched))
+        result.append(AttentionMaps(maps=maps, tokens=tokens, switched_to_naive=switched))
     return result[0] if isinstance(text, str) else result

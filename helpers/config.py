@@ -15,7 +15,8 @@ T = TypeVar("T")
 
 
 def get_profile(value: str | None = None) -> str:
-    """The profile: `value`, else $COURSE_PROFILE, else "full" on a CUDA machine and "smoke" elsewhere."""
+    """The profile: `value`, else $COURSE_PROFILE, else "full" on a CUDA machine and "smoke" elsewhere
+    (every lesson's setup)."""
     value = value if value is not None else os.environ.get("COURSE_PROFILE", "").strip()
     if not value:
         import torch
@@ -29,14 +30,14 @@ def get_profile(value: str | None = None) -> str:
 
 
 def pick(profile: str, *, smoke: T, full: T) -> T:
-    """The value for `profile`: one code path, only the sizes differ."""
+    """The value for `profile`: one code path, only the sizes differ (every lesson's setup)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown course profile {profile!r}: use one of {', '.join(PROFILES)}")
     return smoke if profile == "smoke" else full
 
 
 def seed_everything(seed: int = 0) -> None:
-    """Seed Python, NumPy and torch (CPU and every GPU) so runs repeat."""
+    """Seed Python, NumPy and torch (CPU and every GPU) so runs repeat (every lesson)."""
     import numpy as np
     import torch
 

@@ -72,7 +72,7 @@ GiB = 2 ** 30
 
 @dataclass
 class MemoryReport:
-    """Peak memory of one block of code, filled in when the block ends."""
+    """Peak memory of one block of code, filled in when the block ends (lessons 01–03)."""
 
     device: str
     method: str  # how it was measured (one line, shown in tables)
@@ -151,6 +151,7 @@ def track_peak_memory(device: torch.device | str = "cpu", *,
 
     `baseline_bytes`: bytes already held when the block starts, added on CPU (on CUDA the allocator
     knows them). Yields a `MemoryReport` that is filled in when the block exits.
+    Lessons 01–03.
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -202,7 +203,7 @@ OPTIMIZERS = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}  # float32 sta
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Training memory in bytes, term by term."""
+    """Training memory in bytes, term by term (lesson 03)."""
 
     parameters: int
     gradients: int
@@ -261,7 +262,8 @@ def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, preci
     """Estimate the memory of one training step of a SmallTransformer (or a config of that shape).
 
     `attn_probs_dropout`: the attention drops out its probabilities and keeps the T×T matrices it
-    needs for that (Hugging Face BERT's eager attention does; SmallTransformer's does not).
+    needs for that (Hugging Face BERT's naive attention, its "eager", does; SmallTransformer's does not).
+    Lesson 03.
     """
     if precision not in ACT_BYTES:
         raise ValueError(f"unknown precision {precision!r}: use one of {tuple(ACT_BYTES)}")
@@ -318,7 +320,7 @@ CATEGORIES = ("parameter", "optimizer state", "input", "temporary", "activation"
 
 @dataclass
 class MemoryTimeline:
-    """Bytes held over time, by category (from torch's memory profiler)."""
+    """Bytes held over time, by category (from torch's memory profiler) (lesson 03)."""
 
     times_s: list[float]  # from the first event
     bytes_by_category: dict[str, list[int]] = field(default_factory=dict)
@@ -334,7 +336,8 @@ class MemoryTimeline:
 
 
 def memory_timeline(fn: Callable[[], Any], device: torch.device | str = "cpu") -> MemoryTimeline:
-    """Run `fn()` once under the profiler (memory, shapes, stacks) and return its memory timeline."""
+    """Run `fn()` once under the profiler (memory, shapes, stacks) and return its memory timeline
+    (lesson 03)."""
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device)
@@ -364,7 +367,7 @@ def memory_timeline(fn: Callable[[], Any], device: torch.device | str = "cpu") -
 def record_memory_history(fn: Callable[[], Any], path: str | Path, *,
                           max_entries: int = 100_000) -> dict[str, Path]:
     """GPU only: record the CUDA allocator's history while `fn()` runs; write `<path>.pickle` (for
-    pytorch.org/memory_viz) and `<path>.html` (torch's own visualiser). Returns both paths."""
+    pytorch.org/memory_viz) and `<path>.html` (torch's own visualiser). Returns both paths (lesson 03)."""
     if not torch.cuda.is_available():
         raise ValueError("record_memory_history needs a CUDA GPU (it records the CUDA caching allocator); "
                          "on a CPU use memory_timeline")
@@ -403,6 +406,7 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
     then bisects between the last size that fitted and the first that did not. After each failure it
     drops the references the error holds and empties the CUDA cache, so the next try starts clean.
     Returns 0 when even `start` does not fit. Errors other than out-of-memory are raised.
+    Lesson 03.
     """
     import gc
 

@@ -24,7 +24,7 @@ ATTN_IMPLS = ("sdpa", "naive")
 
 @dataclass
 class TransformerConfig:
-    """Sizes of the small Transformer; defaults are a ~5 M-parameter encoder."""
+    """Sizes of the small Transformer; defaults are a ~5 M-parameter encoder (lessons 01–05)."""
 
     vocab_size: int = 30522  # BERT's WordPiece vocabulary, so real tokenised text can be fed in
     max_len: int = 512  # longest sequence (learned position embeddings)
@@ -52,7 +52,8 @@ class TransformerConfig:
 
 
 def small_config(profile: str, **overrides: Any) -> TransformerConfig:
-    """The small Transformer's size for a profile: tiny for smoke, BERT-small-like for full."""
+    """The small Transformer's size for a profile: tiny for smoke, BERT-small-like for full
+    (lessons 02–05)."""
     from helpers.config import pick
 
     sizes = pick(profile, smoke=dict(d_model=128, n_heads=4, n_layers=2, max_len=256),
@@ -62,13 +63,16 @@ def small_config(profile: str, **overrides: Any) -> TransformerConfig:
 
 @dataclass
 class ModelOutput:
-    """What `SmallTransformer` returns, named like Hugging Face outputs so one training loop serves both."""
+    """What `SmallTransformer` returns, named like Hugging Face outputs so one training loop serves both
+    (lessons 02–05)."""
 
     logits: torch.Tensor
     loss: torch.Tensor | None = None
 
 
 class SelfAttention(nn.Module):
+    """Multi-head self-attention: SDPA or the naive formula, with a padding mask (lessons 01–05)."""
+
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -94,7 +98,7 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x)) (lessons 01–05)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -111,7 +115,8 @@ class Block(nn.Module):
 
 
 class SmallTransformer(nn.Module):
-    """Token + position embeddings, `n_layers` blocks, then a token head (tied) or a classifier."""
+    """Token + position embeddings, `n_layers` blocks, then a token head (tied) or a classifier
+    (lessons 01–05)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -250,8 +255,8 @@ def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_impl
     from helpers import config
 
     if attn_implementation not in ("eager", "sdpa"):
-        raise ValueError(f"attn_implementation must be 'eager' (returns attention maps) or 'sdpa' "
-                         f"(fast), got {attn_implementation!r}")
+        raise ValueError(f"attn_implementation must be 'eager' (Hugging Face's name for the naive attention, "
+                         f"which returns attention maps) or 'sdpa' (fast), got {attn_implementation!r}")
     if num_labels < 1:
         raise ValueError(f"num_labels must be at least 1, got {num_labels}")
     args = dict(num_labels=num_labels, attn_implementation=attn_implementation, **kwargs)
@@ -299,7 +304,8 @@ def bert_base_random(num_labels: int = 2, *, attn_implementation: str = "sdpa", 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig
 
     if attn_implementation not in ("eager", "sdpa"):
-        raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {attn_implementation!r}")
+        raise ValueError(f"attn_implementation must be 'eager' (Hugging Face's name for the naive attention) "
+                         f"or 'sdpa', got {attn_implementation!r}")
     if num_labels < 1:
         raise ValueError(f"num_labels must be at least 1, got {num_labels}")
     folder = _env_bert_path() or offline_bert_path()

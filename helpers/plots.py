@@ -21,7 +21,8 @@ __all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusi
 # --- shared -----------------------------------------------------------------------------------------
 
 def label_axes(ax: Axes, title: str, xlabel: str, ylabel: str) -> Axes:
-    """Set the title and both axis labels (units in brackets), the minimum every figure carries."""
+    """Set the title and both axis labels (units in brackets), the minimum every figure carries
+    (every lesson)."""
     if not (title and xlabel and ylabel):
         raise ValueError("every figure needs a title and both axis labels, with units")
     ax.set_title(title)
@@ -34,7 +35,8 @@ def label_axes(ax: Axes, title: str, xlabel: str, ylabel: str) -> Axes:
 
 def bar_chart(values: Mapping[str, float], *, title: str, ylabel: str, xlabel: str = "variant",
               annotate: str = "{:.3g}", baseline: str | None = None) -> Figure:
-    """One bar per variant, its value written on top; with `baseline`, also its ratio to that bar."""
+    """One bar per variant, its value written on top; with `baseline`, also its ratio to that bar
+    (lessons 01–07)."""
     if not values:
         raise ValueError("bar_chart needs at least one value")
     names, vals = list(values), list(values.values())
@@ -55,7 +57,7 @@ def bar_chart(values: Mapping[str, float], *, title: str, ylabel: str, xlabel: s
 
 def roofline_chart(roofline, points: Mapping[str, tuple[float, float]] | None = None) -> Figure:
     """Attainable FLOP/s against arithmetic intensity (log-log), one roof per dtype; `points` maps a
-    kernel's name to its (FLOP per byte, FLOP/s)."""
+    kernel's name to its (FLOP per byte, FLOP/s) (lesson 00)."""
     import numpy as np
 
     peak = max(roofline.matmul_flops.values())
@@ -116,7 +118,8 @@ def attention_map_chart(weights, tokens: Sequence[str], *, title: str = "attenti
 def attention_grid_chart(maps, *, layers: Sequence[int] | None = None,  # noqa: ANN001 - (L, H, T, T)
                          heads: Sequence[int] | None = None,
                          title: str = "attention maps by layer and head") -> Figure:
-    """A grid of small attention maps: one row per layer, one column per head (token labels omitted)."""
+    """A grid of small attention maps: one row per layer, one column per head (token labels omitted)
+    (lesson 01)."""
     shape = tuple(getattr(maps, "shape", ()))
     if len(shape) != 4 or shape[-1] != shape[-2]:
         raise ValueError(f"need maps of shape (layers, heads, tokens, tokens), got {shape}")
@@ -147,7 +150,8 @@ def attention_grid_chart(maps, *, layers: Sequence[int] | None = None,  # noqa: 
 def attention_sweep_chart(seq_lens: Sequence[int], times_s: Mapping[str, Sequence[float | None]],
                           peak_bytes: Mapping[str, Sequence[float | None]], *,
                           title: str = "attention vs sequence length") -> Figure:
-    """Time and peak memory against sequence length, log-log, one line per implementation (None = not run)."""
+    """Time and peak memory against sequence length, log-log, one line per implementation (None = not run)
+    (lesson 01)."""
     n = len(seq_lens)
     for what, table in (("times_s", times_s), ("peak_bytes", peak_bytes)):
         bad = {name: len(vals) for name, vals in table.items() if len(vals) != n}
@@ -184,7 +188,7 @@ def attention_sweep_chart(seq_lens: Sequence[int], times_s: Mapping[str, Sequenc
 
 def memory_breakdown_chart(breakdowns: Mapping[str, Mapping[str, float]], *, title: str,
                            unit: str = "MiB") -> Figure:
-    """Stacked bars: one bar per run or estimate, one colour per memory term (values in bytes)."""
+    """Stacked bars: one bar per run or estimate, one colour per memory term (values in bytes) (lesson 03)."""
     scale = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "GB": 1e9}
     if unit not in scale:
         raise ValueError(f"unit must be one of {list(scale)}, got {unit!r}")
@@ -210,7 +214,7 @@ def memory_breakdown_chart(breakdowns: Mapping[str, Mapping[str, float]], *, tit
 
 def memory_timeline_chart(times_s: Sequence[float], bytes_by_category: Mapping[str, Sequence[float]], *,
                           title: str, unit: str = "MiB") -> Figure:
-    """Memory held over time, stacked by category (e.g. a `helpers.memory.MemoryTimeline`)."""
+    """Memory held over time, stacked by category (e.g. a `helpers.memory.MemoryTimeline`) (lesson 03)."""
     scale = {"KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
     if unit not in scale:
         raise ValueError(f"unit must be one of {list(scale)}, got {unit!r}")
@@ -232,7 +236,7 @@ def loss_curves_chart(runs: Mapping[str, Sequence[float]], *, title: str,
                       logy: bool = False,
                       marks: Mapping[str, Sequence[int]] | None = None) -> Figure:
     """Several runs' curves on one axis (loss per step, or a GradScaler's scale); `marks` put an x on
-    chosen steps of a run (e.g. the steps a GradScaler skipped)."""
+    chosen steps of a run (e.g. the steps a GradScaler skipped) (lesson 02)."""
     if not runs or not all(len(v) for v in runs.values()):
         raise ValueError("loss_curves_chart needs at least one non-empty run {name: values}")
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
@@ -253,7 +257,7 @@ def loss_curves_chart(runs: Mapping[str, Sequence[float]], *, title: str,
 
 def length_histogram_chart(lengths: Sequence[int], *, title: str, max_length: int | None = None,
                            bins: int = 40) -> Figure:
-    """Histogram of sequence lengths in tokens, with the truncation length drawn as a line."""
+    """Histogram of sequence lengths in tokens, with the truncation length drawn as a line (lesson 05)."""
     if len(lengths) == 0:
         raise ValueError("length_histogram_chart needs at least one length")
     fig, ax = plt.subplots(figsize=(6.0, 3.4))
@@ -267,7 +271,8 @@ def length_histogram_chart(lengths: Sequence[int], *, title: str, max_length: in
 
 
 def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure:
-    """Where one training step's time goes: one horizontal bar per phase, in ms and % of the step."""
+    """Where one training step's time goes: one horizontal bar per phase, in ms and % of the step
+    (lesson 05)."""
     if not phases_s or any(v < 0 for v in phases_s.values()):
         raise ValueError(f"step_breakdown_chart needs phase -> seconds (>= 0), got {dict(phases_s)!r}")
     names, ms = list(phases_s), [v * 1e3 for v in phases_s.values()]
@@ -290,7 +295,8 @@ def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure
 def ladder_chart(samples_per_s: Mapping[str, float], *, title: str,
                  accuracy: Mapping[str, float] | None = None) -> Figure:
     """The speed ladder: samples/s per rung (speed-up over the first written on each bar) and, when
-    given, each rung's validation accuracy as dots on a second axis (no speed bought with accuracy)."""
+    given, each rung's validation accuracy as dots on a second axis (no speed bought with accuracy)
+    (lesson 07)."""
     if not samples_per_s:
         raise ValueError("ladder_chart needs at least one rung")
     if accuracy is not None and set(accuracy) - set(samples_per_s):
@@ -312,7 +318,8 @@ def ladder_chart(samples_per_s: Mapping[str, float], *, title: str,
 
 
 def confusion_matrix_chart(matrix: Sequence[Sequence[int]], labels: Sequence[str], *, title: str) -> Figure:
-    """A confusion matrix: rows are true classes, columns predicted ones, each cell's count written in it."""
+    """A confusion matrix: rows are true classes, columns predicted ones, each cell's count written in it
+    (lesson 07)."""
     n = len(labels)
     if len(matrix) != n or any(len(row) != n for row in matrix):
         raise ValueError(f"matrix must be {n}×{n} to match {n} labels, got "

@@ -109,7 +109,7 @@ def test_capture_maps_from_offline_checkpoint(monkeypatch: pytest.MonkeyPatch) -
     cfg = model.config
     assert maps.maps.shape == (cfg.num_hidden_layers, cfg.num_attention_heads, n_tokens, n_tokens)
     torch.testing.assert_close(maps.maps.sum(-1), torch.ones(maps.maps.shape[:-1]), atol=1e-5, rtol=0)
-    assert maps.switched_to_eager and maps.tokens[0] == "[CLS]" and maps.tokens[-1] == "[SEP]"
+    assert maps.switched_to_naive and maps.tokens[0] == "[CLS]" and maps.tokens[-1] == "[SEP]"
     assert model.config._attn_implementation == "sdpa"  # switched back after the capture
 
 

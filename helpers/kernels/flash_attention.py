@@ -22,7 +22,7 @@ INTERPRETER_BLOCK = 16  # tile edge under the interpreter: small tiles keep the 
 
 
 def triton_available() -> bool:
-    """True when the triton package is installed (Linux; it is not built for macOS or Windows)."""
+    """True when the triton package is installed (Linux; it is not built for macOS or Windows) (lesson 01)."""
     return importlib.util.find_spec("triton") is not None
 
 
@@ -65,6 +65,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     aligned bottom-right, as in `helpers.attention`. On a GPU the block sizes are autotuned unless
     given; under the interpreter (CPU tensors) they default to 16. Differentiable: the backward pass
     is two more Triton kernels that recompute the probabilities tile by tile.
+    Lesson 01.
     """
     from helpers.attention import _check_qkv
 
