@@ -1,4 +1,4 @@
-"""Sequence packing: no padding at all (lessons 05 and 07).
+"""Sequence packing: documents share rows instead of being padded (lessons 05 and 07).
 
 Documents of different lengths are packed, whole, into rows of `seq_len` tokens. Inside a row each
 document keeps its own position ids (0, 1, 2, ... restarting at every document) and attends only to
@@ -25,8 +25,8 @@ models choose it (`model.config._attn_implementation`):
 Hugging Face's `DataCollatorWithFlattening` (one row, position ids restarting per document) is not
 enough for BERT on its own: with "sdpa" or "eager" attention, transformers 5.x builds BERT's mask
 without looking at position ids, so the documents of a flattened row attend to each other (checked
-with transformers 5.24; only the flash-attention implementations read the boundaries). Here the
-boundaries travel as `doc_ids` and every path above honours them.
+with transformers 5.24, see tests/test_packing.py). Here the boundaries travel as `doc_ids` and every
+path above honours them.
 
 The course's SmallTransformer is packed with the dense mask and pools each document's own tokens (its
 classifier averages the real tokens of a sequence).
@@ -34,12 +34,18 @@ classifier averages the real tokens of a sequence).
 Example (lessons 05 and 07):
 
     from torch.utils.data import DataLoader
-    from helpers.packing import PackCollate, PackedModel, packed_padding_stats
-    loader = DataLoader(train_ds, batch_size=32, shuffle=True,   # 32 documents per batch
+    from helpers.packing import PackCollate, PackedBatchSampler, PackedModel, packed_padding_stats
+    loader = DataLoader(train_ds, batch_size=32, shuffle=True,   # 32 documents per batch, packed
                         collate_fn=PackCollate(seq_len=512, pad_token_id=tokenizer.pad_token_id))
     packed = PackedModel(model)                 # model from load_bert(), or a SmallTransformer classifier
     out = packed(**next(iter(loader)))          # out.logits (documents, classes), out.loss
     stats = packed_padding_stats(loader, model) # rows, real tokens, padding fraction, useful FLOPs
+
+For the least padding, pack the whole epoch and take a fixed number of rows per batch:
+
+    sampler = PackedBatchSampler(train_ds.lengths, seq_len=512, rows_per_batch=8)
+    loader = DataLoader(train_ds, batch_sampler=sampler,
+                        collate_fn=PackCollate(512, tokenizer.pad_token_id, strategy="sequential"))
 
 `helpers.train.train(PackedModel(model), loader, cfg)` trains on packed batches unchanged: a packed
 batch's `attention_mask` (rows, T) marks real tokens, as a padded batch's does, so tokens are counted
