@@ -57,7 +57,7 @@ def _check_name(precision: object, choices: tuple[str, ...] = PRECISIONS) -> str
 
 
 def check_precision(precision: str, device: torch.device | str) -> None:
-    """Raise ValueError when `precision` is unknown or `device` cannot run it, saying what to use (lesson 02)."""
+    """ValueError if `precision` is unknown or `device` cannot run it, saying what to use (lesson 02)."""
     _check_name(precision)
     try:
         device = torch.device(device)
@@ -119,7 +119,7 @@ def set_tf32(enabled: bool) -> None:
 
 @contextlib.contextmanager
 def tf32_matmuls(enabled: bool) -> Iterator[None]:
-    """TF32 on (or off) inside the block, the previous matmul and cuDNN settings restored after (lesson 02)."""
+    """TF32 on (or off) inside the block; the matmul and cuDNN settings found come back after (lesson 02)."""
     if not isinstance(enabled, bool):
         raise TypeError(f"tf32_matmuls takes True or False, got {enabled!r}")
     with warnings.catch_warnings():

@@ -1,5 +1,6 @@
 """One training loop with switches: precision, gradient accumulation, activation checkpointing, fused
-AdamW, atomic checkpoints that resume; it reports the loss curve, tokens/s, MFU and peak memory.
+AdamW, a learning-rate schedule, atomic checkpoints that resume; it reports the loss curve, tokens/s,
+MFU and peak memory (lessons 02-07). `train_step` is one optimizer step, for a loop of your own.
 
 Batches: what `train(model, batches, cfg)` accepts
 --------------------------------------------------
@@ -19,6 +20,14 @@ counted from `attention_mask` when present (real tokens only), else `input_ids.n
   resume, the micro-batches already used are drawn again and dropped, so it repeats exactly only if
   the iterable's order is deterministic (for a shuffling DataLoader: a `generator` seeded anew).
 
+Keeping a GPU fed (lesson 05)
+-----------------------------
+The loop waits for the device only where it needs a number: every `log_every` steps, at checkpoints
+and at the end. In between, each step's loss stays a tensor on the device (the curve is read back in
+one copy at the next log point), step times come from CUDA events, tokens are counted on the host
+before the batch is copied, and a CPU batch is pinned so that its copy to the GPU is truly
+asynchronous. (On a CPU there is nothing to overlap: step times are wall-clock times.)
+
 Precisions
 ----------
 `cfg.precision` is one of `helpers.precision.PRECISIONS` ("fp32", "tf32", "fp16", "bf16"; see that
@@ -29,21 +38,19 @@ import them from `helpers.train`.)
 
 Checkpoints
 -----------
-With `checkpoint_dir` and `checkpoint_every=K`, the state after every K-th step (and after the last)
-is written to `<checkpoint_dir>/last.pt` atomically: to a temporary file in the same folder, flushed,
-then renamed over the old one (`os.replace`), so a run killed at any moment leaves the previous
-checkpoint or the new one, never half a file. `train` resumes from that file when it exists: model,
-optimizer, scaler, RNG states, step and loss history, so nothing but the steps after it is lost.
+With `checkpoint_dir` and `checkpoint_every=K` (0 = never), the state after every K-th step and after
+the last is written atomically to `<checkpoint_dir>/step_NNNNNN.pt` (`helpers.checkpoint`), keeping the
+newest `keep_checkpoints`. `train` resumes from the newest when there is one: model, optimizer, scaler,
+learning-rate schedule, RNG states, step and loss history, so nothing but the steps after it is lost.
+Under DDP rank 0 writes (the replicas are equal) and every rank reads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
-import random
-import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,67 +59,134 @@ from typing import Any
 import torch
 from torch import nn
 
+from helpers.checkpoint import (
+    checkpoint_name,
+    is_due,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    remove_stale_temporaries,
+    save_checkpoint,
+    unwrap_model,
+)
 from helpers.config import seed_everything
-from helpers.precision import (PRECISIONS, autocast_context, check_precision, make_scaler, tf32_matmuls,
-                               uses_tf32)
-from helpers.timing import synchronize
+from helpers.precision import (
+    PRECISIONS,
+    autocast_context,
+    check_precision,
+    make_scaler,
+    tf32_matmuls,
+    uses_tf32,
+)
 
-__all__ = ["TrainConfig", "TrainResult", "make_optimizer", "set_activation_checkpointing",
-           "save_checkpoint", "load_checkpoint", "checkpoint_path", "count_tokens", "train",
+__all__ = ["LR_SCHEDULES", "TrainConfig", "TrainResult", "StepOutput", "make_optimizer", "make_lr_scheduler",
+           "set_activation_checkpointing", "count_tokens", "train_step", "train", "evaluate",
            "synthetic_batch_fn"]
 
-CHECKPOINT_NAME = "last.pt"
-CHECKPOINT_FORMAT = 1
+LR_SCHEDULES = ("constant", "linear")
+
+
+def _check_max_grad_norm(value: Any) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if value is not None and not (number and value > 0):
+        raise ValueError(f"max_grad_norm={value!r}: clipping needs a positive norm (a negative one reverses "
+                         "the gradient); use None for no clipping")
 
 
 @dataclass
 class TrainConfig:
-    """Switches of one training run."""
+    """Switches of one training run (lessons 02-07).
 
-    steps: int  # optimizer steps
-    lr: float = 3e-4
+    `steps=0` is a run of no steps: it returns at once (with a resumed run's loss history) and reports
+    no throughput (None, never NaN). Throughput leaves out the run's first step (warm-up), so it needs
+    at least 2 steps in this call."""
+
+    steps: int  # optimizer steps in total (a resumed run counts the steps done before)
+    lr: float = 3e-4  # peak learning rate
     weight_decay: float = 0.01
     precision: str = "fp32"  # one of PRECISIONS
     grad_accum: int = 1  # micro-batches per optimizer step
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
-    fused_adamw: bool = True  # used where torch supports it on the device
-    max_grad_norm: float | None = 1.0  # clip the global gradient norm; None: no clipping
-    checkpoint_dir: str | None = None  # where last.pt goes; None: no checkpoints, no resuming
+    fused_adamw: bool = True  # the fused AdamW kernel where torch has it for the device
+    max_grad_norm: float | None = 1.0  # clip the global gradient norm to this (> 0); None: no clipping
+    lr_schedule: str = "constant"  # "constant" or "linear" (decay to 0 at the last step), after warm-up
+    warmup_steps: int = 0  # steps of linear warm-up from 0 to lr ...
+    warmup_frac: float = 0.0  # ... or this fraction of `steps` (give one of the two)
+    checkpoint_dir: str | None = None  # where step_NNNNNN.pt go; None: no checkpoints, no resuming
     checkpoint_every: int = 0  # steps; 0 = never
-    log_every: int = 10  # steps between loss updates on the progress bar
+    keep_checkpoints: int = 2  # the newest ones kept: a damaged last one still leaves the one before
+    log_every: int = 10  # steps between reads of the loss (a device sync) and progress-bar updates
     progress: bool = True  # tqdm.auto bar
     seed: int = 0
-    resume: bool = True  # continue from checkpoint_dir/last.pt when it exists
+    resume: bool = True  # continue from the newest checkpoint in checkpoint_dir when there is one
     track_memory: bool = True  # peak memory (CUDA stats; on CPU the profiler during the first step)
-    peak_flops: float | None = None  # FLOP/s for MFU; None: the datasheet table (helpers.flops)
+    peak_flops: float | None = None  # FLOP/s for MFU; None: helpers' peak for the device and precision
     init_scale: float = 2.0 ** 16  # GradScaler's first scale (fp16)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}: use one of {PRECISIONS}")
+            hint = " (FP8 is a separate switch: helpers.fp8)" if self.precision == "fp8" else ""
+            raise ValueError(f"unknown precision {self.precision!r}: use one of {PRECISIONS}{hint}")
+        ints = ("steps", "grad_accum", "warmup_steps", "checkpoint_every", "keep_checkpoints", "log_every")
+        for name in ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
         if self.steps < 0 or self.grad_accum < 1:
             raise ValueError(f"need steps >= 0 and grad_accum >= 1, got steps={self.steps}, "
                              f"grad_accum={self.grad_accum}")
+        if not self.lr > 0 or not self.weight_decay >= 0:
+            raise ValueError(f"need lr > 0 and weight_decay >= 0, got lr={self.lr}, "
+                             f"weight_decay={self.weight_decay}")
+        _check_max_grad_norm(self.max_grad_norm)
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}: use one of {LR_SCHEDULES}")
+        if self.warmup_steps < 0 or not 0 <= self.warmup_frac < 1 or (self.warmup_steps and self.warmup_frac):
+            raise ValueError(f"give warmup_steps >= 0 or 0 <= warmup_frac < 1, not both; got "
+                             f"warmup_steps={self.warmup_steps}, warmup_frac={self.warmup_frac}")
         if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
-            raise ValueError(f"checkpoint_every={self.checkpoint_every} needs a checkpoint_dir and must be >= 0")
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} needs a checkpoint_dir and must be "
+                             ">= 0 (0 = never)")
+        if self.keep_checkpoints < 1 or self.log_every < 1:
+            raise ValueError(f"need keep_checkpoints >= 1 and log_every >= 1, got {self.keep_checkpoints}, "
+                             f"{self.log_every}")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ValueError(f"peak_flops must be a positive FLOP/s or None, got {self.peak_flops}")
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up steps: `warmup_steps`, or `warmup_frac` of `steps` rounded."""
+        return self.warmup_steps or round(self.warmup_frac * self.steps)
 
 
 @dataclass
 class TrainResult:
-    """What a run measured. Times exclude nothing; throughput excludes the first step of the run
-    (warm-up: allocator growth, lazy optimizer state, the memory profiler on CPU)."""
+    """What a run measured (lessons 02-07).
+
+    Throughput leaves out the first step of the call (warm-up: allocator growth, lazy optimizer state,
+    compilation, the memory profiler on CPU); it is None when no later step ran.
+
+    MFU (one definition for the course): useful model FLOPs per second over the device's peak,
+    `sum over timed batches (real tokens × model_flops_per_token(model, batch width)) / time / peak`,
+    i.e. real (non-padding) tokens/s × FLOPs per token / peak. Padding the device computed is not
+    useful work. FLOPs per token come from `helpers.flops.model_flops_per_token`, the peak from
+    `helpers.hardware.peak_flops` for the run's precision (datasheet, else lesson 00's measured
+    roofline) or `TrainConfig.peak_flops`. Under DDP it is this process's MFU on its own device."""
 
     losses: list[float]  # mean loss of each optimizer step, from step 0 (resumed runs keep the history)
-    step_times_s: list[float]  # wall time of each step this run, device synchronised
-    tokens_per_s: float
-    samples_per_s: float
-    mfu: float | None  # None when no peak FLOP/s is known for the device
+    step_times_s: list[float]  # time of each step this call: CUDA events on a GPU, wall clock on a CPU
+    tokens_per_s: float | None  # real tokens per second, steps after the first; None: not measured
+    samples_per_s: float | None
+    mfu: float | None  # None when no peak FLOP/s is known for the device, or nothing was timed
     peak_memory_bytes: int | None  # None when not tracked
     steps_done: int  # optimizer steps done in total, resumed ones included
     resumed_from: int | None  # the step the run resumed from, None for a fresh start
     skipped_steps: list[int] = field(default_factory=list)  # fp16: steps the GradScaler skipped
     scales: list[float] = field(default_factory=list)  # fp16: the loss scale used at each step
-    flops_per_token: float | None = None
+    lrs: list[float] = field(default_factory=list)  # learning rate of each step (first group), from step 0
+    flops_per_token: float | None = None  # model FLOPs per real token (token-weighted over batch widths)
+    peak_flops: float | None = None  # the peak MFU divides by, FLOP/s
+    peak_source: str = ""  # where that peak comes from
     memory_method: str = ""
 
     @property
@@ -120,11 +194,24 @@ class TrainResult:
         return self.losses[-1] if self.losses else math.nan
 
 
+@dataclass
+class StepOutput:
+    """What one optimizer step returns; tensors stay on the device (reading them waits for it)."""
+
+    loss: torch.Tensor  # 0-d float32: the mean loss over the step's micro-batches
+    tokens: int | torch.Tensor  # real tokens (an int when the batches were counted on the host)
+    samples: int
+    widths: list[tuple[int | torch.Tensor, int]]  # (real tokens, padded width T) of each micro-batch
+    grad_norm: torch.Tensor | None = None  # the global gradient norm before clipping (None: no clipping)
+    scale: torch.Tensor | None = None  # fp16: the loss scale this step used (compare after: skipped?)
+
+
 # --- model and optimizer ----------------------------------------------------------------------------
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool = True) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not biases, norms); fused kernel where supported."""
-    if lr <= 0 or weight_decay < 0:
+    """AdamW with weight decay on matrices only (not biases, norms); the fused kernel where torch has it
+    for the device (CUDA; CPU since torch 2.4: 37 ms vs 188 ms a step for MiniLM here) (lessons 03, 07)."""
+    if not lr > 0 or not weight_decay >= 0:
         raise ValueError(f"need lr > 0 and weight_decay >= 0, got lr={lr}, weight_decay={weight_decay}")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -133,12 +220,31 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     devices = {p.device.type for p in params}
-    # The fused AdamW kernel exists for CUDA (and, in recent torch, CPU and MPS) float tensors.
-    use_fused = fused and len(devices) == 1 and devices <= {"cuda", "cpu", "mps", "xpu"}
+    floating = all(p.is_floating_point() for p in params)
+    use_fused = fused and floating and len(devices) == 1 and devices <= {"cuda", "cpu", "mps", "xpu"}
     try:
         return torch.optim.AdamW(groups, lr=lr, fused=use_fused or None)
     except (RuntimeError, TypeError):  # an older torch without the fused kernel on this device
         return torch.optim.AdamW(groups, lr=lr)
+
+
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: str = "constant",
+                      warmup_steps: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over `warmup_steps`, then the lr held ("constant") or decayed linearly to 0 at
+    `steps` ("linear", as transformers' get_linear_schedule_with_warmup) (lesson 07)."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {LR_SCHEDULES}")
+    if steps < 0 or not 0 <= warmup_steps <= max(steps, 0):
+        raise ValueError(f"need 0 <= warmup_steps <= steps, got warmup_steps={warmup_steps}, steps={steps}")
+
+    def factor(step: int) -> float:  # the multiplier of the lr for optimizer step `step` (0-based)
+        if step < warmup_steps:
+            return step / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        return max(0.0, (steps - step) / max(1, steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
@@ -151,7 +257,8 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
         if not enabled and not getattr(model, f"is_{prefix}_checkpointing", False):
             return  # already off
         if enabled:
-            getattr(model, f"{prefix}_checkpointing_enable")(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
+            kwargs = {f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}}
+            getattr(model, f"{prefix}_checkpointing_enable")(**kwargs)
         else:
             getattr(model, f"{prefix}_checkpointing_disable")()
     elif enabled:
@@ -159,93 +266,47 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
                          "with torch.utils.checkpoint.checkpoint, or use SmallTransformer / a HF model")
 
 
-# --- checkpoints ------------------------------------------------------------------------------------
-
-def checkpoint_path(checkpoint_dir: str | os.PathLike) -> Path:
-    """The file `train` writes and resumes from."""
-    return Path(checkpoint_dir) / CHECKPOINT_NAME
-
-
-def _signature(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the model's state: what a checkpoint must match."""
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    scaler: torch.amp.GradScaler | None, step: int, extra: Mapping[str, Any] | None = None) -> None:
-    """Write model, optimizer, scaler, RNG states and `step` to `path` atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {
-        "format": CHECKPOINT_FORMAT,
-        "model_class": type(model).__name__,
-        "signature": _signature(model),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
-        "step": int(step),
-        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-        "extra": dict(extra or {}),
-    }
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" checkpoint
-        os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the new one
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    scaler: torch.amp.GradScaler | None = None, *, restore_rng: bool = True) -> dict[str, Any]:
-    """Load a checkpoint into `model` (and `optimizer`, `scaler`); returns it (step, extra, ...).
-
-    Raises ValueError when the file is not a checkpoint of this model (other class, names or shapes)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no checkpoint at {path}")
-    state = torch.load(path, map_location="cpu", weights_only=False)  # our own file: RNG states are not tensors
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a checkpoint written by helpers.train.save_checkpoint")
-    mine, theirs = _signature(model), state["signature"]
-    if state["model_class"] != type(model).__name__ or mine != theirs:
-        missing = sorted(set(mine) - set(theirs))[:3]
-        unexpected = sorted(set(theirs) - set(mine))[:3]
-        shapes = [f"{k}: {theirs[k]} vs {mine[k]}" for k in mine.keys() & theirs.keys() if mine[k] != theirs[k]][:3]
-        raise ValueError(f"{path} holds a checkpoint of another model ({state['model_class']}, "
-                         f"{len(theirs)} tensors) than this {type(model).__name__} ({len(mine)} tensors); "
-                         f"missing {missing}, unexpected {unexpected}, different shapes {shapes}")
-    model.load_state_dict(state["model"])
-    if optimizer is not None and state["optimizer"] is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    if scaler is not None and state["scaler"] is not None:
-        scaler.load_state_dict(state["scaler"])
-    if restore_rng:
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    return state
-
 
 # --- batches ----------------------------------------------------------------------------------------
 
 def count_tokens(batch: Mapping[str, Any]) -> int:
-    """Real tokens of a batch: the attention mask's sum when present, else input_ids.numel()."""
+    """Real tokens of a batch: the attention mask's sum when present, else input_ids.numel() (lesson 05).
+
+    Count a batch while it is still on the host: on a GPU, `int(mask.sum())` waits for the device."""
     if "input_ids" not in batch:
         raise ValueError(f"a batch needs `input_ids`; got keys {sorted(batch)}")
     mask = batch.get("attention_mask")
     return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
 
+def _tokens(batch: Mapping[str, Any]) -> int | torch.Tensor:
+    """count_tokens without a device sync: an int for a host mask, a device tensor otherwise."""
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.device.type != "cpu":
+        return mask.sum()
+    return count_tokens(batch)
+
+
+def _to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """Tensors to `device`; a CPU tensor bound for a GPU is pinned first, so the copy is asynchronous."""
+    if not isinstance(batch, Mapping) or "input_ids" not in batch:
+        raise ValueError(f"each batch must be a dict with `input_ids` (and optionally attention_mask, "
+                         f"labels), got {type(batch).__name__}")
+    pin = device.type == "cuda"
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor) and v.device != device:
+            if pin and v.device.type == "cpu" and not v.is_pinned():
+                v = v.pin_memory()  # copying from pageable memory would block the host anyway
+            v = v.to(device, non_blocking=pin)
+        out[k] = v
+    return out
+
+
 def _micro_batches(batches: Any, start_step: int, grad_accum: int) -> Iterator[dict]:
     """Micro-batches in order from optimizer step `start_step` on (see the module docstring)."""
-    indexable = isinstance(batches, Sequence) or (hasattr(batches, "__getitem__") and hasattr(batches, "__len__"))
+    indexable = isinstance(batches, Sequence) or (hasattr(batches, "__getitem__")
+                                                  and hasattr(batches, "__len__"))
     if isinstance(batches, Mapping) or not (callable(batches) or indexable or isinstance(batches, Iterable)):
         raise ValueError(f"batches must be a callable batch_fn(step, micro), a sequence or an iterable of "
                          f"batch dicts, got {type(batches).__name__}")
@@ -280,132 +341,296 @@ def _generate(batches: Any, start_step: int, grad_accum: int, indexable: bool) -
             raise ValueError("the batch iterable yielded nothing")
 
 
-def _to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    if not isinstance(batch, Mapping) or "input_ids" not in batch:
-        raise ValueError(f"each batch must be a dict with `input_ids` (and optionally attention_mask, labels), "
-                         f"got {type(batch).__name__}")
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+# --- one step ----------------------------------------------------------------------------------------
+
+def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch.optim.Optimizer,
+          scaler: torch.amp.GradScaler | None, precision: str, device: torch.device,
+          max_grad_norm: float | None, scheduler: Any) -> StepOutput:
+    """One optimizer step over `micro` (already checked); no device sync unless fp16's scaler needs one."""
+    accum = len(micro)
+    optimizer.zero_grad(set_to_none=True)
+    step_loss = torch.zeros((), device=device)
+    tokens: int | torch.Tensor = 0
+    samples = 0
+    widths: list[tuple[int | torch.Tensor, int]] = []
+    for host in micro:
+        n = _tokens(host)  # counted before the copy: no sync
+        batch = _to_device(host, device)
+        with autocast_context(precision, device):
+            loss = model(**batch).loss
+        if loss is None:
+            raise ValueError("the model returned no loss: give the batches `labels`")
+        # average over micro-batches, so accumulation gives the gradient of one big batch
+        loss_scaled = loss / accum
+        (scaler.scale(loss_scaled) if scaler is not None else loss_scaled).backward()
+        step_loss += loss.detach().float() / accum
+        tokens = tokens + n
+        samples += batch["input_ids"].shape[0]
+        widths.append((n, batch["input_ids"].shape[-1]))
+    scale = None
+    if scaler is not None and scaler.is_enabled():
+        # the scale this step used, as a tensor: get_scale() would wait for the device
+        scale = scaler._scale.clone() if isinstance(getattr(scaler, "_scale", None), torch.Tensor) \
+            else torch.tensor(scaler.get_scale())
+    grad_norm = None
+    if max_grad_norm is not None:
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)  # skipped when an inf/NaN gradient was found
+        scaler.update()
+    else:
+        optimizer.step()
+    if scheduler is not None:
+        with warnings.catch_warnings():  # fp16: a skipped first step makes torch warn about the order
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+            scheduler.step()
+    return StepOutput(step_loss, tokens, samples, widths, grad_norm, scale)
+
+
+def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+               optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None,
+               precision: str = "fp32", device: torch.device | str | None = None,
+               max_grad_norm: float | None = 1.0, scheduler: Any = None) -> StepOutput:
+    """One optimizer step, for a loop of your own: forward under autocast, backward (scaled for fp16),
+    clip, step, schedule (lessons 02, 03). `batch`: one batch dict, or a list of micro-batches whose
+    gradients are accumulated (averaged). The returned loss is a device tensor: read it when you log."""
+    micro = [batch] if isinstance(batch, Mapping) else list(batch)
+    if not micro:
+        raise ValueError("train_step got an empty list of micro-batches")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    check_precision(precision, device)
+    _check_max_grad_norm(max_grad_norm)
+    if precision == "fp16" and (scaler is None or not scaler.is_enabled()):
+        raise ValueError("fp16 needs a GradScaler, kept from step to step: "
+                         "scaler = helpers.precision.make_scaler('fp16', device)")
+    return _step(model, micro, optimizer, scaler, precision, device, max_grad_norm, scheduler)
 
 
 # --- the loop ---------------------------------------------------------------------------------------
 
-def _flops_and_peak(model: nn.Module, seq_len: int, cfg: TrainConfig, device: torch.device) -> tuple[float | None, float | None]:
-    from helpers.flops import model_flops_per_token, peak_flops
+def _peak(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """The peak FLOP/s MFU divides by: helpers' one choice (datasheet, else lesson 00's roofline)."""
+    from helpers.flops import peak_flops  # re-exported from helpers.hardware, the peak's one home
+    from helpers.hardware import load_roofline
 
-    model = getattr(model, "module", model)  # DDP keeps the wrapped model in .module
-    model = getattr(model, "_orig_mod", model)  # and torch.compile in ._orig_mod
     try:
-        per_token = model_flops_per_token(model, seq_len)
-    except ValueError:
-        return None, None
-    if cfg.peak_flops is not None:
-        return per_token, cfg.peak_flops
-    peak = peak_flops(device, cfg.precision)
-    return per_token, peak.flops if peak is not None else None
+        roofline = load_roofline()
+    except Exception:  # a damaged or old roofline file: no measured fallback
+        roofline = None
+    peak = peak_flops(device, precision, roofline=roofline)
+    return (peak.flops, peak.source) if peak is not None else (None, "no peak known for this device")
 
 
-def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device | str | None = None) -> TrainResult:
-    """Train `model` for `cfg.steps` optimizer steps on `batches` (see the module docstring)."""
+class _Flops:
+    """Useful model FLOPs of the timed batches: real tokens × FLOPs per token at each batch's width."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from helpers.flops import model_flops_per_token
+
+        self.per_token = model_flops_per_token
+        self.model, self.cache, self.known = unwrap_model(model), {}, True
+        self.total: float | torch.Tensor = 0.0
+
+    def add(self, widths: list[tuple[int | torch.Tensor, int]]) -> None:
+        for real, width in widths:
+            if not self.known:
+                return
+            if width not in self.cache:
+                try:
+                    self.cache[width] = self.per_token(self.model, width)
+                except ValueError:  # a model whose sizes helpers.flops cannot read: no MFU
+                    self.known = False
+                    return
+            self.total = self.total + real * self.cache[width]
+
+
+def _is_main() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device | str | None = None, *,
+          optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+          on_step: Callable[[int, StepOutput], Any] | None = None) -> TrainResult:
+    """Train `model` for `cfg.steps` optimizer steps on `batches` (see the module docstring) (lessons 02-07).
+
+    `optimizer`: yours instead of `make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adamw)`;
+    `scheduler`: yours instead of `make_lr_scheduler` from cfg (stepped once per optimizer step);
+    `on_step(steps_done, StepOutput)`: called after every step, e.g. to validate every K steps (its
+    tensors are on the device: reading one waits for it)."""
     from tqdm.auto import tqdm
 
     from helpers.memory import tensor_bytes, track_peak_memory
 
     if not isinstance(cfg, TrainConfig):
         raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    if scheduler is not None and (cfg.lr_schedule != "constant" or cfg.warmup):
+        raise ValueError("give either a scheduler or cfg.lr_schedule/warm-up, not both")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     check_precision(cfg.precision, device)
     seed_everything(cfg.seed)
     model.to(device).train()
-    set_activation_checkpointing(model, cfg.activation_checkpointing)
-    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adamw)
+    set_activation_checkpointing(unwrap_model(model), cfg.activation_checkpointing)
+    if optimizer is None:
+        optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adamw)
+    if scheduler is None:
+        scheduler = make_lr_scheduler(optimizer, cfg.steps, cfg.lr_schedule, cfg.warmup)
     scaler = make_scaler(cfg.precision, device, cfg.init_scale)
+    use_scaler = scaler if scaler.is_enabled() else None
 
-    start, losses, skipped, scales, resumed_from = 0, [], [], [], None
-    path = checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-    if path is not None and cfg.resume and path.is_file():
-        state = load_checkpoint(path, model, optimizer, scaler)
+    start, losses, skipped, scales, lrs, resumed_from = 0, [], [], [], [], None
+    folder = cfg.checkpoint_dir
+    if folder is not None and _is_main():
+        remove_stale_temporaries(folder)
+    found = latest_checkpoint(folder) if folder is not None and cfg.resume else None
+    if found is not None:
+        state = load_checkpoint(found[1], model, optimizer, scaler, scheduler=scheduler)
         start = resumed_from = state["step"]
-        losses = list(state["extra"].get("losses", []))
-        skipped = list(state["extra"].get("skipped_steps", []))
-        scales = list(state["extra"].get("scales", []))
-
-    def save(step: int) -> None:
-        save_checkpoint(path, model, optimizer, scaler, step,
-                        extra={"losses": losses, "skipped_steps": skipped, "scales": scales})
+        extra = state["extra"]
+        losses, skipped = list(extra.get("losses", [])), list(extra.get("skipped_steps", []))
+        scales, lrs = list(extra.get("scales", [])), list(extra.get("lrs", []))
 
     source = _micro_batches(batches, start, cfg.grad_accum)
+    cuda = device.type == "cuda"
     step_times: list[float] = []
-    tokens = samples = 0  # counted after the first step of this run (warm-up)
-    seq_len = 0
+    events: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of the steps not yet read back
+    pending: list[tuple[int, StepOutput]] = []  # steps whose loss has not been read back yet
+    tokens: int | torch.Tensor = 0  # counted after the first step of this call (warm-up)
+    samples = 0
+    flops = _Flops(model)
     peak_memory: int | None = None
     memory_method = ""
-    cuda = device.type == "cuda"
     if cfg.track_memory and cuda:
         torch.cuda.reset_peak_memory_stats(device)
+
+    def read_back() -> None:
+        """Wait for the device once, then read the losses, scales and step times since the last time."""
+        if not pending:
+            return
+        if cuda:
+            events[-1][1].synchronize()
+            step_times.extend(a.elapsed_time(b) / 1e3 for a, b in events)
+            events.clear()
+        losses.extend(torch.stack([out.loss for _, out in pending]).tolist())
+        if use_scaler is not None:
+            after = [out.scale for _, out in pending[1:]] + [scaler._scale if isinstance(
+                getattr(scaler, "_scale", None), torch.Tensor) else torch.tensor(scaler.get_scale())]
+            for (step, out), new in zip(pending, after):
+                used = float(out.scale)
+                scales.append(used)
+                if float(new) < used:
+                    skipped.append(step)
+        pending.clear()
+
     bar = tqdm(range(start, cfg.steps), desc=f"train {cfg.precision}", disable=not cfg.progress,
                initial=start, total=cfg.steps)
-    with tf32_matmuls(uses_tf32(cfg.precision) and device.type == "cuda"):
+    with tf32_matmuls(uses_tf32(cfg.precision) and cuda):
         for step in bar:
             first = step == start
             profile_cpu = first and cfg.track_memory and not cuda and not torch.autograd._profiler_enabled()
             tracker = (track_peak_memory(device, baseline_bytes=tensor_bytes(model, optimizer))
                        if profile_cpu else contextlib.nullcontext())
-            synchronize(device)
+            lrs.append(optimizer.param_groups[0]["lr"])  # a Python float: no sync
+            if cuda:
+                events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                events[-1][0].record()
             t0 = time.perf_counter()
+            micro = [next(source) for _ in range(cfg.grad_accum)]  # fetching is part of the step's time
             with tracker as report:
-                optimizer.zero_grad(set_to_none=True)
-                step_loss = torch.zeros((), device=device)
-                step_tokens = step_samples = 0
-                for _ in range(cfg.grad_accum):
-                    batch = _to_device(next(source), device)
-                    with autocast_context(cfg.precision, device):
-                        loss = model(**batch).loss
-                    if loss is None:
-                        raise ValueError("the model returned no loss: give the batches `labels`")
-                    # average over micro-batches, so accumulation gives the gradient of one big batch
-                    scaler.scale(loss / cfg.grad_accum).backward()
-                    step_loss += loss.detach().float() / cfg.grad_accum
-                    step_tokens += count_tokens(batch)
-                    step_samples += batch["input_ids"].shape[0]
-                    seq_len = batch["input_ids"].shape[1]
-                scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
-                if cfg.max_grad_norm is not None:
-                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                scaler.step(optimizer)  # skipped when an inf/NaN gradient was found
-                scaler.update()
-            synchronize(device)
-            step_times.append(time.perf_counter() - t0)
+                out = _step(model, micro, optimizer, use_scaler, cfg.precision, device, cfg.max_grad_norm,
+                            scheduler)
+            if cuda:
+                events[-1][1].record()
+            else:
+                step_times.append(time.perf_counter() - t0)  # a CPU computes synchronously
             if profile_cpu:
                 peak_memory, memory_method = report.peak_bytes, report.method
-            losses.append(float(step_loss))
-            if scaler.is_enabled():
-                scales.append(scale_before)
-                if scaler.get_scale() < scale_before:
-                    skipped.append(step)
+            pending.append((step, out))
             if not first:
-                tokens += step_tokens
-                samples += step_samples
-            if cfg.progress and (step % max(cfg.log_every, 1) == 0 or step == cfg.steps - 1):
-                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+                tokens = tokens + out.tokens
+                samples += out.samples
+                flops.add(out.widths)
             done = step + 1
-            if path is not None and cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-                save(done)
+            save = folder is not None and is_due(done, cfg.checkpoint_every, cfg.steps)
+            if save or done % cfg.log_every == 0 or done == cfg.steps:
+                read_back()
+                if cfg.progress:
+                    bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            if save:
+                if _is_main():
+                    save_checkpoint(Path(folder) / checkpoint_name(done), model, optimizer, scaler, done,
+                                    scheduler=scheduler, extra={"losses": losses, "skipped_steps": skipped,
+                                                                "scales": scales, "lrs": lrs})
+                    prune_checkpoints(folder, cfg.keep_checkpoints)
+                _barrier()  # under DDP nobody runs ahead of a checkpoint not yet on disk
+            if on_step is not None:
+                on_step(done, out)
+        read_back()
     bar.close()
     if cfg.track_memory and cuda:
         peak_memory = torch.cuda.max_memory_allocated(device)
         memory_method = "torch.cuda.max_memory_allocated"
 
     timed = sum(step_times[1:])
-    tokens_per_s = tokens / timed if timed > 0 else math.nan
-    samples_per_s = samples / timed if timed > 0 else math.nan
-    per_token, peak = _flops_and_peak(model, seq_len, cfg, device) if seq_len else (None, None)
-    mfu_value = tokens_per_s * per_token / peak if per_token and peak and timed > 0 else None
+    tokens = int(tokens)
+    tokens_per_s = tokens / timed if timed > 0 else None
+    samples_per_s = samples / timed if timed > 0 else None
+    peak, peak_source = (cfg.peak_flops, "TrainConfig.peak_flops") if cfg.peak_flops else (None, "")
+    per_token = mfu = None
+    if flops.known and tokens > 0:
+        useful = float(flops.total)
+        per_token = useful / tokens
+        if not peak:
+            peak, peak_source = _peak(device, cfg.precision)
+        mfu = useful / timed / peak if peak and timed > 0 else None
     return TrainResult(losses=losses, step_times_s=step_times, tokens_per_s=tokens_per_s,
-                       samples_per_s=samples_per_s, mfu=mfu_value, peak_memory_bytes=peak_memory,
-                       steps_done=max(start, cfg.steps),
-                       resumed_from=resumed_from, skipped_steps=skipped, scales=scales,
-                       flops_per_token=per_token, memory_method=memory_method)
+                       samples_per_s=samples_per_s, mfu=mfu, peak_memory_bytes=peak_memory,
+                       steps_done=max(start, cfg.steps), resumed_from=resumed_from, skipped_steps=skipped,
+                       scales=scales, lrs=lrs, flops_per_token=per_token, peak_flops=peak,
+                       peak_source=peak_source, memory_method=memory_method)
+
+
+# --- evaluation -------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, precision: str = "fp32",
+             device: torch.device | str | None = None,
+             pad_token_id: int = 0) -> tuple[float, list[int], list[int]]:
+    """(accuracy, predictions, labels) of a sequence classifier over a tokenised dataset
+    (`helpers.data.tokenize`), in batches sorted by length (less padding) (lesson 07)."""
+    from helpers.data import PadCollate  # the data layer: imported here, where it is used
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    cast = precision if precision in ("fp16", "bf16") else "fp32"  # autocast for the mixed precisions
+    was_training = model.training
+    model.eval()
+    collate = PadCollate(pad_token_id)
+    order = sorted(range(len(dataset)), key=lambda i: dataset.lengths[i])
+    preds = [0] * len(dataset)
+    with tf32_matmuls(uses_tf32(precision) and device.type == "cuda"):
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            batch = _to_device(collate([dataset[i] for i in idx]), device)
+            with autocast_context(cast, device):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            for i, p in zip(idx, logits.argmax(-1).tolist()):
+                preds[i] = p
+    model.train(was_training)
+    labels = [int(y) for y in dataset.labels]
+    return sum(p == y for p, y in zip(preds, labels)) / max(len(labels), 1), preds, labels
 
 
 # --- a learnable synthetic task ---------------------------------------------------------------------

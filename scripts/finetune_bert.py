@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -23,15 +22,13 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a file (torchrun, the command line): make `helpers` importable
-    sys.path.insert(0, str(ROOT))
-
-__all__ = ["FinetuneConfig", "load_splits", "tokenize_splits", "make_batches", "build_model", "evaluate",
-           "tfidf_baseline", "executed_flops_per_s", "finetune", "main"]
+from helpers.data import PADDINGS, load_text_classification, make_dataloader, padding_fraction, tokenize
+from helpers.distributed import setup, teardown
+from helpers.flops import executed_flops
+from helpers.models import load_bert
+from helpers.train import LR_SCHEDULES, TrainConfig, evaluate, train
 
 ATTNS = ("eager", "sdpa")
-PADDINGS = ("fixed", "bucketed")
 
 
 @dataclass
@@ -41,71 +38,64 @@ class FinetuneConfig:
     model_name: str = "bert-base-uncased"  # hub id or local folder; offline: the bundled MiniLM
     max_length: int = 128  # tokens per document (longer ones are truncated)
     batch_size: int = 16  # samples per step on each process
-    lr: float = 5e-5
+    lr: float = 5e-5  # peak learning rate
+    lr_schedule: str = "linear"  # linear warm-up, then linear decay to 0 ("constant": held after warm-up)
+    warmup_frac: float = 0.1  # warm-up over this fraction of the steps
     weight_decay: float = 0.01
     epochs: int = 1
     max_steps: int = 0  # > 0: stop after this many steps (per process) whatever the epochs
     max_examples: int = 0  # > 0: a stratified subset of the corpus (smoke runs)
-    precision: str = "fp32"  # fp32 | tf32 | bf16 (autocast)
+    precision: str = "fp32"  # fp32 | tf32 | fp16 | bf16 (helpers.precision)
     attn: str = "sdpa"  # eager | sdpa
-    compile: bool = False  # torch.compile the model
-    fused_adamw: bool = False  # fused AdamW kernel instead of the foreach one
-    padding: str = "fixed"  # fixed (every batch max_length wide) | bucketed (dynamic, length buckets)
+    compile: bool = False  # torch.compile the model (after DDP wraps it)
+    fused_adamw: bool = True  # the fused AdamW kernel (the course's default); --no-fused-adamw: foreach
+    padding: str = "fixed"  # fixed (every batch max_length wide) | dynamic | bucketed (length buckets)
     eval_batch_size: int = 64
     seed: int = 0
-    checkpoint_dir: str = ""  # "" = no checkpoints
-    checkpoint_every: int = 0  # steps; 0 = only at the end (when checkpoint_dir is set)
+    checkpoint_dir: str = ""  # "" = no checkpoints; else resume from the newest one there
+    checkpoint_every: int = 0  # steps; 0 = never
     save_dir: str = ""  # "" = do not save the fine-tuned model (save_pretrained)
     device: str = "auto"  # auto | cpu | cuda
     tfidf_baseline: bool = False  # also report TF-IDF + logistic regression on the same split
-    peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = a GPU's datasheet bf16 peak, else measured
+    peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = helpers.hardware.peak_flops
 
     def __post_init__(self) -> None:
         if self.attn not in ATTNS:
             raise ValueError(f"attn must be one of {ATTNS}, got {self.attn!r}")
         if self.padding not in PADDINGS:
             raise ValueError(f"padding must be one of {PADDINGS}, got {self.padding!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if min(self.max_length, self.batch_size, self.epochs, self.eval_batch_size) < 1 or self.lr <= 0:
-            raise ValueError(f"max_length, batch_size, epochs, eval_batch_size and lr must be positive: {self}")
+            raise ValueError("max_length, batch_size, epochs, eval_batch_size and lr must be positive: "
+                             f"{self}")
         if self.max_length > 512:
             raise ValueError(f"max_length={self.max_length}: BERT has 512 positions")
 
 
 def load_splits(cfg: FinetuneConfig, verbose: bool = True):
     """The corpus split train/val/test: the hub's copy when online, the bundled one offline."""
-    from helpers.data import load_text_classification
-
     return load_text_classification("auto", seed=cfg.seed, max_examples=cfg.max_examples or None,
                                     verbose=verbose)
 
 
 def tokenize_splits(splits: Any, tokenizer: Any, cfg: FinetuneConfig) -> dict[str, Any]:
     """{"train", "val", "test"}: each split tokenised (truncated to max_length, not padded)."""
-    from helpers.data import tokenize
-
     return {name: tokenize(getattr(splits, name), tokenizer, max_length=cfg.max_length)
             for name in ("train", "val", "test")}
 
 
 def make_batches(dataset: Any, cfg: FinetuneConfig, *, rank: int = 0, world_size: int = 1,
                  pad_token_id: int = 0) -> list[dict[str, torch.Tensor]]:
-    """The training batches of every epoch, in order, for this process: padded to max_length (fixed) or
-    to each batch's longest (bucketed); every process draws the same order and keeps every world_size-th."""
-    from helpers.data import LengthBucketSampler, PadCollate
-
-    collate = PadCollate(pad_token_id, cfg.max_length if cfg.padding == "fixed" else None)
+    """This process's training batches of every epoch, in order (helpers.data.make_dataloader): full
+    batches only; every process draws the same order and keeps every world_size-th batch."""
     out: list[dict[str, torch.Tensor]] = []
     for epoch in range(cfg.epochs):
-        if cfg.padding == "bucketed":
-            sampler = LengthBucketSampler(dataset.lengths, cfg.batch_size, seed=cfg.seed, drop_last=True)
-            sampler.set_epoch(epoch)
-            groups = list(sampler)
-        else:
-            g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-            order = torch.randperm(len(dataset), generator=g).tolist()
-            groups = [order[i:i + cfg.batch_size] for i in range(0, len(order) - cfg.batch_size + 1, cfg.batch_size)]
-        groups = groups[: len(groups) - len(groups) % world_size]  # every process takes as many steps
-        out += [collate([dataset[i] for i in idx]) for idx in groups[rank::world_size]]
+        loader = make_dataloader(dataset, cfg.batch_size, padding=cfg.padding, pad_token_id=pad_token_id,
+                                 fixed_length=cfg.max_length, seed=cfg.seed * 1000 + epoch)
+        batches = [b for b in loader if len(b["labels"]) == cfg.batch_size]
+        batches = batches[: len(batches) - len(batches) % world_size]  # every process takes as many steps
+        out += batches[rank::world_size]
     if not out:
         raise ValueError(f"no full batch of {cfg.batch_size} x {world_size} processes in {len(dataset)} "
                          "training examples: lower batch_size or raise max_examples")
@@ -114,36 +104,8 @@ def make_batches(dataset: Any, cfg: FinetuneConfig, *, rank: int = 0, world_size
 
 def build_model(cfg: FinetuneConfig, num_labels: int, verbose: bool = True):
     """(model, tokenizer): the pretrained classifier with the rung's attention implementation."""
-    from helpers.models import load_bert
-
     torch.manual_seed(cfg.seed)  # the new classifier head starts the same in every run
     return load_bert(cfg.model_name, num_labels=num_labels, attn_implementation=cfg.attn, verbose=verbose)
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset: Any, *, batch_size: int = 64, precision: str = "fp32",
-             device: torch.device | str = "cpu", pad_token_id: int = 0) -> tuple[float, list[int], list[int]]:
-    """(accuracy, predictions, labels) over `dataset`, in batches sorted by length (less padding)."""
-    from helpers.data import PadCollate
-    from helpers.train import autocast_context
-
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    collate = PadCollate(pad_token_id)
-    order = sorted(range(len(dataset)), key=lambda i: dataset.lengths[i])
-    preds = [0] * len(dataset)
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        batch = collate([dataset[i] for i in idx])
-        with autocast_context("bf16" if precision == "bf16" else "fp32", device):
-            logits = model(input_ids=batch["input_ids"].to(device),
-                           attention_mask=batch["attention_mask"].to(device)).logits
-        for i, p in zip(idx, logits.argmax(-1).tolist()):
-            preds[i] = p
-    model.train(was_training)
-    labels = list(dataset.labels)
-    return sum(p == y for p, y in zip(preds, labels)) / max(len(labels), 1), preds, labels
 
 
 def tfidf_baseline(splits: Any) -> float:
@@ -159,35 +121,15 @@ def tfidf_baseline(splits: Any) -> float:
 
 def executed_flops_per_s(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],
                          step_times_s: list[float]) -> float:
-    """FLOP/s the hardware executed in steps 1.. (step 0 is warm-up and compilation): every position of
-    each batch, padding included, at the batch's own width (`helpers.flops.model_flops_per_token`)."""
-    from helpers.flops import model_flops_per_token
-
+    """FLOP/s the hardware executed in steps 1.. (step 0 is warm-up), padding included
+    (`helpers.flops.executed_flops`); MFU counts real tokens only (`helpers.train.TrainResult`)."""
     if len(step_times_s) < 2:
         return 0.0
-    flops = sum(b["input_ids"].numel() * model_flops_per_token(model, b["input_ids"].shape[1])
-                for b in batches[1:len(step_times_s)])
-    return flops / sum(step_times_s[1:])
-
-
-def _default_peak(device: torch.device) -> float | None:
-    """The dense bf16 datasheet peak of a known GPU, else a matmul roofline measured now (a CPU's)."""
-    from helpers.hardware import measure_roofline
-    from helpers.flops import peak_flops
-
-    peak = peak_flops(device, "bf16")
-    if peak is None:
-        roof = measure_roofline(device, dtypes=["float32"] if device.type == "cpu" else None)
-        peak = peak_flops(device, "fp32" if device.type == "cpu" else "bf16", roofline=roof)
-    return peak.flops if peak is not None else None
+    return executed_flops(model, batches[1:len(step_times_s)]) / sum(step_times_s[1:])
 
 
 def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
     """Fine-tune as `cfg` says, in this process (and its torchrun peers); returns the measurements."""
-    from helpers.data import padding_fraction
-    from helpers.distributed import setup, teardown
-    from helpers.train import TrainConfig, train
-
     env = setup(cfg.device, timeout_s=1800.0)  # rank 0 evaluates while the others wait at the barrier
     main_rank = env.rank == 0
     say = log if main_rank else (lambda *a, **k: None)
@@ -199,40 +141,47 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
         batches = make_batches(data["train"], cfg, rank=env.rank, world_size=env.world_size,
                                pad_token_id=tokenizer.pad_token_id or 0)
         steps = min(len(batches), cfg.max_steps) if cfg.max_steps else len(batches)
-        raw = model
-        run: torch.nn.Module = model.to(env.device)
-        if cfg.compile:
-            run = torch.compile(run)
+        raw = model.to(env.device)
+        run: torch.nn.Module = raw
         if env.distributed:
             from torch.nn.parallel import DistributedDataParallel as DDP
             run = DDP(run, device_ids=[env.device.index] if env.device.type == "cuda" else None)
-        tcfg = TrainConfig(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay, precision=cfg.precision,
+        if cfg.compile:  # compile the DDP-wrapped model: graphs split at DDP's buckets (PyTorch's advice)
+            run = torch.compile(run)
+        tcfg = TrainConfig(steps=steps, lr=cfg.lr, lr_schedule=cfg.lr_schedule, warmup_frac=cfg.warmup_frac,
+                           weight_decay=cfg.weight_decay, precision=cfg.precision,
                            fused_adamw=cfg.fused_adamw, max_grad_norm=1.0, seed=cfg.seed,
                            checkpoint_dir=cfg.checkpoint_dir or None,
-                           checkpoint_every=(cfg.checkpoint_every or steps) if cfg.checkpoint_dir else 0,
-                           progress=main_rank, track_memory=True)
+                           checkpoint_every=cfg.checkpoint_every if cfg.checkpoint_dir else 0,
+                           progress=main_rank, track_memory=True, peak_flops=cfg.peak_flops or None)
         say(f"finetune: {steps} steps of {cfg.batch_size} x {env.world_size} process(es) on {env.device}, "
             f"{cfg.precision}, attn={cfg.attn}, compile={cfg.compile}, fused={cfg.fused_adamw}, "
-            f"padding={cfg.padding}")
+            f"padding={cfg.padding}, lr {cfg.lr} {cfg.lr_schedule} (warm-up {tcfg.warmup} steps)")
         t_train = time.perf_counter()
         res = train(run, batches, tcfg, env.device)
         train_s = time.perf_counter() - t_train
         done = batches[(res.resumed_from or 0):(res.resumed_from or 0) + len(res.step_times_s)]
-        job_flops_per_s = executed_flops_per_s(raw, done, res.step_times_s) * env.world_size
-        peak = cfg.peak_flops or _default_peak(env.device)
-        devices = env.world_size if env.device.type == "cuda" else 1  # CPU processes share one CPU
-        result: dict[str, Any] = {"config": asdict(cfg), "world_size": env.world_size, "device": str(env.device),
-                                  "model_source": getattr(raw, "course_source", "?"), "steps": res.steps_done,
-                                  "resumed_from": res.resumed_from, "final_loss": res.final_loss,
-                                  "losses": res.losses,
-                                  "train_s": train_s,
-                                  # every process handled as many samples: the job's throughput is world_size x
-                                  "samples_per_s": res.samples_per_s * env.world_size,
-                                  "tokens_per_s": res.tokens_per_s * env.world_size,
-                                  "mfu": job_flops_per_s / (peak * devices) if peak and job_flops_per_s else None,
-                                  "first_step_s": res.step_times_s[0] if res.step_times_s else None,
-                                  "padding": padding_fraction(done) if done else None,
-                                  "peak_memory_bytes": res.peak_memory_bytes}
+        world = env.world_size
+        # one device per process on GPUs; CPU processes share one CPU, whose peak covers them all
+        devices = world if env.device.type == "cuda" else 1
+        result: dict[str, Any] = {
+            "config": asdict(cfg), "world_size": world, "device": str(env.device),
+            "model_source": getattr(raw, "course_source", "?"),
+            "pretrained": getattr(raw, "course_pretrained", None), "steps": res.steps_done,
+            "resumed_from": res.resumed_from, "final_loss": res.final_loss, "losses": res.losses,
+            "lrs": res.lrs, "train_s": train_s,
+            # every process handled as many samples: the job's throughput is world_size x one process's
+            "samples_per_s": res.samples_per_s * world if res.samples_per_s is not None else None,
+            "tokens_per_s": res.tokens_per_s * world if res.tokens_per_s is not None else None,
+            "mfu": res.mfu * world / devices if res.mfu is not None else None,
+            "peak_flops": res.peak_flops, "peak_source": res.peak_source,
+            "executed_flops_per_s": executed_flops_per_s(raw, done, res.step_times_s) * world or None,
+            "first_step_s": res.step_times_s[0] if res.step_times_s else None,
+            "padding": padding_fraction(done) if done else None,
+            "peak_memory_bytes": res.peak_memory_bytes}
+        if result["mfu"] is None and main_rank:
+            say(f"finetune: no MFU: {res.peak_source or 'nothing timed'} (measure its roofline in lesson 00, "
+                "or pass --peak-flops)")
         if main_rank:
             acc_val = evaluate(raw, data["val"], batch_size=cfg.eval_batch_size, precision=cfg.precision,
                                device=env.device)[0] if len(data["val"]) else None
@@ -248,8 +197,8 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
             if cfg.save_dir:
                 raw.save_pretrained(cfg.save_dir)
                 tokenizer.save_pretrained(cfg.save_dir)
-            say(f"finetune: test accuracy {acc_test:.4f}, {train_s:.1f} s training, "
-                f"{result['samples_per_s']:.2f} samples/s")
+            rate = f"{result['samples_per_s']:.2f} samples/s" if result["samples_per_s"] else "no timed steps"
+            say(f"finetune: test accuracy {acc_test:.4f}, {train_s:.1f} s training, {rate}")
         return result
     finally:
         teardown()

@@ -33,16 +33,33 @@ def _offline(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_resumes_from_its_checkpoint(tmp_path):
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     quiet = lambda *a, **k: None  # noqa: E731
     whole = ft.finetune(ft.FinetuneConfig(**TINY, max_steps=3), log=quiet)
+    # linear decay to 0 (10 % warm-up of 3 steps rounds to none)
+    assert whole["lrs"] == pytest.approx([5e-5, 5e-5 * 2 / 3, 5e-5 / 3])
     ck = str(tmp_path / "ck")
-    first = ft.finetune(ft.FinetuneConfig(**TINY, max_steps=2, checkpoint_dir=ck, checkpoint_every=1), log=quiet)
-    assert first["resumed_from"] is None and (tmp_path / "ck" / "last.pt").is_file()
-    rest = ft.finetune(ft.FinetuneConfig(**TINY, max_steps=3, checkpoint_dir=ck, checkpoint_every=1), log=quiet)
-    assert rest["resumed_from"] == 2 and rest["steps"] == 3
-    assert rest["losses"][:2] == first["losses"]
-    # the same batches in the same order from the same weights: the resumed run repeats the unbroken one
+    make_batches = ft.make_batches
+
+    class DiesAtStep2(list):  # the process is killed while it fetches the batch of step 2
+        def __getitem__(self, i):
+            if i == 2:
+                raise Killed
+            return super().__getitem__(i)
+
+    monkeypatch.setattr(ft, "make_batches", lambda *a, **k: DiesAtStep2(make_batches(*a, **k)))
+    cfg = ft.FinetuneConfig(**TINY, max_steps=3, checkpoint_dir=ck, checkpoint_every=1)
+    with pytest.raises(Killed):
+        ft.finetune(cfg, log=quiet)
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step_000001.pt", "step_000002.pt"]
+    rest = ft.finetune(cfg, log=quiet)
+    assert rest["resumed_from"] == 2 and rest["steps"] == 3 and rest["lrs"] == whole["lrs"]
+    # the same batches in the same order from the same weights and schedule: it repeats the unbroken run
     assert rest["losses"] == pytest.approx(whole["losses"], rel=1e-5, abs=1e-6)
     assert 0.0 <= rest["test_accuracy"] <= 1.0
 

@@ -38,7 +38,8 @@ def test_a_device_that_cannot_run_it_says_what_to_use():
 
 
 def test_uses_tf32_is_on_for_every_rung_after_fp32():
-    assert [hp.uses_tf32(p) for p in ("fp32", "tf32", "fp16", "bf16", "fp8")] == [False, True, True, True, True]
+    rungs = ("fp32", "tf32", "fp16", "bf16", "fp8")
+    assert [hp.uses_tf32(p) for p in rungs] == [False, True, True, True, True]
     with pytest.raises(ValueError):
         hp.uses_tf32("tfloat32")
 

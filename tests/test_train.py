@@ -9,9 +9,16 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.checkpoint import latest_checkpoint
 from helpers.models import SmallTransformer, TransformerConfig
-from helpers.train import (TrainConfig, autocast_context, check_precision, checkpoint_path, count_tokens,
-                           load_checkpoint, save_checkpoint, synthetic_batch_fn, train)
+from helpers.train import (
+    TrainConfig,
+    autocast_context,
+    check_precision,
+    count_tokens,
+    synthetic_batch_fn,
+    train,
+)
 
 VOCAB, BATCH, SEQ = 64, 4, 16
 
@@ -23,7 +30,7 @@ def tiny_model(seed: int = 0, **overrides) -> SmallTransformer:
 
 
 def quiet(**kw) -> TrainConfig:
-    return TrainConfig(progress=False, track_memory=False, lr=3e-3, **kw)
+    return TrainConfig(**{"progress": False, "track_memory": False, "lr": 3e-3, **kw})
 
 
 class Interrupt(Exception):
@@ -42,12 +49,13 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     cfg = quiet(steps=6, checkpoint_dir=str(tmp_path), checkpoint_every=2)
     with pytest.raises(Interrupt):
         train(tiny_model(), dies_at_step_5, cfg)
-    assert torch.load(checkpoint_path(tmp_path), weights_only=False)["step"] == 4
+    assert latest_checkpoint(tmp_path)[0] == 4
     resumed_model = tiny_model(seed=123)  # a fresh process: other initial weights, other RNG state
     resumed = train(resumed_model, batch_fn, cfg)
     assert resumed.resumed_from == 4 and resumed.steps_done == 6 and len(resumed.step_times_s) == 2
     assert resumed.losses == full.losses  # bit-identical: same batches, same dropout masks, same updates
-    assert [p for p in os.listdir(tmp_path)] == ["last.pt"]  # no temporary files left behind
+    # the newest two kept, no temporary files left behind
+    assert sorted(os.listdir(tmp_path)) == ["step_000004.pt", "step_000006.pt"]
 
 
 def test_resume_with_a_sequence_and_an_iterable_of_batches(tmp_path):
@@ -157,7 +165,8 @@ def test_bad_input_is_explained():
     with pytest.raises(ValueError, match="callable batch_fn"):
         train(tiny_model(), 42, quiet(steps=1))
     with pytest.raises(ValueError, match="labels"):
-        train(tiny_model(), lambda step, micro: {"input_ids": torch.zeros(2, 4, dtype=torch.long)}, quiet(steps=1))
+        train(tiny_model(), lambda step, micro: {"input_ids": torch.zeros(2, 4, dtype=torch.long)},
+              quiet(steps=1))
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA GPU"):
             check_precision("bf16", "cuda")
@@ -170,32 +179,6 @@ def test_fp16_on_a_device_without_autocast_is_refused(monkeypatch):
     check_precision("fp32", "cpu")  # fp32 needs nothing
 
 
-def test_checkpoint_of_another_model_is_refused(tmp_path):
-    path = tmp_path / "other.pt"
-    save_checkpoint(path, tiny_model(d_model=48), None, None, step=3)
-    with pytest.raises(ValueError, match="another model"):
-        load_checkpoint(path, tiny_model())
-    state = load_checkpoint(path, tiny_model(d_model=48))
-    assert state["step"] == 3
-
-
-def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    path = tmp_path / "last.pt"
-    model = tiny_model()
-    save_checkpoint(path, model, None, None, step=1)
-
-    def broken_save(obj, f, *args, **kwargs):
-        f.write(b"half a checkpoint")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(path, model, None, None, step=2)
-    monkeypatch.undo()
-    assert load_checkpoint(path, model)["step"] == 1
-    assert os.listdir(tmp_path) == ["last.pt"]
-
-
 def test_the_prepared_gpu_benchmark_runs_in_smoke_mode(tmp_path):
     import json
     import sys
@@ -204,7 +187,8 @@ def test_the_prepared_gpu_benchmark_runs_in_smoke_mode(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import mixed_precision_gpu
 
-    assert mixed_precision_gpu.main(["--smoke", "--device", "cpu", "--only", "small", "--out", str(tmp_path)]) == 0
+    args = ["--smoke", "--device", "cpu", "--only", "small", "--out", str(tmp_path)]
+    assert mixed_precision_gpu.main(args) == 0
     (result,) = tmp_path.glob("mixed_precision-*.json")
     rows = json.loads(result.read_text())["rows"]
     assert [r["precision"] for r in rows] == ["fp32", "tf32", "fp16", "bf16"]
@@ -225,8 +209,9 @@ def test_a_hugging_face_model_trains_with_the_same_loop():
     def bert():
         torch.manual_seed(0)
         return BertForSequenceClassification(BertConfig(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB,
-            max_position_embeddings=SEQ, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            vocab_size=VOCAB, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0))
 
     plain = train(bert(), batch_fn, quiet(steps=3))
     model = bert()
@@ -234,3 +219,182 @@ def test_a_hugging_face_model_trains_with_the_same_loop():
     assert getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing")
     torch.testing.assert_close(torch.tensor(ckpt.losses), torch.tensor(plain.losses), rtol=1e-5, atol=1e-6)
     assert plain.flops_per_token > 0  # sizes read from the Hugging Face config
+
+
+# --- issue 13: inputs that slipped through ------------------------------------------------------------
+
+@pytest.mark.parametrize("norm", [-1.0, 0.0, float("nan"), "1.0"])
+def test_a_clipping_norm_that_is_not_positive_is_refused(norm):
+    # clip_grad_norm_ with max_norm=-1 multiplies every gradient by a negative factor: the loss climbs
+    with pytest.raises(ValueError, match="use None for no clipping"):
+        TrainConfig(steps=1, max_grad_norm=norm)
+    TrainConfig(steps=1, max_grad_norm=None)  # None: no clipping
+
+
+def test_zero_steps_is_a_run_of_no_steps_without_nans():
+    result = train(tiny_model(), synthetic_batch_fn(VOCAB, BATCH, SEQ), quiet(steps=0))
+    assert result.losses == [] and result.steps_done == 0 and result.step_times_s == []
+    assert result.tokens_per_s is None and result.samples_per_s is None and result.mfu is None
+
+
+def test_one_step_reports_no_throughput_rather_than_nan():
+    result = train(tiny_model(), synthetic_batch_fn(VOCAB, BATCH, SEQ), quiet(steps=1))
+    assert len(result.losses) == 1 and result.tokens_per_s is None  # the only step is the warm-up
+
+
+def test_stale_temporary_checkpoint_files_are_removed_on_the_next_start(tmp_path, capsys):
+    cfg = quiet(steps=2, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    (tmp_path / "step_000004.pt.k2j3_x.tmp").write_bytes(b"half of a checkpoint")  # a killed save's leftover
+    (tmp_path / "step_000006.tmp").mkdir()  # and a DCP folder's
+    (tmp_path / "notes.tmp").write_text("not ours")  # other names are left alone
+    train(tiny_model(), synthetic_batch_fn(VOCAB, BATCH, SEQ), cfg)
+    assert sorted(os.listdir(tmp_path)) == ["notes.tmp", "step_000002.pt"]
+    out = capsys.readouterr().out
+    assert "removed 2 unfinished temporary file(s)" in out and "step_000004.pt.k2j3_x.tmp" in out
+
+
+def test_checkpoint_every_zero_never_saves(tmp_path):
+    train(tiny_model(), synthetic_batch_fn(VOCAB, BATCH, SEQ), quiet(steps=3, checkpoint_dir=str(tmp_path)))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_truncated_last_checkpoint_is_named_and_the_previous_one_offered(tmp_path):
+    batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ)
+    cfg = quiet(steps=4, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    train(tiny_model(), batch_fn, cfg)
+    newest = tmp_path / "step_000004.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a copy that did not finish
+    cfg.steps = 6
+    with pytest.raises(ValueError, match="step_000004.pt.*not a complete checkpoint.*step_000002.pt"):
+        train(tiny_model(), batch_fn, cfg)
+    newest.unlink()  # what the message says to do: the run resumes from the previous one
+    assert train(tiny_model(), batch_fn, cfg).resumed_from == 2
+
+
+# --- the loop: exact, fed, measured -------------------------------------------------------------------
+
+def _plain_loop(model, batch_fn, steps, lr=3e-3, max_grad_norm=1.0):
+    """The loop as it was written before the loop kept the device fed: float() after every step."""
+    from helpers.config import seed_everything
+    from helpers.train import make_optimizer
+
+    seed_everything(0)
+    opt = make_optimizer(model, lr, 0.01)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = model(**batch_fn(step, 0)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        opt.step()
+        losses.append(float(loss.detach().float()))
+    return losses
+
+
+def test_losses_are_bit_identical_to_a_plain_loop_that_syncs_every_step():
+    batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=6, pad_fraction=0.3)
+    expected = _plain_loop(tiny_model(), batch_fn, 7)
+    result = train(tiny_model(), batch_fn, quiet(steps=7, log_every=3))  # read back at 3, 6 and 7
+    assert result.losses == expected
+
+
+def test_train_step_in_a_loop_of_your_own_matches_train():
+    from helpers.config import seed_everything
+    from helpers.train import make_optimizer, train_step
+
+    batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=7)
+    expected = train(tiny_model(), batch_fn, quiet(steps=4, grad_accum=2)).losses
+    model = tiny_model()
+    seed_everything(0)
+    opt = make_optimizer(model, 3e-3, 0.01)
+    outs = [train_step(model, [batch_fn(s, m) for m in range(2)], opt) for s in range(4)]
+    assert [float(o.loss) for o in outs] == expected
+    assert all(o.samples == 2 * BATCH and o.tokens == 2 * BATCH * SEQ for o in outs)
+    with pytest.raises(ValueError, match="GradScaler"):
+        train_step(model, batch_fn(0, 0), opt, precision="fp16")
+
+
+def test_tokens_are_counted_on_the_host_before_the_model_runs():
+    from helpers.train import make_optimizer, train_step
+
+    class EatsItsMask(nn.Module):  # zeroes the mask it gets: a count taken afterwards would see 0
+        def __init__(self):
+            super().__init__()
+            self.inner = tiny_model()
+
+        def forward(self, input_ids, attention_mask, labels):
+            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+            attention_mask.zero_()
+            return out
+
+    batch = synthetic_batch_fn(VOCAB, BATCH, SEQ, pad_fraction=0.5)(0, 0)
+    real = int(batch["attention_mask"].sum())
+    model = EatsItsMask()
+    out = train_step(model, batch, make_optimizer(model, 1e-3, 0.0))
+    assert isinstance(out.tokens, int) and out.tokens == real < BATCH * SEQ
+
+
+def test_mfu_counts_real_tokens_at_each_batch_width():
+    from helpers.flops import model_flops_per_token
+
+    base = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=8, pad_fraction=0.5)
+    widths = [SEQ, SEQ // 2, SEQ, SEQ // 4, SEQ // 2]  # dynamic padding: each batch as wide as it needs
+
+    def batch_fn(step, micro):
+        return {k: v[:, :widths[step]] for k, v in base(step, micro).items()}
+
+    model = tiny_model()
+    result = train(model, batch_fn, quiet(steps=5, peak_flops=1e12))
+    useful = sum(int(batch_fn(s, 0)["attention_mask"].sum()) * model_flops_per_token(model, widths[s])
+                 for s in range(1, 5))  # step 0 is the warm-up
+    timed = sum(result.step_times_s[1:])
+    assert result.mfu == pytest.approx(useful / timed / 1e12, rel=1e-9)
+    assert result.peak_flops == 1e12 and result.peak_source == "TrainConfig.peak_flops"
+
+
+def test_linear_warmup_and_decay_and_an_exact_resume(tmp_path):
+    batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=9)
+    cfg = dict(steps=8, lr=1e-2, lr_schedule="linear", warmup_steps=2)
+    full = train(tiny_model(), batch_fn, quiet(**cfg))
+    # warm-up 0, 0.5 of the peak, then down in a straight line to 0 after the last step
+    assert full.lrs == pytest.approx([0.0, 5e-3, 1e-2, 1e-2 * 5 / 6, 1e-2 * 4 / 6, 1e-2 * 3 / 6,
+                                      1e-2 * 2 / 6, 1e-2 * 1 / 6])
+    part = quiet(**cfg, checkpoint_dir=str(tmp_path), checkpoint_every=3)
+
+    def dies_at_step_4(step, micro):
+        if step == 4:
+            raise Interrupt
+        return batch_fn(step, micro)
+
+    with pytest.raises(Interrupt):
+        train(tiny_model(), dies_at_step_4, part)
+    resumed = train(tiny_model(seed=5), batch_fn, part)
+    assert resumed.resumed_from == 3
+    assert resumed.lrs == full.lrs and resumed.losses == full.losses  # the schedule's state was saved
+    with pytest.raises(ValueError, match="warmup_steps"):
+        TrainConfig(steps=8, warmup_steps=2, warmup_frac=0.1)
+    assert TrainConfig(steps=50, warmup_frac=0.1).warmup == 5
+
+
+def test_on_step_sees_every_step_and_your_own_optimizer_is_used():
+    from helpers.train import make_optimizer
+
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    train(model, synthetic_batch_fn(VOCAB, BATCH, SEQ), quiet(steps=3), optimizer=opt,
+          on_step=lambda done, out: seen.append((done, out.loss.shape)))
+    assert seen == [(1, ()), (2, ()), (3, ())]
+    assert not opt.state or "momentum_buffer" in next(iter(opt.state.values()))  # SGD's, not AdamW's
+    assert make_optimizer(tiny_model(), 1e-3, 0.0).defaults["fused"]  # fused AdamW on this CPU too
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_loop_reads_back_at_log_points_only():
+    batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, pad_fraction=0.3)
+    model = tiny_model(dropout=0.0).cuda()
+    result = train(model, batch_fn, quiet(steps=7, log_every=3), device="cuda")
+    assert len(result.losses) == len(result.step_times_s) == 7 and all(t > 0 for t in result.step_times_s)
+    assert result.tokens_per_s > 0 and result.peak_memory_bytes > 0
+    host = sum(count_tokens(batch_fn(s, 0)) for s in range(1, 7))
+    assert result.tokens_per_s * sum(result.step_times_s[1:]) == pytest.approx(host)

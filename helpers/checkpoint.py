@@ -1,0 +1,263 @@
+"""Checkpoints, one home for the course (lessons 03, 06, 07): what `helpers.train.train` and
+`scripts/train_ddp.py` save and resume from.
+
+Names: one checkpoint per saved step, in one folder, named by the optimizer steps done:
+
+    <folder>/step_000004.pt   one file (a single process; under DDP rank 0 writes it, replicas are equal)
+    <folder>/step_000004/     a torch.distributed.checkpoint (DCP) folder: each FSDP rank writes its shards
+
+`latest_checkpoint(folder)` is the one with the most steps; `prune_checkpoints` keeps the newest few, so a
+checkpoint that turns out to be damaged still leaves the one before it. "Save every K steps" means after
+every K-th step and after the last one; K = 0 means never (`is_due`).
+
+Atomic: a file is written to a temporary name in the same folder (`step_000004.pt.<random>.tmp`), flushed to
+disk, then renamed over the final name (`os.replace`); a DCP folder is written as `step_000004.tmp/` and
+renamed when every rank has finished. A run killed at any moment leaves the previous checkpoint or the new
+one, never half of one; what it leaves is a temporary, which the next start removes
+(`remove_stale_temporaries`, only names of this writer's pattern).
+
+A single-file checkpoint holds the model, optimizer, GradScaler and learning-rate scheduler states, the RNG
+states (torch, Python, CUDA), the step and an `extra` dict (the loss history...). It is read with
+`torch.load(weights_only=True)`: tensors and plain values only, no code runs when a file is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["CheckpointError", "checkpoint_name", "list_checkpoints", "latest_checkpoint", "is_due",
+           "prune_checkpoints", "remove_stale_temporaries", "unwrap_model", "save_checkpoint",
+           "load_checkpoint", "save_sharded", "load_sharded"]
+
+CHECKPOINT_FORMAT = 1
+_DONE_RE = re.compile(r"^step_(\d{6,})(\.pt)?$")  # a complete checkpoint: file or DCP folder
+_TMP_FILE_RE = re.compile(r"^step_\d{6,}\.pt\.[A-Za-z0-9_]+\.tmp$")  # save_checkpoint's temporaries
+_TMP_DIR_RE = re.compile(r"^step_\d{6,}\.tmp$")  # save_sharded's temporaries
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: incomplete, damaged, or of another model (lessons 06, 07)."""
+
+
+def checkpoint_name(step: int, *, sharded: bool = False) -> str:
+    """The name of the checkpoint taken after `step` optimizer steps: step_000004.pt or step_000004 (DCP)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    return f"step_{step:06d}" + ("" if sharded else ".pt")
+
+
+def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The complete checkpoints in `folder` as (step, path), oldest first; temporaries are left out."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _DONE_RE.match(p.name))
+             and (p.is_dir() if m.group(2) is None else p.is_file())]
+    return sorted(found)
+
+
+def latest_checkpoint(folder: str | os.PathLike) -> tuple[int, Path] | None:
+    """(step, path) of the newest complete checkpoint in `folder`, or None (lessons 06, 07)."""
+    found = list_checkpoints(folder)
+    return found[-1] if found else None
+
+
+def is_due(done: int, every: int, last: int) -> bool:
+    """Whether to save after `done` steps: every `every`-th step and the `last` one; never when every == 0."""
+    if every < 0:
+        raise ValueError(f"checkpoint every {every} steps: use a positive number, or 0 for never")
+    return every > 0 and (done % every == 0 or done == last)
+
+
+def prune_checkpoints(folder: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints in `folder`; returns what it deleted."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1 (the checkpoint to resume from), got {keep}")
+    old = [p for _, p in list_checkpoints(folder)[:-keep]]
+    for p in old:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return old
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, *, log: Any = print) -> list[Path]:
+    """Remove the temporaries an interrupted save left in `folder` (this module's names only), saying so."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = sorted(p for p in folder.iterdir() if (_TMP_FILE_RE.match(p.name) and p.is_file())
+                   or (_TMP_DIR_RE.match(p.name) and p.is_dir()))
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    if stale and log is not None:
+        log(f"checkpoints: removed {len(stale)} unfinished temporary file(s) an interrupted save left in "
+            f"{folder}: {', '.join(p.name for p in stale)}")
+    return stale
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside torch.compile (`_orig_mod`) and DDP (`.module`) wrappers: what a checkpoint stores."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _signature(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the model's state: what a checkpoint must match."""
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    scaler: torch.amp.GradScaler | None = None, step: int = 0, *,
+                    scheduler: Any = None, extra: Mapping[str, Any] | None = None) -> Path:
+    """Write a single-file checkpoint to `path` atomically: temporary file, fsync, rename (lessons 06, 07)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = unwrap_model(model)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "model_class": type(model).__name__,
+        "signature": _signature(model),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "step": int(step),
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        "extra": dict(extra or {}),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" checkpoint
+        os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the new one
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _damaged(path: Path, err: BaseException) -> CheckpointError:
+    """The error for a file torch.load cannot read: which file, what it is, what to do."""
+    size = path.stat().st_size if path.exists() else 0
+    earlier = [p for s, p in list_checkpoints(path.parent) if p != path and p.name < path.name]
+    what_now = (f"resume from the previous checkpoint {earlier[-1].name} (delete {path.name}, and the "
+                f"newest complete one is used)" if earlier else f"delete {path} to start over")
+    return CheckpointError(f"{path} ({size:,} bytes) is not a complete checkpoint ({type(err).__name__}: "
+                           f"{str(err).splitlines()[0][:120] if str(err) else 'no data'}); it was cut "
+                           f"short or damaged, e.g. by a copy that did not finish. To go on: {what_now}.")
+
+
+def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    scaler: torch.amp.GradScaler | None = None, *, scheduler: Any = None,
+                    restore_rng: bool = True) -> dict[str, Any]:
+    """Load a single-file checkpoint into `model` (and optimizer, scaler, scheduler); returns its contents.
+
+    Raises CheckpointError (a ValueError) for a missing, damaged or foreign file (lessons 06, 07)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint file at {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip (RuntimeError), garbage (UnpicklingError, KeyError), empty (EOF)
+        raise _damaged(path, err) from err
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "signature" not in state:
+        raise CheckpointError(f"{path} is not a checkpoint written by helpers.checkpoint.save_checkpoint")
+    model = unwrap_model(model)
+    mine, theirs = _signature(model), state["signature"]
+    if state["model_class"] != type(model).__name__ or mine != theirs:
+        missing = sorted(set(mine) - set(theirs))[:3]
+        unexpected = sorted(set(theirs) - set(mine))[:3]
+        shapes = [f"{k}: {theirs[k]} vs {mine[k]}" for k in mine.keys() & theirs.keys()
+                  if mine[k] != theirs[k]][:3]
+        raise CheckpointError(f"{path} holds a checkpoint of another model ({state['model_class']}, "
+                              f"{len(theirs)} tensors) than this {type(model).__name__} "
+                              f"({len(mine)} tensors); missing {missing}, unexpected {unexpected}, "
+                              f"different shapes {shapes}: "
+                              "point checkpoint_dir at a new folder for a new model")
+    model.load_state_dict(state["model"])
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if restore_rng:
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(_as_tuple(state["rng"]["python"]))
+        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return state
+
+
+def _as_tuple(x: Any) -> Any:
+    """random.setstate wants tuples all the way down."""
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# --- FSDP: torch.distributed.checkpoint folders ------------------------------------------------------
+
+def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 *, extra: Mapping[str, Any] | None = None) -> Path:
+    """Every rank writes its shards of model and optimizer (DCP) to `folder/step_NNNNNN/` (lesson 06).
+
+    A collective: call it on every rank. Written as step_NNNNNN.tmp/ and renamed by rank 0 at the end."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = Path(folder)
+    name = checkpoint_name(step, sharded=True)
+    final, tmp = folder / name, folder / (name + ".tmp")
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # sharded: each rank holds its part
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)  # returns when all ranks wrote
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    if main:
+        (tmp / "meta.json").write_text(json.dumps({"step": int(step), "extra": dict(extra or {})}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)  # the folder appears complete, or not at all
+    if dist.is_initialized():
+        dist.barrier()  # nobody reads the folder before rank 0 has renamed it
+    return final
+
+
+def load_sharded(path: str | os.PathLike, model: nn.Module,
+                 optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load a DCP checkpoint folder into this run's shards, on every rank (lesson 06).
+
+    Returns {"step": ..., "extra": ...}."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    meta = path / "meta.json"
+    if not meta.is_file():
+        raise CheckpointError(f"{path} is not a complete sharded checkpoint (no meta.json): delete it to "
+                              "resume from the one before")
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # the layout to load into (this run's shards)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    info = json.loads(meta.read_text())
+    return {"step": int(info["step"]), "extra": info.get("extra", {})}
