@@ -101,16 +101,22 @@ def test_additive_float_mask_is_refused_naming_the_boolean_convention(name):
 
 
 def test_every_implementation_agrees_on_the_converted_mask():
+    from helpers.attention import agreement_tolerance, attention_agreement
+
     q, k, v, keep, additive = _qkv_and_masks()
     reference = naive_attention(q, k, v, key_padding_mask=keep)
     assert not torch.isnan(reference).any()
+    # the Triton kernel runs compiled on a GPU (fp32 matmuls in TF32 there), interpreted on a CPU
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     for name, fn in _implementations().items():
+        dev = device if name == "triton" else "cpu"
         for mask in (additive == 0, keep.long()):  # the conversion the message names, and 0/1 integers
-            torch.testing.assert_close(fn(q, k, v, key_padding_mask=mask), reference, atol=1e-5, rtol=0,
-                                       msg=lambda m, name=name: f"{name}: {m}")
+            out = fn(q.to(dev), k.to(dev), v.to(dev), key_padding_mask=mask.to(dev))
+            err = attention_agreement(out.cpu(), reference)
+            assert err < agreement_tolerance(torch.float32, dev), f"{name}: relative error {err:.1e}"
     # the check is real: a mask read the wrong way round changes the output
-    assert not torch.allclose(naive_attention(q, k, v, key_padding_mask=~keep | (torch.arange(16) < 1)),
-                              reference, atol=1e-3)
+    flipped = naive_attention(q, k, v, key_padding_mask=~keep | (torch.arange(16) < 1))
+    assert attention_agreement(flipped, reference) > 0.1
 
 
 def test_flex_mask_mod_refuses_a_float_mask():
