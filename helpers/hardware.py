@@ -92,8 +92,14 @@ class GPUInfo:
     index: int
     name: str
     capability: tuple[int, int]
-    memory_gb: float  # total memory, GB (10⁹ bytes)
+    memory_gib: float  # total memory as the device reports it, GiB (2³⁰ bytes)
     sm_count: int
+
+    @classmethod
+    def from_properties(cls, index: int, props: Any) -> "GPUInfo":
+        """From `torch.cuda.get_device_properties(index)`: what the device itself reports (lesson 00)."""
+        return cls(index, props.name, (props.major, props.minor), props.total_memory / 2**30,
+                   props.multi_processor_count)
 
     @property
     def cuda_cores(self) -> int | None:
@@ -147,14 +153,14 @@ class EnvironmentReport:
 
     def hardware(self) -> Table:
         """The CPU and each GPU, with what they accelerate, as a table."""
-        t = Table(["device", "name", "compute capability", "memory GB", "SMs", "CUDA cores",
+        t = Table(["device", "name", "compute capability", "memory GiB (device)", "SMs", "CUDA cores",
                    "accelerates"], title="Hardware")
         isa = ", ".join(k for k, v in self.cpu.isa.items() if v) or "none of AVX2/AVX-512/AMX"
         t.add("cpu", self.cpu.model, None, None, None, None,
               f"{self.cpu.cores} cores, {isa} (torch uses {self.cpu.torch_capability})")
         for g in self.gpus:
             acc = ", ".join(k for k, v in g.accelerates.items() if v) or "no tensor cores"
-            t.add(f"cuda:{g.index}", g.name, f"{g.capability[0]}.{g.capability[1]}", round(g.memory_gb, 1),
+            t.add(f"cuda:{g.index}", g.name, f"{g.capability[0]}.{g.capability[1]}", round(g.memory_gib, 1),
                   g.sm_count, g.cuda_cores, acc)
         return t
 
@@ -201,8 +207,7 @@ def device_report() -> EnvironmentReport:
     gpus = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            gpus.append(GPUInfo(i, p.name, (p.major, p.minor), p.total_memory / 1e9, p.multi_processor_count))
+            gpus.append(GPUInfo.from_properties(i, torch.cuda.get_device_properties(i)))
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     nccl = None
     if (torch.cuda.is_available() and torch.distributed.is_available()

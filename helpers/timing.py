@@ -9,6 +9,10 @@ and allocator growth).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -18,7 +22,7 @@ from torch.utils.benchmark import Timer
 
 from helpers.tables import Table
 
-__all__ = ["Timing", "benchmark", "time_once", "compare", "synchronize"]
+__all__ = ["Timing", "benchmark", "time_once", "compare", "synchronize", "ColdStart", "cold_start"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +97,59 @@ def compare(timings: Mapping[str, Timing] | list[Timing], baseline: str | None =
     for name, t in items.items():
         table.add(name, t.median_s * 1e3, t.iqr_s * 1e3, base / t.median_s)
     return table
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """One-off costs of a fresh Python process, then the steady state, in seconds (lesson 00)."""
+
+    import_s: float  # `import torch`
+    init_s: float  # the first tensors on the device (a CUDA context, the allocator's first blocks)
+    first_call_s: float  # the first matmul (library handles, kernel selection, lazy module loading)
+    steady_s: float  # median of the calls after it
+    pid: int  # the process that measured it: not the caller's
+
+    def __str__(self) -> str:
+        return (f"fresh process {self.pid}: import torch {self.import_s:.2f} s, first tensors "
+                f"{self.init_s * 1e3:.1f} ms, first matmul {self.first_call_s * 1e3:.2f} ms, then "
+                f"{self.steady_s * 1e3:.2f} ms per call (median)")
+
+
+# Runs in a fresh interpreter: argv = device, n, repeats, threads. Prints one line of JSON.
+_COLD_START = """
+import json, os, sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+dev, n, repeats = torch.device(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(int(sys.argv[4]))
+sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+a = torch.randn(n, n, device=dev)
+b = torch.randn(n, n, device=dev)
+sync(); t2 = time.perf_counter()
+c = a @ b
+sync(); t3 = time.perf_counter()
+times = []
+for _ in range(repeats):
+    s = time.perf_counter(); c = a @ b; sync(); times.append(time.perf_counter() - s)
+times.sort()
+print(json.dumps(dict(import_s=t1 - t0, init_s=t2 - t1, first_call_s=t3 - t2, steady_s=times[len(times) // 2],
+                      pid=os.getpid())))
+"""
+
+
+def cold_start(device: torch.device | str = "cpu", n: int = 512, *, repeats: int = 5,
+               timeout_s: float = 300) -> ColdStart:
+    """Time an n×n matmul's first call in a fresh Python process, where nothing is initialised yet, and
+    its steady state there (lesson 00). In a running notebook earlier cells have already paid the costs."""
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device must be cpu, cuda[:N] or mps, got {device}")
+    if n < 1 or repeats < 1:
+        raise ValueError(f"need n >= 1 and repeats >= 1, got n={n}, repeats={repeats}")
+    proc = subprocess.run([sys.executable, "-c", _COLD_START, str(device), str(n), str(repeats),
+                           str(torch.get_num_threads())], capture_output=True, text=True, timeout=timeout_s,
+                          env=os.environ.copy())
+    if proc.returncode != 0:
+        raise RuntimeError(f"the fresh process failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return ColdStart(**json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -48,6 +48,21 @@ def test_report_describes_this_machine():
     assert "CPU-only" in str(r) or torch.version.cuda in str(r)
 
 
+def test_gpu_memory_is_what_the_device_reports_in_gib():
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=80 * 2**30,
+                            multi_processor_count=132)
+    g = GPUInfo.from_properties(0, props)
+    assert g.memory_gib == 80.0 and g.capability == (9, 0) and g.sm_count == 132  # GiB, not 85.9 GB
+    report = EnvironmentReport("3", "p", "t", "12", None, None, None, None, device_report().cpu, (g,))
+    assert "memory GiB (device)" in report.hardware().columns and 80.0 in report.hardware().column(
+        "memory GiB (device)")
+    if torch.cuda.is_available():
+        real = device_report().gpus[0]
+        assert real.memory_gib == torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
 def test_gpu_capabilities_and_core_counts():
     a100 = GPUInfo(0, "NVIDIA A100-SXM4-40GB", (8, 0), 42.4, 108)
     assert a100.cuda_cores == 6912  # the datasheet's figure: 108 SMs x 64

@@ -49,3 +49,18 @@ def test_table_checks_row_width():
     t = Table(["a", "b"])
     with pytest.raises(ValueError, match="2 columns"):
         t.add(1, 2, 3)
+
+
+def test_cold_start_is_measured_in_a_fresh_process():
+    import os
+
+    from helpers.timing import ColdStart, cold_start
+
+    cold = cold_start("cpu", n=64, repeats=3)
+    assert isinstance(cold, ColdStart) and cold.pid != os.getpid()  # not this warmed-up process
+    assert cold.import_s > 0 and cold.first_call_s > 0 and cold.steady_s > 0
+    assert "fresh process" in str(cold)
+    with pytest.raises(ValueError, match="n >= 1"):
+        cold_start("cpu", n=0)
+    with pytest.raises(ValueError, match="device"):
+        cold_start("meta")
