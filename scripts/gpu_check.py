@@ -293,8 +293,17 @@ def wheel_files(wheel_dir: Path = WHEEL_DIR) -> list[Path]:
 
 
 def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = DEFAULT_SITE,
-         wheel_dir: Path = WHEEL_DIR, lessons: list[str] | None = None) -> list[Step]:
-    """Every step of the check, in order, with the exact command each runs (from the repository root)."""
+         wheel_dir: Path = WHEEL_DIR, lessons: list[str] | None = None, scale: float = 1.0) -> list[Step]:
+    """Every step of the check, in order, with the exact command each runs (from the repository root).
+
+    scale multiplies every time limit (1: an H200 within BUDGET_S; more for a slower GPU or a CPU rehearsal).
+    """
+    if scale <= 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+
+    def t(seconds: int) -> int:
+        return round(seconds * scale)
+
     work = out / "work"
     res = work / "results"
     steps = []
@@ -304,14 +313,15 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
                                      "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
                                      *(str(w.relative_to(root)) if w.is_relative_to(root) else str(w)
                                        for w in wheels)),
-                          20, f"install {len(wheels)} wheels from {wheel_dir.name}/ into {site} (no index)",
+                          t(20), f"install {len(wheels)} wheels from {wheel_dir.name}/ into {site} (no index)",
                           always=True))
-    steps.append(Step("env", (python, "scripts/gpu_check.py", "--env-report", str(work)), 25,
+    steps.append(Step("env", (python, "scripts/gpu_check.py", "--env-report", str(work)), t(25),
                       "environment report and measured roofline (lesson 00's helpers)"))
     tests = cuda_test_nodes(root)
     steps.append(Step("cuda-tests", (python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                                     "--timeout", "120", "--junitxml", str(work / "cuda-tests.xml"), *tests),
-                      80, f"{len(tests)} tests that skip without CUDA (found by scanning tests/)"))
+                                     "--timeout", str(t(60)), "--junitxml", str(work / "cuda-tests.xml"),
+                                     *tests),
+                      t(80), f"{len(tests)} tests that skip without CUDA (found by scanning tests/)"))
     nbs = [nb.relative_to(root).as_posix() for nb in notebooks(root)
            if not lessons or any(nb.name.startswith(x) or x in nb.name for x in lessons)]
     # One kernel per notebook, up to 8 at a time on the one GPU (smoke sizes: the GPU is far from full),
@@ -319,22 +329,22 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
     workers = max(1, min(len(nbs), 8)) if importlib.util.find_spec("xdist") else 1
     parallel = ("-n", str(workers), "--dist", "loadscope") if workers > 1 else ()
     steps.append(Step("notebooks", (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *parallel,
-                                    "--nbval-lax", "--nbval-current-env", "--timeout", "150",
+                                    "--nbval-lax", "--nbval-current-env", "--timeout", str(t(150)),
                                     "--junitxml", str(work / "notebooks.xml"), *nbs),
-                      150, f"{len(nbs)} notebooks under nbval on the GPU, smoke sizes, {workers} at a time",
+                      t(150), f"{len(nbs)} notebooks under nbval on the GPU, smoke sizes, {workers} at a time",
                       env=(("COURSE_PROFILE", "smoke"), ("OMP_NUM_THREADS", "2"))))
     note = "gpu-check: BERT-base shapes, random weights (speed does not depend on them)"
     steps.append(Step("ladder", (python, "benchmarks/ladder.py", "--out", str(res / "ladder"),
                                  "--note", note),
-                      120, "the ladder, BERT-base seq 512 (random weights)", env=(("MPLBACKEND", "Agg"),),
+                      t(120), "the ladder, BERT-base seq 512 (random weights)", env=(("MPLBACKEND", "Agg"),),
                       results=str(res / "ladder")))
     steps.append(Step("attention", (python, "benchmarks/attention_sweep.py", "--gpu-target", "--out",
                                     str(res / "attention")),
-                      45, "attention sweep: N up to 8192, d=128, bf16, Triton vs best SDPA at 4096",
+                      t(45), "attention sweep: N up to 8192, d=128, bf16, Triton vs best SDPA at 4096",
                       env=(("MPLBACKEND", "Agg"),), results=str(res / "attention")))
     steps.append(Step("mixed-precision", (python, "benchmarks/mixed_precision_gpu.py", "--out",
                                           str(res / "mixed-precision")),
-                      40, "fp32 / tf32 / fp16 / bf16: step time, peak memory", env=(("MPLBACKEND", "Agg"),),
+                      t(40), "fp32 / tf32 / fp16 / bf16: step time, peak memory", env=(("MPLBACKEND", "Agg"),),
                       results=str(res / "mixed-precision")))
     return steps
 
@@ -542,6 +552,25 @@ def pack(out: Path) -> list[Path]:
     return kept
 
 
+def clear_out(out: Path) -> None:
+    """Empty the output folder for a new run (kept itself: on a borrowed box it may be a mount point).
+
+    Only what a check leaves there is removed; a folder holding anything else is refused (ValueError).
+    """
+    ours = {"summary.md", "summary.json", "results.tar.gz", "work"}
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"GPU_CHECK_OUT={out} is a file: name a folder")
+        names = {p.name for p in out.iterdir()}
+        others = [n for n in names if n not in ours and not n.endswith(".md")]
+        if others or (names and not names & {"summary.json", "work"}):  # not left by a check
+            raise ValueError(f"GPU_CHECK_OUT={out} holds files a check did not write ({sorted(names)[:5]}): "
+                             f"name an empty or new folder")
+        for p in out.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (out / "work").mkdir(parents=True)
+
+
 def publish_from(tarball: Path, dest: Path = ROOT / "benchmarks" / "results") -> list[Path]:
     """Copy the benchmark result files inside a check's results.tar.gz into `dest`, ready to commit."""
     if not tarball.is_file():
@@ -642,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fake", action="store_true", help="run a trivial plan end to end (tests the runner)")
     p.add_argument("--no-publish", action="store_true", help="do not copy results into benchmarks/results/")
     p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole check")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiply every time limit and the budget (a slower GPU than an H200, or a CPU rehearsal)")
     p.add_argument("--site", type=Path, default=DEFAULT_SITE, help="where the wheels are installed")
     p.add_argument("--wheels", type=Path, default=WHEEL_DIR, help="folder of wheels to install first")
     p.add_argument("--wheel-list", action="store_true", help="print the wheel set, NAME==VERSION a line")
@@ -665,13 +696,16 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(os.environ.get("GPU_CHECK_OUT") or DEFAULT_OUT).resolve()
     python = sys.executable
+    if args.scale <= 0:
+        p.error(f"--scale must be positive, got {args.scale}")
     lessons = _split(args.notebooks)
-    steps = (fake_plan(out, python) if args.fake
-             else plan(out, python=python, site=args.site, wheel_dir=args.wheels, lessons=lessons))
+    steps = (fake_plan(out, python) if args.fake else plan(out, python=python, site=args.site,
+                                                          wheel_dir=args.wheels, lessons=lessons, scale=args.scale))
     try:
         steps = select(steps, _split(args.only))
     except ValueError as err:
         p.error(str(err))
+    args.budget *= args.scale
     env = check_env(out, site=args.site)
     problems = network_problems(steps, env) + ([] if args.fake else uncovered(plan(out, python=python)))
     total = sum(s.timeout_s for s in steps)
@@ -691,10 +725,11 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("the plan is not safe to run:\n  " + "\n  ".join(problems))
         return 1
+    try:
+        clear_out(out)
+    except ValueError as err:
+        p.error(str(err))
 
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "work").mkdir(parents=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     outcomes = run_plan(steps, env, out, args.budget)
     stamp = _stamp(out / "work")

@@ -331,3 +331,29 @@ def test_real_env_step_runs_here_and_refuses_a_machine_without_cuda(tmp_path):
         roofline = json.loads(tar.extractfile("gpu-check/roofline.json").read())
     assert min(roofline["matmul_flops"].values()) > 0
     _assert_comes_back(out)
+
+
+def test_output_folder_is_emptied_only_when_a_check_wrote_it(tmp_path):
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "todo.md").write_text("keep me")
+    with pytest.raises(ValueError, match="did not write"):
+        gc.clear_out(mine)
+    assert (mine / "todo.md").read_text() == "keep me"
+    result = _run([sys.executable, str(SCRIPT), "--fake", "--only", "ok"], env={"GPU_CHECK_OUT": str(mine)})
+    assert result.returncode == 2 and "did not write" in result.stderr
+    last = tmp_path / "last-run"  # a previous check's output (a mount point stays: only its content goes)
+    (last / "work").mkdir(parents=True)
+    (last / "summary.json").write_text("{}")
+    (last / "ladder-h200.md").write_text("old")
+    gc.clear_out(last)
+    assert [p.name for p in last.iterdir()] == ["work"]
+
+
+def test_scale_multiplies_every_limit_for_a_slower_machine():
+    one, two = gc.plan(Path("/x")), gc.plan(Path("/x"), scale=2)
+    assert [2 * s.timeout_s for s in one] == [s.timeout_s for s in two]
+    nb = next(s for s in two if s.name == "notebooks")
+    assert nb.argv[nb.argv.index("--timeout") + 1] == str(nb.timeout_s)
+    with pytest.raises(ValueError, match="scale"):
+        gc.plan(Path("/x"), scale=0)
