@@ -1,7 +1,33 @@
 """Companion package of the course: the tools each lesson builds, in polished form.
 
-Import what you need from its module (`from helpers.timing import benchmark`); the submodules
-load lazily, so `import helpers` is cheap and does nothing at import time.
+Import what you need from its module (`from helpers.timing import benchmark`); the submodules load
+lazily, so `import helpers` is cheap and does nothing at import time.
+
+| layer | module | lesson | main entry points |
+|---|---|---|---|
+| base | `config` | all | `get_profile`, `pick`, `seed_everything`, `hub_offline` |
+| base | `tables` | all | `Table` |
+| base | `timing` | 00-05 | `benchmark`, `time_once`, `compare`, `cold_start` |
+| base | `precision` | 02 (03-07) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
+| base | `hardware` | 00 (02, 07) | `get_device`, `device_report`, `measure_roofline`, `peak_flops` |
+| measure | `flops` | 02, 07 | `model_flops_per_token`, `executed_flops`, `mfu` |
+| measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
+| measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
+| model/data | `attention` | 01 | `naive_attention`, `tiled_attention`, `sdpa_attention` |
+| model/data | `kernels` | 01 | `flash_attention` (Triton) |
+| model/data | `models` | 01-05, 07 | `SmallTransformer`, `TransformerConfig`, `load_bert` |
+| model/data | `data` | 05, 07 | `load_text_classification`, `tokenize`, `PadCollate`, `make_dataloader` |
+| model/data | `packing` | 05, 07 | `PackCollate`, `packed_forward`, `PackedModel` |
+| model/data | `fp8` | 07 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
+| train | `checkpoint` | 03, 06, 07 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
+| train | `train` | 02-07 | `TrainConfig`, `train`, `train_step`, `make_optimizer` |
+| train | `distributed` | 06 | `setup`, `apply_ddp`, `apply_fsdp`, `launch` |
+| train | `ladder` | 07 | `RUNGS`, `run_ladder`, `climb_stacks` |
+| show | `plots` | all | `bar_chart`, `roofline_chart`, `attention_map_chart`, `memory_timeline_chart` |
+| show | `widgets` | 01, 03 | `AttentionExplorer` |
+
+Imports run one way, down the table: a module imports modules of its own layer or of the layers above
+it, never of a layer below (`LAYERS`; a test reads every import, function-level ones included).
 """
 
 from __future__ import annotations
@@ -9,10 +35,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = (
-    "config", "hardware", "timing", "memory", "flops", "attention", "kernels",
-    "plots", "widgets", "data", "models", "train", "distributed",
-)
+# module -> layer: 0 base, 1 measure, 2 model/data, 3 train, 4 show
+LAYERS = {
+    "config": 0, "tables": 0, "timing": 0, "precision": 0, "hardware": 0,
+    "flops": 1, "memory": 1, "results": 1,
+    "attention": 2, "kernels": 2, "models": 2, "data": 2, "packing": 2, "fp8": 2,
+    "checkpoint": 3, "train": 3, "distributed": 3, "ladder": 3,
+    "plots": 4, "widgets": 4,
+}
+_SUBMODULES = tuple(LAYERS)
 # Shortcuts re-exported at the top level: name -> module that defines it.
 _SHORTCUTS = {
     "device_report": "hardware",
@@ -21,7 +52,7 @@ _SHORTCUTS = {
     "benchmark": "timing",
 }
 
-__all__ = [*_SUBMODULES, *_SHORTCUTS]
+__all__ = [*_SUBMODULES, *_SHORTCUTS, "LAYERS"]
 __version__ = "0.1.0"
 
 

@@ -1,0 +1,76 @@
+"""The helpers package itself: every module listed, importable, in the docstring's table, and imports that
+run one way through the layers (base -> measure -> model/data -> train -> show), for every module."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import helpers
+
+HELPERS = Path(helpers.__file__).resolve().parent
+ON_DISK = sorted({p.stem for p in HELPERS.glob("*.py") if p.stem != "__init__"}
+                 | {p.name for p in HELPERS.iterdir() if (p / "__init__.py").is_file()})
+# Known violations, left while their owner fixes them: (importer, imported). Empty: none known.
+EXPECTED_VIOLATIONS: set[tuple[str, str]] = set()
+
+
+def helpers_imports(source: str) -> set[str]:
+    """The helpers modules a source imports, anywhere in it (module level, inside functions)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[0] == "helpers":
+                found.update([parts[1]] if len(parts) > 1 else [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("helpers."))
+    return found
+
+
+def violations(module: str, source: str) -> set[tuple[str, str]]:
+    """(module, imported) pairs where `module` imports a module of a later layer, or one with no layer."""
+    bad = set()
+    for target in helpers_imports(source) - {module, "__init__"}:
+        if target not in helpers.LAYERS or helpers.LAYERS[target] > helpers.LAYERS[module]:
+            bad.add((module, target))
+    return bad
+
+
+def _sources(module: str) -> list[Path]:
+    folder = HELPERS / module
+    return sorted(folder.rglob("*.py")) if folder.is_dir() else [HELPERS / f"{module}.py"]
+
+
+def test_every_module_is_listed_importable_and_in_the_table():
+    assert sorted(helpers._SUBMODULES) == ON_DISK, "helpers/__init__.py's LAYERS must list every module"
+    table = {m.group(1) for m in re.finditer(r"^\| \w[\w/]* \| `(\w+)` \|", helpers.__doc__, flags=re.M)}
+    assert table == set(ON_DISK), f"the docstring table lacks {set(ON_DISK) - table}"
+    for name in ON_DISK:  # absolute imports only, so the layer check below sees every import
+        assert not any(isinstance(n, ast.ImportFrom) and n.level for p in _sources(name)
+                       for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))
+        assert importlib.import_module(f"helpers.{name}") is getattr(helpers, name)
+        assert name in dir(helpers)
+
+
+@pytest.mark.parametrize("module", ON_DISK)
+def test_imports_run_one_way(module):
+    found = set()
+    for path in _sources(module):
+        found |= violations(module, path.read_text(encoding="utf-8"))
+    unexpected = found - EXPECTED_VIOLATIONS
+    assert not unexpected, (f"helpers.{module} imports {sorted(t for _, t in unexpected)} of a later layer "
+                            f"(layers: {helpers.LAYERS}); imports run base -> measure -> model/data -> "
+                            "train -> show")
+
+
+def test_the_check_catches_a_planted_lazy_import():
+    planted = "import torch\n\ndef f():\n    from helpers.train import train\n    import helpers.plots\n"
+    assert violations("hardware", planted) == {("hardware", "train"), ("hardware", "plots")}
+    assert violations("plots", planted) == set()  # show may import train
+    assert violations("flops", "from helpers.hardware import peak_flops\n") == set()
+    assert violations("flops", "from helpers import models\n") == {("flops", "models")}
