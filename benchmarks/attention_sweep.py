@@ -34,7 +34,8 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.hardware import MATMUL_DTYPES, get_device, measure_roofline, peak_flops
+from helpers.hardware import get_device, measure_roofline, peak_flops
+from helpers.precision import PRECISION_DTYPE
 from helpers.results import stamp
 from helpers.results import write_results as write_files
 
@@ -90,7 +91,7 @@ def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, 
     row: dict[str, Any] = dict(impl=impl, seq_len=seq_len, status="ok", reason="", median_s=None, iqr_s=None,
                                peak_bytes=None, tflops=None, max_abs_err=None, first_call_s=None)
     gen = torch.Generator(device=device).manual_seed(seq_len)
-    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=MATMUL_DTYPES[dtype],
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=PRECISION_DTYPE[dtype],
                            generator=gen) for _ in range(3))
     interpreted = impl == "triton" and uses_interpreter(device)
     if interpreted and seq_len > INTERPRETER_MAX_LEN:

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from helpers.precision import PRECISIONS, tf32_matmuls
+from helpers.precision import PRECISION_DTYPE, PRECISIONS, tf32_matmuls
 from helpers.tables import Table
 
 __all__ = ["get_device", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
            "device_report", "device_name", "nvidia_driver", "Roofline", "measure_roofline", "load_roofline",
-           "MATMUL_DTYPES", "GPU_PEAK_FLOPS", "PeakFlops", "peak_flops", "Finding", "SetupFacts", "diagnose",
+           "GPU_PEAK_FLOPS", "PeakFlops", "peak_flops", "Finding", "SetupFacts", "diagnose",
            "findings_table", "explain_error", "KNOWN_ERRORS"]
 
 # FP32 "CUDA cores" per SM, by compute capability (NVIDIA's CUDA C++ Programming Guide, table of
@@ -237,8 +237,6 @@ def device_name(device: torch.device | str | None = None) -> str:
 
 # --- roofline ----------------------------------------------------------------------------------------
 
-# The torch dtype of each precision's matmul operands ("tf32": fp32 tensors, TF32 tensor-core matmuls).
-MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Names of the dtype vocabulary rooflines used before the course settled on one; read, never written.
 _LEGACY_NAMES = {"float32": "fp32", "tfloat32": "tf32", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -316,17 +314,17 @@ def measure_roofline(device: torch.device | str | None = None, precisions: list[
     asked = precisions if precisions is not None else dtypes
     names = [_precision_key(p) for p in asked] if asked else (["fp32", "tf32", "fp16", "bf16"] if gpu
                                                               else ["fp32", "bf16"])
-    bad = [p for p in names if p not in MATMUL_DTYPES]
+    bad = [p for p in names if p not in PRECISIONS]  # fp8 needs scaled matmuls: its peak is the datasheet's
     if bad:
-        raise ValueError(f"unknown precision(s) {bad}: choose from {list(MATMUL_DTYPES)}")
+        raise ValueError(f"unknown precision(s) {bad}: choose from {list(PRECISIONS)}")
     n = matmul_size or (8192 if gpu else 1024)
     copy_bytes = (copy_mb or (1024 if gpu else 128)) * 2**20
     gen = torch.Generator(device=device).manual_seed(0)
     flops = {}
     for name in names:
         # random data: zeros or constants can run faster than real data on some hardware
-        a = torch.randn(n, n, device=device, dtype=MATMUL_DTYPES[name], generator=gen)
-        b = torch.randn(n, n, device=device, dtype=MATMUL_DTYPES[name], generator=gen)
+        a = torch.randn(n, n, device=device, dtype=PRECISION_DTYPE[name], generator=gen)
+        b = torch.randn(n, n, device=device, dtype=PRECISION_DTYPE[name], generator=gen)
         with tf32_matmuls(name == "tf32"):  # "fp32" is measured with TF32 off: true fp32 matmuls
             t = benchmark(functools.partial(torch.matmul, a, b), name=name, warmup=2,
                           min_run_time=min_run_time)
@@ -390,8 +388,7 @@ GPU_PEAK_FLOPS: dict[str, dict[str, Any]] = {
                      source="NVIDIA Ampere GA102 GPU architecture whitepaper, table for the RTX 3090 "
                             "(FP16/BF16 tensor with FP32 accumulate, dense)"),
 }
-# the training precisions (helpers.precision) and fp8, which has datasheet peaks but no training rung
-PEAK_PRECISIONS = (*PRECISIONS, "fp8")
+PEAK_PRECISIONS = tuple(PRECISION_DTYPE)  # helpers.precision's names: the training precisions and fp8
 
 
 @dataclass(frozen=True)
@@ -434,7 +431,7 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
                 break  # a known GPU without units for this precision: try the measurement
     no_tf32 = gpu_name is None and not _has_tf32_units(dev)
     key = "fp32" if precision == "tf32" and no_tf32 else precision
-    if roofline is None and measure and key in MATMUL_DTYPES:
+    if roofline is None and measure and key in PRECISIONS:
         roofline = measure_roofline(dev, precisions=[key])
     if roofline is not None:
         measured = roofline.matmul_flops
