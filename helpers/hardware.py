@@ -37,7 +37,7 @@ CORES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8
 
 
 class DeviceUnavailableError(RuntimeError):
-    """The requested device does not exist on this machine."""
+    """The requested device does not exist on this machine (lesson 00)."""
 
 
 def _smi(*args: str) -> str | None:
@@ -87,7 +87,7 @@ def get_device(name: str = "auto") -> torch.device:
 
 @dataclass(frozen=True)
 class GPUInfo:
-    """One CUDA device as torch sees it, with the number formats its hardware accelerates."""
+    """One CUDA device as torch sees it, with the number formats its hardware accelerates (lesson 00)."""
 
     index: int
     name: str
@@ -128,7 +128,7 @@ class CPUInfo:
 
 @dataclass(frozen=True)
 class EnvironmentReport:
-    """Versions and hardware, rendered as a table in a notebook and as text in a terminal."""
+    """Versions and hardware, as a table in a notebook and as text in a terminal (lesson 00)."""
 
     python: str
     platform: str
@@ -203,7 +203,7 @@ def _driver() -> tuple[str | None, str | None]:
 
 
 def device_report() -> EnvironmentReport:
-    """Versions (Python, torch, CUDA, cuDNN, NCCL, driver) and hardware (CPU features, each GPU)."""
+    """Versions (Python, torch, CUDA, cuDNN, NCCL, driver) and hardware (CPU features, GPUs) (lesson 00)."""
     gpus = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -247,7 +247,7 @@ def _precision_key(name: str) -> str:
 
 @dataclass(frozen=True)
 class Roofline:
-    """Measured ceilings of one device: matmul FLOP/s per precision and copy bandwidth in bytes/s."""
+    """Measured ceilings of a device: matmul FLOP/s per precision, copy bytes/s (lesson 00)."""
 
     device_name: str
     matmul_flops: dict[str, float]  # FLOP/s of an n×n×n matmul, keyed by precision ("fp32", "bf16", ...)
@@ -448,7 +448,7 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
 
 @dataclass(frozen=True)
 class Finding:
-    """One check of the set-up: what was checked, whether it is fine, what was seen, and the fix."""
+    """One check of the set-up: what was checked, whether it is fine, what was seen, the fix (lesson 00)."""
 
     check: str
     ok: bool
@@ -482,7 +482,7 @@ KNOWN_ERRORS = [
 
 
 def explain_error(message: str) -> str | None:
-    """The cause and fix of a known CUDA set-up error message, or None when it is not a known one."""
+    """The cause and fix of a known CUDA set-up error message, or None for an unknown one (lesson 00)."""
     for pattern, cause, fix in KNOWN_ERRORS:
         if re.search(pattern, message, flags=re.IGNORECASE):
             return f"{cause}. Fix: {fix}"
@@ -495,7 +495,7 @@ def _version_tuple(v: str | None) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class SetupFacts:
-    """What `diagnose` looks at; `SetupFacts.gather()` reads them off this machine."""
+    """What `diagnose` looks at; `SetupFacts.gather()` reads them off this machine (lesson 00)."""
 
     torch_cuda: str | None  # torch.version.cuda: None for a CPU-only build
     torch_sees_gpu: bool  # torch.cuda.is_available()
@@ -512,7 +512,7 @@ class SetupFacts:
 
 
 def diagnose(facts: SetupFacts | None = None) -> list[Finding]:
-    """Check the GPU set-up and say what is broken and how to fix it (default: this machine's facts)."""
+    """Check the GPU set-up: what is broken and how to fix it (default: this machine's facts) (lesson 00)."""
     f = facts or SetupFacts.gather()
     torch_cuda, torch_sees_gpu, smi_gpus = f.torch_cuda, f.torch_sees_gpu, f.smi_gpus
     driver_cuda, visible_devices = f.driver_cuda, f.visible_devices
@@ -555,7 +555,7 @@ def diagnose(facts: SetupFacts | None = None) -> list[Finding]:
 
 
 def findings_table(findings: list[Finding]) -> Table:
-    """Findings of `diagnose` as a table: check, status, what was seen, the fix."""
+    """Findings of `diagnose` as a table: check, status, what was seen, the fix (lesson 00)."""
     t = Table(["check", "status", "seen", "fix"], title="Diagnosis")
     for f in findings:
         t.add(f.check, "ok" if f.ok else "PROBLEM", f.detail, f.fix or None)

@@ -9,7 +9,7 @@ __all__ = ["Table", "fmt"]
 
 
 def fmt(value: Any, digits: int = 3) -> str:
-    """Format one cell: floats to `digits` significant figures, None as a dash."""
+    """Format one cell: floats to `digits` significant figures, None as a dash (every lesson)."""
     if value is None:
         return "–"
     if isinstance(value, bool):
@@ -23,7 +23,7 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 @dataclass
 class Table:
-    """Rows under named columns; `_repr_markdown_` draws it in a notebook, `str()` in a terminal."""
+    """Rows under named columns, drawn as Markdown in a notebook and as text in a terminal (every lesson)."""
 
     columns: Sequence[str]
     rows: list[Sequence[Any]] = field(default_factory=list)

@@ -46,7 +46,7 @@ class Timing:
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued device work: needed before reading a host clock after GPU calls."""
+    """Wait for queued device work: needed before reading a host clock after GPU calls (lesson 00)."""
     device = torch.device(device) if device is not None else None
     if device is None or device.type == "cuda":
         if torch.cuda.is_available():
@@ -57,7 +57,7 @@ def synchronize(device: torch.device | str | None = None) -> None:
 
 def benchmark(fn: Callable[[], Any], *, name: str = "", warmup: int = 2, min_run_time: float = 0.5,
               num_threads: int | None = None) -> Timing:
-    """Time `fn()` the honest way: `warmup` calls first, then timed blocks for `min_run_time` seconds."""
+    """Time `fn()` the honest way: `warmup` calls, then timed blocks for `min_run_time` s (lesson 00)."""
     if not callable(fn):
         raise ValueError(f"benchmark needs a callable taking no arguments, got {type(fn).__name__}; "
                          "wrap a call with arguments as `lambda: f(x)`")
@@ -75,7 +75,7 @@ def benchmark(fn: Callable[[], Any], *, name: str = "", warmup: int = 2, min_run
 
 
 def time_once(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """Run `fn()` once, synchronised: (its result, seconds). For one-off costs such as compilation."""
+    """Run `fn()` once, synchronised: (its result, seconds), for one-off costs like compiling (lesson 04)."""
     synchronize()
     start = time.perf_counter()
     out = fn()
@@ -85,7 +85,7 @@ def time_once(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def compare(timings: Mapping[str, Timing] | list[Timing], baseline: str | None = None,
             title: str = "") -> Table:
-    """A table of median times with each variant's speed-up over `baseline` (default: the first)."""
+    """Median times with each variant's speed-up over `baseline` (default: the first) (lesson 01)."""
     items = dict(timings) if isinstance(timings, Mapping) else {t.name: t for t in timings}
     if not items:
         raise ValueError("compare needs at least one Timing")
