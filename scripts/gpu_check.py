@@ -313,7 +313,7 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
                                      "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
                                      *(str(w.relative_to(root)) if w.is_relative_to(root) else str(w)
                                        for w in wheels)),
-                          t(20), f"install {len(wheels)} wheels from {wheel_dir.name}/ into {site} (no index)",
+                          t(30), f"install {len(wheels)} wheels from {wheel_dir.name}/ into {site} (no index)",
                           always=True))
     steps.append(Step("env", (python, "scripts/gpu_check.py", "--env-report", str(work)), t(25),
                       "environment report and measured roofline (lesson 00's helpers)"))
@@ -334,9 +334,10 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
                       t(150), f"{len(nbs)} notebooks under nbval on the GPU, smoke sizes, {workers} at a time",
                       env=(("COURSE_PROFILE", "smoke"), ("OMP_NUM_THREADS", "2"))))
     note = "gpu-check: BERT-base shapes, random weights (speed does not depend on them)"
-    steps.append(Step("ladder", (python, "benchmarks/ladder.py", "--out", str(res / "ladder"),
-                                 "--note", note),
-                      t(120), "the ladder, BERT-base seq 512 (random weights)", env=(("MPLBACKEND", "Agg"),),
+    # --time-budget: no new rung starts after it (those left are reported as skipped), so the step ends in time
+    steps.append(Step("ladder", (python, "benchmarks/ladder.py", "--gpu-target", "--time-budget", str(t(75)),
+                                 "--out", str(res / "ladder"), "--note", note),
+                      t(110), "the ladder, BERT-base seq 512 (random weights)", env=(("MPLBACKEND", "Agg"),),
                       results=str(res / "ladder")))
     steps.append(Step("attention", (python, "benchmarks/attention_sweep.py", "--gpu-target", "--out",
                                     str(res / "attention")),
