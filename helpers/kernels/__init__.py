@@ -18,11 +18,11 @@ forward is autotuned; the backward uses fixed 64×64 tiles on a GPU.
 from __future__ import annotations
 
 from helpers.kernels.flash_attention import (
-                                             SUPPORTED_DTYPES,
-                                             SUPPORTED_HEAD_DIMS,
-                                             flash_attention,
-                                             triton_available,
-                                             uses_interpreter,
+    SUPPORTED_DTYPES,
+    SUPPORTED_HEAD_DIMS,
+    flash_attention,
+    triton_available,
+    uses_interpreter,
 )
 
 __all__ = ["flash_attention", "triton_available", "uses_interpreter", "SUPPORTED_HEAD_DIMS",
