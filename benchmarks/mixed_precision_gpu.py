@@ -20,8 +20,9 @@ memory; compiled bf16 ≥ 1.3× bf16 eager.
 Correct before fast: every run must start from fp32's first loss within 2 % and end within 10 % (of the
 start) of fp32's last loss, or it is marked wrong and the script exits with status 1.
 
-`--time-budget` bounds a run: a workload that would start after the budget is spent is reported "not
-run", never guessed (the first always runs).
+`--time-budget` bounds a run: a run (after the first workload's fp32 baseline) that would start after the
+budget is spent is reported "not run", never guessed. Results are written after every workload, so a
+run stopped from outside keeps what it measured.
 
     python benchmarks/mixed_precision_gpu.py            # on a CUDA GPU: writes benchmarks/results/
     python benchmarks/mixed_precision_gpu.py --smoke    # tiny sizes, runs anywhere (CPU too), writes build/
@@ -160,16 +161,22 @@ def _run(name: str, spec: dict[str, Any], precision: str, device: torch.device, 
     return row
 
 
-def run_workload(name: str, spec: dict[str, Any], device: torch.device, *,
-                 with_compile: bool = False) -> list[dict[str, Any]]:
-    """Train `spec` in every precision the device can run (and compiled bf16); one row per run."""
+def run_workload(name: str, spec: dict[str, Any], device: torch.device, *, with_compile: bool = False,
+                 deadline: float | None = None) -> list[dict[str, Any]]:
+    """Train `spec` in every precision the device can run (and compiled bf16); one row per run. Runs
+    after fp32's that would start past `deadline` (a `time.monotonic()` value) are reported not run."""
     from helpers.config import seed_everything
 
     seed_everything(0)
     init = {k: v.clone() for k, v in _build(spec).state_dict().items()}
-    rows = [_run(name, spec, precision, device, init) for precision in PRECISIONS]
-    if with_compile:
-        rows.append(_run(name, spec, "bf16", device, init, compiled=True))
+    arms = [(precision, False) for precision in PRECISIONS] + ([("bf16", True)] if with_compile else [])
+    rows = []
+    for precision, compiled in arms:
+        if rows and deadline is not None and time.monotonic() > deadline:
+            rows.append(dict(workload=name, precision=precision, compiled=compiled,
+                             skipped="not run: the time budget was spent"))
+            continue
+        rows.append(_run(name, spec, precision, device, init, compiled=compiled))
     done = [r for r in rows if "skipped" not in r]
     base = next((r for r in done if r["precision"] == "fp32" and not r["compiled"]), None)
     eager_bf16 = next((r for r in done if r["precision"] == "bf16" and not r["compiled"]), None)
@@ -299,26 +306,31 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown workload(s) {sorted(unknown)}: choose from {sorted(specs)}")
         specs = {k: v for k, v in specs.items() if k in args.only}
     start = time.monotonic()
+    deadline = start + args.time_budget
+    out = Path(args.out) if args.out else (HERE.parent / "build" if args.smoke else HERE / "results")
+    profile, first = "smoke" if args.smoke else "full", next(iter(specs))
     rows: list[dict[str, Any]] = []
     for i, (wname, spec) in enumerate(specs.items()):
-        if i and time.monotonic() - start > args.time_budget:
+        if i and time.monotonic() > deadline:
             rows.append(dict(workload=wname, precision="all", compiled=False,
                              skipped=f"not run: the {args.time_budget:.0f} s time budget was spent"))
             continue
         # compiled bf16 for the first workload, on a GPU (a CPU compiles for tens of seconds: --compile)
         compiled = i == 0 and not args.no_compile and (device.type == "cuda" or args.compile)
-        rows += run_workload(wname, spec, device, with_compile=compiled)
-    first = next(iter(specs))
-    checks = targets(rows, first, device.type)
-    profile = "smoke" if args.smoke else "full"
-    run_stamp = stamp(device)
-    table = to_markdown(rows, run_stamp, profile, checks)
-    payload = dict(stamp=run_stamp, profile=profile, targets=TARGETS, checks=checks, rows=rows,
-                   seconds=time.monotonic() - start)
-    out = Path(args.out) if args.out else (HERE.parent / "build" if args.smoke else HERE / "results")
-    fig = _figure(rows, first)
-    paths = write_results("mixed_precision", payload, table, fig=fig, out_dir=out,
-                          variant="smoke" if args.smoke else "")
+        rows += run_workload(wname, spec, device, with_compile=compiled, deadline=deadline)
+        # written after every workload: a run stopped from outside keeps what it measured
+        checks = targets(rows, first, device.type)
+        run_stamp = stamp(device)
+        table = to_markdown(rows, run_stamp, profile, checks)
+        payload = dict(stamp=run_stamp, profile=profile, targets=TARGETS, checks=checks, rows=rows,
+                       seconds=time.monotonic() - start)
+        fig = _figure(rows, first)
+        paths = write_results("mixed_precision", payload, table, fig=fig, out_dir=out,
+                              variant="smoke" if args.smoke else "")
+        if fig is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
     print(table)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     wrong = [f"{r['workload']}/{r['precision']}" for r in rows if r.get("correct") is False]

@@ -109,3 +109,15 @@ def test_mixed_precision_targets_on_planted_numbers():
                    "compiled bf16 speed-up over bf16 eager": "missed by 15%"}
     rows[1]["speedup_vs_fp32"] = 2.0
     assert bench.targets(rows, "w")[0]["verdict"] == "missed by 20%"
+
+
+def test_mixed_precision_budget_keeps_the_baseline_and_reports_the_rest_not_run():
+    import torch
+
+    bench = _load("mixed_precision_gpu")
+    spec = bench.workloads(smoke=True)["small"]
+    rows = bench.run_workload("small", spec, torch.device("cpu"), with_compile=True, deadline=0.0)
+    assert rows[0]["precision"] == "fp32" and rows[0]["median_step_s"] > 0  # the baseline always runs
+    assert [(r["precision"], r["compiled"]) for r in rows[1:]] == [("tf32", False), ("fp16", False),
+                                                                  ("bf16", False), ("bf16", True)]
+    assert all(r["skipped"].startswith("not run") for r in rows[1:])
