@@ -62,9 +62,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-__all__ = ["MemoryReport", "track_peak_memory", "peak_increase_bytes", "tensor_bytes", "MemoryEstimate",
-           "estimate_training_memory", "MemoryTimeline", "memory_timeline", "record_memory_history",
-           "find_max_batch_size", "GiB", "MiB"]
+__all__ = ["MemoryReport", "track_peak_memory", "peak_increase_bytes", "peak_rss_bytes", "tensor_bytes",
+           "MemoryEstimate", "estimate_training_memory", "MemoryTimeline", "memory_timeline",
+           "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
 
 MiB = 2 ** 20
 GiB = 2 ** 30
@@ -193,6 +193,16 @@ def peak_increase_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu
     with track_peak_memory(device) as report:
         fn()
     return int(report.peak_increase_bytes)
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size in bytes, as the operating system counts it: tensors plus
+    Python, libraries and memory malloc kept (lessons 03 and 06; a CPU's coarse stand-in for `peak_bytes`)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS reports bytes, Linux KiB
 
 
 # --- the estimator ----------------------------------------------------------------------------------

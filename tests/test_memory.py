@@ -190,3 +190,13 @@ def test_autocast_activations_and_weight_copies_match_the_measurement(precision)
     # kept after the forward: the saved activations and autocast's 16-bit weight copies
     assert est.activations + est.weight_copies == pytest.approx(forward.end_increase_bytes, rel=0.05)
     del loss
+
+
+def test_peak_rss_bytes_sees_a_large_allocation():
+    from helpers.memory import peak_rss_bytes
+
+    before = peak_rss_bytes()
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, written, so the pages are resident
+    after = peak_rss_bytes()
+    assert after >= before and after >= block.numel() * 4  # the peak includes at least this tensor
+    assert after < 2**40  # bytes, not KiB read as bytes twice over
