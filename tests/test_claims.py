@@ -64,7 +64,8 @@ def forbidden_citations(files: list[Path]) -> list[str]:
     found = []
     for f in files:
         for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-            found += [f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f}:{n}: {what}: {line.strip()[:90]}"
+            where = f.relative_to(ROOT) if f.is_relative_to(ROOT) else f
+            found += [f"{where}:{n}: {what}: {line.strip()[:90]}"
                       for what, pattern in FORBIDDEN.items() if pattern.search(line)]
     return found
 
@@ -72,11 +73,13 @@ def forbidden_citations(files: list[Path]) -> list[str]:
 def test_every_claim_has_its_fields():
     sections = claim_sections(CLAIMS.read_text())
     assert len(sections) >= 11, f"docs/claims.md has {len(sections)} claims"
-    assert list(sections) == [f"c{i}" for i in range(1, len(sections) + 1)], "claim ids run C1, C2, ... in order"
+    ids = [f"c{i}" for i in range(1, len(sections) + 1)]
+    assert list(sections) == ids, "claim ids must run C1, C2, ... in order"
     for cid, body in sections.items():
         missing = [f for f in FIELDS if f not in body]
         assert not missing, f"{cid}: missing {missing}"
-        assert re.search(r"^\| device \| value \| file \|", body, re.MULTILINE), f"{cid}: no measured-value table"
+        table = re.search(r"^\| device \| value \| file \|", body, re.MULTILINE)
+        assert table, f"{cid}: no measured-value table"
 
 
 def test_every_cited_claim_exists():
@@ -107,7 +110,7 @@ def test_measured_values_are_in_the_linked_results():
 def test_gpu_rows_say_how_to_measure_them():
     for cid, body in claim_sections(CLAIMS.read_text()).items():
         for row in (r for r in body.splitlines() if r.startswith("| GPU")):
-            assert "results/" in row or "make gpu-check" in row, f"{cid}: a GPU row with neither a file nor a way"
+            assert "results/" in row or "make gpu-check" in row, f"{cid}: a GPU row names no file and no way"
 
 
 def test_nothing_cites_files_outside_the_course(tmp_path):
@@ -118,7 +121,8 @@ def test_nothing_cites_files_outside_the_course(tmp_path):
     assert not found, "cite docs/claims.md#cN instead:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("text", ["docs/claims.md#c2", "the claims file", "CLAIM7_RATIO = 1.0", "the claim '10–30 % faster'"])
+@pytest.mark.parametrize("text", ["docs/claims.md#c2", "the claims file", "CLAIM7_RATIO = 1.0",
+                                  "the claim '10–30 % faster'"])
 def test_allowed_wording_is_not_flagged(tmp_path, text):
     f = tmp_path / "ok.md"
     f.write_text(text)
