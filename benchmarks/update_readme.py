@@ -1,23 +1,37 @@
-"""Copy the latest ladder results (benchmarks/results/ladder-*.md) into README.md's results section.
+"""Copy the published results into README.md's results section: every ladder result
+(benchmarks/results/ladder-*.md), and the GPU results of the attention sweep and the mixed-precision
+benchmark (their CPU runs are linked from the README's text, not copied).
 
-Run it after `benchmarks/ladder.py` or `scripts/finetune_bert.py` wrote new results; a test checks that the
-README shows exactly what the result files say.
+Run it after a benchmark wrote new results; a test checks that the README shows exactly what the result
+files say.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- results:begin (written by benchmarks/update_readme.py) -->", "<!-- results:end -->"
+GPU_ONLY = ("attention_sweep", "mixed_precision")  # stems copied when measured on a GPU
+
+
+def _on_gpu(md: Path) -> bool:
+    """Whether the result next to `md` was measured on a GPU (its JSON stamp says so)."""
+    data = md.with_suffix(".json")
+    if not data.exists():
+        return False
+    return json.loads(data.read_text()).get("stamp", {}).get("device_type") == "cuda"
 
 
 def results_block(root: Path = ROOT) -> str:
-    """The README's results block: every ladder-*.md result file, each under a heading naming it."""
-    files = sorted((root / "benchmarks" / "results").glob("ladder-*.md"))
+    """The README's results block: each published result file, under a heading naming it."""
+    folder = root / "benchmarks" / "results"
+    files = sorted(folder.glob("ladder-*.md"))
     if not files:
         raise ValueError("no benchmarks/results/ladder-*.md yet: run benchmarks/ladder.py first")
+    files += [f for stem in GPU_ONLY for f in sorted(folder.glob(f"{stem}-*.md")) if _on_gpu(f)]
     parts = [START]
     for f in files:
         body = re.sub(r"^# .*\n+", "", f.read_text().strip())  # the README gives its own heading

@@ -121,3 +121,17 @@ def test_mixed_precision_budget_keeps_the_baseline_and_reports_the_rest_not_run(
     assert [(r["precision"], r["compiled"]) for r in rows[1:]] == [("tf32", False), ("fp16", False),
                                                                   ("bf16", False), ("bf16", True)]
     assert all(r["skipped"].startswith("not run") for r in rows[1:])
+
+
+def test_readme_block_copies_gpu_results_and_not_cpu_ones(tmp_path):
+    update = _load("update_readme")
+    res = tmp_path / "benchmarks" / "results"
+    res.mkdir(parents=True)
+    (res / "ladder-cpu.md").write_text("# Ladder\nladder table\n")
+    for name, kind in (("attention_sweep-cpu", "cpu"), ("attention_sweep-h200-causal", "cuda"),
+                       ("mixed_precision-h200", "cuda")):
+        (res / f"{name}.md").write_text(f"# {name}\n{name} table\n")
+        (res / f"{name}.json").write_text(json.dumps({"stamp": {"device_type": kind}}))
+    block = update.results_block(tmp_path)
+    assert "ladder table" in block and "attention_sweep-h200-causal table" in block
+    assert "mixed_precision-h200 table" in block and "attention_sweep-cpu table" not in block
