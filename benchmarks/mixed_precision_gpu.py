@@ -290,7 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile run")
     parser.add_argument("--compile", action="store_true", help="the torch.compile run on a CPU too")
     parser.add_argument("--time-budget", type=float, default=75.0,
-                        help="seconds; workloads that would start later are not run (default 75)")
+                        help="seconds; runs that would start later are not run (default 75). The whole "
+                             "call takes about the budget + 60 s on a GPU (start-up, and a run started "
+                             "before the budget ends: the compiled one compiles for ~20-40 s); "
+                             "--no-compile for a tight limit")
     parser.add_argument("--out", default=None, help="folder for the results (default: benchmarks/results, "
                                                    "or build/ with --smoke)")
     args = parser.parse_args(argv)
