@@ -313,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                         "Triton vs best SDPA at N=4096 and TFLOP/s against the bf16 matmul peak")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds for the sweep's cases, split evenly between the passes (default: none; 70 "
-                        "with --gpu-target). The whole call takes about the budget + 30 s (start-up, the "
-                        "matmul peak, one case past the budget): give a caller's time limit that margin")
+                        "with --gpu-target). A call takes the budget plus start-up, the matmul peak and the "
+                        "case under way when it ends (a compile or autotune): leave a caller's limit that "
+                        "margin")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
 

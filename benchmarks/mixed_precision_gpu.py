@@ -290,10 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile run")
     parser.add_argument("--compile", action="store_true", help="the torch.compile run on a CPU too")
     parser.add_argument("--time-budget", type=float, default=75.0,
-                        help="seconds; runs that would start later are not run (default 75). The whole "
-                             "call takes about the budget + 60 s on a GPU (start-up, and a run started "
-                             "before the budget ends: the compiled one compiles for ~20-40 s); "
-                             "--no-compile for a tight limit")
+                        help="seconds; runs that would start later are not run (default 75). A call takes "
+                             "the budget plus start-up plus the run under way when it ends; the compiled run "
+                             "includes compiling (25 s for the smoke model on a 2-core CPU; not yet measured "
+                             "on a GPU): leave a caller's time limit that margin, or --no-compile")
     parser.add_argument("--out", default=None, help="folder for the results (default: benchmarks/results, "
                                                    "or build/ with --smoke)")
     args = parser.parse_args(argv)
