@@ -1,11 +1,17 @@
-"""Distributed training plumbing: join the process group torchrun describes, print and log from rank 0,
-and `launch` torchrun from a notebook with every rank's output streamed live into the cell.
+"""Distributed training plumbing (lesson 06): join the process group torchrun describes, apply DDP or FSDP2
+to an unchanged model, print and log from rank 0, and `launch` torchrun from a notebook with every rank's
+output streamed live into the cell.
 
 torchrun starts one worker process per device and tells each who it is through the environment:
 RANK (0..WORLD_SIZE-1 over all machines), LOCAL_RANK (0..LOCAL_WORLD_SIZE-1 on this machine),
 WORLD_SIZE, MASTER_ADDR/MASTER_PORT (where the process group meets). `setup` reads them, picks the
-device (GPU number LOCAL_RANK, or the CPU) and the backend that suits it (NCCL for CUDA, gloo for CPUs);
-without torchrun it returns a one-process environment, so one script serves both.
+device (GPU number LOCAL_RANK, or the CPU; `helpers.hardware.get_device` checks it) and the backend that
+suits it (NCCL for CUDA, gloo for CPUs); without torchrun it returns a one-process environment, so one script
+serves both.
+
+`apply_ddp`, `apply_fsdp` and `grad_sync` are the small functions `scripts/train_ddp.py` applies to an
+unchanged model, in this order: the model, then DDP or FSDP (then `torch.compile`, if at all, around the
+wrapped model, as PyTorch advises for DDP).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -28,9 +35,13 @@ from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-__all__ = ["DistEnv", "backend_for", "setup", "teardown", "is_main", "print0", "get_logger", "free_port",
-           "torchrun_command", "launch", "LaunchResult", "LaunchError", "RANK_PREFIX"]
+from helpers.hardware import get_device
+
+__all__ = ["DistEnv", "backend_for", "setup", "teardown", "apply_ddp", "apply_fsdp", "grad_sync", "is_main",
+           "print0", "get_logger", "free_port", "torchrun_command", "launch", "LaunchResult", "LaunchError",
+           "RANK_PREFIX"]
 
 RANK_PREFIX = "[rank{rank}]:"  # how `launch` prefixes each line a worker prints (its global rank)
 _PREFIX_RE = re.compile(r"^\[rank(\d+)\]:")
@@ -55,7 +66,7 @@ class DistEnv:
 
 
 def backend_for(device: torch.device | str) -> str:
-    """The collective backend for a device type: "nccl" for CUDA GPUs, "gloo" for CPUs."""
+    """The collective backend for a device type: "nccl" for CUDA GPUs, "gloo" for CPUs (lesson 06)."""
     kind = torch.device(device).type
     if kind not in _BACKENDS:
         raise ValueError(f"no distributed backend chosen for device type {kind!r}; "
@@ -73,17 +84,15 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _pick_device(device: str, local_rank: int) -> torch.device:
+    """This process's device: GPU number LOCAL_RANK, or the CPU ("auto": a GPU when there is one)."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but torch sees no CUDA GPU; use device='cpu' "
-                         "(gloo) or check the driver with nvidia-smi")
-    if local_rank >= torch.cuda.device_count():
+        return get_device("cpu")
+    if torch.cuda.is_available() and local_rank >= torch.cuda.device_count():
         raise ValueError(f"LOCAL_RANK={local_rank} but this machine has {torch.cuda.device_count()} GPU(s): "
                          "start at most one process per GPU (--nproc-per-node)")
-    return torch.device("cuda", local_rank)
+    return get_device(f"cuda:{local_rank}")  # says why when there is no usable GPU
 
 
 def _attempt_store(timeout_s: float) -> dist.Store | None:
@@ -102,7 +111,7 @@ def _attempt_store(timeout_s: float) -> dist.Store | None:
 
 
 def setup(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
-    """Join the process group described by torchrun's environment; without torchrun, a one-process env."""
+    """Join the process group torchrun's environment describes; without torchrun, one process (lesson 06)."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
     if not 0 <= rank < world:
@@ -113,17 +122,79 @@ def setup(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     if launched and not dist.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # before any CUDA work, so NCCL binds this process to its GPU
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), store=_attempt_store(timeout_s),
-                                rank=rank, world_size=world, device_id=dev if dev.type == "cuda" else None)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                store=_attempt_store(timeout_s), rank=rank, world_size=world,
+                                device_id=dev if dev.type == "cuda" else None)
     return DistEnv(rank, local_rank, world, local_world, dev, backend, distributed=launched)
 
 
 def teardown() -> None:
-    """Leave the process group (waits for the others first, so no rank exits while a peer still talks)."""
+    """Leave the process group once all ranks arrive: none exits while a peer still talks (lesson 06)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
+
+# --- parallelism applied to an unchanged model (as torchtitan does) -----------------------------------
+
+def apply_ddp(model: nn.Module, env: DistEnv, *, bucket_cap_mb: float = 25.0,
+              stats: dict[str, int] | None = None) -> nn.Module:
+    """Wrap `model` in DDP (lesson 06): gradients all-reduced in buckets while backward still runs.
+
+    With `stats`, a communication hook counts what is handed to the all-reduce: stats["allreduce_calls"]
+    and stats["allreduce_bytes"] grow by one and by the bucket's bytes per bucket."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not env.distributed:
+        raise ValueError("DDP needs a process group: launch the script with torchrun")
+    ddp = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+              bucket_cap_mb=bucket_cap_mb)
+    if stats is not None:
+        stats.setdefault("allreduce_calls", 0)
+        stats.setdefault("allreduce_bytes", 0)
+
+        def counting_allreduce(state, bucket):  # (dict, GradBucket) -> Future; unannotated: DDP checks types
+            buf = bucket.buffer()  # one flat bucket of gradients
+            state["allreduce_calls"] += 1
+            state["allreduce_bytes"] += buf.numel() * buf.element_size()
+            return default_hooks.allreduce_hook(None, bucket)  # the default: divide by world, all-reduce
+
+        ddp.register_comm_hook(stats, counting_allreduce)
+    return ddp
+
+
+def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
+    """FSDP2 (lesson 06): shard each block (default `model.blocks`), then the root (embeddings, head);
+    parameters become DTensors, each rank holding 1/N of them."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if not env.distributed:
+        raise ValueError("FSDP needs a process group: launch the script with torchrun")
+    blocks = list(blocks if blocks is not None else getattr(model, "blocks", []))
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no `blocks`: pass the layers to shard one by one "
+                         "(e.g. model.bert.encoder.layer)")
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    for block in blocks:
+        fully_shard(block, mesh=mesh)  # its parameters are all-gathered just before its forward
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def grad_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
+    """A context for one micro-step (lesson 06): without `sync`, gradients only accumulate locally (DDP's
+    `no_sync()`, FSDP2's `set_requires_gradient_sync(False)`); the last micro-step syncs them."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(sync)
+        return nullcontext()
+    if not sync and hasattr(model, "no_sync"):  # DDP
+        return model.no_sync()
+    return nullcontext()
+
+
+# --- rank 0 ---------------------------------------------------------------------------------------------
 
 def _rank() -> int:
     if dist.is_available() and dist.is_initialized():
@@ -137,13 +208,13 @@ def is_main() -> bool:
 
 
 def print0(*args: object, **kwargs: object) -> None:
-    """`print` on rank 0 only, flushed at once so the line reaches torchrun's log while the run goes on."""
+    """`print` on rank 0 only, flushed at once so the line reaches torchrun's log at once (lesson 06)."""
     if is_main():
         print(*args, **{"flush": True, **kwargs})  # type: ignore[arg-type]
 
 
 def get_logger(name: str = "course", all_ranks: bool = False) -> logging.Logger:
-    """A logger that writes INFO lines on rank 0 (every rank with `all_ranks`) and warnings everywhere."""
+    """A logger writing INFO on rank 0 (every rank with `all_ranks`), warnings everywhere (lesson 06)."""
     logger = logging.getLogger(name)
     rank = _rank()
     if not any(getattr(h, "_course_handler", False) for h in logger.handlers):
@@ -158,7 +229,7 @@ def get_logger(name: str = "course", all_ranks: bool = False) -> logging.Logger:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (the OS picks it), for a rendezvous endpoint."""
+    """A TCP port free on `host` right now (the OS picks it), for a rendezvous endpoint (lesson 06)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -169,7 +240,7 @@ def torchrun_command(script: str | Path, args: Sequence[str] = (), *, nproc_per_
                      rdzv_conf: str | None = None, max_restarts: int = 0, monitor_interval: float = 0.5,
                      log_dir: str | Path | None = None, local_addr: str | None = None,
                      extra: Sequence[str] = ()) -> list[str]:
-    """The torchrun command line: one machine (`--standalone`) or `nnodes` meeting at `rdzv_endpoint`."""
+    """The torchrun command: one machine (--standalone) or `nnodes` meeting at `rdzv_endpoint` (lesson 06)."""
     if nproc_per_node < 1 or nnodes < 1 or max_restarts < 0:
         raise ValueError(f"need nproc_per_node >= 1, nnodes >= 1, max_restarts >= 0; got {nproc_per_node}, "
                          f"{nnodes}, {max_restarts}")
@@ -257,7 +328,7 @@ def launch(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int 
            rdzv_endpoint: str | None = None, rdzv_conf: str | None = None, max_restarts: int = 0,
            env: Mapping[str, str] | None = None, timeout_s: float = 300.0, echo: bool = True,
            tail: int = 25, extra_torchrun_args: Sequence[str] = ()) -> LaunchResult:
-    """Run `torchrun script args` as a subprocess, printing every rank's lines live ("[rankN]: ...");
+    """Run `torchrun script args` in a subprocess, printing every rank's lines live ("[rankN]:") (lesson 06);
     raise `LaunchError` with the failing rank's last `tail` lines if it fails or runs past `timeout_s`."""
     if not Path(script).is_file():
         raise ValueError(f"no script at {script!r}; pass the path of a Python file for torchrun to run")
@@ -267,7 +338,11 @@ def launch(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int 
         cmd = torchrun_command(script, args, nproc_per_node=nproc_per_node, nnodes=nnodes,
                                rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, max_restarts=max_restarts,
                                log_dir=log_dir, extra=extra_torchrun_args)
-        full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1",
+        # the workers import the same `helpers` as this process, installed or not
+        package_root = str(Path(__file__).resolve().parents[1])
+        python_path = os.pathsep.join(p for p in (package_root, (env or {}).get("PYTHONPATH",
+                                                  os.environ.get("PYTHONPATH", ""))) if p)
+        full_env = {**os.environ, **(env or {}), "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
                     "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX.replace("{rank}", "${rank}")}
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

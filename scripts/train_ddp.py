@@ -13,8 +13,9 @@ micro-steps (loss / accum) of the mean over ranks (DDP and FSDP divide by world_
 
 The data is a learnable synthetic task from a seeded generator (arithmetic sequences: next token =
 this token + a per-sequence stride, mod vocab), so runs are exactly repeatable and need no download.
-On start, the script resumes from the newest checkpoint in `--ckpt-dir` (DDP: one file rank 0 writes
-atomically; FSDP: a `torch.distributed.checkpoint` folder, each rank writing its own shards).
+On start, the script resumes from the newest checkpoint in `--ckpt-dir` (`helpers.checkpoint`: DDP, one
+file rank 0 writes atomically; FSDP, a `torch.distributed.checkpoint` folder of every rank's shards).
+Parallelism is applied to the unchanged model by `helpers.distributed.apply_ddp` / `apply_fsdp`.
 """
 
 from __future__ import annotations
@@ -24,27 +25,32 @@ import json
 import os
 import re
 import resource
-import shutil
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: find `helpers`
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from helpers.distributed import DistEnv, print0, setup, teardown
+from helpers.checkpoint import (
+    checkpoint_name,
+    is_due,
+    latest_checkpoint,
+    load_checkpoint,
+    load_sharded,
+    prune_checkpoints,
+    remove_stale_temporaries,
+    save_checkpoint,
+    save_sharded,
+)
+from helpers.distributed import DistEnv, apply_ddp, apply_fsdp, grad_sync, print0, setup, teardown
 from helpers.models import SmallTransformer, TransformerConfig
-from helpers.train import autocast_context
-from helpers.train import make_optimizer as make_adamw
+from helpers.precision import autocast_context, set_tf32, uses_tf32
+from helpers.train import make_optimizer
 
 FAULT_ENV = "COURSE_FAULT_AT_STEP"  # test hook: rank 1 SIGKILLs itself in this step, first attempt only
 
@@ -62,8 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--dataset-size", type=int, default=0, help="sequences (0: 8 global batches)")
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
-                   help="sgd: SGD with momentum 0.9, whose update is linear in the gradient (the tests use "
-                   "it to compare parameters tightly; AdamW magnifies rounding noise, see make_optimizer)")
+                   help="adamw: helpers.train.make_optimizer (fused where supported); sgd: SGD with momentum "
+                   "0.9, whose update is linear in the gradient (the tests compare parameters with it)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
@@ -71,18 +77,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync-every-micro-step", action="store_true",
                    help="all-reduce after every micro-step (turns off no_sync), for comparison")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--ckpt-dir", default="", help="resume from / save checkpoints here ('' = none)")
-    p.add_argument("--ckpt-every", type=int, default=0, help="save every N steps (0: never)")
+    p.add_argument("--ckpt-every", type=int, default=0, help="save every N steps and the last (0: never)")
     p.add_argument("--keep", type=int, default=2, help="checkpoints kept")
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput")
     p.add_argument("--out", default="", help="rank 0 writes a JSON summary here")
     p.add_argument("--save-params", default="", help="rank 0 saves the final full state_dict here")
     args = p.parse_args(argv)
-    if min(args.steps, args.global_batch, args.seq_len, args.vocab) < 1 or args.micro_batch < 0:
-        p.error("steps, global-batch, seq-len and vocab must be positive, micro-batch >= 0")
+    if min(args.steps, args.global_batch, args.seq_len, args.vocab, args.keep) < 1 or args.micro_batch < 0:
+        p.error("steps, global-batch, seq-len, vocab and keep must be positive, micro-batch >= 0")
+    if args.ckpt_every < 0:
+        p.error("--ckpt-every must be >= 0 (0: never)")
     return args
 
 
@@ -117,38 +125,10 @@ class Batches:
         return self._indices[pos:pos + self.micro]
 
 
-# --- parallelism applied to an unchanged model (as torchtitan does) -----------------------------------
+# --- optimizer and checkpoints ------------------------------------------------------------------------
 
-def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float, stats: dict[str, int]) -> nn.Module:
-    """Wrap in DDP: gradients all-reduced in buckets while backward still runs; count what is sent."""
-    ddp = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
-              bucket_cap_mb=bucket_cap_mb)
-
-    def counting_allreduce(state, bucket):  # (dict, GradBucket) -> Future; unannotated: DDP checks real types
-        buf = bucket.buffer()  # one flat bucket of gradients
-        state["allreduce_calls"] += 1
-        state["allreduce_bytes"] += buf.numel() * buf.element_size()
-        return default_hooks.allreduce_hook(None, bucket)  # the default: divide by world, all-reduce
-
-    ddp.register_comm_hook(stats, counting_allreduce)
-    return ddp
-
-
-def apply_fsdp(model: SmallTransformer, env: DistEnv) -> nn.Module:
-    """FSDP2: shard each block, then the root (embeddings, tied head); parameters become DTensors."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)  # its parameters are all-gathered just before its forward
-    fully_shard(model, mesh=mesh)
-    return model
-
-
-def make_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float,
-                   device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (helpers.train's: no decay on biases and norms; fused on a GPU), or SGD with momentum.
+def build_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW (helpers.train.make_optimizer: no decay on biases and norms, fused where supported), or SGD.
 
     AdamW divides each gradient by its own running RMS: a weight whose true gradient is zero (the key
     bias: adding a constant to every score of a query leaves softmax unchanged) sees only rounding
@@ -158,76 +138,43 @@ def make_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float,
     """
     if kind == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
-    return make_adamw(model, lr, weight_decay, fused=device.type == "cuda")
+    return make_optimizer(model, lr, weight_decay)
 
 
-def set_grad_sync(model: nn.Module, sync: bool, fsdp: bool):
-    """A context for one micro-step: DDP's no_sync(), or FSDP2's set_requires_gradient_sync."""
-    if fsdp:
-        model.set_requires_gradient_sync(sync)
-        return nullcontext()
-    if isinstance(model, DDP) and not sync:
-        return model.no_sync()
-    return nullcontext()
-
-
-# --- checkpoints ---------------------------------------------------------------------------------------
-
-CKPT_RE = re.compile(r"^step_(\d{6})(\.pt)?$")
-
-
-def latest_checkpoint(ckpt_dir: Path) -> tuple[int, Path] | None:
-    """(step, path) of the newest complete checkpoint; half-written ones end in .tmp and are ignored."""
-    found = [(int(m.group(1)), p) for p in ckpt_dir.glob("step_*") if (m := CKPT_RE.match(p.name))]
-    return max(found) if found else None
-
-
-def save_checkpoint(ckpt_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int,
-                    env: DistEnv, fsdp: bool, keep: int) -> Path:
-    """DDP: rank 0 writes one file (tmp + rename, atomic); FSDP: DCP, every rank writes its shards."""
-    if fsdp:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        final, tmp = ckpt_dir / f"step_{step:06d}", ckpt_dir / f"step_{step:06d}.tmp"
-        model_sd, optim_sd = get_state_dict(model, opt)  # sharded: each rank holds its part
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
-        if env.is_main:
-            (tmp / "meta.json").write_text(json.dumps({"step": step}))
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)  # the folder appears complete, or not at all
-    else:
-        final, tmp = ckpt_dir / f"step_{step:06d}.pt", ckpt_dir / f"step_{step:06d}.pt.tmp"
-        if env.is_main:  # every replica is identical: one copy is enough
-            raw = model.module if isinstance(model, DDP) else model
-            torch.save({"model": raw.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
-            os.replace(tmp, final)
+def resume(ckpt_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, env: DistEnv, fsdp: bool) -> int:
+    """Load the newest checkpoint in `ckpt_dir` (every rank); the steps it was taken after, 0 if none."""
     if env.is_main:
-        done = sorted((s, p) for p in ckpt_dir.glob("step_*") if (m := CKPT_RE.match(p.name))
-                      for s in [int(m.group(1))])
-        for _, old in done[:-keep]:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        remove_stale_temporaries(ckpt_dir, log=print0)  # what a killed save left behind
+    if env.distributed:
+        dist.barrier()
+    found = latest_checkpoint(ckpt_dir)
+    if found is None:
+        return 0
+    step, path = found
+    if path.is_dir() != fsdp:
+        kind = "sharded (FSDP)" if path.is_dir() else "single-file (DDP)"
+        raise ValueError(f"{path} is a {kind} checkpoint but this run uses {'FSDP' if fsdp else 'DDP'}: "
+                         "use another --ckpt-dir")
+    done = load_sharded(path, model, opt)["step"] if fsdp else load_checkpoint(path, model, opt,
+                                                                                 restore_rng=False)["step"]
+    print0(f"resumed from {path.name}: step {done}")
+    return done
+
+
+def save(ckpt_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int, env: DistEnv, fsdp: bool,
+         keep: int) -> Path:
+    """FSDP: every rank writes its shards (DCP); DDP: rank 0 writes one file, the replicas being equal."""
+    if fsdp:
+        path = save_sharded(ckpt_dir, step, model, opt)
+    else:
+        path = ckpt_dir / checkpoint_name(step)
+        if env.is_main:
+            save_checkpoint(path, model, opt, step=step)
+    if env.is_main:
+        prune_checkpoints(ckpt_dir, keep)
     if env.distributed:
         dist.barrier()  # nobody runs ahead of a checkpoint that is not on disk yet
-    return final
-
-
-def load_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, env: DistEnv,
-                    fsdp: bool) -> int:
-    """Restore model and optimizer in place; returns the step the checkpoint was taken after."""
-    if fsdp:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_sd, optim_sd = get_state_dict(model, opt)  # the layout to load into (this run's shards)
-        state = {"model": model_sd, "optimizer": optim_sd}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        return int(json.loads((path / "meta.json").read_text())["step"])
-    ckpt = torch.load(path, map_location=env.device, weights_only=True)
-    (model.module if isinstance(model, DDP) else model).load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optimizer"])
-    return int(ckpt["step"])
+    return path
 
 
 # --- measurements ------------------------------------------------------------------------------------
@@ -300,18 +247,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise ValueError("--fsdp needs a process group: launch with torchrun")
         model = apply_fsdp(model, env)
     elif env.distributed:
-        model = apply_ddp(model, env, args.bucket_cap_mb, stats)
-    opt = make_optimizer(model, args.optimizer, args.lr, args.weight_decay, env.device)
+        model = apply_ddp(model, env, bucket_cap_mb=args.bucket_cap_mb, stats=stats)
+    opt = build_optimizer(model, args.optimizer, args.lr, args.weight_decay)
     batches = Batches(n, env, micro, accum, args.seed)
 
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
     start_step = 0
     if ckpt_dir is not None:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        found = latest_checkpoint(ckpt_dir)
-        if found is not None:
-            start_step = load_checkpoint(found[1], model, opt, env, args.fsdp)
-            print0(f"resumed from {found[1].name}: step {start_step}")
+        start_step = resume(ckpt_dir, model, opt, env, args.fsdp)
     mode = "fsdp" if args.fsdp else ("ddp" if env.distributed else "single")
     no_sync = not args.sync_every_micro_step
     print0(f"start: mode {mode} world {world} params {n_params:,} global_batch {args.global_batch} "
@@ -324,6 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     calls_before = stats["allreduce_calls"]
     mem: dict[str, int] = {}
     model.train()
+    set_tf32(uses_tf32(args.precision) and env.device.type == "cuda")  # this process: tf32 and bf16 runs
     for step in range(start_step, args.steps):
         t0, w0 = time.perf_counter(), bytes_written()
         calls_before, bytes_before = stats["allreduce_calls"], stats["allreduce_bytes"]
@@ -331,8 +276,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for m in range(accum):
             last = m == accum - 1
             x = data[batches(step, m)]  # (micro, T)
-            sync = last or not no_sync  # with no_sync, gradients are averaged over ranks only once per step
-            with set_grad_sync(model, sync, args.fsdp), autocast_context(args.precision, env.device):
+            sync = last or not no_sync  # with no_sync, gradients are averaged over ranks once per step
+            with grad_sync(model, sync), autocast_context(args.precision, env.device):
                 loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
                 if fault_at and step + 1 == fault_at and env.rank == 1 and attempt == 0 and last:
                     print(f"rank 1: simulated crash in step {step + 1} (SIGKILL)", flush=True)
@@ -344,7 +289,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             mem = model_state_bytes(model, opt)
         opt.zero_grad(set_to_none=True)
         if env.distributed:  # for the log: the mean loss over the whole global batch
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if env.backend == "nccl" else dist.ReduceOp.SUM)
+            op = dist.ReduceOp.AVG if env.backend == "nccl" else dist.ReduceOp.SUM
+            dist.all_reduce(loss_sum, op=op)
             if env.backend != "nccl":  # gloo has no AVG
                 loss_sum /= world
         losses.append(loss_sum.item())  # .item() waits for the device: the step is done
@@ -360,8 +306,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tok_s = args.global_batch * args.seq_len / step_s[-1]
             print0(f"step {done}/{args.steps} loss {losses[-1]:.6f} step_ms {step_s[-1] * 1e3:.1f} "
                    f"tok/s {tok_s:,.0f}")
-        if ckpt_dir is not None and args.ckpt_every and done % args.ckpt_every == 0 and done < args.steps:
-            path = save_checkpoint(ckpt_dir, model, opt, done, env, args.fsdp, args.keep)
+        if ckpt_dir is not None and is_due(done, args.ckpt_every, args.steps):
+            path = save(ckpt_dir, model, opt, done, env, args.fsdp, args.keep)
             print0(f"checkpoint saved: {path.name} (step {done})")
 
     # measurements from every rank, gathered on rank 0
@@ -381,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             full_sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                            cpu_offload=True))
         else:
-            full_sd = (model.module if isinstance(model, DDP) else model).state_dict()
+            full_sd = getattr(model, "module", model).state_dict()  # DDP keeps the model in .module
     summary: dict[str, Any] = {}
     if env.is_main:
         tokens_per_step = args.global_batch * args.seq_len

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import uuid
@@ -53,8 +54,39 @@ def test_setup_rejects_bad_input(no_torchrun: None, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_setup_cuda_without_gpu_says_so(no_torchrun: None) -> None:
-    with pytest.raises(ValueError, match="no CUDA GPU"):
+    from helpers.hardware import DeviceUnavailableError
+
+    with pytest.raises(DeviceUnavailableError, match="CUDA was requested"):  # helpers.hardware's resolver
         hd.setup("cuda")
+
+
+def test_ddp_and_fsdp_need_a_process_group(no_torchrun: None) -> None:
+    env = hd.setup("cpu")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="torchrun"):
+        hd.apply_ddp(model, env)
+    with pytest.raises(ValueError, match="torchrun"):
+        hd.apply_fsdp(model, env)
+
+
+def test_grad_sync_uses_each_wrapper_s_switch() -> None:
+    class FakeDDP(torch.nn.Module):
+        def no_sync(self):
+            return "no_sync context"
+
+    class FakeFSDP(torch.nn.Module):
+        synced = None
+
+        def set_requires_gradient_sync(self, sync: bool) -> None:
+            self.synced = sync
+
+    assert hd.grad_sync(FakeDDP(), sync=False) == "no_sync context"
+    assert hd.grad_sync(FakeDDP(), sync=True) != "no_sync context"
+    fsdp = FakeFSDP()
+    with hd.grad_sync(fsdp, sync=False):
+        assert fsdp.synced is False
+    with hd.grad_sync(torch.nn.Linear(1, 1), sync=False):  # one plain process: nothing to switch
+        pass
 
 
 def test_print0_prints_on_rank_0_only(no_torchrun: None, monkeypatch: pytest.MonkeyPatch,
@@ -132,6 +164,15 @@ def test_launch_streams_each_rank_and_reports_the_failing_one(tmp_path: Path,
     assert "first failing rank: 1" in message and "boom" in message
     printed = capsys.readouterr().out  # echoed live, with each line's rank
     assert "[rank0]:hello from rank 0 of 2" in printed and "[rank1]:rank 1 is about to fail: boom" in printed
+
+
+def test_launch_workers_import_this_helpers_package(tmp_path: Path) -> None:
+    script = tmp_path / "which.py"
+    script.write_text("import os, helpers\nprint(os.environ['PYTHONPATH'])\nprint(helpers.__file__)\n")
+    result = hd.launch(script, nproc_per_node=1, timeout_s=120, echo=False, env={"PYTHONPATH": "elsewhere"})
+    root = Path(hd.__file__).resolve().parents[1]  # the folder that holds `helpers`, installed or not
+    assert result.rank_lines(0) == [os.pathsep.join([str(root), "elsewhere"]),
+                                    str(Path(hd.__file__).with_name("__init__.py"))]
 
 
 def test_launch_timeout_raises_and_leaves_no_process(tmp_path: Path) -> None:
