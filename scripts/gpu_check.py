@@ -318,17 +318,20 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
     steps.append(Step("env", (python, "scripts/gpu_check.py", "--env-report", str(work)), t(25),
                       "environment report and measured roofline (lesson 00's helpers)"))
     tests = cuda_test_nodes(root)
-    steps.append(Step("cuda-tests", (python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+    steps.append(Step("cuda-tests", (python, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider",
                                      "--timeout", str(t(60)), "--junitxml", str(work / "cuda-tests.xml"),
                                      *tests),
                       t(80), f"{len(tests)} tests that skip without CUDA (found by scanning tests/)"))
     nbs = [nb.relative_to(root).as_posix() for nb in notebooks(root)
            if not lessons or any(nb.name.startswith(x) or x in nb.name for x in lessons)]
+    if not nbs:  # pytest given no path would run every test and notebook of the repository
+        raise ValueError(f"NOTEBOOKS={','.join(lessons or [])} names no notebook of notebooks/: "
+                         f"use lesson numbers such as 03,04")
     # One kernel per notebook, up to 8 at a time on the one GPU (smoke sizes: the GPU is far from full),
     # with pytest-xdist (on the reference box); one after the other where this Python lacks it.
     workers = max(1, min(len(nbs), 8)) if importlib.util.find_spec("xdist") else 1
     parallel = ("-n", str(workers), "--dist", "loadscope") if workers > 1 else ()
-    steps.append(Step("notebooks", (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *parallel,
+    steps.append(Step("notebooks", (python, "-m", "pytest", "-v", "-p", "no:cacheprovider", *parallel,
                                     "--nbval-lax", "--nbval-current-env", "--timeout", str(t(150)),
                                     "--junitxml", str(work / "notebooks.xml"), *nbs),
                       t(150), f"{len(nbs)} notebooks under nbval on the GPU, smoke sizes, {workers} at a time",
@@ -700,8 +703,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale <= 0:
         p.error(f"--scale must be positive, got {args.scale}")
     lessons = _split(args.notebooks)
-    steps = (fake_plan(out, python) if args.fake else plan(out, python=python, site=args.site,
-                                                          wheel_dir=args.wheels, lessons=lessons, scale=args.scale))
+    try:
+        steps = (fake_plan(out, python) if args.fake else plan(out, python=python, site=args.site,
+                                                              wheel_dir=args.wheels, lessons=lessons,
+                                                              scale=args.scale))
+    except ValueError as err:
+        p.error(str(err))
     try:
         steps = select(steps, _split(args.only))
     except ValueError as err:

@@ -88,6 +88,8 @@ def test_notebooks_filter_narrows_the_notebooks_step():
     nb = next(s for s in steps if s.name == "notebooks")
     assert [a for a in nb.argv if a.endswith(".ipynb")] == ["notebooks/03_memory.ipynb",
                                                             "notebooks/04_compile.ipynb"]
+    with pytest.raises(ValueError, match="names no notebook"):
+        gc.plan(Path("/x"), lessons=["99"])
 
 
 def test_plan_fits_the_budget_and_runs_the_notebooks_smoke_on_cuda():
