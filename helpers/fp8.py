@@ -173,7 +173,8 @@ def convert_to_float8(model: nn.Module, *, recipe: str = "tensorwise",
         ok, why = fp8_supported(param.device)
         if not ok:
             raise ValueError(f"FP8 cannot run on this GPU: {why}")
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n]
+    # plain nn.Linear only: a layer already in FP8 (ours or torchao's, both subclasses) is not wrapped twice
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and n]
     converted = [n for n, m in linears if not skip(n, m)]
     kept = [n for n, m in linears if skip(n, m)]
     if not converted:

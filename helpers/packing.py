@@ -61,6 +61,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Sampler
 
 __all__ = ["STRATEGIES", "VARLEN", "pack_lengths", "PackCollate", "PackedBatchSampler", "document_mask",
@@ -366,6 +367,16 @@ def _hf_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> A
     return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
+def _small_block(block: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SmallTransformer's Block.forward with a document mask (R, 1, T, T) in place of its padding mask."""
+    a, (r, t, _) = block.attn, x.shape
+    q, k, v = a.qkv(block.ln1(x)).view(r, t, 3, a.cfg.n_heads, -1).permute(2, 0, 3, 1, 4)  # 3 x (R, H, T, d)
+    drop = a.cfg.dropout if a.training else 0.0
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+    x = x + block.drop(a.proj(y.transpose(1, 2).reshape(r, t, -1)))
+    return x + block.drop(block.mlp(block.ln2(x)))
+
+
 def _small_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> Any:
     from helpers.models import ModelOutput
 
@@ -376,14 +387,11 @@ def _small_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -
     r, t = ids.shape
     x = model.tok_emb(ids) + model.pos_emb(batch["position_ids"])  # (R, T, D)
     mask = document_mask(doc)  # (R, 1, T, T)
-    for block in model.blocks:  # Block.forward with a document mask in place of the padding mask
-        a = block.attn
-        h = a.cfg.n_heads
-        q, k, v = a.qkv(block.ln1(x)).view(r, t, 3, h, -1).permute(2, 0, 3, 1, 4)  # 3 x (R, H, T, d)
-        drop = a.cfg.dropout if a.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
-        x = x + block.drop(a.proj(y.transpose(1, 2).reshape(r, t, -1)))
-        x = x + block.drop(block.mlp(block.ln2(x)))
+    for block in model.blocks:
+        if model.activation_checkpointing and model.training and torch.is_grad_enabled():
+            x = checkpoint(_small_block, block, x, mask, use_reentrant=False)
+        else:
+            x = _small_block(block, x, mask)
     x = model.ln_f(x).reshape(r * t, -1)
     # mean of each document's own tokens, as the model pools a padded sequence: (D, D_model)
     n_docs = batch["first_index"].numel()

@@ -162,6 +162,8 @@ def test_conversion_swaps_linears_and_keeps_the_head():
     assert len(info["converted"]) == 2 * 6 + 1  # q, k, v, out, up, down per layer + the pooler
     assert type(model.classifier) is nn.Linear
     assert all(isinstance(model.get_submodule(n), FP8Linear) for n in info["converted"])
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        convert_to_float8(model, backend="scaled_mm")  # converting twice: nothing left to convert
     custom = convert_to_float8(_bert(), backend="scaled_mm", skip=lambda name, m: "attention" in name)
     assert all("attention" not in n for n in custom.course_fp8["converted"])
 

