@@ -6,6 +6,8 @@ Names: one checkpoint per saved step, in one folder, named by the optimizer step
     <folder>/step_000004.pt   one file (a single process; under DDP rank 0 writes it, replicas are equal)
     <folder>/step_000004/     a torch.distributed.checkpoint (DCP) folder: each FSDP rank writes its shards
 
+A training loop needs two calls: `resume_latest(folder, ...)` on start and `save_step(folder, step, ...)` when
+`is_due`; both work in one process and under torchrun (DDP: rank 0 writes, every rank reads; FSDP: sharded).
 `latest_checkpoint(folder)` is the one with the most steps; `prune_checkpoints` keeps the newest few, so a
 checkpoint that turns out to be damaged still leaves the one before it. "Save every K steps" means after
 every K-th step and after the last one; K = 0 means never (`is_due`).
@@ -39,7 +41,7 @@ from torch import nn
 
 __all__ = ["CheckpointError", "checkpoint_name", "list_checkpoints", "latest_checkpoint", "is_due",
            "prune_checkpoints", "remove_stale_temporaries", "unwrap_model", "save_checkpoint",
-           "load_checkpoint", "save_sharded", "load_sharded"]
+           "load_checkpoint", "save_sharded", "load_sharded", "save_step", "resume_latest"]
 
 CHECKPOINT_FORMAT = 1
 _DONE_RE = re.compile(r"^step_(\d{6,})(\.pt)?$")  # a complete checkpoint: file or DCP folder
@@ -261,3 +263,57 @@ def load_sharded(path: str | os.PathLike, model: nn.Module,
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     info = json.loads(meta.read_text())
     return {"step": int(info["step"]), "extra": info.get("extra", {})}
+
+
+# --- what a training loop calls ------------------------------------------------------------------------
+
+def _rank0_and_barrier() -> tuple[bool, Any]:
+    import torch.distributed as dist
+
+    on = dist.is_available() and dist.is_initialized()
+    return (not on or dist.get_rank() == 0), (dist.barrier if on else (lambda: None))
+
+
+def save_step(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+              scaler: torch.amp.GradScaler | None = None, scheduler: Any = None,
+              extra: Mapping[str, Any] | None = None, sharded: bool = False, keep: int = 2) -> Path:
+    """Save the state after `step` steps in `folder` and keep the newest `keep` (lessons 06, 07).
+
+    Under torch.distributed call it on every rank: sharded (FSDP), each writes its shards; otherwise
+    rank 0 writes one file (DDP replicas are equal) and the others wait until it is on disk."""
+    main, barrier = _rank0_and_barrier()
+    if sharded:
+        path = save_sharded(folder, step, model, optimizer, extra=extra)
+    else:
+        path = Path(folder) / checkpoint_name(step)
+        if main:
+            save_checkpoint(path, model, optimizer, scaler, step, scheduler=scheduler, extra=extra)
+    if main:
+        prune_checkpoints(folder, keep)
+    barrier()  # nobody runs ahead of a checkpoint that is not on disk yet
+    return path
+
+
+def resume_latest(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                  scaler: torch.amp.GradScaler | None = None, scheduler: Any = None, sharded: bool = False,
+                  restore_rng: bool = True, log: Any = print) -> dict[str, Any] | None:
+    """On start: remove what an interrupted save left (rank 0), then load the newest checkpoint in `folder`
+    into every rank's model and optimizer; its {"step", "extra", "path"}, or None (lessons 06, 07)."""
+    main, barrier = _rank0_and_barrier()
+    if main:
+        remove_stale_temporaries(folder, log=log)
+    barrier()
+    found = latest_checkpoint(folder)
+    if found is None:
+        return None
+    path = found[1]
+    if path.is_dir() != sharded:
+        kind = "a sharded (FSDP)" if path.is_dir() else "a single-file"
+        run = "shards" if sharded else "does not shard"
+        raise CheckpointError(f"{path} is {kind} checkpoint, but this run {run} its model: point it at "
+                              "another folder")
+    if sharded:
+        state = load_sharded(path, model, optimizer)
+    else:
+        state = load_checkpoint(path, model, optimizer, scaler, scheduler=scheduler, restore_rng=restore_rng)
+    return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path}

@@ -128,7 +128,10 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
             old_matmul: str | None = torch.get_float32_matmul_precision()
         except RuntimeError:  # mixed per-backend settings: restore to the default afterwards
             old_matmul = None
-        old_cudnn = torch.backends.cudnn.allow_tf32
+        try:
+            old_cudnn = torch.backends.cudnn.allow_tf32
+        except RuntimeError:  # the same for cuDNN (conv and RNN set apart): its default is True
+            old_cudnn = True
     set_tf32(enabled)
     try:
         yield

@@ -53,22 +53,12 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from helpers.checkpoint import (
-    checkpoint_name,
-    is_due,
-    latest_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    remove_stale_temporaries,
-    save_checkpoint,
-    unwrap_model,
-)
+from helpers.checkpoint import is_due, resume_latest, save_step, unwrap_model
 from helpers.config import seed_everything
 from helpers.precision import (
     PRECISIONS,
@@ -413,8 +403,7 @@ def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str
 
 def _peak(device: torch.device, precision: str) -> tuple[float | None, str]:
     """The peak FLOP/s MFU divides by: helpers' one choice (datasheet, else lesson 00's roofline)."""
-    from helpers.flops import peak_flops  # re-exported from helpers.hardware, the peak's one home
-    from helpers.hardware import load_roofline
+    from helpers.hardware import load_roofline, peak_flops
 
     try:
         roofline = load_roofline()
@@ -445,19 +434,6 @@ class _Flops:
                     self.known = False
                     return
             self.total = self.total + real * self.cache[width]
-
-
-def _is_main() -> bool:
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device | str | None = None, *,
@@ -491,11 +467,9 @@ def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device
 
     start, losses, skipped, scales, lrs, resumed_from = 0, [], [], [], [], None
     folder = cfg.checkpoint_dir
-    if folder is not None and _is_main():
-        remove_stale_temporaries(folder)
-    found = latest_checkpoint(folder) if folder is not None and cfg.resume else None
-    if found is not None:
-        state = load_checkpoint(found[1], model, optimizer, scaler, scheduler=scheduler)
+    state = (resume_latest(folder, model, optimizer, scaler=scaler, scheduler=scheduler)
+             if folder is not None and cfg.resume else None)
+    if state is not None:
         start = resumed_from = state["step"]
         extra = state["extra"]
         losses, skipped = list(extra.get("losses", [])), list(extra.get("skipped_steps", []))
@@ -567,13 +541,10 @@ def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device
                 read_back()
                 if cfg.progress:
                     bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            if save:
-                if _is_main():
-                    save_checkpoint(Path(folder) / checkpoint_name(done), model, optimizer, scaler, done,
-                                    scheduler=scheduler, extra={"losses": losses, "skipped_steps": skipped,
-                                                                "scales": scales, "lrs": lrs})
-                    prune_checkpoints(folder, cfg.keep_checkpoints)
-                _barrier()  # under DDP nobody runs ahead of a checkpoint not yet on disk
+            if save:  # under DDP rank 0 writes, and the others wait until it is on disk
+                save_step(folder, done, model, optimizer, scaler=scaler, scheduler=scheduler,
+                          keep=cfg.keep_checkpoints,
+                          extra={"losses": losses, "skipped_steps": skipped, "scales": scales, "lrs": lrs})
             if on_step is not None:
                 on_step(done, out)
         read_back()

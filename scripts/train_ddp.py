@@ -24,9 +24,7 @@ import argparse
 import json
 import os
 import re
-import resource
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,18 +34,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from helpers.checkpoint import (
-    checkpoint_name,
-    is_due,
-    latest_checkpoint,
-    load_checkpoint,
-    load_sharded,
-    prune_checkpoints,
-    remove_stale_temporaries,
-    save_checkpoint,
-    save_sharded,
-)
+from helpers.checkpoint import is_due, resume_latest, save_step
 from helpers.distributed import DistEnv, apply_ddp, apply_fsdp, grad_sync, print0, setup, teardown
+from helpers.memory import peak_rss_bytes
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.precision import autocast_context, set_tf32, uses_tf32
 from helpers.train import make_optimizer
@@ -125,7 +114,7 @@ class Batches:
         return self._indices[pos:pos + self.micro]
 
 
-# --- optimizer and checkpoints ------------------------------------------------------------------------
+# --- optimizer ------------------------------------------------------------------------
 
 def build_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """AdamW (helpers.train.make_optimizer: no decay on biases and norms, fused where supported), or SGD.
@@ -139,42 +128,6 @@ def build_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float)
     if kind == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
     return make_optimizer(model, lr, weight_decay)
-
-
-def resume(ckpt_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, env: DistEnv, fsdp: bool) -> int:
-    """Load the newest checkpoint in `ckpt_dir` (every rank); the steps it was taken after, 0 if none."""
-    if env.is_main:
-        remove_stale_temporaries(ckpt_dir, log=print0)  # what a killed save left behind
-    if env.distributed:
-        dist.barrier()
-    found = latest_checkpoint(ckpt_dir)
-    if found is None:
-        return 0
-    step, path = found
-    if path.is_dir() != fsdp:
-        kind = "sharded (FSDP)" if path.is_dir() else "single-file (DDP)"
-        raise ValueError(f"{path} is a {kind} checkpoint but this run uses {'FSDP' if fsdp else 'DDP'}: "
-                         "use another --ckpt-dir")
-    done = load_sharded(path, model, opt)["step"] if fsdp else load_checkpoint(path, model, opt,
-                                                                                 restore_rng=False)["step"]
-    print0(f"resumed from {path.name}: step {done}")
-    return done
-
-
-def save(ckpt_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int, env: DistEnv, fsdp: bool,
-         keep: int) -> Path:
-    """FSDP: every rank writes its shards (DCP); DDP: rank 0 writes one file, the replicas being equal."""
-    if fsdp:
-        path = save_sharded(ckpt_dir, step, model, opt)
-    else:
-        path = ckpt_dir / checkpoint_name(step)
-        if env.is_main:
-            save_checkpoint(path, model, opt, step=step)
-    if env.is_main:
-        prune_checkpoints(ckpt_dir, keep)
-    if env.distributed:
-        dist.barrier()  # nobody runs ahead of a checkpoint that is not on disk yet
-    return path
 
 
 # --- measurements ------------------------------------------------------------------------------------
@@ -206,10 +159,7 @@ def bytes_written() -> int | None:
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak allocated GPU memory, or on a CPU the process's peak resident set (a coarser measure)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024  # macOS reports bytes, Linux KiB
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss_bytes()
 
 
 def median(xs: list[float] | list[int]) -> float | None:
@@ -255,7 +205,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start_step = 0
     if ckpt_dir is not None:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        start_step = resume(ckpt_dir, model, opt, env, args.fsdp)
+        state = resume_latest(ckpt_dir, model, opt, sharded=args.fsdp, restore_rng=False, log=print0)
+        if state is not None:
+            start_step = state["step"]
+            print0(f"resumed from {state['path'].name}: step {start_step}")
     mode = "fsdp" if args.fsdp else ("ddp" if env.distributed else "single")
     no_sync = not args.sync_every_micro_step
     print0(f"start: mode {mode} world {world} params {n_params:,} global_batch {args.global_batch} "
@@ -307,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print0(f"step {done}/{args.steps} loss {losses[-1]:.6f} step_ms {step_s[-1] * 1e3:.1f} "
                    f"tok/s {tok_s:,.0f}")
         if ckpt_dir is not None and is_due(done, args.ckpt_every, args.steps):
-            path = save(ckpt_dir, model, opt, done, env, args.fsdp, args.keep)
+            path = save_step(ckpt_dir, done, model, opt, sharded=args.fsdp, keep=args.keep)
             print0(f"checkpoint saved: {path.name} (step {done})")
 
     # measurements from every rank, gathered on rank 0

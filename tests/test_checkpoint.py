@@ -141,3 +141,20 @@ def test_sharded_checkpoint_round_trip_in_one_process(tmp_path):
     (path / "meta.json").unlink()
     with pytest.raises(ck.CheckpointError, match="not a complete sharded checkpoint"):
         ck.load_sharded(path, other, opt2)
+
+
+def test_a_loop_s_two_calls_save_step_and_resume_latest(tmp_path):
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert ck.resume_latest(tmp_path, model, opt) is None  # a fresh start
+    for step in (2, 4, 6):
+        ck.save_step(tmp_path, step, model, opt, extra={"at": step}, keep=2)
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [4, 6]
+    (tmp_path / "step_000008.pt.x.tmp").write_bytes(b"half")
+    lines = []
+    other = tiny_model()
+    state = ck.resume_latest(tmp_path, other, torch.optim.SGD(other.parameters(), lr=0.1), log=lines.append)
+    assert state["step"] == 6 and state["extra"] == {"at": 6} and state["path"].name == "step_000006.pt"
+    assert len(lines) == 1 and not (tmp_path / "step_000008.pt.x.tmp").exists()
+    with pytest.raises(ck.CheckpointError, match="single-file checkpoint, but this run shards"):
+        ck.resume_latest(tmp_path, model, opt, sharded=True)
