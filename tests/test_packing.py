@@ -315,6 +315,7 @@ def test_stats_count_real_tokens_and_useful_flops():
     padded = packed_padding_stats([PadCollate()(docs)], model)
     assert packed.real_tokens == padded.real_tokens == sum(LENGTHS)
     assert packed.rows < padded.rows and packed.padding_fraction < padded.padding_fraction
+    assert packed.real_tokens_per_row == sum(LENGTHS) / packed.rows > padded.real_tokens_per_row
     assert packed.useful_flops == pytest.approx(padded.useful_flops)  # same useful work, less padding
     from helpers.flops import model_flops_per_token
     assert packed.useful_flops == pytest.approx(sum(n * model_flops_per_token(model, n) for n in LENGTHS))
