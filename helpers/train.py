@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -77,7 +78,7 @@ LR_SCHEDULES = ("constant", "linear")
 
 
 def _check_max_grad_norm(value: Any) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if value is not None and not (number and value > 0):
         raise ValueError(f"max_grad_norm={value!r}: clipping needs a positive norm (a negative one reverses "
                          "the gradient); use None for no clipping")
@@ -120,8 +121,9 @@ class TrainConfig:
         ints = ("steps", "grad_accum", "warmup_steps", "checkpoint_every", "keep_checkpoints", "log_every")
         for name in ints:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"{name} must be an int, got {value!r}")
+            setattr(self, name, int(value))  # numpy ints too
         if self.steps < 0 or self.grad_accum < 1:
             raise ValueError(f"need steps >= 0 and grad_accum >= 1, got steps={self.steps}, "
                              f"grad_accum={self.grad_accum}")
