@@ -423,9 +423,11 @@ class _Flops:
 
         self.per_token = model_flops_per_token
         self.model, self.cache, self.known = unwrap_model(model), {}, True
-        self.total: float | torch.Tensor = 0.0
+        self.timed: float | torch.Tensor = 0.0  # useful FLOPs of the steps after the first
+        self.all: float | torch.Tensor = 0.0  # and of every step, with their real tokens
+        self.all_tokens: int | torch.Tensor = 0
 
-    def add(self, widths: list[tuple[int | torch.Tensor, int]]) -> None:
+    def add(self, widths: list[tuple[int | torch.Tensor, int]], timed: bool) -> None:
         for real, width in widths:
             if not self.known:
                 return
@@ -435,7 +437,10 @@ class _Flops:
                 except ValueError:  # a model whose sizes helpers.flops cannot read: no MFU
                     self.known = False
                     return
-            self.total = self.total + real * self.cache[width]
+            self.all = self.all + real * self.cache[width]
+            self.all_tokens = self.all_tokens + real
+            if timed:
+                self.timed = self.timed + real * self.cache[width]
 
 
 def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device | str | None = None, *,
@@ -533,10 +538,10 @@ def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device
             if profile_cpu:
                 peak_memory, memory_method = report.peak_bytes, report.method
             pending.append((step, out))
+            flops.add(out.widths, timed=not first)
             if not first:
                 tokens = tokens + out.tokens
                 samples += out.samples
-                flops.add(out.widths)
             done = step + 1
             save = folder is not None and is_due(done, cfg.checkpoint_every, cfg.steps)
             if save or done % cfg.log_every == 0 or done == cfg.steps:
@@ -561,12 +566,11 @@ def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device
     samples_per_s = samples / timed if timed > 0 else None
     peak, peak_source = (cfg.peak_flops, "TrainConfig.peak_flops") if cfg.peak_flops else (None, "")
     per_token = mfu = None
-    if flops.known and tokens > 0:
-        useful = float(flops.total)
-        per_token = useful / tokens
+    if flops.known and int(flops.all_tokens) > 0:
+        per_token = float(flops.all) / int(flops.all_tokens)  # token-weighted over the batch widths
         if not peak:
             peak, peak_source = _peak(device, cfg.precision)
-        mfu = useful / timed / peak if peak and timed > 0 else None
+        mfu = float(flops.timed) / timed / peak if peak and timed > 0 and tokens > 0 else None
     return TrainResult(losses=losses, step_times_s=step_times, tokens_per_s=tokens_per_s,
                        samples_per_s=samples_per_s, mfu=mfu, peak_memory_bytes=peak_memory,
                        steps_done=max(start, cfg.steps), resumed_from=resumed_from, skipped_steps=skipped,

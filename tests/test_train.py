@@ -240,6 +240,7 @@ def test_zero_steps_is_a_run_of_no_steps_without_nans():
 def test_one_step_reports_no_throughput_rather_than_nan():
     result = train(tiny_model(), synthetic_batch_fn(VOCAB, BATCH, SEQ), quiet(steps=1))
     assert len(result.losses) == 1 and result.tokens_per_s is None  # the only step is the warm-up
+    assert result.flops_per_token > 0  # a property of the model, measured or not
 
 
 def test_stale_temporary_checkpoint_files_are_removed_on_the_next_start(tmp_path, capsys):
@@ -398,3 +399,30 @@ def test_on_a_gpu_the_loop_reads_back_at_log_points_only():
     assert result.tokens_per_s > 0 and result.peak_memory_bytes > 0
     host = sum(count_tokens(batch_fn(s, 0)) for s in range(1, 7))
     assert result.tokens_per_s * sum(result.step_times_s[1:]) == pytest.approx(host)
+
+
+def test_evaluate_maps_predictions_back_to_the_dataset_order():
+    from helpers.train import evaluate
+
+    class Docs:  # a tokenised dataset as helpers.data.tokenize makes it
+        lengths = [5, 2, 7, 3, 6, 4]
+        labels = [2, 2, 1, 0, 0, 0]
+
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return {"input_ids": [1] * self.lengths[i], "labels": self.labels[i]}
+
+    class LengthMod3(nn.Module):  # predicts (number of real tokens) mod 3
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(()))
+
+        def forward(self, input_ids, attention_mask):
+            n = attention_mask.sum(1)
+            return type("Out", (), {"logits": nn.functional.one_hot(n % 3, 3).float() + self.w})()
+
+    acc, preds, labels = evaluate(LengthMod3(), Docs(), batch_size=4, device="cpu")
+    assert preds == [n % 3 for n in Docs.lengths] and labels == Docs.labels
+    assert acc == pytest.approx(5 / 6)  # every length but 4 (predicted 1, label 0)
