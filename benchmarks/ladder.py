@@ -3,7 +3,8 @@
 A thin command line over `helpers.ladder` (rungs, checks, timing, greedy selection: read its docstring).
 Weights are random (speed does not depend on their values); lengths are the BBC News corpus' token
 counts (recorded quantiles where the corpus is not installed). Writes `ladder-<device>.json/.md/.png`
-into `--out` with helpers.results (stamped with device, versions, date, threads and load).
+into `--out` with helpers.results (stamped with device, versions, date, threads and load), or with
+`--greedy` `ladder-<device>-greedy.*`.
 
     python benchmarks/ladder.py --model mini --seq 128 --batch 8              # a small run on a CPU
     python benchmarks/ladder.py --greedy --model mini --seq 128 --batch 8     # keep only what pays here
@@ -49,7 +50,9 @@ def main(argv: list[str] | None = None) -> dict:
     title = (f"BERT training ladder ({result['mode']}), {result['stamp']['device']}\n"
              f"({args.model}, seq {args.seq}, {result['stamp']['date'][:10]})")
     fig = ladder_chart(measured, title=title)
-    paths = write_results("ladder", result, to_markdown(result), fig=fig, out_dir=args.out)
+    # the greedy ladder is written next to the cumulative one: ladder-<device>-greedy.*
+    paths = write_results("ladder", result, to_markdown(result), fig=fig, out_dir=args.out,
+                          variant="greedy" if args.greedy else "")
     print(to_markdown(result))
     print("wrote", ", ".join(str(p) for p in paths.values()))
     return result
