@@ -394,7 +394,7 @@ def test_on_step_sees_every_step_and_your_own_optimizer_is_used():
 def test_on_a_gpu_the_loop_reads_back_at_log_points_only():
     batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, pad_fraction=0.3)
     model = tiny_model(dropout=0.0).cuda()
-    result = train(model, batch_fn, quiet(steps=7, log_every=3), device="cuda")
+    result = train(model, batch_fn, quiet(steps=7, log_every=3, track_memory=True), device="cuda")
     assert len(result.losses) == len(result.step_times_s) == 7 and all(t > 0 for t in result.step_times_s)
     assert result.tokens_per_s > 0 and result.peak_memory_bytes > 0
     host = sum(count_tokens(batch_fn(s, 0)) for s in range(1, 7))

@@ -4,7 +4,7 @@ Equality checks train with SGD + momentum: its update is linear in the gradient,
 the same gradients in a different order (one process vs two, all-reduce per micro-step or once) end
 within rounding of each other. Tolerance: |a - b| <= 1e-6 + 1e-4 |b| after 6 steps in fp32 (the
 differences measured on a 2-core CPU were ~1e-8). With AdamW the script trains the same, but rounding
-noise on weights whose true gradient is zero is magnified to steps of ~lr (see make_optimizer there).
+noise on weights whose true gradient is zero is magnified to steps of ~lr (see build_optimizer there).
 """
 
 from __future__ import annotations
