@@ -426,3 +426,21 @@ def test_evaluate_maps_predictions_back_to_the_dataset_order():
     acc, preds, labels = evaluate(LengthMod3(), Docs(), batch_size=4, device="cpu")
     assert preds == [n % 3 for n in Docs.lengths] and labels == Docs.labels
     assert acc == pytest.approx(5 / 6)  # every length but 4 (predicted 1, label 0)
+
+
+def test_the_linear_schedule_is_transformers_one():
+    from transformers import get_linear_schedule_with_warmup
+
+    from helpers.train import make_lr_scheduler
+
+    lrs = {}
+    for name in ("ours", "transformers"):
+        opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+        sched = (make_lr_scheduler(opt, 10, "linear", 3) if name == "ours"
+                 else get_linear_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=10))
+        lrs[name] = []
+        for _ in range(12):
+            lrs[name].append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+    assert lrs["ours"] == pytest.approx(lrs["transformers"], abs=1e-12)
