@@ -132,12 +132,13 @@ def test_killed_rank_restarts_and_resumes_from_last_checkpoint(runs: dict[str, d
     assert summary["attempt"] == 1, "the job did not restart"
     last_ckpt = (fault_step - 1) // every * every
     assert summary["resumed_from"] == last_ckpt
-    assert any(l.startswith(f"resumed from step_{last_ckpt:06d}") and l.endswith(f": step {last_ckpt}")
-               for l in rank0)
+    assert any(line.startswith(f"resumed from step_{last_ckpt:06d}") and line.endswith(f": step {last_ckpt}")
+               for line in rank0)
     # from the log: the last checkpoint written before the crash is the one the restart resumed from,
     # so only the steps after it (fewer than `every`) were run twice
-    first_attempt = rank0[:next(i for i, l in enumerate(rank0) if l.startswith("resumed from"))]
-    saved = [int(l.split("(step ")[1].rstrip(")")) for l in first_attempt if l.startswith("checkpoint saved")]
+    first_attempt = rank0[:next(i for i, line in enumerate(rank0) if line.startswith("resumed from"))]
+    saved = [int(line.split("(step ")[1].rstrip(")")) for line in first_attempt
+             if line.startswith("checkpoint saved")]
     assert saved and saved[-1] == last_ckpt and fault_step - 1 - saved[-1] < every
     assert summary["first_step"] == last_ckpt + 1 and len(summary["losses"]) == STEPS - last_ckpt
     reference = runs[mode]  # the same run, undisturbed
@@ -199,6 +200,7 @@ def test_slurm_script_is_valid_bash_and_passes_known_flags() -> None:
     assert "torch.distributed.run" in text and "--rdzv-backend=c10d" in text
     script_args = text.rsplit("scripts/train_ddp.py", 1)[1]  # what the torchrun line passes to the script
     flags = set(re.findall(r"(--[a-z][a-z-]*)", script_args))
-    parser_flags = set(re.findall(r"(--[a-z][a-z-]*)", subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120, check=True).stdout))
+    help_text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
+                               timeout=120, check=True).stdout
+    parser_flags = set(re.findall(r"(--[a-z][a-z-]*)", help_text))
     assert flags and flags <= parser_flags, f"unknown flags for train_ddp.py: {flags - parser_flags}"
