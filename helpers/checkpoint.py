@@ -54,14 +54,14 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_name(step: int, *, sharded: bool = False) -> str:
-    """The name of the checkpoint taken after `step` optimizer steps: step_000004.pt or step_000004 (DCP)."""
+    """The checkpoint's name after `step` steps: step_000004.pt, or step_000004 for DCP (lessons 06, 07)."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     return f"step_{step:06d}" + ("" if sharded else ".pt")
 
 
 def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
-    """The complete checkpoints in `folder` as (step, path), oldest first; temporaries are left out."""
+    """The complete checkpoints in `folder` as (step, path), oldest first, no temporaries (lessons 06, 07)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -77,14 +77,14 @@ def latest_checkpoint(folder: str | os.PathLike) -> tuple[int, Path] | None:
 
 
 def is_due(done: int, every: int, last: int) -> bool:
-    """Whether to save after `done` steps: every `every`-th step and the `last` one; never when every == 0."""
+    """Save after `done` steps? Every `every`-th, and the `last`; never when every == 0 (lessons 06, 07)."""
     if every < 0:
         raise ValueError(f"checkpoint every {every} steps: use a positive number, or 0 for never")
     return every > 0 and (done % every == 0 or done == last)
 
 
 def prune_checkpoints(folder: str | os.PathLike, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints in `folder`; returns what it deleted."""
+    """Delete all but the newest `keep` checkpoints in `folder`; returns what it deleted (lessons 06, 07)."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1 (the checkpoint to resume from), got {keep}")
     old = [p for _, p in list_checkpoints(folder)[:-keep]]
@@ -94,7 +94,7 @@ def prune_checkpoints(folder: str | os.PathLike, keep: int) -> list[Path]:
 
 
 def remove_stale_temporaries(folder: str | os.PathLike, *, log: Any = print) -> list[Path]:
-    """Remove the temporaries an interrupted save left in `folder` (this module's names only), saying so."""
+    """Remove what an interrupted save left in `folder` (this module's names only), saying so (lesson 06)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -109,7 +109,7 @@ def remove_stale_temporaries(folder: str | os.PathLike, *, log: Any = print) -> 
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile (`_orig_mod`) and DDP (`.module`) wrappers: what a checkpoint stores."""
+    """The model inside torch.compile (`_orig_mod`) and DDP (`.module`) wrappers (lesson 06)."""
     from torch.nn.parallel import DistributedDataParallel
 
     while True:

@@ -203,7 +203,7 @@ def _rank() -> int:
 
 
 def is_main() -> bool:
-    """True on global rank 0 (and in a plain single process)."""
+    """True on global rank 0 (and in a plain single process) (lesson 06)."""
     return _rank() == 0
 
 

@@ -188,7 +188,7 @@ class TrainResult:
 
 @dataclass
 class StepOutput:
-    """What one optimizer step returns; tensors stay on the device (reading them waits for it)."""
+    """What one optimizer step returns (lesson 05: tensors stay on the device; reading one waits for it)."""
 
     loss: torch.Tensor  # 0-d float32: the mean loss over the step's micro-batches
     tokens: int | torch.Tensor  # real tokens (an int when the batches were counted on the host)
@@ -240,7 +240,7 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: st
 
 
 def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
-    """Turn activation checkpointing on or off: SmallTransformer's switch, or Hugging Face's."""
+    """Turn activation checkpointing on or off: SmallTransformer's switch, or Hugging Face's (lesson 03)."""
     if hasattr(model, "set_activation_checkpointing"):
         model.set_activation_checkpointing(enabled)
     elif hasattr(model, "gradient_checkpointing_enable"):  # Hugging Face PreTrainedModel
@@ -614,7 +614,7 @@ def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, precision:
 
 def synthetic_batch_fn(vocab_size: int, batch_size: int, seq_len: int, *, seed: int = 0,
                        pad_fraction: float = 0.0) -> Callable[[int, int], dict[str, torch.Tensor]]:
-    """A resumable `batch_fn(step, micro)` for a task a Transformer learns in a few dozen steps.
+    """A resumable `batch_fn(step, micro)`: a task a Transformer learns in a few dozen steps (lessons 02-04).
 
     A substitution cipher: random tokens in, and for each position the label is a fixed random
     permutation of its token. It is solved by a lookup table, so the loss falls from ln(vocab_size)
