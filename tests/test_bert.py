@@ -140,7 +140,9 @@ def test_env_folder_without_weights_gives_random_weights_and_says_so(tmp_path, m
     assert "random weights: speed only, no accuracy" in line
     assert model.course_source == "env" and model.course_pretrained is False
     assert model.config.num_labels == 3 and model.config._attn_implementation == "sdpa"
+    monkeypatch.delenv("COURSE_BERT_PATH")
     pretrained, _ = load_bert("bert-base-uncased", num_labels=3, offline=True, verbose=False)
+    assert pretrained.course_pretrained is True
     # same architecture as the packaged checkpoint, but its weights are not the pretrained ones
     assert model.config.num_hidden_layers == pretrained.config.num_hidden_layers
     w, w0 = model.bert.embeddings.word_embeddings.weight, pretrained.bert.embeddings.word_embeddings.weight
@@ -155,6 +157,22 @@ def test_env_folder_with_weights_is_pretrained(monkeypatch, capsys):
     model, _ = load_bert("bert-base-uncased", num_labels=2)
     assert model.course_source == "env" and model.course_pretrained is True
     assert "random" not in capsys.readouterr().out
+
+
+def test_explicit_folder_wins_over_the_variable_and_tokenizer_follows_it(tmp_path, monkeypatch, capsys):
+    """On the GPU box COURSE_BERT_PATH is set; a model the lesson saved and reloads must still be that model,
+    and lessons that only need the tokenizer (05) find it in the variable's folder."""
+    from helpers.models import offline_bert_path
+
+    folder = _config_and_tokenizer_only(tmp_path)
+    monkeypatch.setenv("COURSE_BERT_PATH", str(folder))
+    assert offline_bert_path() == folder
+    saved, _ = load_bert("bert-base-uncased", num_labels=2, verbose=False)
+    saved.save_pretrained(tmp_path / "saved")
+    reloaded, _ = load_bert(str(tmp_path / "saved"), num_labels=2, verbose=False)
+    assert reloaded.course_source == "local" and reloaded.course_pretrained is True
+    w, w0 = reloaded.bert.embeddings.word_embeddings.weight, saved.bert.embeddings.word_embeddings.weight
+    assert torch.equal(w, w0)
 
 
 def test_pretrained_sources_are_marked(offline_model):
