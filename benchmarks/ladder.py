@@ -6,8 +6,8 @@ counts (recorded quantiles where the corpus is not installed). Writes `ladder-<d
 into `--out` with helpers.results (stamped with device, versions, date, threads and load), or with
 `--greedy` `ladder-<device>-greedy.*`.
 
-    python benchmarks/ladder.py --model mini --seq 128 --batch 8              # a small run on a CPU
-    python benchmarks/ladder.py --greedy --model mini --seq 128 --batch 8     # keep only what pays here
+    python benchmarks/ladder.py                                               # BERT mini, seq 512: a CPU
+    python benchmarks/ladder.py --greedy                                      # keep only what pays here
     python benchmarks/ladder.py --gpu-target --time-budget 420                # BERT-base, seq 512 (GPU)
 """
 
@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mini", choices=sorted(MODEL_SIZES),
                    help="BERT shapes (base = BertConfig())")
-    p.add_argument("--seq", type=int, default=128, help="longest sequence (tokens)")
-    p.add_argument("--batch", type=int, default=8, help="samples per step")
+    p.add_argument("--seq", type=int, default=512, help="longest sequence (tokens)")
+    p.add_argument("--batch", type=int, default=4, help="samples per step")
     p.add_argument("--batches", type=int, default=2, help="steps per timed pass")
     p.add_argument("--repeats", type=int, default=5, help="timed passes per stack (median and IQR)")
     p.add_argument("--greedy", action="store_true",

@@ -182,11 +182,15 @@ def test_a_rung_that_disagrees_is_neither_timed_nor_kept(monkeypatch):
 def test_why_notes_describe_the_device_that_ran(monkeypatch):
     tf32, bf16 = ladder.RUNGS[0], ladder.RUNGS[1]
     cpu = torch.device("cpu")
-    assert "CPU" in ladder.explain(tf32, 1.0, cpu)
+    assert "CPU" in ladder.explain(tf32, ladder.Decision(False, 1.0, 1.1), cpu)
     monkeypatch.setattr(ladder, "_facts", lambda d: {"type": "cuda", "cap": (9, 0), "name": "NVIDIA H200"})
-    on_gpu = ladder.explain(tf32, 1.8, cpu), ladder.explain(bf16, 1.6, cpu)
+    kept = ladder.Decision(True, 1.8, 1.1)
+    on_gpu = ladder.explain(tf32, kept, cpu), ladder.explain(bf16, kept, cpu)
     assert all("CPU" not in note for note in on_gpu) and "tensor cores" in on_gpu[0]
     assert "pays" in on_gpu[1]
+    # the verdict follows the rule: faster, but within the noise, is not called a gain
+    noisy = ladder.explain(bf16, ladder.Decision(False, 1.3, 1.5), cpu)
+    assert "pays here" not in noisy and "less than the noise" in noisy
 
 
 def test_results_are_written_with_their_stamp(tmp_path):
