@@ -18,8 +18,6 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from helpers.memory import peak_increase_bytes
-
 __all__ = ["AGREEMENT_TOL", "agreement_tolerance", "attention_agreement", "check_padding_mask",
            "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
            "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod", "AttentionMaps",
@@ -245,9 +243,6 @@ def sliding_window_mask_mod(window: int, causal: bool = True) -> Callable[..., t
     return mask_mod
 
 
-# --- measuring -------------------------------------------------------------------------------------
-
-peak_memory_bytes = peak_increase_bytes  # the old name, kept until benchmarks/attention_sweep.py moves
 
 
 def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, causal: bool = False) -> float:
