@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 # Peaks moved to helpers.hardware (one home); re-exported here until every caller imports them from there.
-from helpers.hardware import GPU_PEAK_FLOPS, PeakFlops, peak_flops  # noqa: F401
+from helpers.hardware import PeakFlops
 
 __all__ = ["transformer_flops_per_token", "matmul_params", "model_flops_per_token", "executed_flops", "mfu"]
 

@@ -136,7 +136,8 @@ def test_mfu_from_a_given_throughput():
         transformer_flops_per_token(-1, 1, 1, 1, 1)
 
 
-def test_peaks_still_importable_from_flops_until_callers_switch():
-    from helpers import flops, hardware
+def test_peaks_have_one_home():
+    """Issue 14: the peak table and peak_flops live in helpers.hardware only."""
+    from helpers import flops
 
-    assert flops.peak_flops is hardware.peak_flops and flops.PeakFlops is hardware.PeakFlops
+    assert not hasattr(flops, "peak_flops") and not hasattr(flops, "GPU_PEAK_FLOPS")
