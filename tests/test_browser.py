@@ -1,4 +1,4 @@
-"""Open the course as learners do: Jupyter Lab, started like `make lab`, in a real Chromium driven by Playwright.
+"""Open the course as learners do: Jupyter Lab, started like `make lab`, in a real Chromium (Playwright).
 
 - every notebook present in notebooks/ opens in Lab with the course's kernel (`python3`, which is the
   interpreter running these tests) and runs its parameters cell there in the smoke profile; the browser
@@ -30,18 +30,25 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from labserver import REPO_ROOT, LabServer, api_request, lab_server  # tests/labserver.py
 
 NOTEBOOK_DIR = Path(os.environ.get("BROWSER_NOTEBOOK_DIR", REPO_ROOT / "notebooks")).resolve()
 SCREENSHOT_DIR = REPO_ROOT / "build" / "screenshots"
 CELL_TIMEOUT_S = float(os.environ.get("BROWSER_CELL_TIMEOUT_S", "1200"))  # one cell, on a busy machine
-NOTEBOOK_TIMEOUT_S = int(os.environ.get("BROWSER_NOTEBOOK_TIMEOUT_S", "1800"))  # one notebook (pytest-timeout)
+NOTEBOOK_TIMEOUT_S = int(
+    os.environ.get("BROWSER_NOTEBOOK_TIMEOUT_S", "1800")
+)  # one notebook (pytest-timeout)
 RUN_ALL = os.environ.get("BROWSER_RUN_ALL", "widgets")  # which notebooks run all cells in the browser
 OPEN_TIMEOUT_MS = 120_000  # Lab's first page load and a kernel start, on a busy 2-core machine
 VIEWPORT = {"width": 1400, "height": 1000}
 # Debian's chromium first; GitHub's Ubuntu runners ship chromium-browser and Google Chrome, which work too.
-CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/lib/chromium/chromium", "google-chrome", "google-chrome-stable")
+CHROMIUM_CANDIDATES = (
+    "chromium",
+    "chromium-browser",
+    "/usr/lib/chromium/chromium",
+    "google-chrome",
+    "google-chrome-stable",
+)
 WIDGET_IMPORT = re.compile(r"\bipywidgets\b|\bhelpers\.widgets\b|from\s+helpers\s+import\s+[^\n]*\bwidgets\b")
 FIGURE_CODE = re.compile(r"\bplt\.|\bplots\.|\bmatplotlib\b|\bwidgets\.")
 LAYER_LABEL = re.compile(r"^\s*layer\b", re.IGNORECASE)
@@ -61,7 +68,8 @@ def _notebooks() -> list[Path]:
 
 NOTEBOOKS = _notebooks()
 NB_PARAMS = [pytest.param(p, id=p.stem) for p in NOTEBOOKS] or [
-    pytest.param(None, marks=pytest.mark.skip(reason=f"no notebooks in {NOTEBOOK_DIR.name}/ yet"), id="none")]
+    pytest.param(None, marks=pytest.mark.skip(reason=f"no notebooks in {NOTEBOOK_DIR.name}/ yet"), id="none")
+]
 
 
 def _code(nb: nbformat.NotebookNode) -> str:
@@ -92,14 +100,18 @@ def _skipped_here(cell: nbformat.NotebookNode, gpus: int) -> bool:
 @pytest.fixture(scope="module")
 def chromium() -> str:
     """Path of the Chromium executable, or skip saying how to get one."""
-    pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed (pip install playwright)")
+    pytest.importorskip(
+        "playwright.sync_api", reason="Playwright for Python is not installed (pip install playwright)"
+    )
     wanted = os.environ.get("COURSE_CHROMIUM")
-    for name in ((wanted,) if wanted else CHROMIUM_CANDIDATES):
+    for name in (wanted,) if wanted else CHROMIUM_CANDIDATES:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip(f"Chromium not found ({wanted or ', '.join(CHROMIUM_CANDIDATES)}): run `make browser` "
-                "(scripts/install_browser.sh installs Debian's chromium as root) or set COURSE_CHROMIUM")
+    pytest.skip(
+        f"Chromium not found ({wanted or ', '.join(CHROMIUM_CANDIDATES)}): run `make browser` "
+        "(scripts/install_browser.sh installs Debian's chromium as root) or set COURSE_CHROMIUM"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +122,18 @@ def lab(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab
         path = settings / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
-    env = {"COURSE_PROFILE": "smoke", "HF_HUB_OFFLINE": "1", "JUPYTERLAB_SETTINGS_DIR": str(settings),
-           "MPLBACKEND": None}  # make test sets Agg for nbval; in Lab figures must draw inline as for a learner
-    checkpoints = tmp_path_factory.mktemp("lab-checkpoints")  # Lab checkpoints each notebook it opens: not in notebooks/
-    with lab_server(NOTEBOOK_DIR, env=env, extra_args=[f"--FileCheckpoints.checkpoint_dir={checkpoints}"]) as server:
+    env = {
+        "COURSE_PROFILE": "smoke",
+        "HF_HUB_OFFLINE": "1",
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        "MPLBACKEND": None,
+    }  # make test sets Agg for nbval; in Lab figures must draw inline as for a learner
+    checkpoints = tmp_path_factory.mktemp(
+        "lab-checkpoints"
+    )  # Lab checkpoints each notebook it opens: not in notebooks/
+    with lab_server(
+        NOTEBOOK_DIR, env=env, extra_args=[f"--FileCheckpoints.checkpoint_dir={checkpoints}"]
+    ) as server:
         yield server
 
 
@@ -137,8 +157,8 @@ def _kernel_message(frame: bytes | str) -> tuple[str, dict, dict] | None:
         # v1.kernel.websocket.jupyter.org: uint64 count n, n uint64 offsets, then channel, header,
         # parent_header, metadata, content, buffers... at those offsets.
         n = int.from_bytes(frame[:8], "little")
-        offsets = [int.from_bytes(frame[8 + 8 * i:16 + 8 * i], "little") for i in range(n)] + [len(frame)]
-        parts = [frame[offsets[i]:offsets[i + 1]] for i in range(n)]
+        offsets = [int.from_bytes(frame[8 + 8 * i : 16 + 8 * i], "little") for i in range(n)] + [len(frame)]
+        parts = [frame[offsets[i] : offsets[i + 1]] for i in range(n)]
         return parts[0].decode(), json.loads(parts[1]), json.loads(parts[4])
     except (ValueError, KeyError, IndexError, UnicodeDecodeError):
         return None
@@ -146,6 +166,7 @@ def _kernel_message(frame: bytes | str) -> tuple[str, dict, dict] | None:
 
 def _watch_kernel_errors(ws: object, errors: list[str]) -> None:
     """Append every error the kernel reports on this websocket (an `error` message on iopub) to `errors`."""
+
     def on_frame(frame: bytes | str) -> None:
         msg = _kernel_message(frame)
         if msg and msg[1].get("msg_type") == "error":
@@ -159,7 +180,7 @@ def _watch_kernel_errors(ws: object, errors: list[str]) -> None:
 
 @pytest.fixture
 def page(browser: object) -> Iterator[object]:
-    """A fresh browser tab; uncaught JavaScript errors go to `page.js_errors`, kernel errors to `page.kernel_errors`."""
+    """A fresh browser tab; JS errors: `page.js_errors`, kernel errors: `page.kernel_errors`."""
     context = browser.new_context(viewport=VIEWPORT)
     pg = context.new_page()
     pg.js_errors, pg.kernel_errors = [], []
@@ -172,19 +193,35 @@ def page(browser: object) -> Iterator[object]:
 # ---------------------------------------------------------------------------------------- page helpers
 def _open_notebook(page: object, lab: LabServer, name: str, display_name: str) -> None:
     """Open `name` in Lab and wait until its kernel (shown by `display_name`) is idle."""
-    page.goto(f"{lab.url}lab/tree/{name}?reset&token={lab.token}")  # reset: no tabs restored from earlier tests
+    page.goto(
+        f"{lab.url}lab/tree/{name}?reset&token={lab.token}"
+    )  # reset: no tabs restored from earlier tests
     page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=OPEN_TIMEOUT_MS)
     deadline = time.monotonic() + OPEN_TIMEOUT_MS / 1000
-    while time.monotonic() < deadline:  # the indicator reads "idle" before the kernel starts: ask the server too
-        sessions = [s for s in api_request(lab.url + "api/sessions", lab.token)[1] if s["path"].endswith(name)]
-        status = set(page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator").evaluate_all(
-            "els => els.map(e => e.dataset.status)"))  # the toolbar may hold a second copy in its overflow menu
+    while (
+        time.monotonic() < deadline
+    ):  # the indicator reads "idle" before the kernel starts: ask the server too
+        sessions = [
+            s for s in api_request(lab.url + "api/sessions", lab.token)[1] if s["path"].endswith(name)
+        ]
+        status = set(
+            page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator").evaluate_all(
+                "els => els.map(e => e.dataset.status)"
+            )
+        )  # the toolbar may hold a second copy in its overflow menu
         toolbar = page.locator(".jp-NotebookPanel-toolbar").first.inner_text()
-        if sessions and sessions[0]["kernel"]["execution_state"] == "idle" and status == {"idle"} and display_name in toolbar:
+        if (
+            sessions
+            and sessions[0]["kernel"]["execution_state"] == "idle"
+            and status == {"idle"}
+            and display_name in toolbar
+        ):
             return
         time.sleep(0.5)
-    pytest.fail(f"{name}: no idle '{display_name}' kernel within {OPEN_TIMEOUT_MS // 1000} s "
-                f"(toolbar: {toolbar!r}, sessions: {sessions})")
+    pytest.fail(
+        f"{name}: no idle '{display_name}' kernel within {OPEN_TIMEOUT_MS // 1000} s "
+        f"(toolbar: {toolbar!r}, sessions: {sessions})"
+    )
 
 
 def _run_cell(page: object, index: int, label: str) -> None:
@@ -203,7 +240,9 @@ def _run_cell(page: object, index: int, label: str) -> None:
 
 def _widget_errors(page: object, index: int) -> list[str]:
     """Widget views in the cell at `index` that failed to draw (Lab shows these texts in their place)."""
-    outputs = " ".join(page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output").all_inner_texts())
+    outputs = " ".join(
+        page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output").all_inner_texts()
+    )
     return [m for m in ("Error displaying widget", "Loading widget...") if m in outputs]
 
 
@@ -213,7 +252,8 @@ def _image_srcs(page: object) -> list[str]:
 
 def _broken_images(page: object) -> int:
     return page.locator(".jp-Notebook .jp-OutputArea-output img").evaluate_all(
-        "els => els.filter(e => !(e.complete && e.naturalWidth > 0)).length")
+        "els => els.filter(e => !(e.complete && e.naturalWidth > 0)).length"
+    )
 
 
 def _shot(page: object, name: str) -> Path:
@@ -225,8 +265,11 @@ def _shot(page: object, name: str) -> Path:
 
 def _move_layer_slider(page: object, label: str) -> bool:
     """Move the explorer's "layer" slider by one step; True if there was one. Asserts the figure changed."""
-    sliders = [s for s in page.locator(".jp-Notebook .widget-slider").all()
-               if LAYER_LABEL.match(s.locator(".widget-label").first.inner_text())]
+    sliders = [
+        s
+        for s in page.locator(".jp-Notebook .widget-slider").all()
+        if LAYER_LABEL.match(s.locator(".widget-label").first.inner_text())
+    ]
     if not sliders:
         return False
     slider = sliders[0]
@@ -302,21 +345,29 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> None:
     moved = _move_layer_slider(page, path.stem)
     if "attention" in path.stem:
         assert moved, f"{path.name}: the attention explorer (a slider described 'layer') is not drawn"
-    measured = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and "What we measured" in c.source]
-    cells.nth(measured[0] if measured else len(nb.cells) - 1).evaluate("e => e.scrollIntoView({block: 'start'})")
+    measured = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and "What we measured" in c.source
+    ]
+    cells.nth(measured[0] if measured else len(nb.cells) - 1).evaluate(
+        "e => e.scrollIntoView({block: 'start'})"
+    )
     _shot(page, f"{path.stem}-measured" if measured else f"{path.stem}-end")  # this run's numbers, as shown
 
 
 def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) -> int | None:
-    """Run the first code cell (the `parameters` cell: profile and sizes) -> its index; checks the smoke profile."""
+    """Run the first code cell (`parameters`: profile and sizes) -> its index; checks the smoke profile."""
     index = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), None)
     if index is None:
         return None
     seen = len(page.kernel_errors)
     _run_cell(page, index, f"{path.name} cell {index}")
     time.sleep(0.3)
-    assert not page.kernel_errors[seen:], f"{path.name}: the parameters cell failed: {page.kernel_errors[seen:]}"
-    printed = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output").all_inner_texts()
+    assert not page.kernel_errors[seen:], (
+        f"{path.name}: the parameters cell failed: {page.kernel_errors[seen:]}"
+    )
+    printed = (
+        page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output").all_inner_texts()
+    )
     text = " ".join(printed).lower()
     if "profile" in text:  # COURSE_PROFILE=smoke reached the kernel through the server's environment
         assert "smoke" in text, f"{path.name}: the kernel is not in the smoke profile: {text[:200]!r}"
@@ -324,7 +375,7 @@ def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) ->
 
 
 def _runs_here(path: Path, nb: nbformat.NotebookNode) -> bool:
-    """Whether to run all cells of `path` in the browser: BROWSER_RUN_ALL = widgets | none | stems, comma-separated."""
+    """Whether to run all cells of `path` in the browser (BROWSER_RUN_ALL: widgets | none | stems)."""
     if RUN_ALL == "widgets":
         return _holds_widgets(nb)
     return path.stem in {s.strip() for s in RUN_ALL.split(",")}
@@ -333,16 +384,22 @@ def _runs_here(path: Path, nb: nbformat.NotebookNode) -> bool:
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
 @pytest.mark.parametrize("path", NB_PARAMS)
 def test_notebook_in_browser(path: Path, lab: LabServer, page: object) -> None:
-    """Opens with the course kernel; widget notebooks run every cell with no error, figures and widgets drawn."""
+    """Opens with the course kernel; widget notebooks run every cell cleanly, figures and widgets drawn."""
     nb = nbformat.read(path, as_version=4)
     original = path.read_bytes()
     kernel = nb.metadata.get("kernelspec", {})
-    assert kernel.get("name") == "python3", f"{path.name}: kernelspec {kernel!r}; the course's kernel is python3"
-    display_name = api_request(lab.url + "api/kernelspecs", lab.token)[1]["kernelspecs"]["python3"]["spec"]["display_name"]
+    assert kernel.get("name") == "python3", (
+        f"{path.name}: kernelspec {kernel!r}; the course's kernel is python3"
+    )
+    display_name = api_request(lab.url + "api/kernelspecs", lab.token)[1]["kernelspecs"]["python3"]["spec"][
+        "display_name"
+    ]
     try:
         _open_notebook(page, lab, path.name, display_name)
         cells = page.locator(".jp-Notebook .jp-Cell")
-        assert cells.count() == len(nb.cells), f"{path.name}: Lab shows {cells.count()} cells, the file has {len(nb.cells)}"
+        assert cells.count() == len(nb.cells), (
+            f"{path.name}: Lab shows {cells.count()} cells, the file has {len(nb.cells)}"
+        )
         if _runs_here(path, nb):
             _run_all_cells(page, nb, path)
             page.locator(".jp-Notebook .jp-Cell").first.evaluate("e => e.scrollIntoView({block: 'start'})")
@@ -362,4 +419,6 @@ def test_notebook_in_browser(path: Path, lab: LabServer, page: object) -> None:
     if _has_outputs(nbformat.reads(original.decode(), as_version=4)):
         assert path.read_bytes() == original, f"{path.name}: the browser session changed the file"
     else:  # its author may rewrite it meanwhile; a save from Lab would bring the outputs of the cells it ran
-        assert not _has_outputs(nbformat.read(path, as_version=4)), f"{path.name}: Lab saved outputs into the file"
+        assert not _has_outputs(nbformat.read(path, as_version=4)), (
+            f"{path.name}: Lab saved outputs into the file"
+        )

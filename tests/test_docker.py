@@ -26,7 +26,9 @@ SSHD_CONFIG = DOCKER / "sshd_config"
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "docker.yml"
 BASE_IMAGE = re.compile(r"^pytorch/pytorch:(\d+)\.(\d+)\.(\d+)-cuda\d+(\.\d+)*-cudnn\d+-runtime$")
 # Ways of handing Jupyter an empty token (which switches authentication off) or a password.
-EMPTY_TOKEN = re.compile(r"""(token|JUPYTER_TOKEN)\s*=\s*(''|""|\s|$)|--no-token|\.password\s*=""", re.IGNORECASE | re.MULTILINE)
+EMPTY_TOKEN = re.compile(
+    r"""(token|JUPYTER_TOKEN)\s*=\s*(''|""|\s|$)|--no-token|\.password\s*=""", re.IGNORECASE | re.MULTILINE
+)
 
 
 def _instructions(path: Path) -> list[tuple[str, str]]:
@@ -54,16 +56,25 @@ def _final_stage() -> list[tuple[str, str]]:
     return instructions[last_from:]
 
 
-def _entrypoint(*args: str, env: dict[str, str | None] | None = None, home: Path | None = None) -> subprocess.CompletedProcess:
+def _entrypoint(
+    *args: str, env: dict[str, str | None] | None = None, home: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run docker/entrypoint.sh in its dry-run mode (prints what it would run) with `env`."""
-    run_env = {**os.environ, "COURSE_ENTRYPOINT_DRY_RUN": "1", "VENV": str(Path(sys.executable).parent.parent),
-               "HOME": str(home or REPO_ROOT / "build"), **(env or {})}
+    run_env = {
+        **os.environ,
+        "COURSE_ENTRYPOINT_DRY_RUN": "1",
+        "VENV": str(Path(sys.executable).parent.parent),
+        "HOME": str(home or REPO_ROOT / "build"),
+        **(env or {}),
+    }
     run_env = {k: v for k, v in run_env.items() if v is not None}
-    return subprocess.run(["bash", str(ENTRYPOINT), *args], env=run_env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(ENTRYPOINT), *args], env=run_env, capture_output=True, text=True, timeout=60
+    )
 
 
 def _documented_runs() -> list[str]:
-    """Every `docker run` command written in docker/ and the workflow (comments included: they are the docs)."""
+    """Every `docker run` command written in docker/ and the workflow (comments too: they are the docs)."""
     text = "\n".join(p.read_text() for p in (*DOCKER.iterdir(), WORKFLOW) if p.is_file())
     text = re.sub(r"\\\n\s*#?", " ", text)  # continued lines, also inside comments
     return [m.group(0) for m in re.finditer(r"docker run[^\n]*", text)]
@@ -72,16 +83,32 @@ def _documented_runs() -> list[str]:
 def test_dockerfile_parses() -> None:
     words = [w for w, _ in _instructions(DOCKERFILE)]
     assert words.count("FROM") >= 1 and "ENTRYPOINT" in words, words
-    unknown = set(words) - {"FROM", "ARG", "ENV", "RUN", "COPY", "WORKDIR", "USER", "EXPOSE", "VOLUME",
-                            "HEALTHCHECK", "ENTRYPOINT", "CMD", "LABEL", "SHELL"}
+    unknown = set(words) - {
+        "FROM",
+        "ARG",
+        "ENV",
+        "RUN",
+        "COPY",
+        "WORKDIR",
+        "USER",
+        "EXPOSE",
+        "VOLUME",
+        "HEALTHCHECK",
+        "ENTRYPOINT",
+        "CMD",
+        "LABEL",
+        "SHELL",
+    }
     assert not unknown, f"unexpected instructions {unknown}: a continuation line was probably broken"
 
 
 def test_base_image_is_pinned_official_pytorch_cuda_runtime() -> None:
     image = _final_stage()[0][1].split()[0]
     assert "$" not in image, f"FROM {image}: pin the base image literally, not through a build argument"
-    assert BASE_IMAGE.match(image), (f"FROM {image}: use an official PyTorch CUDA runtime image pinned by tag, "
-                                     "e.g. pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime (never :latest)")
+    assert BASE_IMAGE.match(image), (
+        f"FROM {image}: use an official PyTorch CUDA runtime image pinned by tag, "
+        "e.g. pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime (never :latest)"
+    )
 
 
 def test_base_image_torch_satisfies_the_course() -> None:
@@ -92,7 +119,8 @@ def test_base_image_torch_satisfies_the_course() -> None:
     assert floor, "pyproject.toml has no torch>=X.Y requirement to compare with"
     assert version[:2] >= (int(floor.group(1)), int(floor.group(2))), (
         f"the image's torch {version} is older than the course's torch>={floor.group(1)}.{floor.group(2)}: "
-        "pip would replace the image's CUDA build")
+        "pip would replace the image's CUDA build"
+    )
 
 
 def test_installs_the_course_on_the_image_torch() -> None:
@@ -117,7 +145,8 @@ def test_no_password_anywhere() -> None:
     for path in DOCKER.iterdir():
         text = path.read_text()
         assert not re.search(r"chpasswd|echo[^\n|]*\|\s*passwd|PasswordAuthentication\s+yes", text), (
-            f"{path.name} sets or allows a password")
+            f"{path.name} sets or allows a password"
+        )
     runs = " ".join(args for word, args in _final_stage() if word == "RUN")
     for match in re.finditer(r"usermod[^&]*--password\s+(\S+)", runs):
         assert match.group(1).strip("'\"") in ("*", "!"), f"usermod sets a password: {match.group(0)}"
@@ -127,7 +156,9 @@ def test_lab_token_is_never_empty_or_baked_in() -> None:
     for path in [*DOCKER.iterdir(), WORKFLOW]:
         found = EMPTY_TOKEN.search(path.read_text())
         assert not found, f"{path.name}: {found.group(0)!r} would give Jupyter an empty token or a password"
-    baked = [args for word, args in _instructions(DOCKERFILE) if word in ("ENV", "ARG") and "TOKEN" in args.upper()]
+    baked = [
+        args for word, args in _instructions(DOCKERFILE) if word in ("ENV", "ARG") and "TOKEN" in args.upper()
+    ]
     assert not baked, f"a token baked into the image is shared by everyone who pulls it: {baked}"
     for token in (None, ""):  # unset, or set but empty: a random token either way
         out = _entrypoint(env={"JUPYTER_TOKEN": token})
@@ -143,12 +174,16 @@ def test_lab_binds_all_interfaces_inside_the_container_only() -> None:
     command = next(line for line in out.stdout.splitlines() if line.startswith("would run:"))
     assert "jupyter lab" in command and "--ServerApp.ip=0.0.0.0" in command, command
     assert "--notebook-dir=/workspace/notebooks" in command, command
-    assert not re.search(r"token|password|disable_check_xsrf|allow_origin", command.split("jupyter lab", 1)[1]), command
+    assert not re.search(
+        r"token|password|disable_check_xsrf|allow_origin", command.split("jupyter lab", 1)[1]
+    ), command
     runs = _documented_runs()
     published = [p for run in runs for p in re.findall(r"(?:-p|--publish)[ =](\S+)", run)]
     assert published, f"no documented `docker run -p ...`: {runs}"
     open_ports = [p for p in published if not p.startswith("127.0.0.1:")]
-    assert not open_ports, f"publish ports on the host's loopback only (-p 127.0.0.1:8888:8888), not {open_ports}"
+    assert not open_ports, (
+        f"publish ports on the host's loopback only (-p 127.0.0.1:8888:8888), not {open_ports}"
+    )
 
 
 def test_notebooks_and_data_come_from_the_host() -> None:
@@ -157,7 +192,9 @@ def test_notebooks_and_data_come_from_the_host() -> None:
         assert path in volumes, f"VOLUME must list {path}: {volumes!r}"
     runs = " ".join(_documented_runs())
     for path in ("/workspace/notebooks", "/workspace/data"):
-        assert re.search(rf"-v \S+:{path}\b", runs), f"the documented docker run must mount {path} from the host"
+        assert re.search(rf"-v \S+:{path}\b", runs), (
+            f"the documented docker run must mount {path} from the host"
+        )
 
 
 def test_ssh_is_keys_only() -> None:
@@ -166,8 +203,13 @@ def test_ssh_is_keys_only() -> None:
         if line.strip() and not line.lstrip().startswith("#"):
             key, _, value = line.strip().partition(" ")
             config[key.lower()] = value.strip().lower()
-    for key, wanted in [("passwordauthentication", "no"), ("kbdinteractiveauthentication", "no"),
-                        ("permitemptypasswords", "no"), ("permitrootlogin", "no"), ("pubkeyauthentication", "yes")]:
+    for key, wanted in [
+        ("passwordauthentication", "no"),
+        ("kbdinteractiveauthentication", "no"),
+        ("permitemptypasswords", "no"),
+        ("permitrootlogin", "no"),
+        ("pubkeyauthentication", "yes"),
+    ]:
         assert config.get(key) == wanted, f"sshd_config: {key} must be {wanted}, got {config.get(key)!r}"
 
 
@@ -183,12 +225,19 @@ def test_ssh_needs_a_key_and_is_off_by_default(tmp_path: Path) -> None:
     assert (tmp_path / ".ssh" / "authorized_keys").read_text().strip() == key
 
 
-@pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH server not installed here (apt-get install openssh-server)")
+@pytest.mark.skipif(
+    not Path("/usr/sbin/sshd").exists(),
+    reason="OpenSSH server not installed here (apt-get install openssh-server)",
+)
 def test_sshd_accepts_the_config(tmp_path: Path) -> None:
     key = tmp_path / "host_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
-    out = subprocess.run(["/usr/sbin/sshd", "-T", "-f", str(SSHD_CONFIG), "-h", str(key)],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["/usr/sbin/sshd", "-T", "-f", str(SSHD_CONFIG), "-h", str(key)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if "privilege separation directory" in out.stderr:
         pytest.skip(f"sshd cannot check its config here: {out.stderr.strip()}")
     assert out.returncode == 0, out.stderr
@@ -203,7 +252,10 @@ def test_entrypoint_runs_other_commands() -> None:
     out = _entrypoint("make", "test")
     assert out.returncode == 0 and "would run: make test" in out.stdout, out.stdout + out.stderr
     words = dict(_instructions(DOCKERFILE))
-    assert "course-entrypoint" in words["ENTRYPOINT"] and "lab" in words["CMD"], (words["ENTRYPOINT"], words["CMD"])
+    assert "course-entrypoint" in words["ENTRYPOINT"] and "lab" in words["CMD"], (
+        words["ENTRYPOINT"],
+        words["CMD"],
+    )
 
 
 def test_build_context_leaves_local_state_out() -> None:
@@ -223,5 +275,7 @@ def test_gpu_workflow_builds_the_image_and_tests_inside_it() -> None:
     steps = " ".join(step.get("run", "") for step in job["steps"])
     assert "nvidia-smi" in steps, "check the runner's GPU first"
     assert re.search(r"docker build -f docker/Dockerfile", steps), "build docker/Dockerfile"
-    assert re.search(r"docker run[^\n]*--gpus all[^\n]*make test", steps), "run `make test` inside the image on the GPU"
+    assert re.search(r"docker run[^\n]*--gpus all[^\n]*make test", steps), (
+        "run `make test` inside the image on the GPU"
+    )
     assert "torch.cuda.is_available()" in steps, "assert CUDA works inside the container"

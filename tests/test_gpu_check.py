@@ -362,7 +362,7 @@ def test_scale_multiplies_every_limit_for_a_slower_machine():
 
 
 def test_benchmark_steps_pass_only_flags_their_scripts_accept():
-    """The benchmarks' command lines are read from their --help, so a renamed flag fails here, not on the GPU."""
+    """The benchmarks' flags are read from their --help, so a renamed flag fails here, not on the GPU."""
     for step in gc.plan(Path("/x")):
         scripts = [a for a in step.argv if a.startswith("benchmarks/") and a.endswith(".py")]
         if not scripts:

@@ -49,5 +49,6 @@ def test_readme_shows_the_latest_ladder_results():
     spec = importlib.util.spec_from_file_location("update_readme", ROOT / "benchmarks" / "update_readme.py")
     update_readme = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(update_readme)
-    assert update_readme.results_block(ROOT) in (ROOT / "README.md").read_text(), \
-        "README.md's results differ from benchmarks/results/ladder-*.md: run python benchmarks/update_readme.py"
+    assert update_readme.results_block(ROOT) in (ROOT / "README.md").read_text(), (
+        "README.md's results differ from benchmarks/results/ladder-*.md: "
+        "run python benchmarks/update_readme.py")
