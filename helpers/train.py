@@ -33,8 +33,6 @@ Precisions
 `cfg.precision` is one of `helpers.precision.PRECISIONS` ("fp32", "tf32", "fp16", "bf16"; see that
 module). On a GPU, TF32 stays on for what runs in float32 at every precision but "fp32"
 (`helpers.precision.uses_tf32`); on a CPU float32 stays exact.
-(`PRECISIONS`, `check_precision` and `autocast_context` are imported here too, for the lessons that
-import them from `helpers.train`.)
 
 Checkpoints
 -----------

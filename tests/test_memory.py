@@ -179,7 +179,7 @@ def test_expected_peak_of_a_whole_step_is_within_20_percent_of_the_measured_one(
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_autocast_activations_and_weight_copies_match_the_measurement(precision):
-    from helpers.train import autocast_context
+    from helpers.precision import autocast_context
 
     m = model()  # SDPA attention: the same autocast policy on CPU and CUDA
     ids = torch.randint(512, (B, T))

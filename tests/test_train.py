@@ -11,10 +11,9 @@ from torch import nn
 
 from helpers.checkpoint import latest_checkpoint
 from helpers.models import SmallTransformer, TransformerConfig
+from helpers.precision import autocast_context, check_precision
 from helpers.train import (
     TrainConfig,
-    autocast_context,
-    check_precision,
     count_tokens,
     synthetic_batch_fn,
     train,
