@@ -346,26 +346,24 @@ TFLOPS = 1e12
 # back to dense here. Patterns are matched, in order, as whole words against the lower-case device name
 # ("l4" is not "l40s"; "h100 nvl" and "h100 pcie" before "h100"). A precision a GPU has no units for
 # is left out.
+# Hopper's two dense tables (FLOP/s): SXM parts (H100 SXM5, H200) and NVL parts (H100 NVL per GPU, H200 NVL)
+# H100 whitepaper / H200 datasheet, SXM: TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS "with sparsity"
+_HOPPER_SXM = dict(fp32=67.0 * TFLOPS, tf32=494.7 * TFLOPS, fp16=989.4 * TFLOPS, bf16=989.4 * TFLOPS,
+                   fp8=1978.9 * TFLOPS)
+# H100 NVL (per GPU) and H200 NVL datasheets: TF32 835, BF16/FP16 1,671, FP8 3,341 TFLOPS with sparsity
+_HOPPER_NVL = dict(fp32=60.0 * TFLOPS, tf32=417.5 * TFLOPS, fp16=835.5 * TFLOPS, bf16=835.5 * TFLOPS,
+                   fp8=1670.5 * TFLOPS)
 GPU_PEAK_FLOPS: dict[str, dict[str, Any]] = {
-    # H200 SXM datasheet: TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS, all "with sparsity"
-    # H200 NVL datasheet: TF32 835, BF16/FP16 1,671, FP8 3,341 TFLOPS with sparsity
-    "h200 nvl": dict(fp32=60.0 * TFLOPS, tf32=417.5 * TFLOPS, fp16=835.5 * TFLOPS, bf16=835.5 * TFLOPS,
-                     fp8=1670.5 * TFLOPS,
-                     source="NVIDIA H200 NVL datasheet (dense = half the sparsity figures)"),
-    "h200": dict(fp32=67.0 * TFLOPS, tf32=494.7 * TFLOPS, fp16=989.4 * TFLOPS, bf16=989.4 * TFLOPS,
-                 fp8=1978.9 * TFLOPS,
+    "h200 nvl": dict(_HOPPER_NVL, source="NVIDIA H200 NVL datasheet (dense = half the sparsity figures)"),
+    "h200": dict(_HOPPER_SXM,
                  source="NVIDIA H200 Tensor Core GPU datasheet (SXM; dense = half the sparsity figures)"),
-    # H100 NVL datasheet (per GPU): TF32 835, BF16/FP16 1,671, FP8 3,341 TFLOPS with sparsity
-    "h100 nvl": dict(fp32=60.0 * TFLOPS, tf32=417.5 * TFLOPS, fp16=835.5 * TFLOPS, bf16=835.5 * TFLOPS,
-                     fp8=1670.5 * TFLOPS,
+    "h100 nvl": dict(_HOPPER_NVL,
                      source="NVIDIA H100 NVL datasheet (per GPU; dense = half the sparsity figures)"),
     # H100 whitepaper, PCIe: TF32 378, BF16/FP16 756, FP8 1,513 TFLOPS dense
     "h100 pcie": dict(fp32=51.0 * TFLOPS, tf32=378.0 * TFLOPS, fp16=756.0 * TFLOPS, bf16=756.0 * TFLOPS,
                       fp8=1513.0 * TFLOPS,
                       source="NVIDIA H100 Tensor Core GPU datasheet (PCIe; dense figures)"),
-    # H100 whitepaper, SXM5: TF32 494.7, BF16/FP16 989.4, FP8 1,978.9 TFLOPS dense
-    "h100": dict(fp32=67.0 * TFLOPS, tf32=494.7 * TFLOPS, fp16=989.4 * TFLOPS, bf16=989.4 * TFLOPS,
-                 fp8=1978.9 * TFLOPS,
+    "h100": dict(_HOPPER_SXM,
                  source="NVIDIA H100 Tensor Core GPU datasheet (SXM; dense = half the sparsity figures)"),
     "a100": dict(fp32=19.5 * TFLOPS, tf32=156.0 * TFLOPS, fp16=312.0 * TFLOPS, bf16=312.0 * TFLOPS,
                  source="NVIDIA A100 Tensor Core GPU datasheet (dense figures)"),
