@@ -15,7 +15,9 @@ Two ways to climb (`climb`):
   measured spread (`keeps`): median speed ratio > 1 + the larger relative IQR (IQR / median) of the two
   arms. What survives is "your stack" for this machine, printed as the switches to use (`Stack.code`).
 
-Before a stack is timed it is checked against the stack it adds to (`measure_stack`), from the same
+The candidate and the stack it is added to are timed in alternation (`time_interleaved`), so a change in
+the machine's load falls on both arms alike. Before a stack is timed it is checked against the stack it
+adds to (`measure_stack`), from the same
 weights on the same samples: logits and loss of one forward pass within the tolerance of the looser
 precision of the two (`TOLERANCES`), each pass run with its own precision (TF32 switched on for tf32 and
 every later precision: `helpers.precision.uses_tf32`, as in training); the fused-AdamW rung also checks
@@ -27,8 +29,8 @@ Throughput counts real tokens; MFU counts *useful* FLOPs: each document's tokens
 (`helpers.packing.packed_padding_stats`), never padded positions: removing padding raises MFU, as it should.
 
 `run_ladder` runs it all on a BERT with random weights (speed does not depend on their values) and
-samples of the BBC News corpus' token lengths: the benchmark; lesson 07 calls `measure_stack` and
-`climb` on the pretrained model and the real tokens.
+samples of the BBC News corpus' token lengths: the benchmark; lesson 07 calls `climb_stacks` on the
+pretrained model and the real tokens.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from helpers.timing import Timing, synchronize
 
 __all__ = ["Stack", "Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
            "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
-           "keeps", "climb", "RungDisagrees", "time_passes", "apply_stack", "forward",
+           "keeps", "climb", "RungDisagrees", "time_passes", "time_interleaved", "apply_stack", "forward",
            "measure_stack", "climb_stacks", "sample_batches", "corpus_lengths", "bert_config", "explain",
            "run_ladder", "ladder_rows", "ladder_table", "to_markdown"]
 
@@ -236,6 +238,7 @@ class Arm:
     timing: Timing
     reference: Any = None  # what `measure_stack` compares the next stack with (logits, loss, precision)
     row: dict[str, Any] = field(default_factory=dict)
+    run: Callable[[], Any] | None = field(default=None, repr=False)  # one timed pass, to time it again
 
 
 @dataclass
@@ -285,7 +288,12 @@ def climb(rungs: Sequence[Rung], measure: Callable[[Stack, Arm | None], Arm], *,
             log(f"{rung.name}: {why}")
             steps.append(Step(rung, stack, None, ref.stack, None, why))
             continue
-        decision = keeps(arm.timing, ref.timing)
+        if arm.run is not None and ref.run is not None:  # both arms again, in alternation: the same load
+            arm.timing, ref_timing = time_interleaved(arm.run, ref.run, repeats=arm.timing.runs)
+            arm.row.update(_rates(arm.row, arm.timing), ref_median_s=ref_timing.median_s)
+        else:
+            ref_timing = ref.timing
+        decision = keeps(arm.timing, ref_timing)
         steps.append(Step(rung, stack, arm, ref.stack, decision))
         log(f"{rung.name}: {decision}" if greedy else f"{rung.name}: {decision.ratio:.2f}x the rung below")
         below = arm
@@ -295,6 +303,38 @@ def climb(rungs: Sequence[Rung], measure: Callable[[Stack, Arm | None], Arm], *,
 
 
 # --- measuring a stack ----------------------------------------------------------------------------------
+
+def time_interleaved(a: Callable[[], Any], b: Callable[[], Any], *, repeats: int = 5,
+                     device: torch.device | None = None) -> tuple[Timing, Timing]:
+    """Time `a` and `b` in alternation (ab, ba, ab, ...), so a change in the machine's load falls on both
+    arms alike; (timing of a, timing of b) (lesson 07's greedy rule)."""
+    times: dict[int, list[float]] = {0: [], 1: []}
+    fns = (a, b)
+    for r in range(repeats):
+        for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+            synchronize(device)
+            t = time.perf_counter()
+            fns[k]()
+            synchronize(device)
+            times[k].append(time.perf_counter() - t)
+    return _timing(times[0]), _timing(times[1])
+
+
+def _timing(times: list[float], name: str = "") -> Timing:
+    q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
+    return Timing(name=name, median_s=statistics.median(times), iqr_s=q[2] - q[0], runs=len(times),
+                  calls_per_run=1, times_s=tuple(times))
+
+
+def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
+    """A row's throughput and MFU from a pass timing and the pass's counts."""
+    t = timing.median_s
+    peak = row.get("peak_flops_used")
+    return dict(pass_median_s=t, pass_iqr_s=timing.iqr_s, passes=timing.runs,
+                samples_per_s=row["documents_per_pass"] / t, tokens_per_s=row["real_tokens_per_pass"] / t,
+                useful_flops_per_s=row["useful_flops_per_pass"] / t,
+                mfu=row["useful_flops_per_pass"] / t / peak if peak else None)
+
 
 def time_passes(fn: Callable[[], Any], *, repeats: int = 5, name: str = "",
                 device: torch.device | None = None) -> Timing:
@@ -308,9 +348,7 @@ def time_passes(fn: Callable[[], Any], *, repeats: int = 5, name: str = "",
         fn()
         synchronize(device)
         times.append(time.perf_counter() - t)
-    q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
-    return Timing(name=name, median_s=statistics.median(times), iqr_s=q[2] - q[0], runs=repeats,
-                  calls_per_run=1, times_s=tuple(times))
+    return _timing(times, name)
 
 
 @contextlib.contextmanager
@@ -415,13 +453,12 @@ def measure_stack(stack: Stack, reference: Arm | None, *, make_model: Callable[[
     row["warmup_pass_s"] = time.perf_counter() - t0
     timing = time_passes(one_pass, repeats=repeats, device=device)
     stats = packed_padding_stats(dev_batches, model)  # documents, real tokens, useful FLOPs (no padding)
-    flops, t = stats.useful_flops, timing.median_s
-    row.update(pass_median_s=t, pass_iqr_s=timing.iqr_s, passes=timing.runs, useful_flops_per_pass=flops,
-               samples_per_s=stats.documents / t, tokens_per_s=stats.real_tokens / t,
-               padded_fraction=stats.padding_fraction, useful_flops_per_s=flops / timing.median_s,
-               mfu=flops / timing.median_s / peak_flops if peak_flops else None,
+    row.update(documents_per_pass=stats.documents, real_tokens_per_pass=stats.real_tokens,
+               useful_flops_per_pass=stats.useful_flops, peak_flops_used=peak_flops,
+               padded_fraction=stats.padding_fraction,
                peak_memory_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
-    return Arm(stack, timing, (logits, loss, precision), row)
+    row.update(_rates(row, timing))
+    return Arm(stack, timing, (logits, loss, precision), row, one_pass)
 
 
 # --- the benchmark: random-weight BERT, BBC News lengths ----------------------------------------------------
@@ -631,7 +668,8 @@ def climb_stacks(make_model: Callable[[], nn.Module],
     then timed; rungs the device cannot run (FP8) skipped with their reason. Returns {"mode", "rows",
     "your_stack", "your_stack_code", "stack"} (lesson 07 and `run_ladder`)."""
     def measure(stack: Stack, ref: Arm | None) -> Arm:
-        torch._dynamo.reset()  # each compiled stack compiles afresh: its first call includes it
+        # no dynamo reset: the best arm's compiled layers must stay valid to be timed again beside the
+        # candidate (so a compiled stack's first call includes compiling only when the cache is cold)
         return measure_stack(stack, ref, make_model=make_model, batches=batches, check=check, device=device,
                              lr=lr, repeats=repeats, peak_flops=peak_flops)
 

@@ -254,3 +254,10 @@ def test_capstone_charts_carry_titles_labels_and_units():
     with pytest.raises(ValueError, match="2×2"):
         confusion_matrix_chart([[1, 2, 3]], ["x", "y"], title="cm")
     plt.close("all")
+
+
+def test_arms_are_timed_in_alternation():
+    # a load change must fall on both arms: the candidate and the best stack alternate, ab, ba, ab
+    calls = []
+    ta, tb = ladder.time_interleaved(lambda: calls.append("a"), lambda: calls.append("b"), repeats=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"] and ta.runs == tb.runs == 3
