@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 # `make test TEST_PROFILE=full` on a GPU runs the notebooks with their real sizes
 TEST_PROFILE ?= smoke
 
-.PHONY: setup lab test course browser clean gpu-check gpu-wheels
+.PHONY: setup lab test lint course browser clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -35,8 +35,12 @@ lab: $(STAMP)
 	exec $(PY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 	  $$root $(LAB_ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser lint
 	COURSE_PROFILE=$(TEST_PROFILE) HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
+
+# ruff's linter (rules and the 110-character line in pyproject.toml) over code, tests and notebooks
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 course: $(STAMP)
 	mkdir -p build
