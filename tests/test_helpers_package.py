@@ -74,3 +74,18 @@ def test_the_check_catches_a_planted_lazy_import():
     assert violations("plots", planted) == set()  # show may import train
     assert violations("flops", "from helpers.hardware import peak_flops\n") == set()
     assert violations("flops", "from helpers import models\n") == {("flops", "models")}
+
+
+def test_the_table_names_entry_points_that_exist():
+    """Each `name` in the docstring table's last column is defined by that module, and documented with the
+    lesson that teaches it (a renamed function fails here, not in a learner's notebook)."""
+    rows = re.findall(r"^\| \w[\w/]* \| `(\w+)` \| [^|]+ \| (.+) \|$", helpers.__doc__, flags=re.M)
+    assert len(rows) == len(ON_DISK)
+    for module, names in rows:
+        mod = importlib.import_module(f"helpers.{module}")
+        for name in re.findall(r"`(\w+)`", names):
+            assert hasattr(mod, name), f"helpers.{module} has no {name} (the table in helpers/__init__.py)"
+            obj = getattr(mod, name)
+            if callable(obj) and getattr(obj, "__module__", "").startswith("helpers"):
+                assert obj.__doc__ and re.search(r"lesson|benchmark|script", obj.__doc__, flags=re.I), (
+                    f"helpers.{module}.{name}'s docstring should name the lesson that uses it")
