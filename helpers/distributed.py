@@ -50,7 +50,7 @@ _BACKENDS = {"cuda": "nccl", "cpu": "gloo"}  # NCCL talks GPU to GPU (NVLink, In
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Who this process is in the job, and where it computes."""
+    """Who this process is in the job, and where it computes (lesson 06)."""
 
     rank: int  # 0..world_size-1 over every machine
     local_rank: int  # 0..local_world_size-1 on this machine; picks the GPU
@@ -265,7 +265,7 @@ def torchrun_command(script: str | Path, args: Sequence[str] = (), *, nproc_per_
 
 @dataclass
 class LaunchResult:
-    """What a finished torchrun printed, line by line, and how it ended."""
+    """What a finished torchrun printed, line by line, and how it ended (lesson 06)."""
 
     command: list[str]
     returncode: int
@@ -279,7 +279,7 @@ class LaunchResult:
 
 
 class LaunchError(RuntimeError):
-    """torchrun failed (or timed out); the message holds the failing rank's last lines."""
+    """torchrun failed (or timed out); the message holds the failing rank's last lines (lesson 06)."""
 
     def __init__(self, message: str, result: LaunchResult) -> None:
         super().__init__(message)

@@ -117,7 +117,7 @@ class GPUInfo:
 
 @dataclass(frozen=True)
 class CPUInfo:
-    """The host CPU: model, logical cores, and the vector / matrix instruction sets that matter to torch."""
+    """The host CPU: model, logical cores, and the vector/matrix instruction sets that matter (lesson 00)."""
 
     model: str
     cores: int
