@@ -22,7 +22,8 @@ from torch.utils.benchmark import Timer
 
 from helpers.tables import Table
 
-__all__ = ["Timing", "benchmark", "time_once", "compare", "synchronize", "ColdStart", "cold_start"]
+__all__ = ["Timing", "benchmark", "benchmark_interleaved", "time_once", "compare", "synchronize", "ColdStart",
+           "cold_start"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,22 @@ def benchmark(fn: Callable[[], Any], *, name: str = "", warmup: int = 2, min_run
     m = timer.blocked_autorange(min_run_time=min_run_time)
     return Timing(name=name or getattr(fn, "__name__", "fn"), median_s=m.median, iqr_s=m.iqr,
                   runs=len(m.times), calls_per_run=m.number_per_run, times_s=tuple(m.times))
+
+
+def benchmark_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = 3, warmup: int = 1,
+                          min_run_time: float = 0.5) -> dict[str, Timing]:
+    """`benchmark` each arm in `rounds` rotating rounds, so a change in the machine's load falls on every arm
+    alike; each arm keeps its fastest, least disturbed round (other programs only add time) (lesson 04)."""
+    if not fns or rounds < 1:
+        raise ValueError(f"need at least one callable and rounds >= 1, got {len(fns)} and rounds={rounds}")
+    names = list(fns)
+    best: dict[str, Timing] = {}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # a different arm goes first each round
+            t = benchmark(fns[name], name=name, warmup=warmup, min_run_time=min_run_time / rounds)
+            if name not in best or t.median_s < best[name].median_s:
+                best[name] = t
+    return {name: best[name] for name in names}
 
 
 def time_once(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -64,3 +64,29 @@ def test_cold_start_is_measured_in_a_fresh_process():
         cold_start("cpu", n=0)
     with pytest.raises(ValueError, match="device"):
         cold_start("meta")
+
+
+def test_interleaved_rounds_rotate_the_order_and_keep_each_arms_fastest_round(monkeypatch):
+    from helpers import timing
+
+    calls = []
+    medians = {"a": [0.002, 0.040, 0.003], "b": [0.004, 0.005, 0.004]}  # a is disturbed in round 2
+
+    def fake_benchmark(fn, *, name, warmup, min_run_time):
+        calls.append(name)
+        return Timing(name, medians[name][calls.count(name) - 1], 0.0, 1, 1)
+
+    monkeypatch.setattr(timing, "benchmark", fake_benchmark)
+    got = timing.benchmark_interleaved({"a": lambda: None, "b": lambda: None}, rounds=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]  # a different arm leads each round
+    assert list(got) == ["a", "b"] and got["a"].median_s == 0.002 and got["b"].median_s == 0.004
+    with pytest.raises(ValueError, match="rounds"):
+        timing.benchmark_interleaved({"a": lambda: None}, rounds=0)
+
+
+def test_interleaved_timing_measures_what_it_runs():
+    from helpers.timing import benchmark_interleaved
+
+    got = benchmark_interleaved({"short": lambda: time.sleep(0.002), "long": lambda: time.sleep(0.006)},
+                                rounds=2, warmup=0, min_run_time=0.05)
+    assert got["short"].median_s < got["long"].median_s
