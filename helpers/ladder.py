@@ -555,10 +555,12 @@ def _facts(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         cap = torch.cuda.get_device_capability(device)
         return {"type": "cuda", "cap": cap, "name": torch.cuda.get_device_name(device)}
-    amx = False
-    with contextlib.suppress(Exception):
+    amx = avx512_bf16 = False
+    with contextlib.suppress(Exception):  # torch's own CPU feature probes (private, so guarded)
         amx = bool(torch._C._cpu._is_amx_tile_supported())
-    return {"type": device.type, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "amx": amx}
+        avx512_bf16 = bool(torch._C._cpu._is_avx512_bf16_supported())
+    return {"type": device.type, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "amx": amx,
+            "avx512_bf16": avx512_bf16}
 
 
 def explain(rung: Rung, decision: Decision, device: torch.device, *,
@@ -589,7 +591,10 @@ def explain(rung: Rung, decision: Decision, device: torch.device, *,
         elif gpu:
             why = "this GPU has no bf16 tensor cores (compute capability < 8.0)"
         elif f.get("amx"):
-            why = f"this CPU has AMX bf16 units ({f['cpu_capability']})"
+            why = f"this CPU has AMX bf16 tile units ({f['cpu_capability']})"
+        elif f.get("avx512_bf16"):
+            why = ("this CPU has AVX512-BF16 dot-product instructions (no AMX): bf16 matmuls can beat fp32, "
+                   "while the casts around them cost")
         else:
             why = (f"this CPU ({f['cpu_capability']}, no AMX) has no bf16 matmul units: any gain comes from "
                    "moving half the bytes, and the conversions cost")
