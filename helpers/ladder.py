@@ -42,6 +42,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -555,10 +556,11 @@ def _facts(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         cap = torch.cuda.get_device_capability(device)
         return {"type": "cuda", "cap": cap, "name": torch.cuda.get_device_name(device)}
-    amx = avx512_bf16 = False
-    with contextlib.suppress(Exception):  # torch's own CPU feature probes (private, so guarded)
-        amx = bool(torch._C._cpu._is_amx_tile_supported())
-        avx512_bf16 = bool(torch._C._cpu._is_avx512_bf16_supported())
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):  # Linux lists the CPU's instruction sets; elsewhere: unknown
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = {w for line in lines if line.startswith("flags") for w in line.split()}
+    amx, avx512_bf16 = "amx_bf16" in flags, "avx512_bf16" in flags
     return {"type": device.type, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "amx": amx,
             "avx512_bf16": avx512_bf16}
 
@@ -758,7 +760,8 @@ def to_markdown(result: Mapping[str, Any]) -> str:
         f"Fastest stack measured: **{best['name']}**, {best['speedup']:.2f}x the fp32 eager baseline"
         + (f", MFU {100 * best['mfu']:.1f} %." if best.get("mfu") is not None else "."),
         "",
-        "Your stack on this machine:",
+        "Your stack on this machine (the greedy rule's):" if result["mode"] == "greedy" else
+        "The top of the ladder (every rung on; `--greedy` keeps only what pays):",
         "",
         "```python",
         result["your_stack_code"],

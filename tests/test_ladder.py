@@ -191,6 +191,10 @@ def test_why_notes_describe_the_device_that_ran(monkeypatch):
     # the verdict follows the rule: faster, but within the noise, is not called a gain
     noisy = ladder.explain(bf16, ladder.Decision(False, 1.3, 1.5), cpu)
     assert "pays here" not in noisy and "less than the noise" in noisy
+    # a CPU is described by its own instruction sets: AVX512-BF16 is not "no bf16 units"
+    monkeypatch.setattr(ladder, "_facts", lambda d: {"type": "cpu", "cpu_capability": "AVX512", "amx": False,
+                                                     "avx512_bf16": True})
+    assert "AVX512-BF16" in ladder.explain(bf16, kept, cpu)
 
 
 def test_results_are_written_with_their_stamp(tmp_path):
