@@ -341,17 +341,19 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
                       env=(("COURSE_PROFILE", "smoke"), ("OMP_NUM_THREADS", "2"))))
     note = "gpu-check: BERT-base shapes, random weights (speed does not depend on them)"
     # --time-budget: no rung starts after it (the rest are reported as skipped), so the step ends in time
-    steps.append(Step("ladder", (python, "benchmarks/ladder.py", "--gpu-target", "--time-budget", str(t(75)),
+    steps.append(Step("ladder", (python, "benchmarks/ladder.py", "--gpu-target", "--time-budget", str(t(65)),
                                  "--out", str(res / "ladder"), "--note", note),
-                      t(110), "the ladder, BERT-base seq 512 (random weights)", env=(("MPLBACKEND", "Agg"),),
+                      t(100), "the ladder, BERT-base seq 512 (random weights)", env=(("MPLBACKEND", "Agg"),),
                       results=str(res / "ladder")))
-    steps.append(Step("attention", (python, "benchmarks/attention_sweep.py", "--gpu-target", "--out",
-                                    str(res / "attention")),
+    # each benchmark's --time-budget leaves its step's limit a margin for start-up, the matmul peak and the
+    # case under way when the budget ends (a compile, a Triton autotune): see each script's --help
+    steps.append(Step("attention", (python, "benchmarks/attention_sweep.py", "--gpu-target",
+                                    "--time-budget", str(t(25)), "--out", str(res / "attention")),
                       t(45), "attention sweep: N up to 8192, d=128, bf16, Triton vs best SDPA at 4096",
                       env=(("MPLBACKEND", "Agg"),), results=str(res / "attention")))
-    steps.append(Step("mixed-precision", (python, "benchmarks/mixed_precision_gpu.py", "--out",
-                                          str(res / "mixed-precision")),
-                      t(40), "fp32/tf32/fp16/bf16: step time, peak memory", env=(("MPLBACKEND", "Agg"),),
+    steps.append(Step("mixed-precision", (python, "benchmarks/mixed_precision_gpu.py",
+                                          "--time-budget", str(t(20)), "--out", str(res / "mixed-precision")),
+                      t(50), "fp32/tf32/fp16/bf16: step time, peak memory", env=(("MPLBACKEND", "Agg"),),
                       results=str(res / "mixed-precision")))
     return steps
 
