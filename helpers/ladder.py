@@ -53,8 +53,8 @@ from helpers.timing import Timing, synchronize
 __all__ = ["Stack", "Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
            "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
            "keeps", "climb", "RungDisagrees", "time_passes", "time_interleaved", "apply_stack", "forward",
-           "measure_stack", "climb_stacks", "sample_batches", "corpus_lengths", "bert_config", "explain",
-           "run_ladder", "ladder_rows", "ladder_table", "to_markdown"]
+           "measure_stack", "climb_stacks", "peak_for", "sample_batches", "corpus_lengths", "bert_config",
+           "explain", "run_ladder", "ladder_rows", "ladder_table", "to_markdown"]
 
 PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp8")  # later = looser tolerance
 PADDINGS = ("fixed", "bucketed", "packed")  # to seq | to each batch's longest, length buckets | packed rows
@@ -541,12 +541,18 @@ def sample_batches(lengths: Sequence[int], *, batch: int, n_batches: int, seq: i
     return batches, check
 
 
-def _peak(device: torch.device) -> tuple[float | None, str]:
-    """The peak MFU is computed against: a GPU's dense bf16 datasheet peak, else a matmul roofline measured
-    now (fp32 on a CPU: same threads, same load as the rungs) (helpers.hardware.peak_flops)."""
+def peak_for(device: torch.device) -> tuple[float | None, str]:
+    """The one peak MFU is computed against for every stack: the device's fastest dense rate among the
+    ladder's precisions (FP8 aside): a GPU's datasheet bf16 peak; on a CPU, the faster of the fp32 and bf16
+    matmul rooflines measured now (same threads, same load) (lesson 07, helpers.hardware.peak_flops)."""
     from helpers.hardware import peak_flops
 
-    peak = peak_flops(device, "fp32" if device.type == "cpu" else "bf16", measure=True)
+    if device.type == "cpu":
+        measured = (peak_flops(device, "fp32", measure=True), peak_flops(device, "bf16", measure=True))
+        found = [p for p in measured if p is not None]
+        peak = max(found, key=lambda p: p.flops) if found else None
+    else:
+        peak = peak_flops(device, "bf16", measure=True)
     if peak is None:
         return None, "no peak known"
     return peak.flops, f"{peak.precision} peak ({peak.source}), {peak.flops / 1e12:.3g} TFLOP/s"
@@ -646,7 +652,7 @@ def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batche
     state = {k: v.clone() for k, v in BertForSequenceClassification(cfg).state_dict().items()}
     batches, check = sample_batches(lengths, batch=batch, n_batches=n_batches, seq=seq, vocab=cfg.vocab_size,
                                     n_classes=n_classes)
-    peak, peak_source = (peak_flops, "given peak") if peak_flops else _peak(dev)
+    peak, peak_source = (peak_flops, "given peak") if peak_flops else peak_for(dev)
 
     def make_model() -> nn.Module:
         m = BertForSequenceClassification(copy.deepcopy(cfg))
