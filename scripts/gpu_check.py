@@ -346,7 +346,7 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
     steps.append(Step("ladder", (python, "benchmarks/ladder.py", "--gpu-target", "--greedy", "--repeats", "3",
                                  "--time-budget", str(t(110)),
                                  "--out", str(res / "ladder"), "--note", note),
-                      t(145), "the greedy ladder, BERT-base seq 512 (random weights)",
+                      t(140), "the greedy ladder, BERT-base seq 512 (random weights)",
                       env=(("MPLBACKEND", "Agg"),),
                       results=str(res / "ladder")))
     # each benchmark's --time-budget leaves its step's limit a margin for start-up, the matmul peak and the
