@@ -572,7 +572,7 @@ def _facts(device: torch.device) -> dict[str, Any]:
 
 
 def explain(rung: Rung, decision: Decision, device: torch.device, *,
-            padded_removed: float | None = None) -> str:
+            padded_removed: float | None = None, padded_left: float | None = None) -> str:
     """Why a rung measured what it did (its speed ratio and the rule's verdict) on the device that ran it:
     the reasons come from that device's facts, not from a text written for a CPU (lesson 07)."""
     f = _facts(device)
@@ -617,10 +617,12 @@ def explain(rung: Rung, decision: Decision, device: torch.device, *,
         why = ("FP8 tensor cores ran the Linear layers' matmuls" if faster else
                "the casts and scales around each FP8 matmul cost what FP8 saved (compile fuses them)")
     elif rung.switch == "padding":
-        left = ("" if padded_removed is None
-                else f"; {100 * padded_removed:.0f} % of the fixed-width positions were padding")
-        why = ("no padding at all: documents packed into rows, kept apart by a document mask"
-               if rung.value == "packed" else "batches of similar length, each padded to its longest") + left
+        before = ("" if padded_removed is None
+                  else f"; {100 * padded_removed:.0f} % of the fixed-width positions were padding")
+        after = "" if padded_left is None else f", {100 * padded_left:.0f} % here"
+        why = ("documents packed into rows, kept apart by a document mask; a row's tail that no whole "
+               "document fits stays padding" if rung.value == "packed"
+               else "batches of similar length, each padded to its longest") + before + after
     else:
         why = rung.claim
     return f"{ratio:.2f}x the stack below, {verdict} ({why})"
@@ -714,10 +716,12 @@ def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
             row.update(kept=True, why="already in the stack")
         else:
             # padding removed by the padding rung: what the fixed-width baseline computed in vain
-            removed = base.row["padded_fraction"] if s.rung.switch == "padding" else None
+            pad = s.rung.switch == "padding"
+            removed = base.row["padded_fraction"] if pad else None
+            left = s.arm.row["padded_fraction"] if pad else None
             row.update(**s.arm.row, speedup=s.arm.row["samples_per_s"] / base_sps, vs_below=s.decision.ratio,
                        threshold=s.decision.threshold, kept=s.decision.keep if greedy else True,
-                       why=explain(s.rung, s.decision, device, padded_removed=removed))
+                       why=explain(s.rung, s.decision, device, padded_removed=removed, padded_left=left))
         rows.append(row)
     return rows
 
