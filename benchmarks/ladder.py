@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mini", choices=sorted(MODEL_SIZES),
                    help="BERT shapes (base = BertConfig())")
-    p.add_argument("--seq", type=int, default=512, help="longest sequence (tokens)")
-    p.add_argument("--batch", type=int, default=4, help="samples per step")
+    p.add_argument("--seq-len", type=int, default=512, help="longest sequence (tokens)")
+    p.add_argument("--batch-size", type=int, default=4, help="samples per step")
     p.add_argument("--batches", type=int, default=2, help="steps per timed pass")
     p.add_argument("--repeats", type=int, default=5, help="timed passes per stack (median and IQR)")
     p.add_argument("--greedy", action="store_true",
@@ -40,15 +40,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="benchmarks/results", help="folder for the results")
     args = p.parse_args(argv)
     if args.gpu_target:
-        args.model, args.seq, args.batch, args.batches = "base", 512, 32, 4
-    result = run_ladder(model=args.model, seq=args.seq, batch=args.batch, n_batches=args.batches,
-                        repeats=args.repeats, greedy=args.greedy, device=args.device,
+        args.model, args.seq_len, args.batch_size, args.batches = "base", 512, 32, 4
+    result = run_ladder(model=args.model, seq_len=args.seq_len, batch_size=args.batch_size,
+                        n_batches=args.batches, repeats=args.repeats, greedy=args.greedy, device=args.device,
                         time_budget_s=args.time_budget)
     if args.note:
         result["stamp"]["note"] = args.note
     measured = {r["name"]: r["samples_per_s"] for r in result["rows"] if "samples_per_s" in r}
     title = (f"BERT training ladder ({result['mode']}), {result['stamp']['device']}\n"
-             f"({args.model}, seq {args.seq}, {result['stamp']['date'][:10]})")
+             f"({args.model}, seq {args.seq_len}, {result['stamp']['date'][:10]})")
     fig = ladder_chart(measured, title=title)
     # the greedy ladder is written next to the cumulative one: ladder-<device>-greedy.*
     paths = write_results("ladder", result, to_markdown(result), fig=fig, out_dir=args.out,

@@ -474,8 +474,9 @@ def bert_config(model: str, n_classes: int):
                       attention_probs_dropout_prob=0.0)
 
 
-def corpus_lengths(seq: int, n: int = 2225, *, log: Callable[[str], None] = print) -> tuple[list[int], str]:
-    """Token counts of BBC News articles truncated to `seq`: read from the bundled corpus when it is
+def corpus_lengths(seq_len: int, n: int = 2225, *,
+                   log: Callable[[str], None] = print) -> tuple[list[int], str]:
+    """Token counts of BBC News articles truncated to `seq_len`: read from the bundled corpus when it is
     installed, else drawn from `BBC_LENGTH_QUANTILES` (said in one line); (lengths, source) (benchmark)."""
     import numpy as np
 
@@ -487,24 +488,24 @@ def corpus_lengths(seq: int, n: int = 2225, *, log: Callable[[str], None] = prin
 
         texts, _, _ = read_bundled_corpus()
         tok = AutoTokenizer.from_pretrained(str(offline_bert_path()))
-        ids = tok(texts, truncation=True, max_length=seq)["input_ids"]
+        ids = tok(texts, truncation=True, max_length=seq_len)["input_ids"]
         return [len(x) for x in ids], "BBC News token lengths (bundled corpus)"
     except (ImportError, RuntimeError, OSError, ValueError) as err:
         log(f"corpus_lengths: the bundled corpus or tokenizer is missing ({type(err).__name__}): lengths "
             "drawn from the recorded BBC News length quantiles")
         u = np.random.default_rng(0).uniform(0, len(BBC_LENGTH_QUANTILES) - 1, n)
         lengths = np.interp(u, np.arange(len(BBC_LENGTH_QUANTILES)), BBC_LENGTH_QUANTILES)
-        return [int(min(x, seq)) for x in lengths], "BBC News length quantiles (recorded)"
+        return [int(min(x, seq_len)) for x in lengths], "BBC News length quantiles (recorded)"
 
 
-def sample_batches(lengths: Sequence[int], *, batch: int, n_batches: int, seq: int, vocab: int,
+def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, seq_len: int, vocab: int,
                    n_classes: int, pad_token_id: int = 0, seed: int = 0,
                    token_ids: Sequence[Sequence[int]] | None = None, labels: Sequence[int] | None = None,
                    check_size: int | None = None
                    ) -> tuple[dict[str, list[dict[str, torch.Tensor]]], dict[str, dict[str, torch.Tensor]]]:
-    """(batches, check): the same `batch * n_batches` samples batched as each padding does,
+    """(batches, check): the same `batch_size * n_batches` samples batched as each padding does,
     {"fixed": [...], "bucketed": [...]} (helpers.data's make_dataloader), and the first `check_size` of them
-    (default: `batch`) as one batch per padding, in the same order, for the agreement checks; "packed"
+    (default: `batch_size`) as one batch per padding, in the same order, for the agreement checks; "packed"
     batches hold the same documents per batch as the others, packed into rows (helpers.packing). Token ids are
     random of the given lengths unless `token_ids` are given (benchmark and lesson 07)."""
     from torch.utils.data import DataLoader
@@ -512,16 +513,17 @@ def sample_batches(lengths: Sequence[int], *, batch: int, n_batches: int, seq: i
     from helpers.data import PadCollate, TokenizedDataset, make_dataloader
     from helpers.packing import PackCollate
 
-    need = batch * n_batches
-    if min(batch, n_batches, seq) < 1:
-        raise ValueError(f"need batch, n_batches and seq >= 1, got {batch}, {n_batches}, {seq}")
+    need = batch_size * n_batches
+    if min(batch_size, n_batches, seq_len) < 1:
+        raise ValueError(f"need batch_size, n_batches and seq_len >= 1, got {batch_size}, {n_batches}, "
+                         f"{seq_len}")
     if len(lengths) < need:
-        raise ValueError(f"need {need} samples for {n_batches} batches of {batch}, got {len(lengths)}")
+        raise ValueError(f"need {need} samples for {n_batches} batches of {batch_size}, got {len(lengths)}")
     g = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(len(lengths), generator=g)[:need].tolist()
     ids, ys = [], []
     for i in chosen:
-        n = min(int(lengths[i]), seq)
+        n = min(int(lengths[i]), seq_len)
         if token_ids is not None:
             ids.append(list(token_ids[i])[:n])
         else:
@@ -529,14 +531,14 @@ def sample_batches(lengths: Sequence[int], *, batch: int, n_batches: int, seq: i
             ids.append(torch.randint(1000, vocab, (n,), generator=tg).tolist())
         ys.append(int(labels[i]) if labels is not None else i % n_classes)
     ds = TokenizedDataset(ids, ys)
-    batches = {padding: list(make_dataloader(ds, batch, padding=padding, pad_token_id=pad_token_id,
-                                             fixed_length=seq, shuffle=True, seed=seed))
+    batches = {padding: list(make_dataloader(ds, batch_size, padding=padding, pad_token_id=pad_token_id,
+                                             fixed_length=seq_len, shuffle=True, seed=seed))
                for padding in ("fixed", "bucketed")}
-    pack = PackCollate(seq, pad_token_id)  # the same documents per batch, packed into fewer rows
-    batches["packed"] = list(DataLoader(ds, batch_size=batch, shuffle=True, collate_fn=pack,
+    pack = PackCollate(seq_len, pad_token_id)  # the same documents per batch, packed into fewer rows
+    batches["packed"] = list(DataLoader(ds, batch_size=batch_size, shuffle=True, collate_fn=pack,
                                         generator=torch.Generator().manual_seed(seed)))
-    items = [ds[i] for i in range(min(check_size or batch, len(ds)))]
-    check = {"fixed": PadCollate(pad_token_id, seq)(items), "bucketed": PadCollate(pad_token_id)(items),
+    items = [ds[i] for i in range(min(check_size or batch_size, len(ds)))]
+    check = {"fixed": PadCollate(pad_token_id, seq_len)(items), "bucketed": PadCollate(pad_token_id)(items),
              "packed": pack(items)}
     return batches, check
 
@@ -628,7 +630,7 @@ def explain(rung: Rung, decision: Decision, device: torch.device, *,
     return f"{ratio:.2f}x the stack below, {verdict} ({why})"
 
 
-def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batches: int = 4,
+def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32, n_batches: int = 4,
                device: str = "auto", repeats: int = 5, lr: float = 5e-5, rungs: Sequence[Rung] = RUNGS,
                greedy: bool = False, lengths: Sequence[int] | None = None, n_classes: int = 5,
                peak_flops: float | None = None, time_budget_s: float | None = None,
@@ -642,18 +644,18 @@ def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batche
 
     dev = get_device(device)
     cfg = bert_config(model, n_classes)
-    if seq > cfg.max_position_embeddings or seq < 8:
-        raise ValueError(f"seq {seq}: use 8 ... {cfg.max_position_embeddings} (BERT's positions)")
+    if seq_len > cfg.max_position_embeddings or seq_len < 8:
+        raise ValueError(f"seq_len {seq_len}: use 8 ... {cfg.max_position_embeddings} (BERT's positions)")
     if lengths is None:
-        lengths, lengths_source = corpus_lengths(seq, log=log)
+        lengths, lengths_source = corpus_lengths(seq_len, log=log)
     else:
         lengths, lengths_source = list(lengths), "given lengths"
     log(f"run_ladder: BERT {model!r} shapes with random weights (speed does not depend on their values), "
         f"{lengths_source}")
     torch.manual_seed(0)
     state = {k: v.clone() for k, v in BertForSequenceClassification(cfg).state_dict().items()}
-    batches, check = sample_batches(lengths, batch=batch, n_batches=n_batches, seq=seq, vocab=cfg.vocab_size,
-                                    n_classes=n_classes)
+    batches, check = sample_batches(lengths, batch_size=batch_size, n_batches=n_batches, seq_len=seq_len,
+                                    vocab=cfg.vocab_size, n_classes=n_classes)
     peak, peak_source = (peak_flops, "given peak") if peak_flops else peak_for(dev)
 
     def make_model() -> nn.Module:
@@ -666,7 +668,7 @@ def run_ladder(*, model: str = "base", seq: int = 512, batch: int = 32, n_batche
     result.pop("stack")
     n_params = sum(v.numel() for v in state.values())
     return {"stamp": stamp(dev), **result,
-            "setup": {"model": model, "params": n_params, "seq": seq, "batch": batch,
+            "setup": {"model": model, "params": n_params, "seq_len": seq_len, "batch_size": batch_size,
                       "batches_per_pass": n_batches, "repeats": repeats, "lr": lr, "lengths": lengths_source,
                       "peak_flops": peak, "peak_source": peak_source, "tolerances": TOLERANCES,
                       "time_budget_s": time_budget_s, "rule": RULE}}
@@ -756,8 +758,8 @@ def to_markdown(result: Mapping[str, Any]) -> str:
     lines = [
         f"Ladder ({result['mode']}) on **{s['device']}** ({vers}), {s['date']}, {s.get('threads')} threads, "
         f"load average {s.get('load_average_1min')}.",
-        f"BERT `{u['model']}` shapes ({u['params'] / 1e6:.1f} M params, random weights), seq {u['seq']}, "
-        f"batch {u['batch']}, {u['batches_per_pass']} batches per pass, {u['repeats']} timed passes per "
+        f"BERT `{u['model']}` shapes ({u['params'] / 1e6:.1f} M params, random weights), seq {u['seq_len']}, "
+        f"batch {u['batch_size']}, {u['batches_per_pass']} batches per pass, {u['repeats']} timed passes per "
         f"stack; lengths: {u['lengths']}. Tokens/s count real tokens; MFU counts useful FLOPs (each "
         f"document's real tokens at its own length, no padding) against the {u['peak_source']}.",
         f"Greedy rule: {u['rule']}." if result["mode"] == "greedy" else "",
@@ -784,7 +786,7 @@ def to_markdown(result: Mapping[str, Any]) -> str:
 def _targets(result: Mapping[str, Any], best: Mapping[str, Any]) -> list[str]:
     s, u = result["stamp"], result["setup"]
     t = f">= {TARGETS['speedup']:.0f}x and >= {100 * TARGETS['mfu']:.0f} % MFU"
-    if s["device_type"] != "cuda" or u["model"] != "base" or u["seq"] != 512:
+    if s["device_type"] != "cuda" or u["model"] != "base" or u["seq_len"] != 512:
         return ["", f"(The targets, {t}, apply to BERT-base at seq 512 on an H100/H200-class GPU; this "
                     "run is not that.)"]
     sp, m = best["speedup"], best.get("mfu")

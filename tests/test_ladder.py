@@ -17,7 +17,7 @@ from helpers.timing import Timing
 TEST_SIZE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
                  vocab_size=2000)
 LENGTHS = [5, 31, 12, 32, 20, 7, 32, 16]  # tokens per sample, as corpus_lengths would give them
-SMALL = dict(model="test", seq=32, batch=4, n_batches=2, repeats=2, lengths=LENGTHS, device="cpu",
+SMALL = dict(model="test", seq_len=32, batch_size=4, n_batches=2, repeats=2, lengths=LENGTHS, device="cpu",
              peak_flops=1e11)
 # compiling takes a minute on a small CPU: the tests climb the ladder without torch.compile
 NO_COMPILE = tuple(r for r in ladder.RUNGS if r.switch != "compile")
@@ -33,7 +33,7 @@ def _t(median: float, iqr: float) -> Timing:
 
 
 def _batches():
-    return ladder.sample_batches(LENGTHS, batch=2, n_batches=3, seq=32, vocab=2000, n_classes=5)
+    return ladder.sample_batches(LENGTHS, batch_size=2, n_batches=3, seq_len=32, vocab=2000, n_classes=5)
 
 
 def test_batches_hold_the_same_samples_whatever_the_padding():
@@ -219,9 +219,9 @@ def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="not a Stack switch"):
         ladder.Rung("+ magic", "magic", True, "")
     with pytest.raises(ValueError, match="need 8 samples"):
-        ladder.sample_batches(LENGTHS[:3], batch=4, n_batches=2, seq=32, vocab=2000, n_classes=5)
-    with pytest.raises(ValueError, match="seq 4"):
-        ladder.run_ladder(**{**SMALL, "seq": 4})
+        ladder.sample_batches(LENGTHS[:3], batch_size=4, n_batches=2, seq_len=32, vocab=2000, n_classes=5)
+    with pytest.raises(ValueError, match="seq_len 4"):
+        ladder.run_ladder(**{**SMALL, "seq_len": 4})
 
 
 def test_stack_code_names_the_switches():
