@@ -45,9 +45,12 @@ def bar_chart(values: Mapping[str, float], *, title: str, ylabel: str, xlabel: s
     for bar, v in zip(bars, vals):
         text = annotate.format(v)
         if baseline is not None:
-            text += f"\n{v / values[baseline]:.2f}× {baseline}"  # the ratio, naming what it is relative to
+            text += f"\n{v / values[baseline]:.2f}×"  # the ratio; what it is relative to is said once, below
         ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8)
+    if baseline is not None:  # a time ratio of 29x must not read as a speed-up: name the baseline
+        ax.text(0.01, 0.98, f"n.nn× = value / {baseline}'s value", transform=ax.transAxes, ha="left",
+                va="top", fontsize=8, color="dimgray")
     ax.tick_params(axis="x", rotation=30)
     ax.margins(y=0.2)
     label_axes(ax, title, xlabel, ylabel)

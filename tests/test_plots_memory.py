@@ -47,3 +47,16 @@ def test_loss_curves_share_one_axis_and_mark_skipped_steps():
     plt.close(fig)
     with pytest.raises(ValueError, match="non-empty run"):
         loss_curves_chart({"a": []}, title="t")
+
+
+def test_bar_chart_names_its_baseline_once_and_writes_each_ratio():
+    import matplotlib.pyplot as plt
+
+    from helpers.plots import bar_chart
+
+    fig = bar_chart({"fp32 eager (baseline)": 2.0, "+ bf16": 3.0}, title="t", ylabel="y",
+                    baseline="fp32 eager (baseline)")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "2\n1.00×" in texts and "3\n1.50×" in texts  # ratios on the bars, short enough to fit
+    assert any("fp32 eager (baseline)" in t and "value" in t for t in texts)  # and what they divide by
+    plt.close(fig)
