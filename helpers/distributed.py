@@ -129,7 +129,15 @@ def setup(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
 
 
 def teardown() -> None:
-    """Leave the process group once all ranks arrive: none exits while a peer still talks (lesson 06)."""
+    """Leave the process group once all ranks arrive: none exits while a peer still talks (lesson 06).
+
+    Drop your references to the wrapped model and optimizer first: FSDP's modules sit in reference cycles
+    that keep finished communication work (and its tensors) alive until a garbage collection. Collected at
+    interpreter exit, after the process group is gone, that work can abort the process (gloo's threads
+    release tensors without the GIL); collected here, it cannot."""
+    import gc
+
+    gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

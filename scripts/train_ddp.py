@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if full_sd is not None:
             Path(args.save_params).parent.mkdir(parents=True, exist_ok=True)
             torch.save({k: v.detach().cpu() for k, v in full_sd.items()}, args.save_params)
+    del model, opt, full_sd  # teardown collects them while the process group is still alive
     teardown()
     return summary
 
