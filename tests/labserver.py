@@ -110,7 +110,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _stop(proc: subprocess.Popen, server: LabServer | None, grace_s: float) -> None:
+def stop_lab(proc: subprocess.Popen, server: LabServer | None = None, grace_s: float = 15.0) -> None:
     """Shut the server down politely, then end its process group and any stray descendant."""
     if proc.poll() is not None:
         return
@@ -205,4 +205,4 @@ def lab_server(
                                    + server.log()[-3000:])
             yield server
         finally:
-            _stop(proc, answered, grace_s)
+            stop_lab(proc, answered, grace_s)

@@ -10,31 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from labserver import REPO_ROOT, api_request, free_port, lab_command  # tests/labserver.py
+from labserver import REPO_ROOT, api_request, free_port, lab_command, stop_lab  # tests/labserver.py
 
 URL = re.compile(r"(http://127\.0\.0\.1:(\d+)/)lab\?token=([0-9a-f]+)")
 ROOT_LINE = "make lab: running as root"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """End make, the shell and Jupyter (one process group), and wait for them."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def test_make_lab_starts_for_this_user_with_token_auth_on_loopback():
@@ -73,5 +57,5 @@ def test_make_lab_starts_for_this_user_with_token_auth_on_loopback():
             status, _ = api_request(base + "api/contents", token=token[::-1])  # a wrong one
             assert status in (401, 403)
         finally:
-            _stop(proc)
+            stop_lab(proc)  # make, the shell, Jupyter and its kernels
     assert proc.poll() is not None
