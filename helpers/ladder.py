@@ -15,12 +15,12 @@ Two ways to climb (`climb`):
   measured spread (`keeps`): median speed ratio > 1 + the larger relative IQR (IQR / median) of the two
   arms. What survives is "your stack" for this machine, printed as the switches to use (`Stack.code`).
 
-The candidate and the stack it is added to are timed in alternation (`time_interleaved`), so a change in
-the machine's load falls on both arms alike. Before a stack is timed it is checked against the stack it
-adds to (`measure_stack`), from the same
-weights on the same samples: logits and loss of one forward pass within the tolerance of the looser
-precision of the two (`TOLERANCES`), each pass run with its own precision (TF32 switched on for tf32 and
-every later precision: `helpers.precision.uses_tf32`, as in training); the fused-AdamW rung also checks
+The candidate and the stack it is added to are timed in alternation (`helpers.timing.time_interleaved`),
+so a change in the machine's load falls on both arms alike. Before a stack is timed it is checked against
+the stack it adds to (`measure_stack`), from the same weights on the same samples: logits and loss of one
+forward pass within the tolerance of the looser precision of the two (`TOLERANCES`), each pass run with its
+own precision (TF32 switched on for tf32 and every later precision: `helpers.precision.uses_tf32`, as in
+training); the fused-AdamW rung also checks
 one optimizer step's updates against the unfused step on identical gradients (`optimizer_step_agreement`).
 A stack that disagrees is not timed and not kept (`RungDisagrees`); a rung the device cannot run (FP8
 below compute capability 8.9) is skipped with its one-line reason.
@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,11 +47,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from helpers.timing import Timing, synchronize
+from helpers.timing import Timing, synchronize, time_interleaved, time_passes
 
 __all__ = ["Stack", "Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
            "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
-           "keeps", "climb", "RungDisagrees", "time_passes", "time_interleaved", "apply_stack", "forward",
+           "keeps", "climb", "RungDisagrees", "apply_stack", "forward",
            "measure_stack", "climb_stacks", "peak_for", "sample_batches", "corpus_lengths", "bert_config",
            "explain", "run_ladder", "ladder_rows", "ladder_table", "to_markdown"]
 
@@ -305,28 +304,6 @@ def climb(rungs: Sequence[Rung], measure: Callable[[Stack, Arm | None], Arm], *,
 
 # --- measuring a stack ----------------------------------------------------------------------------------
 
-def time_interleaved(a: Callable[[], Any], b: Callable[[], Any], *, repeats: int = 5,
-                     device: torch.device | None = None) -> tuple[Timing, Timing]:
-    """Time `a` and `b` in alternation (ab, ba, ab, ...), so a change in the machine's load falls on both
-    arms alike; (timing of a, timing of b) (lesson 07's greedy rule)."""
-    times: dict[int, list[float]] = {0: [], 1: []}
-    fns = (a, b)
-    for r in range(repeats):
-        for k in ((0, 1) if r % 2 == 0 else (1, 0)):
-            synchronize(device)
-            t = time.perf_counter()
-            fns[k]()
-            synchronize(device)
-            times[k].append(time.perf_counter() - t)
-    return _timing(times[0]), _timing(times[1])
-
-
-def _timing(times: list[float], name: str = "") -> Timing:
-    q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
-    return Timing(name=name, median_s=statistics.median(times), iqr_s=q[2] - q[0], runs=len(times),
-                  calls_per_run=1, times_s=tuple(times))
-
-
 def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
     """A row's throughput and MFU from a pass timing and the pass's counts."""
     t = timing.median_s
@@ -335,21 +312,6 @@ def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
                 samples_per_s=row["documents_per_pass"] / t, tokens_per_s=row["real_tokens_per_pass"] / t,
                 useful_flops_per_s=row["useful_flops_per_pass"] / t,
                 mfu=row["useful_flops_per_pass"] / t / peak if peak else None)
-
-
-def time_passes(fn: Callable[[], Any], *, repeats: int = 5, name: str = "",
-                device: torch.device | None = None) -> Timing:
-    """`repeats` timed calls of `fn` (device synchronised), as a Timing: median and IQR (lesson 07)."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - t)
-    return _timing(times, name)
 
 
 @contextlib.contextmanager

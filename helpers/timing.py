@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -22,8 +23,8 @@ from torch.utils.benchmark import Timer
 
 from helpers.tables import Table
 
-__all__ = ["Timing", "benchmark", "benchmark_interleaved", "time_once", "compare", "synchronize", "ColdStart",
-           "cold_start"]
+__all__ = ["Timing", "benchmark", "benchmark_interleaved", "time_interleaved", "time_passes", "timing_from",
+           "time_once", "compare", "synchronize", "ColdStart", "cold_start"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,44 @@ def benchmark_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int =
             if name not in best or t.median_s < best[name].median_s:
                 best[name] = t
     return {name: best[name] for name in names}
+
+
+def time_interleaved(a: Callable[[], Any], b: Callable[[], Any], *, repeats: int = 5,
+                     device: torch.device | None = None) -> tuple[Timing, Timing]:
+    """Time `a` and `b` in alternation (ab, ba, ab, ...), so a change in the machine's load falls on both
+    arms alike; (timing of a, timing of b) (lesson 07's greedy rule)."""
+    times: dict[int, list[float]] = {0: [], 1: []}
+    fns = (a, b)
+    for r in range(repeats):
+        for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+            synchronize(device)
+            t = time.perf_counter()
+            fns[k]()
+            synchronize(device)
+            times[k].append(time.perf_counter() - t)
+    return timing_from(times[0]), timing_from(times[1])
+
+
+def timing_from(times: list[float], name: str = "") -> Timing:
+    """A Timing (median, IQR) from one time per call, in seconds (lesson 07)."""
+    q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
+    return Timing(name=name, median_s=statistics.median(times), iqr_s=q[2] - q[0], runs=len(times),
+                  calls_per_run=1, times_s=tuple(times))
+
+
+def time_passes(fn: Callable[[], Any], *, repeats: int = 5, name: str = "",
+                device: torch.device | None = None) -> Timing:
+    """`repeats` timed calls of `fn` (device synchronised), as a Timing: median and IQR (lesson 07)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t)
+    return timing_from(times, name)
 
 
 def time_once(fn: Callable[[], Any]) -> tuple[Any, float]:

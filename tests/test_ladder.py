@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import ladder
-from helpers.timing import Timing
+from helpers.timing import Timing, time_interleaved
 
 # BERT-shaped but small, with a small vocabulary: the embedding table would dominate a tiny model's step
 TEST_SIZE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
@@ -263,5 +263,5 @@ def test_capstone_charts_carry_titles_labels_and_units():
 def test_arms_are_timed_in_alternation():
     # a load change must fall on both arms: the candidate and the best stack alternate, ab, ba, ab
     calls = []
-    ta, tb = ladder.time_interleaved(lambda: calls.append("a"), lambda: calls.append("b"), repeats=3)
+    ta, tb = time_interleaved(lambda: calls.append("a"), lambda: calls.append("b"), repeats=3)
     assert calls == ["a", "b", "b", "a", "a", "b"] and ta.runs == tb.runs == 3
