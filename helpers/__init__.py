@@ -6,6 +6,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | layer | module | lesson | main entry points |
 |---|---|---|---|
 | base | `config` | all | `get_profile`, `pick`, `seed_everything`, `hub_offline` |
+| base | `compat` | all | `require`, `at_least`, `set_attn_implementation` |
 | base | `tables` | all | `Table` |
 | base | `timing` | 00-05 | `benchmark`, `time_once`, `compare`, `cold_start` |
 | base | `precision` | 02 (03-07) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
@@ -37,7 +38,7 @@ from typing import Any
 
 # module -> layer: 0 base, 1 measure, 2 model/data, 3 train, 4 show
 LAYERS = {
-    "config": 0, "tables": 0, "timing": 0, "precision": 0, "hardware": 0,
+    "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "hardware": 0,
     "flops": 1, "memory": 1, "results": 1,
     "attention": 2, "kernels": 2, "models": 2, "data": 2, "packing": 2, "fp8": 2,
     "checkpoint": 3, "train": 3, "distributed": 3, "ladder": 3,
