@@ -125,6 +125,7 @@ def _run(name: str, spec: dict[str, Any], precision: str, device: torch.device, 
     """One training run from the weights `init`; a row of the results."""
     from helpers.memory import estimate_training_memory
     from helpers.models import TransformerConfig
+    from helpers.runspec import RunSpec
     from helpers.train import TrainConfig, train
 
     row: dict[str, Any] = dict(workload=name, precision=precision, compiled=compiled)
@@ -135,9 +136,9 @@ def _run(name: str, spec: dict[str, Any], precision: str, device: torch.device, 
     model = _build(spec)
     model.load_state_dict(init)  # every arm starts from the same weights
     runner = _compile_layers(model) if compiled else model
-    cfg = TrainConfig(steps=spec["steps"], lr=1e-4, precision=precision, progress=False)
+    cfg = TrainConfig(steps=spec["steps"], lr=1e-4, progress=False)
     try:
-        r = train(runner, _batch_fn(spec), cfg, device=device)
+        r = train(runner, _batch_fn(spec), cfg, device=device, spec=RunSpec(precision=precision))
     except torch.cuda.OutOfMemoryError as err:
         del model, runner
         _release(device)

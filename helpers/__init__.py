@@ -21,6 +21,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | model/data | `packing` | 05, 07 | `PackCollate`, `packed_forward`, `PackedModel` |
 | model/data | `fp8` | 07 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
 | train | `checkpoint` | 03, 06, 07 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
+| train | `runspec` | 02-07 | `RunSpec`, `PADDINGS`, `ATTNS` |
 | train | `train` | 02-07 | `TrainConfig`, `train`, `train_step`, `make_optimizer` |
 | train | `distributed` | 06 | `setup`, `apply_ddp`, `apply_fsdp`, `launch` |
 | train | `ladder` | 07 | `RUNGS`, `run_ladder`, `climb_stacks` |
@@ -41,7 +42,7 @@ LAYERS = {
     "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "hardware": 0,
     "flops": 1, "memory": 1, "results": 1,
     "attention": 2, "kernels": 2, "models": 2, "data": 2, "packing": 2, "fp8": 2,
-    "checkpoint": 3, "train": 3, "distributed": 3, "ladder": 3,
+    "checkpoint": 3, "runspec": 3, "train": 3, "distributed": 3, "ladder": 3,
     "plots": 4, "widgets": 4,
 }
 _SUBMODULES = tuple(LAYERS)

@@ -27,7 +27,8 @@ from helpers.tables import Table
 
 __all__ = ["get_device", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
            "device_report", "device_name", "nvidia_driver", "Roofline", "measure_roofline", "load_roofline",
-           "GPU_PEAK_FLOPS", "PeakFlops", "peak_flops", "Finding", "SetupFacts", "diagnose",
+           "GPU_PEAK_FLOPS", "PeakFlops", "peak_flops", "MFU_PRECISIONS", "mfu_peak", "device_facts",
+           "Finding", "SetupFacts", "diagnose",
            "findings_table", "explain_error", "KNOWN_ERRORS"]
 
 # FP32 "CUDA cores" per SM, by compute capability (NVIDIA's CUDA C++ Programming Guide, table of
@@ -440,6 +441,37 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
             return PeakFlops(float(measured[key]), key,
                              f"measured matmul roofline on {roofline.device_name}{note}")
     return None
+
+
+MFU_PRECISIONS = ("fp32", "bf16")  # the dense rates MFU's one peak is chosen from (TF32, fp16: never faster)
+
+
+def mfu_peak(device: torch.device | str | None = None, *, roofline: Roofline | None = None,
+             measure: bool = False) -> PeakFlops | None:
+    """The one peak every MFU in the course divides by (lessons 02, 07): the device's fastest dense rate
+    among the training precisions, FP8 aside. A GPU's datasheet bf16 peak; on a CPU the faster of the
+    fp32 and bf16 matmul rooflines (`roofline`, or with `measure` measured now: same threads, same load),
+    so that a CPU with bf16 units never shows an MFU above 100 %. None when no peak is known."""
+    peaks = (peak_flops(device, name, roofline=roofline, measure=measure) for name in MFU_PRECISIONS)
+    found = [p for p in peaks if p is not None]
+    return max(found, key=lambda p: p.flops) if found else None
+
+
+def device_facts(device: torch.device | str) -> dict[str, Any]:
+    """What explains a speed-up on `device` (lesson 07): a GPU's name and compute capability, or a CPU's
+    instruction set and whether it has AMX / AVX512-BF16 bf16 units (Linux /proc/cpuinfo; else unknown)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        return {"type": "cuda", "cap": cap, "name": torch.cuda.get_device_name(device)}
+    flags: set[str] = set()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = {w for line in lines if line.startswith("flags") for w in line.split()}
+    except OSError:
+        pass
+    return {"type": device.type, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "amx": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
 
 
 # --- diagnosing common breakage ----------------------------------------------------------------------

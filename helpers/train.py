@@ -25,14 +25,18 @@ Keeping a GPU fed (lesson 05)
 The loop waits for the device only where it needs a number: every `log_every` steps, at checkpoints
 and at the end. In between, each step's loss stays a tensor on the device (the curve is read back in
 one copy at the next log point), step times come from CUDA events, tokens are counted on the host
-before the batch is copied, and a CPU batch is pinned so that its copy to the GPU is truly
-asynchronous. (On a CPU there is nothing to overlap: step times are wall-clock times.)
+before the batch is copied, and the copy to the GPU is `non_blocking`: asynchronous when the batch is
+in pinned memory, which is the DataLoader's job (`RunSpec.dataloader` pins in its pin thread; pinning
+here, on the main thread, would be a blocking copy plus a copy). (On a CPU there is nothing to overlap:
+step times are wall-clock times.)
 
-Precisions
-----------
-`cfg.precision` is one of `helpers.precision.PRECISIONS` ("fp32", "tf32", "fp16", "bf16"; see that
-module). On a GPU, TF32 stays on for what runs in float32 at every precision but "fp32"
-(`helpers.precision.uses_tf32`); on a CPU float32 stays exact.
+The switches: a RunSpec
+-----------------------
+Precision (with its TF32 rule), FP8, attention, compile, fused AdamW and padding are one frozen
+`helpers.runspec.RunSpec`, given as `train(..., spec=spec)`; its `context(device)` wraps each whole
+step (forward, backward, optimizer step). `TrainConfig` holds the rest: steps, optimizer, schedule,
+accumulation, checkpoints. Under DDP (or FSDP2) with accumulation, gradients are all-reduced once per
+step, on the last micro-batch (`helpers.distributed.grad_sync`).
 
 Checkpoints
 -----------
@@ -59,14 +63,9 @@ from torch import nn
 
 from helpers.checkpoint import is_due, resume_latest, save_step, unwrap_model
 from helpers.config import seed_everything
-from helpers.precision import (
-    PRECISIONS,
-    autocast_context,
-    check_precision,
-    make_scaler,
-    tf32_matmuls,
-    uses_tf32,
-)
+from helpers.distributed import grad_sync
+from helpers.precision import make_scaler
+from helpers.runspec import RunSpec
 
 __all__ = ["LR_SCHEDULES", "TrainConfig", "TrainResult", "StepOutput", "make_optimizer", "make_lr_scheduler",
            "set_activation_checkpointing", "count_tokens", "train_step", "train", "evaluate",
@@ -93,10 +92,8 @@ class TrainConfig:
     steps: int  # optimizer steps in total (a resumed run counts the steps done before)
     lr: float = 3e-4  # peak learning rate
     weight_decay: float = 0.01
-    precision: str = "fp32"  # one of PRECISIONS
     grad_accum: int = 1  # micro-batches per optimizer step
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
-    fused_adamw: bool = True  # the fused AdamW kernel where torch has it for the device
     max_grad_norm: float | None = 1.0  # clip the global gradient norm to this (> 0); None: no clipping
     lr_schedule: str = "constant"  # "constant" or "linear" (decay to 0 at the last step), after warm-up
     warmup_steps: int = 0  # steps of linear warm-up from 0 to lr ...
@@ -109,13 +106,10 @@ class TrainConfig:
     seed: int = 0
     resume: bool = True  # continue from the newest checkpoint in checkpoint_dir when there is one
     track_memory: bool = True  # peak memory (CUDA stats; on CPU the profiler during the first step)
-    peak_flops: float | None = None  # FLOP/s for MFU; None: helpers' peak for the device and precision
+    peak_flops: float | None = None  # FLOP/s for MFU; None: helpers.hardware.mfu_peak for the device
     init_scale: float = 2.0 ** 16  # GradScaler's first scale (fp16)
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            hint = " (FP8 is a separate switch: helpers.fp8)" if self.precision == "fp8" else ""
-            raise ValueError(f"unknown precision {self.precision!r}: use one of {PRECISIONS}{hint}")
         ints = ("steps", "grad_accum", "warmup_steps", "checkpoint_every", "keep_checkpoints", "log_every")
         for name in ints:
             value = getattr(self, name)
@@ -278,19 +272,16 @@ def _tokens(batch: Mapping[str, Any]) -> int | torch.Tensor:
 
 
 def _to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    """Tensors to `device`; a CPU tensor bound for a GPU is pinned first, so the copy is asynchronous."""
+    """Tensors to `device`, asynchronously on a GPU when the DataLoader pinned them (`RunSpec.dataloader`).
+
+    No pinning here: `t.pin_memory()` on the main thread is a blocking copy before the copy (PyTorch's
+    pin_memory / non_blocking guide); the DataLoader's pin thread does it while the GPU computes."""
     if not isinstance(batch, Mapping) or "input_ids" not in batch:
         raise ValueError(f"each batch must be a dict with `input_ids` (and optionally attention_mask, "
                          f"labels), got {type(batch).__name__}")
-    pin = device.type == "cuda"
-    out = {}
-    for k, v in batch.items():
-        if isinstance(v, torch.Tensor) and v.device != device:
-            if pin and v.device.type == "cpu" and not v.is_pinned():
-                v = v.pin_memory()  # copying from pageable memory would block the host anyway
-            v = v.to(device, non_blocking=pin)
-        out[k] = v
-    return out
+    non_blocking = device.type == "cuda"
+    return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) and v.device != device
+            else v for k, v in batch.items()}
 
 
 def _micro_batches(batches: Any, start_step: int, grad_accum: int) -> Iterator[dict]:
@@ -335,272 +326,295 @@ def _generate(batches: Any, start_step: int, grad_accum: int, indexable: bool) -
 # --- one step ----------------------------------------------------------------------------------------
 
 def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch.optim.Optimizer,
-          scaler: torch.amp.GradScaler | None, precision: str, device: torch.device,
+          scaler: torch.amp.GradScaler | None, spec: RunSpec, device: torch.device,
           max_grad_norm: float | None, scheduler: Any) -> StepOutput:
-    """One optimizer step over `micro` (already checked); no device sync unless fp16's scaler needs one."""
+    """One optimizer step over `micro` (already checked), all of it inside `spec.context`; under DDP the
+    gradients are all-reduced on the last micro-batch only; no device sync unless fp16's scaler needs one."""
     accum = len(micro)
     optimizer.zero_grad(set_to_none=True)
     step_loss = torch.zeros((), device=device)
     tokens: int | torch.Tensor = 0
-    samples = 0
-    widths: list[tuple[int | torch.Tensor, int]] = []
-    for host in micro:
-        n = _tokens(host)  # counted before the copy: no sync
-        batch = _to_device(host, device)
-        with autocast_context(precision, device):
-            loss = model(**batch).loss
-        if loss is None:
-            raise ValueError("the model returned no loss: give the batches `labels`")
-        # average over micro-batches, so accumulation gives the gradient of one big batch
-        loss_scaled = loss / accum
-        (scaler.scale(loss_scaled) if scaler is not None else loss_scaled).backward()
-        step_loss += loss.detach().float() / accum
-        tokens = tokens + n
-        samples += batch["input_ids"].shape[0]
-        widths.append((n, batch["input_ids"].shape[-1]))
-    scale = None
-    if scaler is not None and scaler.is_enabled():
-        # the scale this step used, as a tensor: get_scale() would wait for the device
-        scale = scaler._scale.clone() if isinstance(getattr(scaler, "_scale", None), torch.Tensor) \
-            else torch.tensor(scaler.get_scale())
-    grad_norm = None
-    if max_grad_norm is not None:
+    widths: list[tuple[int | torch.Tensor, int]] = []  # (real tokens, padded width T) per micro-batch
+    with spec.context(device):
+        for i, host in enumerate(micro):
+            n = _tokens(host)  # counted before the copy: no sync
+            batch = _to_device(host, device)
+            with grad_sync(model, sync=i == accum - 1):  # DDP's no_sync on all but the last micro-batch
+                loss = model(**batch).loss
+                if loss is None:
+                    raise ValueError("the model returned no loss: give the batches `labels`")
+                # average over micro-batches, so accumulation gives the gradient of one big batch
+                (scaler.scale(loss / accum) if scaler is not None else loss / accum).backward()
+            step_loss += loss.detach().float() / accum
+            tokens = tokens + n
+            widths.append((n, batch["input_ids"].shape[-1]))
+        scale = _scale_tensor(scaler)  # the scale this step used (compared after: skipped?)
+        grad_norm = None
+        if max_grad_norm is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         if scaler is not None:
-            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    if scaler is not None:
-        scaler.step(optimizer)  # skipped when an inf/NaN gradient was found
-        scaler.update()
-    else:
-        optimizer.step()
+            scaler.step(optimizer)  # skipped when an inf/NaN gradient was found
+            scaler.update()
+        else:
+            optimizer.step()
     if scheduler is not None:
         with warnings.catch_warnings():  # fp16: a skipped first step makes torch warn about the order
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             scheduler.step()
+    samples = sum(b["input_ids"].shape[0] for b in micro)
     return StepOutput(step_loss, tokens, samples, widths, grad_norm, scale)
+
+
+def _scale_tensor(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
+    """fp16: the scaler's current scale as a tensor (get_scale() would wait for the device); else None."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    scale = getattr(scaler, "_scale", None)  # torch keeps it on the device
+    return scale.clone() if isinstance(scale, torch.Tensor) else torch.tensor(scaler.get_scale())
 
 
 def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
                optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None,
-               precision: str = "fp32", device: torch.device | str | None = None,
+               spec: RunSpec | None = None, device: torch.device | str | None = None,
                max_grad_norm: float | None = 1.0, scheduler: Any = None) -> StepOutput:
     """One optimizer step, for a loop of your own: forward under autocast, backward (scaled for fp16),
-    clip, step, schedule (lessons 02, 03). `batch`: one batch dict, or a list of micro-batches whose
-    gradients are accumulated (averaged). The returned loss is a device tensor: read it when you log."""
+    clip, step, schedule, all inside `spec.context` (lessons 02, 03). `batch`: one batch dict, or a list
+    of micro-batches whose gradients are accumulated (averaged). The loss is a device tensor."""
     micro = [batch] if isinstance(batch, Mapping) else list(batch)
     if not micro:
         raise ValueError("train_step got an empty list of micro-batches")
+    spec = spec if spec is not None else RunSpec()
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    check_precision(precision, device)
+    spec.check(device)
     _check_max_grad_norm(max_grad_norm)
-    if precision == "fp16" and (scaler is None or not scaler.is_enabled()):
+    if spec.precision == "fp16" and (scaler is None or not scaler.is_enabled()):
         raise ValueError("fp16 needs a GradScaler, kept from step to step: "
                          "scaler = helpers.precision.make_scaler('fp16', device)")
-    return _step(model, micro, optimizer, scaler, precision, device, max_grad_norm, scheduler)
+    return _step(model, micro, optimizer, scaler, spec, device, max_grad_norm, scheduler)
 
 
 # --- the loop ---------------------------------------------------------------------------------------
 
-def _peak(device: torch.device, precision: str) -> tuple[float | None, str]:
-    """The peak FLOP/s MFU divides by: helpers' one choice (datasheet, else lesson 00's roofline)."""
-    from helpers.hardware import load_roofline, peak_flops
+class _Meter:
+    """What a run measures as it goes: step times (CUDA events, or the wall clock on a CPU), losses and
+    fp16 scales read back in one copy per log point, real tokens, useful FLOPs, peak memory."""
+
+    def __init__(self, model: nn.Module, device: torch.device, scaler: torch.amp.GradScaler | None,
+                 history: dict[str, list], track_memory: bool) -> None:
+        self.model, self.device, self.scaler, self.h = model, device, scaler, history
+        self.cuda, self.track_memory = device.type == "cuda", track_memory
+        self.step_times: list[float] = []
+        self.events: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of the steps not yet read back
+        self.pending: list[tuple[int, StepOutput]] = []  # steps whose loss has not been read back yet
+        self.timed: list[tuple[int | torch.Tensor, int]] = []  # (real tokens, width) of the timed batches
+        self.all: list[tuple[int | torch.Tensor, int]] = []  # ... and of every batch
+        self.samples, self.peak_memory, self.memory_method, self.t0 = 0, None, "", 0.0
+        if track_memory and self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def begin(self, lr: float) -> None:
+        """A step starts: its learning rate, and the clock (fetching the batches is part of the step)."""
+        self.h["lrs"].append(lr)  # a Python float: no sync
+        if self.cuda:
+            self.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self.events[-1][0].record()
+        self.t0 = time.perf_counter()
+
+    def memory(self, first: bool, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+        """On a CPU, the profiler's peak memory during the first step; nothing otherwise."""
+        from helpers.memory import tensor_bytes, track_peak_memory
+
+        if not (first and self.track_memory and not self.cuda and not torch.autograd._profiler_enabled()):
+            return contextlib.nullcontext()
+        return track_peak_memory(self.device, baseline_bytes=tensor_bytes(self.model, optimizer))
+
+    def end(self, step: int, out: StepOutput, first: bool, report: Any) -> None:
+        """A step is done: stop its clock, keep its outputs until the next read-back."""
+        if self.cuda:
+            self.events[-1][1].record()
+        else:
+            self.step_times.append(time.perf_counter() - self.t0)  # a CPU computes synchronously
+        if report is not None:
+            self.peak_memory, self.memory_method = report.peak_bytes, report.method
+        self.pending.append((step, out))
+        self.all += out.widths
+        if not first:  # the run's first step is warm-up: not timed
+            self.timed += out.widths
+            self.samples += out.samples
+
+    def read_back(self) -> None:
+        """Wait for the device once, then read the losses, scales and step times since the last time."""
+        if not self.pending:
+            return
+        if self.cuda:
+            self.events[-1][1].synchronize()
+            self.step_times.extend(a.elapsed_time(b) / 1e3 for a, b in self.events)
+            self.events.clear()
+        self.h["losses"].extend(torch.stack([out.loss for _, out in self.pending]).tolist())
+        if self.scaler is not None:
+            after = [out.scale for _, out in self.pending[1:]] + [_scale_tensor(self.scaler)]
+            for (step, out), new in zip(self.pending, after):
+                self.h["scales"].append(float(out.scale))
+                if float(new) < float(out.scale):  # the scaler halved its scale: the step was skipped
+                    self.h["skipped_steps"].append(step)
+        self.pending.clear()
+
+    def result(self, start: int, cfg: TrainConfig) -> TrainResult:
+        """The run's TrainResult: throughput of the timed steps, MFU through helpers.flops.mfu."""
+        from helpers.flops import mfu
+
+        if self.track_memory and self.cuda:
+            self.peak_memory = torch.cuda.max_memory_allocated(self.device)
+            self.memory_method = "torch.cuda.max_memory_allocated"
+        timed_s = sum(self.step_times[1:])
+        tokens = int(sum(n for n, _ in self.timed))
+        per_token, timed_flops = _useful_flops(self.model, self.all), _useful_flops(self.model, self.timed)
+        peak, source = ((cfg.peak_flops, "TrainConfig.peak_flops") if cfg.peak_flops
+                        else _peak(self.device) if per_token is not None else (None, ""))
+        ok = peak and timed_s > 0 and tokens > 0 and timed_flops is not None
+        return TrainResult(
+            losses=self.h["losses"], step_times_s=self.step_times,
+            tokens_per_s=tokens / timed_s if timed_s > 0 else None,
+            samples_per_s=self.samples / timed_s if timed_s > 0 else None,
+            mfu=mfu(tokens / timed_s, timed_flops / tokens, peak) if ok else None,
+            peak_memory_bytes=self.peak_memory, steps_done=max(start, cfg.steps),
+            resumed_from=self.h["resumed_from"], skipped_steps=self.h["skipped_steps"],
+            scales=self.h["scales"], lrs=self.h["lrs"], peak_flops=peak, peak_source=source,
+            flops_per_token=per_token / int(sum(n for n, _ in self.all)) if per_token else None,
+            memory_method=self.memory_method)
+
+
+def _useful_flops(model: nn.Module, widths: list[tuple[int | torch.Tensor, int]]) -> float | None:
+    """Real tokens × model FLOPs per token at each batch's width; None for a model helpers.flops cannot
+    read (lesson 07's MFU: padding is not useful work)."""
+    from helpers.flops import model_flops_per_token
+
+    per_width: dict[int, float] = {}
+    try:
+        for _, width in widths:
+            if width not in per_width:
+                per_width[width] = model_flops_per_token(unwrap_model(model), width)
+    except ValueError:
+        return None
+    return float(sum(int(n) * per_width[w] for n, w in widths))
+
+
+def _peak(device: torch.device) -> tuple[float | None, str]:
+    """The peak FLOP/s MFU divides by: helpers.hardware.mfu_peak, with lesson 00's saved roofline."""
+    from helpers.hardware import load_roofline, mfu_peak
 
     try:
         roofline = load_roofline()
     except Exception:  # a damaged or old roofline file: no measured fallback
         roofline = None
-    peak = peak_flops(device, precision, roofline=roofline)
+    peak = mfu_peak(device, roofline=roofline)
     return (peak.flops, peak.source) if peak is not None else (None, "no peak known for this device")
 
 
-class _Flops:
-    """Useful model FLOPs of the timed batches: real tokens × FLOPs per token at each batch's width."""
+def _resume(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any,
+            scheduler: Any) -> tuple[int, dict[str, Any]]:
+    """(first step, history): from the newest checkpoint in cfg.checkpoint_dir, else a fresh start."""
+    history: dict[str, Any] = {"losses": [], "skipped_steps": [], "scales": [], "lrs": [],
+                               "resumed_from": None}
+    folder = cfg.checkpoint_dir
+    state = (resume_latest(folder, model, optimizer, scaler=scaler, scheduler=scheduler)
+             if folder is not None and cfg.resume else None)
+    if state is None:
+        return 0, history
+    history.update({k: list(state["extra"].get(k, [])) for k in ("losses", "skipped_steps", "scales", "lrs")})
+    history["resumed_from"] = state["step"]
+    return state["step"], history
 
-    def __init__(self, model: nn.Module) -> None:
-        from helpers.flops import model_flops_per_token
 
-        self.per_token = model_flops_per_token
-        self.model, self.cache, self.known = unwrap_model(model), {}, True
-        self.timed: float | torch.Tensor = 0.0  # useful FLOPs of the steps after the first
-        self.all: float | torch.Tensor = 0.0  # and of every step, with their real tokens
-        self.all_tokens: int | torch.Tensor = 0
-
-    def add(self, widths: list[tuple[int | torch.Tensor, int]], timed: bool) -> None:
-        for real, width in widths:
-            if not self.known:
-                return
-            if width not in self.cache:
-                try:
-                    self.cache[width] = self.per_token(self.model, width)
-                except ValueError:  # a model whose sizes helpers.flops cannot read: no MFU
-                    self.known = False
-                    return
-            self.all = self.all + real * self.cache[width]
-            self.all_tokens = self.all_tokens + real
-            if timed:
-                self.timed = self.timed + real * self.cache[width]
+def _check(model: nn.Module, cfg: TrainConfig, spec: RunSpec | None, device: Any,
+           scheduler: Any) -> tuple[RunSpec, torch.device]:
+    """ValueError for a wrong argument of `train`; (spec, device) with their defaults filled in."""
+    if not isinstance(cfg, TrainConfig):
+        raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    if spec is not None and not isinstance(spec, RunSpec):
+        raise ValueError(f"spec must be a helpers.runspec.RunSpec, got {type(spec).__name__}")
+    if scheduler is not None and (cfg.lr_schedule != "constant" or cfg.warmup):
+        raise ValueError("give either a scheduler or cfg.lr_schedule/warm-up, not both")
+    spec = spec if spec is not None else RunSpec()
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    spec.check(device)
+    return spec, device
 
 
 def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device | str | None = None, *,
-          optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+          spec: RunSpec | None = None, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
           on_step: Callable[[int, StepOutput], Any] | None = None) -> TrainResult:
-    """Train `model` for `cfg.steps` optimizer steps on `batches` (see the module docstring) (lessons 02-07).
+    """Train `model` for `cfg.steps` optimizer steps on `batches` with the switches of `spec` (default
+    `RunSpec()`, fp32) (see the module docstring) (lessons 02-07).
 
-    `optimizer`: yours instead of `make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adamw)`;
+    `optimizer`: yours instead of `make_optimizer(model, cfg.lr, cfg.weight_decay, spec.fused_adamw)`;
     `scheduler`: yours instead of `make_lr_scheduler` from cfg (stepped once per optimizer step);
-    `on_step(steps_done, StepOutput)`: called after every step, e.g. to validate every K steps (its
-    tensors are on the device: reading one waits for it)."""
+    `on_step(steps_done, StepOutput)`: called after every step (its tensors are on the device)."""
     from tqdm.auto import tqdm
 
-    from helpers.memory import tensor_bytes, track_peak_memory
-
-    if not isinstance(cfg, TrainConfig):
-        raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
-    if scheduler is not None and (cfg.lr_schedule != "constant" or cfg.warmup):
-        raise ValueError("give either a scheduler or cfg.lr_schedule/warm-up, not both")
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    check_precision(cfg.precision, device)
+    spec, device = _check(model, cfg, spec, device, scheduler)
     seed_everything(cfg.seed)
     model.to(device).train()
     set_activation_checkpointing(unwrap_model(model), cfg.activation_checkpointing)
     if optimizer is None:
-        optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_adamw)
+        optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, spec.fused_adamw)
     if scheduler is None:
         scheduler = make_lr_scheduler(optimizer, cfg.steps, cfg.lr_schedule, cfg.warmup)
-    scaler = make_scaler(cfg.precision, device, cfg.init_scale)
-    use_scaler = scaler if scaler.is_enabled() else None
-
-    start, losses, skipped, scales, lrs, resumed_from = 0, [], [], [], [], None
-    folder = cfg.checkpoint_dir
-    state = (resume_latest(folder, model, optimizer, scaler=scaler, scheduler=scheduler)
-             if folder is not None and cfg.resume else None)
-    if state is not None:
-        start = resumed_from = state["step"]
-        extra = state["extra"]
-        losses, skipped = list(extra.get("losses", [])), list(extra.get("skipped_steps", []))
-        scales, lrs = list(extra.get("scales", [])), list(extra.get("lrs", []))
-
+    scaler = make_scaler(spec.precision, device, cfg.init_scale)
+    start, history = _resume(cfg, model, optimizer, scaler, scheduler)
     source = _micro_batches(batches, start, cfg.grad_accum)
-    cuda = device.type == "cuda"
-    step_times: list[float] = []
-    events: list[tuple[Any, Any]] = []  # CUDA: (start, end) events of the steps not yet read back
-    pending: list[tuple[int, StepOutput]] = []  # steps whose loss has not been read back yet
-    tokens: int | torch.Tensor = 0  # counted after the first step of this call (warm-up)
-    samples = 0
-    flops = _Flops(model)
-    peak_memory: int | None = None
-    memory_method = ""
-    if cfg.track_memory and cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-
-    def read_back() -> None:
-        """Wait for the device once, then read the losses, scales and step times since the last time."""
-        if not pending:
-            return
-        if cuda:
-            events[-1][1].synchronize()
-            step_times.extend(a.elapsed_time(b) / 1e3 for a, b in events)
-            events.clear()
-        losses.extend(torch.stack([out.loss for _, out in pending]).tolist())
-        if use_scaler is not None:
-            after = [out.scale for _, out in pending[1:]] + [scaler._scale if isinstance(
-                getattr(scaler, "_scale", None), torch.Tensor) else torch.tensor(scaler.get_scale())]
-            for (step, out), new in zip(pending, after):
-                used = float(out.scale)
-                scales.append(used)
-                if float(new) < used:
-                    skipped.append(step)
-        pending.clear()
-
-    bar = tqdm(range(start, cfg.steps), desc=f"train {cfg.precision}", disable=not cfg.progress,
+    meter = _Meter(model, device, scaler if scaler.is_enabled() else None, history, cfg.track_memory)
+    bar = tqdm(range(start, cfg.steps), desc=f"train {spec.precision}", disable=not cfg.progress,
                initial=start, total=cfg.steps)
-    with tf32_matmuls(uses_tf32(cfg.precision) and cuda):
-        for step in bar:
-            first = step == start
-            profile_cpu = first and cfg.track_memory and not cuda and not torch.autograd._profiler_enabled()
-            tracker = (track_peak_memory(device, baseline_bytes=tensor_bytes(model, optimizer))
-                       if profile_cpu else contextlib.nullcontext())
-            lrs.append(optimizer.param_groups[0]["lr"])  # a Python float: no sync
-            if cuda:
-                events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-                events[-1][0].record()
-            t0 = time.perf_counter()
-            micro = [next(source) for _ in range(cfg.grad_accum)]  # fetching is part of the step's time
-            with tracker as report:
-                out = _step(model, micro, optimizer, use_scaler, cfg.precision, device, cfg.max_grad_norm,
-                            scheduler)
-            if cuda:
-                events[-1][1].record()
-            else:
-                step_times.append(time.perf_counter() - t0)  # a CPU computes synchronously
-            if profile_cpu:
-                peak_memory, memory_method = report.peak_bytes, report.method
-            pending.append((step, out))
-            flops.add(out.widths, timed=not first)
-            if not first:
-                tokens = tokens + out.tokens
-                samples += out.samples
-            done = step + 1
-            save = folder is not None and is_due(done, cfg.checkpoint_every, cfg.steps)
-            if save or done % cfg.log_every == 0 or done == cfg.steps:
-                read_back()
-                if cfg.progress:
-                    bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            if save:  # under DDP rank 0 writes, and the others wait until it is on disk
-                save_step(folder, done, model, optimizer, scaler=scaler, scheduler=scheduler,
-                          keep=cfg.keep_checkpoints,
-                          extra={"losses": losses, "skipped_steps": skipped, "scales": scales, "lrs": lrs})
-            if on_step is not None:
-                on_step(done, out)
-        read_back()
+    for step in bar:
+        meter.begin(optimizer.param_groups[0]["lr"])
+        micro = [next(source) for _ in range(cfg.grad_accum)]  # fetching is part of the step's time
+        with meter.memory(step == start, optimizer) as report:
+            out = _step(model, micro, optimizer, meter.scaler, spec, device, cfg.max_grad_norm, scheduler)
+        meter.end(step, out, first=step == start, report=report)
+        done = step + 1
+        save = cfg.checkpoint_dir is not None and is_due(done, cfg.checkpoint_every, cfg.steps)
+        if save or done % cfg.log_every == 0 or done == cfg.steps:
+            meter.read_back()  # the one wait for the device between log points
+            bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
+        if save:  # under DDP rank 0 writes, and the others wait until it is on disk
+            extra = {k: history[k] for k in ("losses", "skipped_steps", "scales", "lrs")}
+            save_step(cfg.checkpoint_dir, done, model, optimizer, scaler=scaler, scheduler=scheduler,
+                      keep=cfg.keep_checkpoints, extra=extra)
+        if on_step is not None:
+            on_step(done, out)
+    meter.read_back()
     bar.close()
-    if cfg.track_memory and cuda:
-        peak_memory = torch.cuda.max_memory_allocated(device)
-        memory_method = "torch.cuda.max_memory_allocated"
-
-    timed = sum(step_times[1:])
-    tokens = int(tokens)
-    tokens_per_s = tokens / timed if timed > 0 else None
-    samples_per_s = samples / timed if timed > 0 else None
-    peak, peak_source = (cfg.peak_flops, "TrainConfig.peak_flops") if cfg.peak_flops else (None, "")
-    per_token = mfu = None
-    if flops.known and int(flops.all_tokens) > 0:
-        per_token = float(flops.all) / int(flops.all_tokens)  # token-weighted over the batch widths
-        if not peak:
-            peak, peak_source = _peak(device, cfg.precision)
-        mfu = float(flops.timed) / timed / peak if peak and timed > 0 and tokens > 0 else None
-    return TrainResult(losses=losses, step_times_s=step_times, tokens_per_s=tokens_per_s,
-                       samples_per_s=samples_per_s, mfu=mfu, peak_memory_bytes=peak_memory,
-                       steps_done=max(start, cfg.steps), resumed_from=resumed_from, skipped_steps=skipped,
-                       scales=scales, lrs=lrs, flops_per_token=per_token, peak_flops=peak,
-                       peak_source=peak_source, memory_method=memory_method)
+    return meter.result(start, cfg)
 
 
 # --- evaluation -------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, precision: str = "fp32",
+def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, spec: RunSpec | None = None,
              device: torch.device | str | None = None,
              pad_token_id: int = 0) -> tuple[float, list[int], list[int]]:
     """(accuracy, predictions, labels) of a sequence classifier over a tokenised dataset
-    (`helpers.data.tokenize`), in batches sorted by length (less padding) (lesson 07)."""
+    (`helpers.data.tokenize`), in batches sorted by length (less padding), under `spec.context`
+    (lesson 07)."""
     from helpers.data import PadCollate  # the data layer: imported here, where it is used
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    spec = spec if spec is not None else RunSpec()
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    cast = precision if precision in ("fp16", "bf16") else "fp32"  # autocast for the mixed precisions
     was_training = model.training
     model.eval()
     collate = PadCollate(pad_token_id)
     order = sorted(range(len(dataset)), key=lambda i: dataset.lengths[i])
     preds = [0] * len(dataset)
-    with tf32_matmuls(uses_tf32(precision) and device.type == "cuda"):
+    with spec.context(device):
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             batch = _to_device(collate([dataset[i] for i in idx]), device)
-            with autocast_context(cast, device):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             for i, p in zip(idx, logits.argmax(-1).tolist()):
                 preds[i] = p
     model.train(was_training)

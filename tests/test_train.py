@@ -12,6 +12,7 @@ from torch import nn
 from helpers.checkpoint import latest_checkpoint
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.precision import autocast_context, check_precision
+from helpers.runspec import RunSpec
 from helpers.train import (
     TrainConfig,
     count_tokens,
@@ -105,7 +106,8 @@ def test_fp16_gradscaler_skips_a_step_whose_gradients_overflow():
         return {"input_ids": torch.randn(4, 8, generator=g), "labels": torch.randn(4, 8, generator=g),
                 "boost": 1e8 if step == 2 else 1.0}  # step 2: the scaled fp16 gradient is inf
 
-    result = train(model, batch_fn, quiet(steps=5, precision="fp16", max_grad_norm=1.0), device="cpu")
+    result = train(model, batch_fn, quiet(steps=5, max_grad_norm=1.0), device="cpu",
+                   spec=RunSpec(precision="fp16"))
     assert result.skipped_steps == [2]
     assert torch.equal(seen[2], seen[3])  # step 2 left the weights alone
     assert not torch.equal(seen[1], seen[2]) and not torch.equal(seen[3], seen[4])  # the others updated
@@ -155,8 +157,8 @@ def test_count_tokens_uses_the_attention_mask():
 
 
 def test_bad_input_is_explained():
-    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
-        TrainConfig(steps=1, precision="fp8")
+    with pytest.raises(ValueError, match="precision='fp8'.*fp8=True"):
+        RunSpec(precision="fp8")
     with pytest.raises(ValueError, match="unknown precision"):
         autocast_context("half", "cpu")
     with pytest.raises(ValueError, match="checkpoint_dir"):
@@ -311,7 +313,7 @@ def test_train_step_in_a_loop_of_your_own_matches_train():
     assert [float(o.loss) for o in outs] == expected
     assert all(o.samples == 2 * BATCH and o.tokens == 2 * BATCH * SEQ for o in outs)
     with pytest.raises(ValueError, match="GradScaler"):
-        train_step(model, batch_fn(0, 0), opt, precision="fp16")
+        train_step(model, batch_fn(0, 0), opt, spec=RunSpec(precision="fp16"))
 
 
 def test_tokens_are_counted_on_the_host_before_the_model_runs():
