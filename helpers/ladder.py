@@ -1,9 +1,9 @@
 """The speed ladder of lesson 07 and `benchmarks/ladder.py`: rungs, the checks before timing, timed
 passes, and the greedy selection of the stack that pays on this machine.
 
-A *stack* (`Stack`) is the full set of switches one training run uses; a *rung* (`Rung`) changes one
-switch. The ladder starts from `BASELINE` (fp32, eager attention, no compile, the default AdamW, every
-batch padded to the longest sequence allowed) and climbs `RUNGS` in order:
+A *stack* is the full set of switches one training run uses: a `helpers.runspec.RunSpec`; a *rung*
+(`Rung`) changes one of its fields. The ladder starts from `BASELINE` (fp32, eager attention, no compile,
+the default AdamW, every batch padded to the longest sequence allowed) and climbs `RUNGS` in order:
 
     + TF32 -> + bf16 autocast -> + SDPA -> + torch.compile -> + fused AdamW -> + dynamic padding
     -> + packing (helpers.packing) -> + FP8 (helpers.fp8; GPUs of compute capability 8.9+ only)
@@ -13,14 +13,14 @@ Two ways to climb (`climb`):
 - cumulative: every rung is added to the stack below it, whatever it measured;
 - greedy: each rung is added to the *best stack so far* and kept only when it is faster beyond the
   measured spread (`keeps`): median speed ratio > 1 + the larger relative IQR (IQR / median) of the two
-  arms. What survives is "your stack" for this machine, printed as the switches to use (`Stack.code`).
+  arms. What survives is "your stack" for this machine, printed as the code to use (`RunSpec.describe`).
 
 The candidate and the stack it is added to are timed in alternation (`helpers.timing.time_interleaved`),
 so a change in the machine's load falls on both arms alike. Before a stack is timed it is checked against
 the stack it adds to (`measure_stack`), from the same weights on the same samples: logits and loss of one
-forward pass within the tolerance of the looser precision of the two (`TOLERANCES`), each pass run with its
-own precision (TF32 switched on for tf32 and every later precision: `helpers.precision.uses_tf32`, as in
-training); the fused-AdamW rung also checks
+forward pass within the tolerance of the looser precision of the two (`TOLERANCES`), each pass run in its
+own spec's context (`RunSpec.context`: TF32 on for tf32 and every later precision, as in training; the
+timed passes run forward, backward and optimizer step inside it); the fused-AdamW rung also checks
 one optimizer step's updates against the unfused step on identical gradients (`optimizer_step_agreement`).
 A stack that disagrees is not timed and not kept (`RungDisagrees`); a rung the device cannot run (FP8
 below compute capability 8.9) is skipped with its one-line reason.
@@ -35,69 +35,26 @@ pretrained model and the real tokens.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from helpers.runspec import RunSpec
 from helpers.timing import Timing, synchronize, time_interleaved, time_passes
 
-__all__ = ["Stack", "Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
+__all__ = ["Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
            "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
-           "keeps", "climb", "RungDisagrees", "apply_stack", "forward",
-           "measure_stack", "climb_stacks", "peak_for", "sample_batches", "corpus_lengths", "bert_config",
-           "explain", "run_ladder", "ladder_rows", "ladder_table", "to_markdown"]
+           "keeps", "climb", "RungDisagrees", "precision_of", "measure_stack", "climb_stacks",
+           "sample_batches", "corpus_lengths", "bert_config", "explain", "run_ladder", "ladder_rows",
+           "ladder_table", "to_markdown"]
 
 PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp8")  # later = looser tolerance
-PADDINGS = ("fixed", "bucketed", "packed")  # to seq | to each batch's longest, length buckets | packed rows
-ATTNS = ("eager", "sdpa")
-
-
-@dataclass(frozen=True)
-class Stack:
-    """The switches of one training run (lesson 07): what each rung of the ladder changes."""
-
-    precision: str = "fp32"  # "fp32" | "tf32" | "bf16" (autocast); TF32 stays on after "tf32"
-    fp8: bool = False  # FP8 matmuls in the Linear layers (helpers.fp8), under the stack's autocast
-    attn: str = "eager"  # "eager" (materialised softmax) | "sdpa" (F.scaled_dot_product_attention)
-    compile: bool = False  # torch.compile each Transformer layer (regional compilation, lesson 04)
-    fused_adamw: bool = False  # one fused AdamW kernel instead of the default implementation
-    padding: str = "fixed"  # "fixed" (to seq) | "bucketed" (length buckets, to the longest) | "packed"
-
-    def __post_init__(self) -> None:
-        bad = {"precision": (self.precision, PRECISION_ORDER[:3]), "attn": (self.attn, ATTNS),
-               "padding": (self.padding, PADDINGS)}
-        for name, (value, allowed) in bad.items():
-            if value not in allowed:
-                raise ValueError(f"Stack.{name}={value!r}: use one of {allowed}")
-
-    def with_(self, rung: Rung) -> Stack:
-        """This stack with `rung`'s switch set (lesson 07)."""
-        return dataclasses.replace(self, **{rung.switch: rung.value})
-
-    def code(self) -> str:
-        """The switches as code to paste: TrainConfig, attention, compile, batching (lesson 07)."""
-        lines = [f"TrainConfig(..., precision={self.precision!r}, fused_adamw={self.fused_adamw}, "
-                 "lr_schedule='linear')",
-                 f"load_bert(..., attn_implementation={self.attn!r})"]
-        if self.fp8:
-            lines.append("model = convert_to_float8(model)  # helpers.fp8, under bf16 autocast")
-        if self.compile:
-            lines.append("for layer in model.base_model.encoder.layer: layer.compile()  # regional compile")
-        if self.padding == "packed":
-            lines.append("DataLoader(..., collate_fn=PackCollate(MAX_LENGTH, pad_id)); PackedModel(model)")
-        else:
-            pad = ("padding='bucketed'" if self.padding == "bucketed"
-                   else "padding='fixed', fixed_length=MAX_LENGTH")
-            lines.append(f"make_dataloader(..., {pad})")
-        return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -105,16 +62,21 @@ class Rung:
     """One rung: the switch it changes, to what, and what is commonly claimed for it (lesson 07)."""
 
     name: str
-    switch: str  # a field of Stack
+    switch: str  # a field of RunSpec
     value: Any
     claim: str
 
     def __post_init__(self) -> None:
-        if self.switch not in {f.name for f in dataclasses.fields(Stack)}:
-            raise ValueError(f"Rung {self.name!r} changes {self.switch!r}, which is not a Stack switch")
+        if self.switch not in {f.name for f in dataclasses.fields(RunSpec)}:
+            raise ValueError(f"Rung {self.name!r} changes {self.switch!r}, which is not a RunSpec switch")
+
+    def on(self, spec: RunSpec) -> RunSpec:
+        """`spec` with this rung's switch set: the spec change the rung is (lesson 07)."""
+        return spec.replace(**{self.switch: self.value})
 
 
-BASELINE = Stack()
+# fp32, eager attention, no compile, the default (unfused) AdamW, every batch padded to the longest allowed
+BASELINE = RunSpec(precision="fp32", attn="eager", compile=False, fused_adamw=False, padding="fixed")
 RUNGS: tuple[Rung, ...] = (
     Rung("+ TF32", "precision", "tf32", "up to ~2-3x on fp32 matmuls (Ampere+ GPUs)"),
     Rung("+ bf16 autocast", "precision", "bf16", "1.5-2.3x, ~40 % less memory (docs/claims.md#c2)"),
@@ -234,7 +196,7 @@ class RungDisagrees(AssertionError):
 class Arm:
     """One measured stack: its timing, the outputs later stacks are checked against, and a row of numbers."""
 
-    stack: Stack
+    stack: RunSpec
     timing: Timing
     reference: Any = None  # what `measure_stack` compares the next stack with (logits, loss, precision)
     row: dict[str, Any] = field(default_factory=dict)
@@ -246,17 +208,17 @@ class Step:
     """One rung of a climb: the stack measured, its arm, and the decision against the stack below it."""
 
     rung: Rung
-    stack: Stack
+    stack: RunSpec
     arm: Arm | None  # None: not measured (see `note`)
-    base: Stack  # the stack it was added to
+    base: RunSpec  # the stack it was added to
     decision: Decision | None
     note: str = ""  # why it was not measured: time budget, the device cannot run it, failed its check
 
 
-def climb(rungs: Sequence[Rung], measure: Callable[[Stack, Arm | None], Arm], *, greedy: bool = False,
-          baseline: Stack = BASELINE, time_budget_s: float | None = None,
+def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], *, greedy: bool = False,
+          baseline: RunSpec = BASELINE, time_budget_s: float | None = None,
           skip: Callable[[Rung], str | None] | None = None,
-          log: Callable[[str], None] = print) -> tuple[Arm, list[Step], Stack]:
+          log: Callable[[str], None] = print) -> tuple[Arm, list[Step], RunSpec]:
     """Measure the baseline, then each rung added to the stack below it (cumulative) or to the best stack
     so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 07).
 
@@ -270,7 +232,7 @@ def climb(rungs: Sequence[Rung], measure: Callable[[Stack, Arm | None], Arm], *,
     best = below = base_arm
     steps: list[Step] = []
     for rung in rungs:
-        stack = (best if greedy else below).stack.with_(rung)
+        stack = rung.on((best if greedy else below).stack)
         ref = best if greedy else below
         if stack == ref.stack:
             log(f"{rung.name}: already in the stack, nothing to measure")
@@ -305,61 +267,26 @@ def climb(rungs: Sequence[Rung], measure: Callable[[Stack, Arm | None], Arm], *,
 # --- measuring a stack ----------------------------------------------------------------------------------
 
 def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
-    """A row's throughput and MFU from a pass timing and the pass's counts."""
-    t = timing.median_s
-    peak = row.get("peak_flops_used")
+    """A row's throughput and MFU (helpers.flops.mfu) from a pass timing and the pass's counts."""
+    from helpers.flops import mfu
+
+    t, peak, tokens = timing.median_s, row.get("peak_flops_used"), row["real_tokens_per_pass"]
     return dict(pass_median_s=t, pass_iqr_s=timing.iqr_s, passes=timing.runs,
-                samples_per_s=row["documents_per_pass"] / t, tokens_per_s=row["real_tokens_per_pass"] / t,
+                samples_per_s=row["documents_per_pass"] / t, tokens_per_s=tokens / t,
                 useful_flops_per_s=row["useful_flops_per_pass"] / t,
-                mfu=row["useful_flops_per_pass"] / t / peak if peak else None)
+                mfu=mfu(tokens / t, row["useful_flops_per_pass"] / tokens, peak) if peak and tokens else None)
 
 
-@contextlib.contextmanager
-def _precision(precision: str, device: torch.device) -> Iterator[None]:
-    """TF32 on for tf32 and every later precision, autocast for the 16-bit ones (helpers.precision)."""
-    from helpers.precision import autocast_context, tf32_matmuls, uses_tf32
-
-    with tf32_matmuls(uses_tf32(precision)), autocast_context(precision, device):
-        yield
-
-
-def apply_stack(model: nn.Module, stack: Stack) -> nn.Module:
-    """`model` with the stack's attention implementation, FP8 linears, compiled layers and packed forward,
-    as asked; the result is what trains (its parameters are `model`'s) (lesson 07)."""
-    model.set_attn_implementation(stack.attn)
-    if stack.fp8:
-        from helpers.fp8 import convert_to_float8
-
-        convert_to_float8(model)
-    if stack.compile:
-        layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
-        if layers is None:
-            model = torch.compile(model)
-        else:
-            for layer in layers:  # regional compilation: the layers share one graph, compiled once
-                layer.compile()
-    if stack.padding == "packed":
-        from helpers.packing import PackedModel
-
-        model = PackedModel(model)
-    return model
-
-
-def forward(model: nn.Module, batch: Mapping[str, torch.Tensor], precision: str, device: torch.device):
-    """The model's output on `batch` under `precision` (TF32 and autocast as in training) (lesson 07)."""
-    with _precision("bf16" if precision == "fp8" else precision, device):  # FP8 linears run under bf16
-        return model(**batch)
-
-
-def _precision_of(stack: Stack) -> str:
-    return "fp8" if stack.fp8 else stack.precision
+def precision_of(spec: RunSpec) -> str:
+    """The precision whose tolerance a spec's outputs are checked with: "fp8" when it uses FP8 (lesson 07)."""
+    return "fp8" if spec.fp8 else spec.precision
 
 
 def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def measure_stack(stack: Stack, reference: Arm | None, *, make_model: Callable[[], nn.Module],
+def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable[[], nn.Module],
                   batches: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
                   check: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device, lr: float = 5e-5,
                   repeats: int = 5, peak_flops: float | None = None) -> Arm:
@@ -371,17 +298,18 @@ def measure_stack(stack: Stack, reference: Arm | None, *, make_model: Callable[[
     from helpers.train import make_optimizer
 
     model = make_model()
-    run = apply_stack(model, stack)
+    run = stack.apply(model)
     run.train()
     row: dict[str, Any] = {}
     # 1. agreement with the reference: one forward pass (the first call also compiles, when asked)
     cb = _to(check[stack.padding], device)
     t0 = time.perf_counter()
-    out = forward(run, cb, _precision_of(stack), device)
+    with stack.context(device):
+        out = run(**cb)
     synchronize(device)
     row["first_call_s"] = time.perf_counter() - t0
     logits, loss = out.logits.detach().float().cpu(), out.loss.detach().float().cpu().reshape(1)
-    precision = _precision_of(stack)
+    precision = precision_of(stack)
     if reference is not None:
         ref_logits, ref_loss, ref_precision = reference.reference
         tol = looser(precision, ref_precision)
@@ -403,10 +331,11 @@ def measure_stack(stack: Stack, reference: Arm | None, *, make_model: Callable[[
     dev_batches = [_to(b, device) for b in batches[stack.padding]]
 
     def one_pass() -> None:
-        for b in dev_batches:
-            forward(run, b, precision, device).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        with stack.context(device):  # forward, backward and step: TF32 and autocast as in training
+            for b in dev_batches:
+                run(**b).loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -466,14 +395,11 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
                    check_size: int | None = None
                    ) -> tuple[dict[str, list[dict[str, torch.Tensor]]], dict[str, dict[str, torch.Tensor]]]:
     """(batches, check): the same `batch_size * n_batches` samples batched as each padding does,
-    {"fixed": [...], "bucketed": [...]} (helpers.data's make_dataloader), and the first `check_size` of them
-    (default: `batch_size`) as one batch per padding, in the same order, for the agreement checks; "packed"
-    batches hold the same documents per batch as the others, packed into rows (helpers.packing). Token ids are
-    random of the given lengths unless `token_ids` are given (benchmark and lesson 07)."""
-    from torch.utils.data import DataLoader
-
-    from helpers.data import PadCollate, TokenizedDataset, make_dataloader
-    from helpers.packing import PackCollate
+    {"fixed": [...], "bucketed": [...], "packed": [...]} (`RunSpec.dataloader`; packed batches hold the same
+    documents per batch as the others, packed into rows), and the first `check_size` of them (default:
+    `batch_size`) as one batch per padding, in the same order, for the agreement checks. Token ids are random
+    of the given lengths unless `token_ids` are given (benchmark and lesson 07)."""
+    from helpers.data import TokenizedDataset
 
     need = batch_size * n_batches
     if min(batch_size, n_batches, seq_len) < 1:
@@ -493,103 +419,83 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
             ids.append(torch.randint(1000, vocab, (n,), generator=tg).tolist())
         ys.append(int(labels[i]) if labels is not None else i % n_classes)
     ds = TokenizedDataset(ids, ys)
-    batches = {padding: list(make_dataloader(ds, batch_size, padding=padding, pad_token_id=pad_token_id,
-                                             fixed_length=seq_len, shuffle=True, seed=seed))
-               for padding in ("fixed", "bucketed")}
-    pack = PackCollate(seq_len, pad_token_id)  # the same documents per batch, packed into fewer rows
-    batches["packed"] = list(DataLoader(ds, batch_size=batch_size, shuffle=True, collate_fn=pack,
-                                        generator=torch.Generator().manual_seed(seed)))
-    items = [ds[i] for i in range(min(check_size or batch_size, len(ds)))]
-    check = {"fixed": PadCollate(pad_token_id, seq_len)(items), "bucketed": PadCollate(pad_token_id)(items),
-             "packed": pack(items)}
+    paddings = ("fixed", "bucketed", "packed")
+    loaders = {p: RunSpec(padding=p).dataloader(ds, batch_size, pad_token_id=pad_token_id, max_length=seq_len,
+                                                shuffle=True, seed=seed, device="cpu") for p in paddings}
+    batches = {p: list(loader) for p, loader in loaders.items()}
+    first = TokenizedDataset(ids[:check_size or batch_size], ys[:check_size or batch_size])
+    # one batch in dataset order: "bucketed" checks as dynamic padding (buckets would reorder the samples)
+    check = {p: next(iter(RunSpec(padding="dynamic" if p == "bucketed" else p).dataloader(
+        first, len(first), pad_token_id=pad_token_id, max_length=seq_len, shuffle=False, device="cpu")))
+        for p in paddings}
     return batches, check
 
 
-def peak_for(device: torch.device) -> tuple[float | None, str]:
-    """The one peak MFU is computed against for every stack: the device's fastest dense rate among the
-    ladder's precisions (FP8 aside): a GPU's datasheet bf16 peak; on a CPU, the faster of the fp32 and bf16
-    matmul rooflines measured now (same threads, same load) (lesson 07, helpers.hardware.peak_flops)."""
-    from helpers.hardware import peak_flops
-
-    if device.type == "cpu":
-        measured = (peak_flops(device, "fp32", measure=True), peak_flops(device, "bf16", measure=True))
-        found = [p for p in measured if p is not None]
-        peak = max(found, key=lambda p: p.flops) if found else None
-    else:
-        peak = peak_flops(device, "bf16", measure=True)
-    if peak is None:
-        return None, "no peak known"
-    return peak.flops, f"{peak.precision} peak ({peak.source}), {peak.flops / 1e12:.3g} TFLOP/s"
+def _peak_line(peak: Any) -> str:
+    return f"{peak.precision} peak ({peak.source}), {peak.flops / 1e12:.3g} TFLOP/s"
 
 
-def _facts(device: torch.device) -> dict[str, Any]:
-    if device.type == "cuda":
-        cap = torch.cuda.get_device_capability(device)
-        return {"type": "cuda", "cap": cap, "name": torch.cuda.get_device_name(device)}
-    flags: set[str] = set()
-    with contextlib.suppress(OSError):  # Linux lists the CPU's instruction sets; elsewhere: unknown
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        flags = {w for line in lines if line.startswith("flags") for w in line.split()}
-    amx, avx512_bf16 = "amx_bf16" in flags, "avx512_bf16" in flags
-    return {"type": device.type, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "amx": amx,
-            "avx512_bf16": avx512_bf16}
+def _why_precision(rung: Rung, f: Mapping[str, Any]) -> str:
+    gpu, cap = f["type"] == "cuda", f.get("cap", (0, 0))
+    if rung.value == "tf32":
+        if gpu and cap >= (8, 0):
+            return "fp32 matmuls ran on TF32 tensor cores"
+        if gpu:
+            return (f"{f['name']} (compute capability {cap[0]}.{cap[1]}) has no TF32 units: the same fp32 "
+                    "math ran")
+        return "a CPU has no TF32 units: the same fp32 math ran"
+    if gpu:
+        return ("matmuls on bf16 tensor cores, half the bytes moved" if cap >= (8, 0)
+                else "this GPU has no bf16 tensor cores (compute capability < 8.0)")
+    if f.get("amx"):
+        return f"this CPU has AMX bf16 tile units ({f['cpu_capability']})"
+    if f.get("avx512_bf16"):
+        return ("this CPU has AVX512-BF16 dot-product instructions (no AMX): bf16 matmuls can beat fp32, "
+                "while the casts around them cost")
+    return (f"this CPU ({f['cpu_capability']}, no AMX) has no bf16 matmul units: any gain comes from "
+            "moving half the bytes, and the conversions cost")
+
+
+def _why_padding(rung: Rung, padded_removed: float | None, padded_left: float | None) -> str:
+    before = ("" if padded_removed is None
+              else f"; {100 * padded_removed:.0f} % of the fixed-width positions were padding")
+    after = "" if padded_left is None else f", {100 * padded_left:.0f} % here"
+    return ("documents packed into rows, kept apart by a document mask; a row's tail that no whole "
+            "document fits stays padding" if rung.value == "packed"
+            else "batches of similar length, each padded to its longest") + before + after
+
+
+def _verdict(decision: Decision) -> str:
+    if decision.keep:
+        return "faster beyond the noise: it pays here"
+    if decision.ratio > 1:
+        return f"faster by less than the noise (needs > {decision.threshold:.2f}x): not shown to pay here"
+    return "not faster here"
 
 
 def explain(rung: Rung, decision: Decision, device: torch.device, *,
             padded_removed: float | None = None, padded_left: float | None = None) -> str:
     """Why a rung measured what it did (its speed ratio and the rule's verdict) on the device that ran it:
-    the reasons come from that device's facts, not from a text written for a CPU (lesson 07)."""
-    f = _facts(device)
+    the reasons come from that device's facts (`helpers.hardware.device_facts`), not from a text written
+    for a CPU (lesson 07)."""
+    from helpers.hardware import device_facts
+
+    f = device_facts(device)
     gpu = f["type"] == "cuda"
-    ratio = decision.ratio
-    if decision.keep:
-        verdict = "faster beyond the noise: it pays here"
-    elif ratio > 1:
-        verdict = f"faster by less than the noise (needs > {decision.threshold:.2f}x): not shown to pay here"
-    else:
-        verdict = "not faster here"
-    faster = ratio > 1
-    if rung.switch == "precision" and rung.value == "tf32":
-        if gpu and f["cap"] >= (8, 0):
-            why = "fp32 matmuls ran on TF32 tensor cores"
-        elif gpu:
-            cap = f"{f['cap'][0]}.{f['cap'][1]}"
-            why = f"{f['name']} (compute capability {cap}) has no TF32 units: the same fp32 math ran"
-        else:
-            why = "a CPU has no TF32 units: the same fp32 math ran"
-    elif rung.switch == "precision" and rung.value == "bf16":
-        if gpu and f["cap"] >= (8, 0):
-            why = "matmuls on bf16 tensor cores, half the bytes moved"
-        elif gpu:
-            why = "this GPU has no bf16 tensor cores (compute capability < 8.0)"
-        elif f.get("amx"):
-            why = f"this CPU has AMX bf16 tile units ({f['cpu_capability']})"
-        elif f.get("avx512_bf16"):
-            why = ("this CPU has AVX512-BF16 dot-product instructions (no AMX): bf16 matmuls can beat fp32, "
-                   "while the casts around them cost")
-        else:
-            why = (f"this CPU ({f['cpu_capability']}, no AMX) has no bf16 matmul units: any gain comes from "
-                   "moving half the bytes, and the conversions cost")
-    elif rung.switch == "attn":
-        why = "one fused attention kernel, the T×T matrix never stored; attention's share grows with length"
-    elif rung.switch == "compile":
-        why = ("Inductor fuses the elementwise work between the matmuls" if gpu else
-               "Inductor's CPU kernels against eager kernels that are already fused well")
-    elif rung.switch == "fused_adamw":
-        why = "one kernel updates every parameter; the optimizer's share of a step is larger for small models"
-    elif rung.switch == "fp8":
-        why = ("FP8 tensor cores ran the Linear layers' matmuls" if faster else
-               "the casts and scales around each FP8 matmul cost what FP8 saved (compile fuses them)")
-    elif rung.switch == "padding":
-        before = ("" if padded_removed is None
-                  else f"; {100 * padded_removed:.0f} % of the fixed-width positions were padding")
-        after = "" if padded_left is None else f", {100 * padded_left:.0f} % here"
-        why = ("documents packed into rows, kept apart by a document mask; a row's tail that no whole "
-               "document fits stays padding" if rung.value == "packed"
-               else "batches of similar length, each padded to its longest") + before + after
-    else:
-        why = rung.claim
-    return f"{ratio:.2f}x the stack below, {verdict} ({why})"
+    why = {
+        "precision": lambda: _why_precision(rung, f),
+        "attn": lambda: "one fused attention kernel, the T×T matrix never stored; attention's share grows "
+                        "with length",
+        "compile": lambda: ("Inductor fuses the elementwise work between the matmuls" if gpu else
+                            "Inductor's CPU kernels against eager kernels that are already fused well"),
+        "fused_adamw": lambda: ("one kernel updates every parameter; the optimizer's share of a step is "
+                                "larger for small models"),
+        "fp8": lambda: ("FP8 tensor cores ran the Linear layers' matmuls" if decision.ratio > 1 else
+                        "the casts and scales around each FP8 matmul cost what FP8 saved (compile fuses "
+                        "them)"),
+        "padding": lambda: _why_padding(rung, padded_removed, padded_left),
+    }.get(rung.switch, lambda: rung.claim)()
+    return f"{decision.ratio:.2f}x the stack below, {_verdict(decision)} ({why})"
 
 
 def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32, n_batches: int = 4,
@@ -601,7 +507,7 @@ def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32,
     the run's stamp (benchmarks/ladder.py)."""
     from transformers import BertForSequenceClassification
 
-    from helpers.hardware import get_device
+    from helpers.hardware import get_device, mfu_peak
     from helpers.results import stamp
 
     dev = get_device(device)
@@ -618,7 +524,9 @@ def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32,
     state = {k: v.clone() for k, v in BertForSequenceClassification(cfg).state_dict().items()}
     batches, check = sample_batches(lengths, batch_size=batch_size, n_batches=n_batches, seq_len=seq_len,
                                     vocab=cfg.vocab_size, n_classes=n_classes)
-    peak, peak_source = (peak_flops, "given peak") if peak_flops else peak_for(dev)
+    found = None if peak_flops else mfu_peak(dev, measure=True)  # one peak for every stack, measured now
+    peak, peak_source = ((peak_flops, "given peak") if peak_flops else
+                         (found.flops, _peak_line(found)) if found else (None, "no peak known"))
 
     def make_model() -> nn.Module:
         m = BertForSequenceClassification(copy.deepcopy(cfg))
@@ -646,7 +554,7 @@ def climb_stacks(make_model: Callable[[], nn.Module],
     """`climb` with `measure_stack` on the given model and batches (`sample_batches`): each stack checked,
     then timed; rungs the device cannot run (FP8) skipped with their reason. Returns {"mode", "rows",
     "your_stack", "your_stack_code", "stack"} (lesson 07 and `run_ladder`)."""
-    def measure(stack: Stack, ref: Arm | None) -> Arm:
+    def measure(stack: RunSpec, ref: Arm | None) -> Arm:
         # no dynamo reset: the best arm's compiled layers must stay valid to be timed again beside the
         # candidate (so a compiled stack's first call includes compiling only when the cache is cold)
         return measure_stack(stack, ref, make_model=make_model, batches=batches, check=check, device=device,
@@ -663,7 +571,7 @@ def climb_stacks(make_model: Callable[[], nn.Module],
     base, steps, final = climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip, log=log)
     rows = ladder_rows(base, steps, device, greedy=greedy)
     return {"mode": "greedy" if greedy else "cumulative", "rows": rows,
-            "your_stack": dataclasses.asdict(final), "your_stack_code": final.code(), "stack": final}
+            "your_stack": dataclasses.asdict(final), "your_stack_code": final.describe(), "stack": final}
 
 
 def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,

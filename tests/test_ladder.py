@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ladder
+from helpers import hardware, ladder
+from helpers.precision import tf32_enabled
+from helpers.runspec import PADDINGS, RunSpec
 from helpers.timing import Timing, time_interleaved
 
 # BERT-shaped but small, with a small vocabulary: the embedding table would dominate a tiny model's step
@@ -79,7 +81,7 @@ def _fake_measure(seconds: dict[str, float], iqr: float = 0.01):
         for rung in ladder.RUNGS:
             on = getattr(stack, rung.switch) == rung.value
             if rung.switch in ("precision", "padding"):  # ladders of their own: bf16 includes TF32,
-                order = ladder.PRECISION_ORDER if rung.switch == "precision" else ladder.PADDINGS  # packing
+                order = ladder.PRECISION_ORDER if rung.switch == "precision" else PADDINGS  # packing
                 on = order.index(getattr(stack, rung.switch)) >= order.index(rung.value)  # removes more
             if on:
                 t *= seconds.get(rung.name, 1.0)
@@ -92,14 +94,14 @@ def test_greedy_stack_leaves_out_what_is_slower_here_and_keeps_what_pays():
     cpu_like = {"+ bf16 autocast": 3.0, "+ torch.compile": 1.2, "+ fused AdamW": 0.7,
                 "+ dynamic padding": 0.6}
     _, steps, stack = ladder.climb(ladder.RUNGS, _fake_measure(cpu_like), greedy=True, log=lambda s: None)
-    assert stack == ladder.Stack(fused_adamw=True, padding="bucketed")
+    assert stack == ladder.BASELINE.replace(fused_adamw=True, padding="bucketed")
     assert [s.decision.keep for s in steps] == [False, False, False, False, True, True, False, False]
     # the other way round: on a GPU-like machine every rung pays and all are kept
     gpu_like = {r.name: 0.8 for r in ladder.RUNGS}
     _, _, stack = ladder.climb(ladder.RUNGS, _fake_measure(gpu_like), greedy=True, log=lambda s: None)
     everything = dict(precision="bf16", attn="sdpa", compile=True, fused_adamw=True, padding="packed",
                       fp8=True)
-    assert stack == ladder.Stack(**everything)
+    assert stack == ladder.BASELINE.replace(**everything)
     # cumulative: every rung is added whatever it measured
     _, _, stack = ladder.climb(ladder.RUNGS, _fake_measure(cpu_like), greedy=False, log=lambda s: None)
     assert stack.precision == "bf16" and stack.compile
@@ -114,7 +116,7 @@ def test_greedy_rung_is_compared_with_the_best_stack_so_far():
 
     ladder.climb(ladder.RUNGS[:3], measure, greedy=True, log=lambda s: None)
     # SDPA is added to fp32 (bf16 was dropped), and checked against the fp32 baseline
-    assert seen[-1] == (ladder.Stack(attn="sdpa"), ladder.BASELINE)
+    assert seen[-1] == (ladder.BASELINE.replace(attn="sdpa"), ladder.BASELINE)
 
 
 def test_time_budget_leaves_rungs_unmeasured():
@@ -132,7 +134,8 @@ def test_tf32_agreement_check_runs_with_tf32_on():
     _, check = _batches()
     before = torch.get_float32_matmul_precision()
     for precision in ("fp32", "tf32", "bf16"):
-        ladder.forward(model, check["fixed"], precision, torch.device("cpu"))
+        with RunSpec(precision=precision).context("cpu"):
+            model(**check["fixed"])
     assert seen == ["highest", "high", "high"]  # TF32 stays on for what runs in fp32 after its rung
     assert torch.get_float32_matmul_precision() == before  # restored
 
@@ -183,7 +186,8 @@ def test_why_notes_describe_the_device_that_ran(monkeypatch):
     tf32, bf16 = ladder.RUNGS[0], ladder.RUNGS[1]
     cpu = torch.device("cpu")
     assert "CPU" in ladder.explain(tf32, ladder.Decision(False, 1.0, 1.1), cpu)
-    monkeypatch.setattr(ladder, "_facts", lambda d: {"type": "cuda", "cap": (9, 0), "name": "NVIDIA H200"})
+    h200 = {"type": "cuda", "cap": (9, 0), "name": "NVIDIA H200"}
+    monkeypatch.setattr(hardware, "device_facts", lambda d: h200)
     kept = ladder.Decision(True, 1.8, 1.1)
     on_gpu = ladder.explain(tf32, kept, cpu), ladder.explain(bf16, kept, cpu)
     assert all("CPU" not in note for note in on_gpu) and "tensor cores" in on_gpu[0]
@@ -192,8 +196,8 @@ def test_why_notes_describe_the_device_that_ran(monkeypatch):
     noisy = ladder.explain(bf16, ladder.Decision(False, 1.3, 1.5), cpu)
     assert "pays here" not in noisy and "less than the noise" in noisy
     # a CPU is described by its own instruction sets: AVX512-BF16 is not "no bf16 units"
-    monkeypatch.setattr(ladder, "_facts", lambda d: {"type": "cpu", "cpu_capability": "AVX512", "amx": False,
-                                                     "avx512_bf16": True})
+    monkeypatch.setattr(hardware, "device_facts", lambda d: {"type": "cpu", "cpu_capability": "AVX512",
+                                                             "amx": False, "avx512_bf16": True})
     assert "AVX512-BF16" in ladder.explain(bf16, kept, cpu)
 
 
@@ -207,16 +211,16 @@ def test_results_are_written_with_their_stamp(tmp_path):
     data = json.loads(paths["json"].read_text())
     assert data["stamp"]["device_type"] == "cpu" and data["stamp"]["torch"] == torch.__version__
     md = paths["md"].read_text()
-    assert data["stamp"]["date"] in md and "| fp32 eager (baseline) |" in md and "TrainConfig(" in md
+    assert data["stamp"]["date"] in md and "| fp32 eager (baseline) |" in md and "RunSpec(" in md
     assert paths["png"].stat().st_size > 0 and paths["json"].name == "ladder-cpu.json"
 
 
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="unknown model size"):
         ladder.bert_config("huge", 2)
-    with pytest.raises(ValueError, match="Stack.precision"):
-        ladder.Stack(precision="fp64")
-    with pytest.raises(ValueError, match="not a Stack switch"):
+    with pytest.raises(ValueError, match="RunSpec.precision"):
+        RunSpec(precision="fp64")
+    with pytest.raises(ValueError, match="not a RunSpec switch"):
         ladder.Rung("+ magic", "magic", True, "")
     with pytest.raises(ValueError, match="need 8 samples"):
         ladder.sample_batches(LENGTHS[:3], batch_size=4, n_batches=2, seq_len=32, vocab=2000, n_classes=5)
@@ -224,10 +228,37 @@ def test_bad_arguments_are_rejected():
         ladder.run_ladder(**{**SMALL, "seq_len": 4})
 
 
-def test_stack_code_names_the_switches():
-    code = ladder.Stack(precision="bf16", compile=True, padding="bucketed").code()
-    assert "precision='bf16'" in code and "layer.compile()" in code and "padding='bucketed'" in code
-    assert dataclasses.replace(ladder.BASELINE).code().count("compile") == 0
+def test_your_stack_is_described_as_the_code_of_its_spec():
+    code = ladder.BASELINE.replace(precision="bf16", compile=True, padding="bucketed").describe()
+    assert "precision='bf16'" in code and "compile=True" in code and "padding='bucketed'" in code
+    assert "compile" not in dataclasses.replace(ladder.BASELINE).describe()
+
+
+def test_timed_passes_run_backward_and_the_optimizer_step_with_the_stacks_tf32():
+    # issue 18: the TF32 rung was timed with TF32 on in the forward pass only (the context closed before
+    # backward). Record the switch where the backward pass and the optimizer step run.
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from transformers import BertForSequenceClassification
+
+    seen = {"backward": [], "step": []}
+    hook = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: seen["step"].append(tf32_enabled()))
+
+    def make_model():
+        torch.manual_seed(0)
+        m = BertForSequenceClassification(ladder.bert_config("test", 5))
+        m.classifier.weight.register_hook(lambda g: seen["backward"].append(tf32_enabled()))
+        return m
+
+    batches, check = _batches()
+    try:
+        ladder.measure_stack(ladder.BASELINE.replace(precision="tf32"), None, make_model=make_model,
+                             batches=batches, check=check, device=torch.device("cpu"), repeats=1)
+    finally:
+        hook.remove()
+    assert seen["backward"] and seen["step"]
+    assert all(seen["backward"]) and all(seen["step"]), seen  # TF32 on for all of the step
+    assert not tf32_enabled()  # and off again afterwards
 
 
 def test_command_line_keeps_the_flags_gpu_check_uses():
