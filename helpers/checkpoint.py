@@ -16,7 +16,10 @@ Atomic: a file is written to a temporary name in the same folder (`step_000004.p
 disk, then renamed over the final name (`os.replace`); a DCP folder is written as `step_000004.tmp/` and
 renamed when every rank has finished. A run killed at any moment leaves the previous checkpoint or the new
 one, never half of one; what it leaves is a temporary, which the next start removes
-(`remove_stale_temporaries`, only names of this writer's pattern).
+(`remove_stale_temporaries`, only names of this writer's pattern). A save that runs out of disk space
+removes its temporary and raises `CheckpointDiskFull` (an OSError, errno ENOSPC) naming the folder, the bytes
+the checkpoint needs and the bytes left there, instead of torch's `[enforce fail at inline_container.cc]
+unexpected pos` (the "No space left on device" is only in its chain).
 
 A single-file checkpoint holds the model, optimizer, GradScaler and learning-rate scheduler states, the RNG
 states (torch, Python, CUDA), the step and an `extra` dict (the loss history...). It is read with
@@ -26,6 +29,7 @@ states (torch, Python, CUDA), the step and an `extra` dict (the loss history...)
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -39,9 +43,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CheckpointError", "checkpoint_name", "list_checkpoints", "latest_checkpoint", "is_due",
-           "prune_checkpoints", "remove_stale_temporaries", "unwrap_model", "save_checkpoint",
-           "load_checkpoint", "save_sharded", "load_sharded", "save_step", "resume_latest"]
+__all__ = ["CheckpointError", "CheckpointDiskFull", "checkpoint_name", "list_checkpoints",
+           "latest_checkpoint", "is_due", "prune_checkpoints", "remove_stale_temporaries", "unwrap_model",
+           "save_checkpoint", "load_checkpoint", "save_sharded", "load_sharded", "save_step", "resume_latest"]
 
 CHECKPOINT_FORMAT = 1
 _DONE_RE = re.compile(r"^step_(\d{6,})(\.pt)?$")  # a complete checkpoint: file or DCP folder
@@ -51,6 +55,50 @@ _TMP_DIR_RE = re.compile(r"^step_\d{6,}\.tmp$")  # save_sharded's temporaries
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: incomplete, damaged, or of another model (lessons 06, 07)."""
+
+
+class CheckpointDiskFull(OSError):
+    """No room for a checkpoint: names the folder, the bytes needed and the bytes left (lessons 06, 07)."""
+
+
+def _out_of_space(err: BaseException) -> bool:
+    """ENOSPC (or a quota) anywhere in `err`'s chain: torch.save wraps it in a RuntimeError, DCP in the
+    per-rank failures of a CheckpointException."""
+    todo, seen = [err], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint: {rank: (exception, trace)}
+        if isinstance(failures, Mapping):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return False
+
+
+def _state_bytes(state: Any) -> int:
+    """Bytes of the tensors in `state`: about what a checkpoint of it takes on disk."""
+    from helpers.memory import tensor_bytes
+
+    try:
+        return tensor_bytes(state)
+    except (ValueError, RuntimeError):  # something it cannot count (e.g. a tensor subclass): no estimate
+        return 0
+
+
+def _disk_full(folder: Path, name: str, needed: int) -> CheckpointDiskFull:
+    """The error for a save that ran out of space (called after its temporary is removed)."""
+    left = shutil.disk_usage(folder).free
+    need = f"about {needed / 2**20:,.1f} MiB ({needed:,} bytes)" if needed else "an unknown amount"
+    return CheckpointDiskFull(errno.ENOSPC, f"No space left on device for checkpoint {name} in {folder}: it "
+                              f"needs {need}, {left / 2**20:,.1f} MiB ({left:,} bytes) are left there. The "
+                              f"earlier checkpoints in {folder} are intact, nothing half-written was left: "
+                              "free some space, keep fewer checkpoints (keep_checkpoints / --keep) or point "
+                              "the checkpoint folder at a disk with room, then rerun: it resumes from the "
+                              "newest checkpoint")
 
 
 def checkpoint_name(step: int, *, sharded: bool = False) -> str:
@@ -153,9 +201,11 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" checkpoint
         os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the new one
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if _out_of_space(err):  # torch says "unexpected pos"; the reason is further up its chain
+            raise _disk_full(path.parent, path.name, _state_bytes(state)) from err
         raise
     return path
 
@@ -233,10 +283,18 @@ def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimiz
     name = checkpoint_name(step, sharded=True)
     final, tmp = folder / name, folder / (name + ".tmp")
     model_sd, optim_sd = get_state_dict(model, optimizer)  # sharded: each rank holds its part
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)  # returns when all ranks wrote
     main = not dist.is_initialized() or dist.get_rank() == 0
+    try:
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)  # returns when all wrote
+        if main:
+            (tmp / "meta.json").write_text(json.dumps({"step": int(step), "extra": dict(extra or {})}))
+    except BaseException as err:  # DCP raises a CheckpointException (a BaseException) on every rank
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if _out_of_space(err):
+            raise _disk_full(folder, name, _state_bytes([model_sd, optim_sd])) from err
+        raise
     if main:
-        (tmp / "meta.json").write_text(json.dumps({"step": int(step), "extra": dict(extra or {})}))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)  # the folder appears complete, or not at all
     if dist.is_initialized():
@@ -283,15 +341,33 @@ def save_step(folder: str | os.PathLike, step: int, model: nn.Module, optimizer:
     rank 0 writes one file (DDP replicas are equal) and the others wait until it is on disk."""
     main, barrier = _rank0_and_barrier()
     if sharded:
-        path = save_sharded(folder, step, model, optimizer, extra=extra)
+        path = save_sharded(folder, step, model, optimizer, extra=extra)  # a failure raises on every rank
     else:
         path = Path(folder) / checkpoint_name(step)
+        failure = None
         if main:
-            save_checkpoint(path, model, optimizer, scaler, step, scheduler=scheduler, extra=extra)
+            try:
+                save_checkpoint(path, model, optimizer, scaler, step, scheduler=scheduler, extra=extra)
+            except Exception as err:  # e.g. a full disk: the other ranks must hear of it, not wait forever
+                failure = err
+        _raise_on_every_rank(failure, path)
     if main:
         prune_checkpoints(folder, keep)
     barrier()  # nobody runs ahead of a checkpoint that is not on disk yet
     return path
+
+
+def _raise_on_every_rank(failure: Exception | None, path: Path) -> None:
+    """Rank 0's save outcome, shared: it re-raises its error, the other ranks raise one naming it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        said = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+        dist.broadcast_object_list(said, src=0)  # also the barrier: every rank waits for rank 0's write
+        if failure is None and said[0] is not None:
+            raise RuntimeError(f"rank 0 could not write checkpoint {path}: {said[0]}")
+    if failure is not None:
+        raise failure
 
 
 def resume_latest(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,

@@ -3,7 +3,15 @@ DCP flavour (here in one process; under FSDP in tests/test_train_ddp.py). CPU, t
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import errno
+import io
 import os
+import re
+import shutil
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,3 +166,131 @@ def test_a_loop_s_two_calls_save_step_and_resume_latest(tmp_path):
     assert len(lines) == 1 and not (tmp_path / "step_000008.pt.x.tmp").exists()
     with pytest.raises(ck.CheckpointError, match="single-file checkpoint, but this run shards"):
         ck.resume_latest(tmp_path, model, opt, sharded=True)
+
+
+# --- a full disk (issue 20): no real disk is filled; the writes fail as they do on a full one ---------------
+
+class FullDisk(io.RawIOBase):
+    """A file that takes `room` bytes, then fails as a full disk does: OSError(ENOSPC)."""
+
+    def __init__(self, f, room: int = 256) -> None:
+        self.f, self.room, self.pos = f, room, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(b)
+        self.pos += len(b)
+        return self.f.write(b)
+
+    def tell(self) -> int:
+        return self.pos
+
+
+def _fill_the_disk(monkeypatch) -> None:
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, FullDisk(f), *a, **k))
+
+
+def _numbers(message: str) -> tuple[int, int]:
+    needed, left = re.search(r"needs about [\d.,]+ MiB \(([\d,]+) bytes\), [\d.,]+ MiB \(([\d,]+) bytes\) "
+                             r"are left", message).groups()
+    return int(needed.replace(",", "")), int(left.replace(",", ""))
+
+
+def test_a_full_disk_names_the_folder_the_bytes_needed_and_left(tmp_path, monkeypatch):
+    from helpers.memory import tensor_bytes
+
+    model = tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    first = ck.save_step(tmp_path, 1, model, opt)  # what helpers.train and scripts/train_ddp.py call
+    _fill_the_disk(monkeypatch)
+    with pytest.raises(ck.CheckpointDiskFull) as info:
+        ck.save_step(tmp_path, 2, model, opt)
+    err = info.value
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC
+    assert "unexpected pos" in str(err.__cause__)  # torch's own message, kept in the chain
+    message = str(err)
+    assert f"No space left on device for checkpoint step_000002.pt in {tmp_path}" in message
+    needed, left = _numbers(message)
+    assert needed >= tensor_bytes(model.state_dict()) + tensor_bytes(opt)
+    assert abs(left - shutil.disk_usage(tmp_path).free) < 2**30
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == [first.name]  # no temporary left, the earlier checkpoint intact
+    other = tiny_model(d_model=16)
+    assert ck.resume_latest(tmp_path, other, torch.optim.AdamW(other.parameters()), log=None)["step"] == 1
+
+
+def test_a_full_disk_during_a_sharded_save_keeps_the_earlier_one(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ck.save_step(tmp_path, 2, model, opt, sharded=True)
+
+    @contextlib.contextmanager
+    def full_stream(self, path, mode):
+        with open(path, mode) as f:
+            yield FullDisk(f)
+
+    monkeypatch.setattr(dcp_fs.FileSystem, "create_stream", full_stream)
+    with pytest.raises(ck.CheckpointDiskFull) as info:
+        ck.save_step(tmp_path, 4, model, opt, sharded=True)
+    assert f"checkpoint step_000004 in {tmp_path}" in str(info.value)
+    assert _numbers(str(info.value))[0] > 0
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["step_000002"]  # the temporary folder is gone
+    assert ck.load_sharded(tmp_path / "step_000002", model, opt)["step"] == 2
+
+
+def _ddp_rank(rank: int, folder: str, results: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=30))
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if rank == 0:
+        real_save = torch.save
+        torch.save = lambda obj, f, *a, **k: real_save(obj, FullDisk(f), *a, **k)
+    start = time.monotonic()
+    try:
+        ck.save_step(Path(folder) / "ckpt", 1, model, opt)
+        outcome = "saved"
+    except Exception as err:
+        outcome = f"{type(err).__name__}: {err}"
+    Path(results, f"rank{rank}.txt").write_text(f"{time.monotonic() - start:.1f}\n{outcome}")
+    dist.destroy_process_group()
+
+
+def test_under_ddp_every_rank_hears_that_rank_0_ran_out_of_space(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ddp_rank, args=(str(tmp_path), str(tmp_path)), nprocs=2, join=True)
+    (t0, out0), (t1, out1) = ((tmp_path / f"rank{r}.txt").read_text().split("\n", 1) for r in range(2))
+    assert out0.startswith("CheckpointDiskFull") and "No space left on device" in out0
+    assert out1.startswith("RuntimeError: rank 0 could not write checkpoint") and "No space left" in out1
+    assert float(t1) < 20, "rank 1 waited for a checkpoint that never came"
+    assert os.listdir(tmp_path / "ckpt") == []
+
+
+def test_helpers_train_stops_at_a_full_disk_with_the_clear_error(tmp_path, monkeypatch):
+    from helpers.train import TrainConfig, synthetic_batch_fn, train
+
+    real_save, calls = torch.save, []
+
+    def full_after_the_first(obj, f, *a, **k):  # the disk fills up after the first checkpoint
+        calls.append(1)
+        return real_save(obj, f if len(calls) == 1 else FullDisk(f), *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_after_the_first)
+    cfg = TrainConfig(steps=3, checkpoint_dir=str(tmp_path), checkpoint_every=1, progress=False,
+                      track_memory=False)
+    with pytest.raises(ck.CheckpointDiskFull, match=f"step_000002.pt in {re.escape(str(tmp_path))}"):
+        train(tiny_model(), synthetic_batch_fn(32, 2, 8), cfg)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["step_000001.pt"]
+    assert ck.load_checkpoint(tmp_path / "step_000001.pt", tiny_model())["step"] == 1
