@@ -445,3 +445,46 @@ def test_the_linear_schedule_is_transformers_one():
             opt.step()
             sched.step()
     assert lrs["ours"] == pytest.approx(lrs["transformers"], abs=1e-12)
+
+
+def test_batches_are_not_pinned_on_the_main_thread(monkeypatch):
+    # issue 18: t.pin_memory().to(dev, non_blocking=True) on the main thread is a blocking copy plus a copy;
+    # the DataLoader's pin thread pins (RunSpec.dataloader), the loop only queues the copy
+    import helpers.train as loop
+
+    pinned, copies = [], []
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a, **k: False)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: pinned.append(1) or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(k.get("non_blocking")) or
+                        self)
+    batch = synthetic_batch_fn(VOCAB, BATCH, SEQ, pad_fraction=0.5)(0, 0)
+    loop._to_device(batch, torch.device("cuda"))  # a CUDA device that is never touched: `to` is patched
+    assert pinned == [] and copies == [True, True, True]
+
+
+def test_accumulation_under_ddp_all_reduces_once_per_step(tmp_path):
+    # issue 19: without no_sync, DDP all-reduces every micro-batch's gradients; count the all-reduces
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    calls = []
+
+    def counting_allreduce(state, bucket):  # a one-process "all-reduce": count it, keep the gradients
+        calls.append(1)
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    def all_reduces(accum: int) -> int:
+        model = DDP(tiny_model(dropout=0.0))
+        model.register_comm_hook(None, counting_allreduce)
+        calls.clear()
+        train(model, synthetic_batch_fn(VOCAB, BATCH, SEQ), quiet(steps=2, grad_accum=accum))
+        return len(calls)
+
+    try:
+        per_step = all_reduces(1) // 2  # DDP's buckets: all-reduces of one step
+        assert per_step >= 1 and all_reduces(4) == 2 * per_step  # 4 micro-batches, still one per step
+    finally:
+        dist.destroy_process_group()
