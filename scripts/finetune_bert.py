@@ -2,7 +2,9 @@
 
 One process, or several under torchrun (DDP when WORLD_SIZE > 1: NCCL on GPUs, gloo on CPUs). Every
 switch of lesson 07's ladder is a flag, named as the notebook's parameters (--max-length is
-MAX_LENGTH there). Checkpoints go to --checkpoint-dir every --checkpoint-every steps, atomically; run
+MAX_LENGTH there); the switches become one `helpers.runspec.RunSpec` (`FinetuneConfig.spec`), which
+batches the data, prepares the model and runs the steps, as in the notebook. Checkpoints go to
+--checkpoint-dir every --checkpoint-every steps, atomically; run
 the same command again and it resumes from the last one.
 
     python scripts/finetune_bert.py --max-length 128 --batch-size 16 --lr 5e-5 --epochs 1   # the full run
@@ -22,13 +24,12 @@ from typing import Any
 
 import torch
 
-from helpers.data import PADDINGS, load_text_classification, make_dataloader, padding_fraction, tokenize
+from helpers.data import load_text_classification, padding_fraction, tokenize
 from helpers.distributed import setup, teardown
-from helpers.flops import executed_flops
+from helpers.flops import executed_flops, mfu
 from helpers.models import load_bert
+from helpers.runspec import RunSpec
 from helpers.train import LR_SCHEDULES, TrainConfig, evaluate, train
-
-ATTNS = ("eager", "sdpa")
 
 
 @dataclass
@@ -47,9 +48,10 @@ class FinetuneConfig:
     max_examples: int = 0  # > 0: a stratified subset of the corpus (smoke runs)
     precision: str = "fp32"  # fp32 | tf32 | fp16 | bf16 (helpers.precision)
     attn: str = "sdpa"  # eager | sdpa
-    compile: bool = False  # torch.compile the model (after DDP wraps it)
+    compile: bool = False  # torch.compile each Transformer layer (regional compilation)
     fused_adamw: bool = True  # the fused AdamW kernel (the course's default); --no-fused-adamw: foreach
     padding: str = "fixed"  # fixed (every batch max_length wide) | dynamic | bucketed (length buckets)
+    # | packed (documents packed whole into rows of max_length)
     eval_batch_size: int = 64
     seed: int = 0
     checkpoint_dir: str = ""  # "" = no checkpoints; else resume from the newest one there
@@ -60,10 +62,7 @@ class FinetuneConfig:
     peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = helpers.hardware.peak_flops
 
     def __post_init__(self) -> None:
-        if self.attn not in ATTNS:
-            raise ValueError(f"attn must be one of {ATTNS}, got {self.attn!r}")
-        if self.padding not in PADDINGS:
-            raise ValueError(f"padding must be one of {PADDINGS}, got {self.padding!r}")
+        self.spec  # noqa: B018 - RunSpec checks the switches, naming the allowed values
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if min(self.max_length, self.batch_size, self.epochs, self.eval_batch_size) < 1 or self.lr <= 0:
@@ -71,6 +70,12 @@ class FinetuneConfig:
                              f"{self}")
         if self.max_length > 512:
             raise ValueError(f"max_length={self.max_length}: BERT has 512 positions")
+
+    @property
+    def spec(self) -> RunSpec:
+        """The run's switches as one RunSpec (helpers.runspec)."""
+        return RunSpec(precision=self.precision, attn=self.attn, compile=self.compile,
+                       fused_adamw=self.fused_adamw, padding=self.padding)
 
 
 def load_splits(cfg: FinetuneConfig, verbose: bool = True):
@@ -87,12 +92,12 @@ def tokenize_splits(splits: Any, tokenizer: Any, cfg: FinetuneConfig) -> dict[st
 
 def make_batches(dataset: Any, cfg: FinetuneConfig, *, rank: int = 0, world_size: int = 1,
                  pad_token_id: int = 0) -> list[dict[str, torch.Tensor]]:
-    """This process's training batches of every epoch, in order (helpers.data.make_dataloader): full
-    batches only; every process draws the same order and keeps every world_size-th batch."""
+    """This process's training batches of every epoch, in order (`RunSpec.dataloader`): full batches only;
+    every process draws the same order and keeps every world_size-th batch."""
     out: list[dict[str, torch.Tensor]] = []
     for epoch in range(cfg.epochs):
-        loader = make_dataloader(dataset, cfg.batch_size, padding=cfg.padding, pad_token_id=pad_token_id,
-                                 fixed_length=cfg.max_length, seed=cfg.seed * 1000 + epoch)
+        loader = cfg.spec.dataloader(dataset, cfg.batch_size, pad_token_id=pad_token_id,
+                                     max_length=cfg.max_length, seed=cfg.seed * 1000 + epoch, device="cpu")
         batches = [b for b in loader if len(b["labels"]) == cfg.batch_size]
         batches = batches[: len(batches) - len(batches) % world_size]  # every process takes as many steps
         out += batches[rank::world_size]
@@ -103,7 +108,7 @@ def make_batches(dataset: Any, cfg: FinetuneConfig, *, rank: int = 0, world_size
 
 
 def build_model(cfg: FinetuneConfig, num_labels: int, verbose: bool = True):
-    """(model, tokenizer): the pretrained classifier with the rung's attention implementation."""
+    """(model, tokenizer): the pretrained classifier (the spec sets its attention implementation)."""
     torch.manual_seed(cfg.seed)  # the new classifier head starts the same in every run
     return load_bert(cfg.model_name, num_labels=num_labels, attn_implementation=cfg.attn, verbose=verbose)
 
@@ -142,15 +147,13 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
                                pad_token_id=tokenizer.pad_token_id or 0)
         steps = min(len(batches), cfg.max_steps) if cfg.max_steps else len(batches)
         raw = model.to(env.device)
-        run: torch.nn.Module = raw
-        if env.distributed:
+        spec = cfg.spec
+        run: torch.nn.Module = spec.apply(raw)  # attention, compiled layers, packed forward
+        if env.distributed:  # DDP wraps the prepared model: its hooks all-reduce while backward runs
             from torch.nn.parallel import DistributedDataParallel as DDP
             run = DDP(run, device_ids=[env.device.index] if env.device.type == "cuda" else None)
-        if cfg.compile:  # compile the DDP-wrapped model: graphs split at DDP's buckets (PyTorch's advice)
-            run = torch.compile(run)
         tcfg = TrainConfig(steps=steps, lr=cfg.lr, lr_schedule=cfg.lr_schedule, warmup_frac=cfg.warmup_frac,
-                           weight_decay=cfg.weight_decay, precision=cfg.precision,
-                           fused_adamw=cfg.fused_adamw, max_grad_norm=1.0, seed=cfg.seed,
+                           weight_decay=cfg.weight_decay, max_grad_norm=1.0, seed=cfg.seed,
                            checkpoint_dir=cfg.checkpoint_dir or None,
                            checkpoint_every=cfg.checkpoint_every if cfg.checkpoint_dir else 0,
                            progress=main_rank, track_memory=True, peak_flops=cfg.peak_flops or None)
@@ -158,7 +161,7 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
             f"{cfg.precision}, attn={cfg.attn}, compile={cfg.compile}, fused={cfg.fused_adamw}, "
             f"padding={cfg.padding}, lr {cfg.lr} {cfg.lr_schedule} (warm-up {tcfg.warmup} steps)")
         t_train = time.perf_counter()
-        res = train(run, batches, tcfg, env.device)
+        res = train(run, batches, tcfg, env.device, spec=spec)
         train_s = time.perf_counter() - t_train
         done = batches[(res.resumed_from or 0):(res.resumed_from or 0) + len(res.step_times_s)]
         world = env.world_size
@@ -173,7 +176,9 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
             # every process handled as many samples: the job's throughput is world_size x one process's
             "samples_per_s": res.samples_per_s * world if res.samples_per_s is not None else None,
             "tokens_per_s": res.tokens_per_s * world if res.tokens_per_s is not None else None,
-            "mfu": res.mfu * world / devices if res.mfu is not None else None,
+            # the job's MFU: all processes' useful FLOP/s over the peak of the devices they share
+            "mfu": (mfu(res.tokens_per_s * world, res.flops_per_token, res.peak_flops * devices)
+                    if res.mfu is not None else None),
             "peak_flops": res.peak_flops, "peak_source": res.peak_source,
             "executed_flops_per_s": executed_flops_per_s(raw, done, res.step_times_s) * world or None,
             "first_step_s": res.step_times_s[0] if res.step_times_s else None,
@@ -183,9 +188,9 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
             say(f"finetune: no MFU: {res.peak_source or 'nothing timed'} (measure its roofline in lesson 00, "
                 "or pass --peak-flops)")
         if main_rank:
-            acc_val = evaluate(raw, data["val"], batch_size=cfg.eval_batch_size, precision=cfg.precision,
+            acc_val = evaluate(raw, data["val"], batch_size=cfg.eval_batch_size, spec=spec,
                                device=env.device)[0] if len(data["val"]) else None
-            acc_test = evaluate(raw, data["test"], batch_size=cfg.eval_batch_size, precision=cfg.precision,
+            acc_test = evaluate(raw, data["test"], batch_size=cfg.eval_batch_size, spec=spec,
                                 device=env.device)[0]
             result.update(val_accuracy=acc_val, test_accuracy=acc_test, total_s=time.perf_counter() - t_start,
                           train_examples=len(data["train"]), test_examples=len(data["test"]),
