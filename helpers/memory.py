@@ -92,45 +92,43 @@ def tensor_bytes(*things: Any) -> int:
     Storages shared by several tensors (tied weights, views) count once. Numbers, strings and None inside
     a container are skipped (a state dict's step counts and hyper-parameters); anything else is refused.
     """
-    seen: set[int] = set()
-    total = 0
-
-    def add(t: torch.Tensor) -> None:
-        nonlocal total
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in seen and storage.nbytes():
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
+    storages: dict[int, int] = {}  # data pointer -> bytes: a storage shared by several tensors counts once
 
     def walk(thing: Any, top: bool) -> None:
-        if isinstance(thing, torch.Tensor):
-            add(thing)
-        elif isinstance(thing, nn.Module):
-            for p in thing.parameters():
-                add(p)
-                if p.grad is not None:
-                    add(p.grad)
-            for b in thing.buffers():
-                add(b)
-        elif isinstance(thing, torch.optim.Optimizer):
-            walk(list(thing.state.values()), False)
-        elif isinstance(thing, Mapping):  # a state_dict, an optimizer's state, a batch
-            for value in thing.values():
-                walk(value, False)
-        elif isinstance(thing, (str, bytes)) or thing is None or isinstance(thing, (int, float, complex)):
-            if top:
-                raise ValueError(f"tensor_bytes counts tensors; got {type(thing).__name__} {thing!r}: pass "
-                                 "modules, optimizers, tensors, or mappings and sequences of them")
-        elif isinstance(thing, Iterable):
-            for item in thing:
-                walk(item, False)
-        else:
-            raise ValueError(f"tensor_bytes cannot count a {type(thing).__name__}: pass modules, optimizers, "
-                             "tensors, or mappings and sequences of them")
+        for t in _tensors_in(thing, top, walk):
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                storages[storage.data_ptr()] = storage.nbytes()
 
     for thing in things:
         walk(thing, True)
-    return total
+    return sum(storages.values())
+
+
+def _tensors_in(thing: Any, top: bool, walk: Callable[[Any, bool], None]) -> list[torch.Tensor]:
+    """The tensors `thing` holds directly (a module's parameters, gradients and buffers); containers are
+    handed back to `walk`, item by item; numbers, strings and None inside a container hold none."""
+    if isinstance(thing, torch.Tensor):
+        return [thing]
+    if isinstance(thing, nn.Module):
+        params = list(thing.parameters())
+        return params + [p.grad for p in params if p.grad is not None] + list(thing.buffers())
+    if isinstance(thing, torch.optim.Optimizer):
+        walk(list(thing.state.values()), False)
+    elif isinstance(thing, Mapping):  # a state_dict, an optimizer's state, a batch
+        for value in thing.values():
+            walk(value, False)
+    elif isinstance(thing, (str, bytes, int, float, complex)) or thing is None:
+        if top:
+            raise ValueError(f"tensor_bytes counts tensors; got {type(thing).__name__} {thing!r}: pass "
+                             "modules, optimizers, tensors, or mappings and sequences of them")
+    elif isinstance(thing, Iterable):
+        for item in thing:
+            walk(item, False)
+    else:
+        raise ValueError(f"tensor_bytes cannot count a {type(thing).__name__}: pass modules, optimizers, "
+                         "tensors, or mappings and sequences of them")
+    return []
 
 
 def _cpu_peak_from_events(events: Iterable) -> tuple[int, int]:
