@@ -38,7 +38,7 @@ from helpers.checkpoint import is_due, resume_latest, save_step
 from helpers.distributed import DistEnv, apply_ddp, apply_fsdp, grad_sync, print0, setup, teardown
 from helpers.memory import peak_rss_bytes
 from helpers.models import SmallTransformer, TransformerConfig
-from helpers.precision import autocast_context, set_tf32, uses_tf32
+from helpers.runspec import RunSpec
 from helpers.train import make_optimizer
 
 FAULT_ENV = "COURSE_FAULT_AT_STEP"  # test hook: rank 1 SIGKILLs itself in this step, first attempt only
@@ -169,28 +169,42 @@ def median(xs: list[float] | list[int]) -> float | None:
 
 # --- training ------------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    env = setup(args.device)
-    world, attempt = env.world_size, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    micro = args.micro_batch or args.global_batch // world
-    if micro * world == 0 or args.global_batch % (micro * world):
-        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of micro-batch {micro} "
-                         f"x world size {world}")
-    accum = args.global_batch // (micro * world)
-    n = args.dataset_size or 8 * args.global_batch
-    if n % args.global_batch:
-        raise ValueError(f"--dataset-size {n} must be a multiple of --global-batch {args.global_batch}")
-    fault_at = int(os.environ.get(FAULT_ENV, "0") or 0)
-    print(f"rank {env.rank}/{world} pid {os.getpid()} device {env.device} backend {env.backend} "
-          f"threads {torch.get_num_threads()} attempt {attempt}", flush=True)
+def one_step(model: nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor], spec: RunSpec,
+             env: DistEnv, *, no_sync: bool, crash_in: int = 0) -> torch.Tensor:
+    """One optimizer step over the micro-batches `xs`, inside `spec.context` (forward, backward and step);
+    with `no_sync` gradients are averaged over ranks once, on the last micro-batch. Returns the summed
+    loss (a device tensor). `crash_in` > 0: the test hook, this process SIGKILLs itself (step number)."""
+    accum = len(xs)
+    loss_sum = torch.zeros((), device=env.device)
+    with spec.context(env.device):
+        for m, x in enumerate(xs):  # x: (micro, T)
+            last = m == accum - 1
+            with grad_sync(model, last or not no_sync):
+                loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
+                if crash_in and last:
+                    print(f"rank {env.rank}: simulated crash in step {crash_in} (SIGKILL)", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                loss.backward()  # the last micro-step's backward also averages gradients over ranks
+            loss_sum += loss.detach()
+        opt.step()
+    return loss_sum
 
+
+def mean_over_ranks(x: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """The mean of `x` over all ranks (gloo has no AVG: a sum, divided)."""
+    if not env.distributed:
+        return x
+    dist.all_reduce(x, op=dist.ReduceOp.AVG if env.backend == "nccl" else dist.ReduceOp.SUM)
+    return x if env.backend == "nccl" else x / env.world_size
+
+
+def build(args: argparse.Namespace,
+          env: DistEnv) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, int]]:
+    """(model, optimizer, all-reduce stats): the small Transformer, wrapped in DDP or FSDP2 as asked."""
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-    data = make_dataset(n, args.seq_len, args.vocab, args.seed).to(env.device)
     cfg = TransformerConfig(vocab_size=args.vocab, max_len=args.seq_len, d_model=args.d_model,
                             n_heads=args.n_heads, n_layers=args.n_layers, causal=True)
     model: nn.Module = SmallTransformer(cfg).to(env.device)
-    n_params = sum(p.numel() for p in model.parameters())
     stats = {"allreduce_calls": 0, "allreduce_bytes": 0}
     if args.fsdp:
         if not env.distributed:
@@ -198,89 +212,109 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model = apply_fsdp(model, env)
     elif env.distributed:
         model = apply_ddp(model, env, bucket_cap_mb=args.bucket_cap_mb, stats=stats)
-    opt = build_optimizer(model, args.optimizer, args.lr, args.weight_decay)
-    batches = Batches(n, env, micro, accum, args.seed)
+    return model, build_optimizer(model, args.optimizer, args.lr, args.weight_decay), stats
 
-    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
-    start_step = 0
-    if ckpt_dir is not None:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        state = resume_latest(ckpt_dir, model, opt, sharded=args.fsdp, restore_rng=False, log=print0)
-        if state is not None:
-            start_step = state["step"]
-            print0(f"resumed from {state['path'].name}: step {start_step}")
+
+def resume(args: argparse.Namespace, model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    """The step to start from: the newest checkpoint's in --ckpt-dir, else 0."""
+    if not args.ckpt_dir:
+        return 0
+    Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
+    state = resume_latest(args.ckpt_dir, model, opt, sharded=args.fsdp, restore_rng=False, log=print0)
+    if state is None:
+        return 0
+    print0(f"resumed from {state['path'].name}: step {state['step']}")
+    return state["step"]
+
+
+def split(args: argparse.Namespace, env: DistEnv) -> tuple[int, int, int]:
+    """(micro-batch, accumulation steps, dataset size), checked against the global batch."""
+    world = env.world_size
+    micro = args.micro_batch or args.global_batch // world
+    if micro * world == 0 or args.global_batch % (micro * world):
+        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of micro-batch {micro} "
+                         f"x world size {world}")
+    n = args.dataset_size or 8 * args.global_batch
+    if n % args.global_batch:
+        raise ValueError(f"--dataset-size {n} must be a multiple of --global-batch {args.global_batch}")
+    return micro, args.global_batch // (micro * world), n
+
+
+def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: torch.optim.Optimizer,
+                stats: dict[str, int], start_step: int, *, micro: int, accum: int, n: int,
+                attempt: int) -> dict[str, Any]:
+    """Steps start_step..args.steps; what they measured: losses, step times, bytes written, state bytes."""
+    spec = RunSpec(precision=args.precision)  # TF32 and autocast for every step (helpers.runspec)
+    data = make_dataset(n, args.seq_len, args.vocab, args.seed).to(env.device)
+    batches = Batches(n, env, micro, accum, args.seed)
+    fault_at = int(os.environ.get(FAULT_ENV, "0") or 0)
+    out: dict[str, Any] = {"losses": [], "step_s": [], "wire": [], "mem": {}}
+    model.train()
+    for step in range(start_step, args.steps):
+        t0, w0 = time.perf_counter(), bytes_written()
+        calls_before, bytes_before = stats["allreduce_calls"], stats["allreduce_bytes"]
+        crash = step + 1 if fault_at == step + 1 and env.rank == 1 and attempt == 0 else 0
+        xs = [data[batches(step, m)] for m in range(accum)]
+        loss_sum = one_step(model, opt, xs, spec, env, no_sync=not args.sync_every_micro_step, crash_in=crash)
+        if step == start_step:  # gradients exist between backward and zero_grad: measure here
+            out["mem"] = model_state_bytes(model, opt)
+            stats["calls_per_step"] = stats["allreduce_calls"] - calls_before
+            stats["bytes_per_step"] = stats["allreduce_bytes"] - bytes_before
+        opt.zero_grad(set_to_none=True)
+        out["losses"].append(mean_over_ranks(loss_sum, env).item())  # .item() waits: the step is done
+        out["step_s"].append(time.perf_counter() - t0)
+        w1 = bytes_written()
+        if w0 is not None and w1 is not None:
+            out["wire"].append(w1 - w0)
+        done = step + 1
+        if done % args.log_every == 0 or done == args.steps:
+            last = out["step_s"][-1]
+            print0(f"step {done}/{args.steps} loss {out['losses'][-1]:.6f} step_ms {last * 1e3:.1f} "
+                   f"tok/s {args.global_batch * args.seq_len / last:,.0f}")
+        if args.ckpt_dir and is_due(done, args.ckpt_every, args.steps):
+            path = save_step(args.ckpt_dir, done, model, opt, sharded=args.fsdp, keep=args.keep)
+            print0(f"checkpoint saved: {path.name} (step {done})")
+    return out
+
+
+def full_state_dict(model: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
+    """The whole model's parameters on every rank (FSDP gathers its shards)."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return getattr(model, "module", model).state_dict()  # DDP keeps the model in .module
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    env = setup(args.device)
+    world, attempt = env.world_size, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    micro, accum, n = split(args, env)
+    print(f"rank {env.rank}/{world} pid {os.getpid()} device {env.device} backend {env.backend} "
+          f"threads {torch.get_num_threads()} attempt {attempt}", flush=True)
+    model, opt, stats = build(args, env)
+    n_params = sum(p.numel() for p in model.parameters())
+    start_step = resume(args, model, opt)
     mode = "fsdp" if args.fsdp else ("ddp" if env.distributed else "single")
     no_sync = not args.sync_every_micro_step
     print0(f"start: mode {mode} world {world} params {n_params:,} global_batch {args.global_batch} "
            f"micro_batch {micro} accum {accum} no_sync {no_sync} precision {args.precision} "
            f"steps {start_step}->{args.steps} attempt {attempt}")
-
-    losses: list[float] = []
-    step_s: list[float] = []
-    wire: list[int] = []
-    calls_before = stats["allreduce_calls"]
-    mem: dict[str, int] = {}
-    model.train()
-    set_tf32(uses_tf32(args.precision) and env.device.type == "cuda")  # this process: tf32 and bf16 runs
-    for step in range(start_step, args.steps):
-        t0, w0 = time.perf_counter(), bytes_written()
-        calls_before, bytes_before = stats["allreduce_calls"], stats["allreduce_bytes"]
-        loss_sum = torch.zeros((), device=env.device)
-        for m in range(accum):
-            last = m == accum - 1
-            x = data[batches(step, m)]  # (micro, T)
-            sync = last or not no_sync  # with no_sync, gradients are averaged over ranks once per step
-            with grad_sync(model, sync), autocast_context(args.precision, env.device):
-                loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
-                if fault_at and step + 1 == fault_at and env.rank == 1 and attempt == 0 and last:
-                    print(f"rank 1: simulated crash in step {step + 1} (SIGKILL)", flush=True)
-                    os.kill(os.getpid(), signal.SIGKILL)
-                loss.backward()  # the last micro-step's backward also averages gradients over ranks
-            loss_sum += loss.detach()
-        opt.step()
-        if step == start_step:  # gradients exist between backward and zero_grad: measure here
-            mem = model_state_bytes(model, opt)
-        opt.zero_grad(set_to_none=True)
-        if env.distributed:  # for the log: the mean loss over the whole global batch
-            op = dist.ReduceOp.AVG if env.backend == "nccl" else dist.ReduceOp.SUM
-            dist.all_reduce(loss_sum, op=op)
-            if env.backend != "nccl":  # gloo has no AVG
-                loss_sum /= world
-        losses.append(loss_sum.item())  # .item() waits for the device: the step is done
-        step_s.append(time.perf_counter() - t0)
-        w1 = bytes_written()
-        if w0 is not None and w1 is not None:
-            wire.append(w1 - w0)
-        if step == start_step:
-            stats["calls_per_step"] = stats["allreduce_calls"] - calls_before
-            stats["bytes_per_step"] = stats["allreduce_bytes"] - bytes_before
-        done = step + 1
-        if done % args.log_every == 0 or done == args.steps:
-            tok_s = args.global_batch * args.seq_len / step_s[-1]
-            print0(f"step {done}/{args.steps} loss {losses[-1]:.6f} step_ms {step_s[-1] * 1e3:.1f} "
-                   f"tok/s {tok_s:,.0f}")
-        if ckpt_dir is not None and is_due(done, args.ckpt_every, args.steps):
-            path = save_step(ckpt_dir, done, model, opt, sharded=args.fsdp, keep=args.keep)
-            print0(f"checkpoint saved: {path.name} (step {done})")
+    run = train_steps(args, env, model, opt, stats, start_step, micro=micro, accum=accum, n=n,
+                      attempt=attempt)
+    losses, step_s = run["losses"], run["step_s"]
 
     # measurements from every rank, gathered on rank 0
     median_step = median(step_s[args.warmup_steps:] or step_s)
-    mine = {"rank": env.rank, "model_state_bytes": mem, "peak_memory_bytes": peak_memory_bytes(env.device),
-            "median_step_s": median_step, "wire_bytes_per_step": median(wire[args.warmup_steps:] or wire)}
+    mine = {"rank": env.rank, "model_state_bytes": run["mem"],
+            "peak_memory_bytes": peak_memory_bytes(env.device), "median_step_s": median_step,
+            "wire_bytes_per_step": median(run["wire"][args.warmup_steps:] or run["wire"])}
     per_rank = [mine]
     if env.distributed:
         per_rank = [None] * world  # type: ignore[list-item]
         dist.all_gather_object(per_rank, mine)
-
-    full_sd = None
-    if args.save_params:
-        if args.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            full_sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                           cpu_offload=True))
-        else:
-            full_sd = getattr(model, "module", model).state_dict()  # DDP keeps the model in .module
+    full_sd = full_state_dict(model, args.fsdp) if args.save_params else None
     summary: dict[str, Any] = {}
     if env.is_main:
         tokens_per_step = args.global_batch * args.seq_len
@@ -297,21 +331,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "allreduce_bytes_per_step": stats.get("bytes_per_step"),
             "grad_bytes": n_params * 4, "per_rank": per_rank,
         }
-        state_mb = sum(mem.values()) / 1e6
-        peak_mb = max(r["peak_memory_bytes"] for r in per_rank) / 1e6
-        print0(f"final loss {summary['final_loss']:.8f} median step {median_step * 1e3:.1f} ms tokens/s "
-               f"{summary['tokens_per_s']:,.0f} ({summary['tokens_per_s_per_process']:,.0f} per process) "
-               f"model state {state_mb:.2f} MB/rank, peak {'GPU' if env.device.type == 'cuda' else 'RSS'} "
-               f"{peak_mb:,.0f} MB (largest rank)")
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(summary, indent=1))
-        if full_sd is not None:
-            Path(args.save_params).parent.mkdir(parents=True, exist_ok=True)
-            torch.save({k: v.detach().cpu() for k, v in full_sd.items()}, args.save_params)
+        write_summary(args, env, summary, per_rank, full_sd)
     del model, opt, full_sd  # teardown collects them while the process group is still alive
     teardown()
     return summary
+
+
+def write_summary(args: argparse.Namespace, env: DistEnv, summary: dict[str, Any], per_rank: list[dict],
+                  full_sd: dict[str, torch.Tensor] | None) -> None:
+    """Rank 0: print the final line, write --out's JSON and --save-params' state dict."""
+    state_mb = sum(summary["per_rank"][0]["model_state_bytes"].values()) / 1e6
+    peak_mb = max(r["peak_memory_bytes"] for r in per_rank) / 1e6
+    print0(f"final loss {summary['final_loss']:.8f} median step {summary['median_step_s'] * 1e3:.1f} ms "
+           f"tokens/s "
+           f"{summary['tokens_per_s']:,.0f} ({summary['tokens_per_s_per_process']:,.0f} per process) "
+           f"model state {state_mb:.2f} MB/rank, peak {'GPU' if env.device.type == 'cuda' else 'RSS'} "
+           f"{peak_mb:,.0f} MB (largest rank)")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(summary, indent=1))
+    if full_sd is not None:
+        Path(args.save_params).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().cpu() for k, v in full_sd.items()}, args.save_params)
 
 
 if __name__ == "__main__":
