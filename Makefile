@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 # `make test TEST_PROFILE=full` on a GPU runs the notebooks with their real sizes
 TEST_PROFILE ?= smoke
 
-.PHONY: setup lab test lint course browser clean gpu-check gpu-wheels
+.PHONY: setup lab test lint course browser clean gpu-check gpu-wheels test-matrix
 
 setup: $(STAMP)
 
@@ -37,6 +37,14 @@ lab: $(STAMP)
 
 test: $(STAMP) browser lint
 	COURSE_PROFILE=$(TEST_PROFILE) HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
+
+# The suite on one tested version set, in its own venv (.venv-floor / .venv-box, built once from
+# ci/constraints-$(SET).txt): SET=floor (default; torch 2.7.1, transformers 4.52, Python 3.11) or SET=box
+# (torch 2.11, transformers 5.17, triton 3.6, Python 3.12). Not part of `make test`: about 20 min on 2 cores,
+# plus the first build (a few GB). MATRIX_PYTHON=/path/to/python3.X if python3.11 / python3.12 is not on PATH.
+SET ?= floor
+test-matrix:
+	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_matrix.sh $(SET)
 
 # ruff's linter (rules and the 110-character line in pyproject.toml) over code, tests and notebooks
 lint: $(STAMP)

@@ -18,15 +18,16 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["AGREEMENT_TOL", "agreement_tolerance", "attention_agreement", "check_padding_mask",
+__all__ = ["check_qkv", "AGREEMENT_TOL", "agreement_tolerance", "attention_agreement", "check_padding_mask",
            "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
            "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod", "AttentionMaps",
            "capture_attention_maps", "attention_flops"]
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                key_padding_mask: torch.Tensor | None) -> None:
-    """Raise ValueError naming the shapes got and needed, for q, k, v and the padding mask."""
+    """Raise ValueError naming the shapes got and needed, for q, k, v and the padding mask (lesson 01; every
+    attention implementation here and the Triton kernel check their inputs with it)."""
     if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"need q (B, H, Tq, d) and k, v (B, H, Tk, d) with equal B, H, d; got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -64,7 +65,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     q: (B, H, Tq, d); k, v: (B, H, Tk, d); key_padding_mask: (B, Tk) bool, True for real tokens.
     Lesson 01.
     """
-    _check_qkv(q, k, v, key_padding_mask)
+    check_qkv(q, k, v, key_padding_mask)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk): the O(N²) matrix
     if causal:
@@ -80,7 +81,7 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     block_q: int = 64, block_k: int = 64) -> torch.Tensor:
     """FlashAttention's algorithm in plain PyTorch: blocks of K/V with a running max and sum (online
     softmax), so only (block_q, block_k) scores exist at a time, never the (Tq, Tk) matrix (lesson 01)."""
-    _check_qkv(q, k, v, key_padding_mask)
+    check_qkv(q, k, v, key_padding_mask)
     if block_q < 1 or block_k < 1:
         raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -171,7 +172,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                    backend: str | None = None) -> torch.Tensor:
     """F.scaled_dot_product_attention with the course's masks, restricted to one `backend` if given
     (lesson 01)."""
-    _check_qkv(q, k, v, key_padding_mask)
+    check_qkv(q, k, v, key_padding_mask)
     tq, tk = q.shape[2], k.shape[2]
     mask, is_causal = None, causal and tq == tk  # SDPA's is_causal is top-left aligned: same only if Tq == Tk
     if key_padding_mask is not None or (causal and not is_causal):
@@ -210,11 +211,18 @@ def probe_sdpa_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 # --- FlexAttention -----------------------------------------------------------------------------------
 
 @functools.cache
-def flex_attention_fn() -> Callable[..., torch.Tensor]:
-    """`flex_attention` wrapped in torch.compile (it only runs fast, and on CPU only runs, compiled).
-    The first call for each new shape or mask compiles; time it apart (lesson 01)."""
+def flex_attention_fn(device: str | None = None) -> Callable[..., torch.Tensor]:
+    """`flex_attention` wrapped in torch.compile (it only runs fast compiled), for `device` (default: CUDA
+    when there is one, else the CPU). The first call for each new shape or mask compiles; time it apart.
+    Where torch cannot compile it for the device (a CPU with torch < 2.11), the uncompiled function
+    (`helpers.compat.flex_compiles` says why) (lesson 01)."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    from helpers import compat
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not compat.flex_compiles(device)[0]:
+        return flex_attention
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -293,25 +301,28 @@ def capture_attention_maps(model: Any, tokenizer: Any, text: str | Sequence[str]
     if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
         raise ValueError(f"capture_attention_maps needs a non-empty text or a non-empty list of non-empty "
                          f"texts, got {text!r}"[:200])
+    from helpers import compat
+
     impl = getattr(model.config, "_attn_implementation", None)
     switched = impl not in (None, "eager")
     was_training = model.training
+    run = model  # the model that captures: `model` switched in place, or (transformers 4.x) an eager copy
     try:
         if switched:
             if verbose:
                 print(f"capture_attention_maps: the model runs {impl!r}, which returns no attention weights; "
                       "switching it to the naive attention ('eager') for this capture")
-            model.set_attn_implementation("eager")
-        device = next(model.parameters()).device
+            run = compat.set_attn_implementation(model, "eager")
+        device = next(run.parameters()).device
         enc = tokenizer(texts, return_tensors="pt", truncation=True, max_length=max_length,
                         padding=True).to(device)
-        model.eval()
+        run.eval()
         with torch.no_grad():
-            out = model(**enc, output_attentions=True)
+            out = run(**enc, output_attentions=True)
     finally:
         model.train(was_training)
-        if switched and getattr(model.config, "_attn_implementation", None) != impl:
-            model.set_attn_implementation(impl)
+        if switched and run is model and getattr(model.config, "_attn_implementation", None) != impl:
+            compat.set_attn_implementation(model, impl)  # in place where it switched in place
     if not out.attentions:
         raise RuntimeError("the model returned no attention weights even with the naive attention")
     stacked = torch.stack(out.attentions, dim=1).float().cpu()  # L x (B, H, T, T) -> (B, L, H, T, T)

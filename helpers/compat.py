@@ -1,16 +1,38 @@
 """The one place where the course meets APIs that differ between the versions it supports (all lessons).
 
 Every version-dependent call goes through a function here; when the installed version cannot do a thing,
-the function raises a clear error naming the version needed. Supported range: see pyproject.toml.
+the function raises a clear error naming the version needed. Supported range: pyproject.toml; tested sets:
+README.md ("Supported versions") and `make test-matrix`.
+
+What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to newest:
+- transformers 4.x BERT picks its attention classes when it is built (eager or sdpa only), has no working
+  `set_attn_implementation`, and takes a packing mask as (R, T, T) of 1/0, not (R, 1, T, T);
+- triton < 3.4 has no `triton.knobs`; triton < 3.7's interpreter fails with numpy >= 2.4;
+- torch 2.7's gloo reduce-scatter sums where AVG is asked, so FSDP2 on CPUs summed gradients;
+- compiled FlexAttention does not build on a CPU with torch 2.7; FlexAttention has no CPU backward in
+  the torch releases after it (2.11, 2.13 checked);
+- torch._scaled_mm on a CPU scales per tensor only in some releases (2.11), row-wise too in others (2.13).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.metadata
+import os
+from typing import Any, Callable
 
+import torch
 from torch import nn
 
-__all__ = ["version_of", "at_least", "require", "set_attn_implementation"]
+__all__ = ["version_of", "at_least", "require", "set_attn_implementation", "bert_attn_implementations",
+           "packing_attention_mask", "triton_interpret_enabled", "check_triton_interpreter", "fully_shard",
+           "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
+           "scaled_mm_supports", "TRANSFORMERS_V5", "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
+
+TRANSFORMERS_V5 = "5.0"  # BERT on the attention interface: switchable in place, flex_attention, 4-D masks
+TRITON_NUMPY_FIX = "3.7"  # first triton whose interpreter runs with numpy >= 2.4 (triton PR 9172)
+FLEX_CPU_COMPILE = "2.11"  # oldest torch seen to compile FlexAttention for a CPU (2.7 fails to)
 
 
 def _as_tuple(version: str) -> tuple[int, ...]:
@@ -43,13 +65,158 @@ def require(package: str, minimum: str, what: str) -> None:
                            f"pip install '{package}>={minimum}'")
 
 
+# --- Hugging Face attention implementations ------------------------------------------------------------
+
+def bert_attn_implementations() -> tuple[str, ...]:
+    """The attention implementations the installed transformers' BERT can run (lessons 05 and 07)."""
+    if at_least("transformers", TRANSFORMERS_V5):
+        return ("eager", "sdpa", "flex_attention")
+    return ("eager", "sdpa")  # 4.x: BERT_SELF_ATTENTION_CLASSES has these two only
+
+
+def _rebuilt(model: nn.Module, impl: str) -> nn.Module:
+    """A copy of a HF model built with attention `impl`, same weights, device, dtype, mode and frozen
+    parameters (transformers 4.x BERT chooses its attention modules when it is built)."""
+    if not hasattr(type(model), "_from_config"):
+        raise TypeError(f"set_attn_implementation needs a Hugging Face model, got {type(model).__name__}")
+    first = next(model.parameters())
+    new = type(model)._from_config(copy.deepcopy(model.config), attn_implementation=impl)
+    new.to(device=first.device, dtype=first.dtype)
+    new.load_state_dict(model.state_dict())
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    for name, p in new.named_parameters():
+        p.requires_grad_(name not in frozen)
+    for mine, theirs in zip(new.modules(), model.modules()):  # dropout changed after loading (p = 0) stays
+        if isinstance(mine, nn.Dropout) and isinstance(theirs, nn.Dropout):
+            mine.p = theirs.p
+    return new.train(model.training)
+
+
 def set_attn_implementation(model: nn.Module, impl: str) -> nn.Module:
     """Switch a Hugging Face model's attention implementation ('eager', 'sdpa', ...) (lessons 01, 07).
 
-    Returns the model to use from now on (the same object where the installed transformers can switch in
-    place)."""
-    if hasattr(model, "set_attn_implementation"):
+    Returns the model to use from now on: the same object with transformers >= 5.0 (switched in place);
+    with transformers 4.x a rebuilt copy with the same weights (optimizers made for the old one must be
+    made again)."""
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == impl:
+        return model
+    if at_least("transformers", TRANSFORMERS_V5) and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(impl)
         return model
-    raise RuntimeError(f"switching attention to {impl!r} after loading needs transformers >= 4.54; this "
-                       f"environment has transformers {version_of('transformers')}")
+    if impl not in bert_attn_implementations():
+        raise RuntimeError(f"attn_implementation {impl!r} for a BERT model needs transformers >= "
+                           f"{TRANSFORMERS_V5}; this environment has transformers "
+                           f"{version_of('transformers')}, whose BERT runs {bert_attn_implementations()}")
+    return _rebuilt(model, impl)
+
+
+def packing_attention_mask(same_doc: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
+    """The `attention_mask` a HF BERT takes for a packed batch, from `same_doc` (R, 1, T, T) bool, True =
+    may attend (lessons 05 and 07)."""
+    if not at_least("transformers", TRANSFORMERS_V5):
+        # 4.x BERT extends a 3-D (R, T, T) mask of 1 = attend, 0 = not, itself (get_extended_attention_mask)
+        return same_doc[:, 0].to(dtype)
+    if impl == "sdpa":
+        return same_doc  # bool, True = may attend
+    # eager adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere
+    mask = torch.zeros(same_doc.shape, dtype=dtype, device=same_doc.device)
+    return mask.masked_fill_(~same_doc, torch.finfo(dtype).min)
+
+
+# --- Triton ---------------------------------------------------------------------------------------------
+
+def triton_interpret_enabled() -> bool:
+    """True when triton interprets kernels in this process (TRITON_INTERPRET=1) (lesson 01)."""
+    if at_least("triton", "3.4"):
+        from triton import knobs  # triton >= 3.4 reads its settings through knobs
+
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"  # triton < 3.4 reads the variable itself
+
+
+def check_triton_interpreter() -> None:
+    """Raise RuntimeError where triton's interpreter cannot run: triton < 3.7, numpy >= 2.4 (lesson 01)."""
+    if at_least("numpy", "2.4") and not at_least("triton", TRITON_NUMPY_FIX):
+        raise RuntimeError(f"Triton's interpreter (CPU tensors) in triton {version_of('triton')} fails with "
+                           f"numpy {version_of('numpy')} (numpy >= 2.4 refuses int() of a 1-element array); "
+                           f"it needs triton >= {TRITON_NUMPY_FIX} or numpy < 2.4: pip install 'numpy<2.4'")
+
+
+# --- distributed ----------------------------------------------------------------------------------------
+
+def fully_shard() -> Callable[..., Any]:
+    """FSDP2's `fully_shard` (torch >= 2.6 exports it from torch.distributed.fsdp) (lesson 06)."""
+    require("torch", "2.6", "FSDP2 (torch.distributed.fsdp.fully_shard)")
+    from torch.distributed.fsdp import fully_shard as shard
+
+    return shard
+
+
+@functools.cache
+def _averages(backend: str, world: int) -> bool:
+    import torch.distributed as dist
+
+    inp = torch.full((world,), float(dist.get_rank() + 1))  # rank r sends r + 1 everywhere
+    out = torch.empty(1)
+    dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG)
+    return abs(float(out) - (world + 1) / 2) < 1e-6  # the mean of 1..world, not their sum
+
+
+def reduce_scatter_averages() -> bool:
+    """Whether the default process group's reduce-scatter honours ReduceOp.AVG, checked by one collective
+    (torch 2.7's gloo sums instead); every rank must call it (lesson 06)."""
+    import torch.distributed as dist
+
+    return _averages(dist.get_backend(), dist.get_world_size())
+
+
+def average_fsdp_gradients(modules: list[nn.Module], world_size: int) -> bool:
+    """Make FSDP2 average gradients where the backend's reduce-scatter sums (torch 2.7 on gloo): divide
+    each reduced shard by the world size. True when a fix was needed (lesson 06)."""
+    if reduce_scatter_averages():
+        return False
+    for module in modules:
+        if not hasattr(module, "set_all_reduce_hook"):
+            raise RuntimeError(f"FSDP2 on this backend sums gradients and torch {torch.__version__} has no "
+                               "set_all_reduce_hook to divide them: needs torch >= 2.7")
+        module.set_all_reduce_hook(lambda grad: grad.div_(world_size))  # runs after the reduce-scatter
+    return True
+
+
+# --- FlexAttention --------------------------------------------------------------------------------------
+
+def flex_compiles(device: torch.device | str) -> tuple[bool, str]:
+    """Whether torch.compile can build FlexAttention for `device`, and why not, in one line (lesson 01)."""
+    if torch.device(device).type == "cpu" and not at_least("torch", FLEX_CPU_COMPILE):
+        return False, (f"compiled FlexAttention on a CPU needs torch >= {FLEX_CPU_COMPILE} (torch "
+                       f"{torch.__version__} fails to build it); running it uncompiled")
+    return True, "compiled"
+
+
+def flex_trains(device: torch.device | str) -> tuple[bool, str]:
+    """Whether FlexAttention has a backward pass on `device`, and why not in one line (lessons 05, 07)."""
+    # checked: torch 2.11 and 2.13 raise NotImplementedError; 2.7 runs it (uncompiled, as it must there)
+    if torch.device(device).type == "cpu" and at_least("torch", FLEX_CPU_COMPILE):
+        return False, (f"FlexAttention has no backward pass on a CPU in torch {torch.__version__} "
+                       "(NotImplementedError): train on a CUDA GPU, or use 'sdpa' on a CPU")
+    return True, "has a backward pass"
+
+
+# --- FP8 ------------------------------------------------------------------------------------------------
+
+@functools.cache
+def scaled_mm_supports(device: str, rowwise: bool) -> tuple[bool, str]:
+    """Whether torch._scaled_mm runs on `device` with per-tensor (or row-wise) scales, and why not: one tiny
+    FP8 matmul decides (lesson 07)."""
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return False, f"torch {torch.__version__} has no FP8 matmul (torch._scaled_mm)"
+    kind = "row-wise" if rowwise else "per-tensor"
+    try:
+        a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
+        sa = torch.ones(16, 1, device=device) if rowwise else torch.tensor(1.0, device=device)
+        sb = torch.ones(1, 16, device=device) if rowwise else torch.tensor(1.0, device=device)
+        torch._scaled_mm(a, a.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+        return False, f"torch {torch.__version__} has no {kind} torch._scaled_mm on {device} ({first})"
+    return True, f"{kind} torch._scaled_mm runs on {device}"

@@ -176,7 +176,8 @@ def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | Non
     """FSDP2 (lesson 06): shard each block (default `model.blocks`), then the root (embeddings, head);
     parameters become DTensors, each rank holding 1/N of them."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+
+    from helpers import compat
 
     if not env.distributed:
         raise ValueError("FSDP needs a process group: launch the script with torchrun")
@@ -184,10 +185,14 @@ def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | Non
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no `blocks`: pass the layers to shard one by one "
                          "(e.g. model.bert.encoder.layer)")
+    fully_shard = compat.fully_shard()
     mesh = init_device_mesh(env.device.type, (env.world_size,))
     for block in blocks:
         fully_shard(block, mesh=mesh)  # its parameters are all-gathered just before its forward
     fully_shard(model, mesh=mesh)
+    # gradients are averaged over ranks, as one process over the whole batch would have them; torch 2.7's
+    # gloo sums in the reduce-scatter where FSDP asks for the average, so each shard is divided after it
+    compat.average_fsdp_gradients([*blocks, model], env.world_size)
     return model
 
 

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import compat
+
 __all__ = ["RECIPES", "BACKENDS", "E4M3", "E5M2", "fp8_supported", "torchao_available", "quantize",
            "fp8_matmul", "FP8Linear", "default_skip", "convert_to_float8"]
 
@@ -96,6 +98,10 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, *, recipe: str = "tensorwise", 
         raise ValueError(f"need a (M, K) and b (K, N), got {tuple(a.shape)} and {tuple(b.shape)}")
     m, n = a.shape[0], b.shape[1]
     rowwise = recipe == "rowwise"
+    ok, why = compat.scaled_mm_supports(str(a.device), rowwise)  # one probe per device and recipe
+    if not ok:
+        raise RuntimeError(f"fp8_matmul with recipe={recipe!r} cannot run here: {why}. Row-wise scales on a "
+                           "CPU need a newer torch (2.13 runs them; 2.11 does not): use recipe='tensorwise'")
     a8, sa = quantize(_pad16(a), a_dtype, dim=1 if rowwise else None)  # sa (M, 1) or ()
     b8, sb = quantize(_pad16(b), b_dtype, dim=0 if rowwise else None)  # sb (1, N) or ()
     b8 = b8.t().contiguous().t()  # column-major, as _scaled_mm's second operand must be

@@ -16,6 +16,9 @@ models choose it (`model.config._attn_implementation`):
   document ids; exact, dropout included, on every device. SDPA then cannot use its flash kernel.
 - "flex_attention": a FlexAttention `BlockMask` from `create_block_mask` with a document mask_mod;
   fully masked blocks are skipped. Compiles on first use (~25 s on a CPU). No attention dropout.
+  A GPU path for training: on a CPU FlexAttention has no backward pass (torch >= 2.11), so a packed
+  forward that would train there is refused; on a CPU it serves to check results (under torch.no_grad).
+  BERT runs it with transformers >= 5.0 only (4.x BERT has eager and sdpa).
 - VARLEN ("course_varlen", set by `use_varlen(model)`): the rows are flattened into one sequence and
   `torch.nn.attention.varlen.varlen_attn` (FlashAttention on cumulative sequence lengths, CUDA with
   bf16/fp16 only) attends within each document; nothing is masked because nothing crosses. No
@@ -63,6 +66,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Sampler
+
+from helpers import compat
 
 __all__ = ["STRATEGIES", "VARLEN", "pack_lengths", "PackCollate", "PackedBatchSampler", "document_mask",
            "document_block_mask", "varlen_segments", "packed_forward", "PackedModel", "PackingStats",
@@ -305,15 +310,15 @@ def use_varlen(model: nn.Module, *, check_device: bool = True) -> nn.Module:
     """Switch a Hugging Face model to varlen attention for packed batches, SDPA for padded ones (lesson 07).
 
     Raises ValueError where varlen cannot run (CPU, pre-Ampere GPU); check_device=False is for tests."""
-    if not hasattr(model, "set_attn_implementation"):
+    if not hasattr(model, "config") or not hasattr(type(model), "_from_config"):
         raise TypeError(f"use_varlen needs a Hugging Face model, got {type(model).__name__}")
+    compat.require("transformers", compat.TRANSFORMERS_V5, "varlen attention for a Hugging Face BERT")
     if check_device:
         ok, why = varlen_available(next(model.parameters()).device)
         if not ok:
             raise ValueError(f"varlen attention cannot run here: {why}; keep attn_implementation='sdpa'")
     _register_varlen()
-    model.set_attn_implementation(VARLEN)
-    return model
+    return compat.set_attn_implementation(model, VARLEN)
 
 
 def disable_attention_dropout(model: nn.Module) -> nn.Module:
@@ -349,13 +354,15 @@ def _hf_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> A
         ids, pos, mask = ids.reshape(1, -1), pos.reshape(1, -1), None
         kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
     elif impl == "flex_attention":
+        trains = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+        ok, why = compat.flex_trains(doc.device)
+        if trains and not ok:
+            raise RuntimeError(f"packing with attn_implementation='flex_attention' cannot train here: {why}. "
+                               "Run it under torch.no_grad() to check results")
         mask = document_block_mask(doc)
-    elif impl == "sdpa":
-        mask = document_mask(doc)  # bool: True = may attend
-    elif impl == "eager":  # eager adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere
+    elif impl in ("sdpa", "eager"):  # the form (3-D or 4-D, bool or additive) depends on transformers
         dtype = model.bert.embeddings.word_embeddings.weight.dtype
-        mask = torch.zeros(document_mask(doc).shape, dtype=dtype, device=doc.device)
-        mask.masked_fill_(~document_mask(doc), torch.finfo(dtype).min)
+        mask = compat.packing_attention_mask(document_mask(doc), impl, dtype)
     else:
         raise ValueError(f"packing supports attn_implementation 'sdpa', 'eager', 'flex_attention' or "
                          f"{VARLEN!r} (use_varlen), got {impl!r}")

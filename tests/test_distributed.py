@@ -184,3 +184,71 @@ def test_launch_timeout_raises_and_leaves_no_process(tmp_path: Path) -> None:
     assert info.value.result.returncode != 0
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == [], f"processes left behind: {left}"
+
+
+# --- FSDP2 averages gradients over ranks, as one process over the whole batch would --------------------
+
+# The model and data both sides build: two blocks and a head, a global batch of 8 rows split between ranks.
+FSDP_MODEL = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)])
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = torch.tanh(block(x))
+            return self.head(x)
+
+    def make():
+        torch.manual_seed(0)
+        model = Net()
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(8, 8, generator=g), torch.randn(8, 2, generator=g)
+        return model, x, y
+
+    def train(model, x, y, steps=3):
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(steps):
+            loss = torch.nn.functional.mse_loss(model(x), y)  # mean over this process's rows
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+""")
+FSDP_WORKER = FSDP_MODEL + textwrap.dedent("""
+    import sys
+    from helpers import distributed as hd
+
+    env = hd.setup("cpu")
+    model, x, y = make()
+    half = x.shape[0] // env.world_size
+    rows = slice(env.rank * half, (env.rank + 1) * half)  # this rank's part of the global batch
+    model = hd.apply_fsdp(model, env)
+    train(model, x[rows], y[rows])
+    full = {name: p.full_tensor() for name, p in model.named_parameters()}  # all-gathered by every rank
+    if env.rank == 0:
+        torch.save(full, sys.argv[1])
+    del model
+    hd.teardown()
+""")
+FSDP_TOL = 1e-5  # fp32, 3 steps, 8x8 weights: one process and two differ only in summation order
+
+
+def test_fsdp_on_gloo_gives_one_process_s_parameters(tmp_path: Path) -> None:
+    """FSDP2 under 2 gloo ranks ends with the parameters one process reaches on the whole batch: gradients
+    averaged over ranks, not summed (torch 2.7's gloo sums where FSDP asks for the average)."""
+    script, out = tmp_path / "fsdp.py", tmp_path / "params.pt"
+    script.write_text(FSDP_WORKER)
+    hd.launch(script, [str(out)], nproc_per_node=2, timeout_s=240, echo=False, env={"OMP_NUM_THREADS": "1"})
+    space: dict = {}
+    exec(FSDP_MODEL, space)  # the same model and data, trained by this one process on all 8 rows
+    model, x, y = space["make"]()
+    space["train"](model, x, y)
+    got = torch.load(out)
+    for name, want in model.named_parameters():
+        err = float((got[name] - want.detach()).abs().max())
+        assert err < FSDP_TOL, f"{name}: FSDP on 2 ranks differs from one process by {err:.2e} (a sum?)"

@@ -89,3 +89,83 @@ def test_the_table_names_entry_points_that_exist():
             if callable(obj) and getattr(obj, "__module__", "").startswith("helpers"):
                 assert obj.__doc__ and re.search(r"lesson|benchmark|script", obj.__doc__, flags=re.I), (
                     f"helpers.{module}.{name}'s docstring should name the lesson that uses it")
+
+
+# --- private names stay inside the module (or package) that defines them ---------------------------------
+
+ROOT = HELPERS.parent
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _owner(dotted: str) -> str:
+    """The module or package that owns a dotted name: everything before its first private part."""
+    parts = dotted.split(".")
+    first = next(i for i, p in enumerate(parts) if _is_private(p))
+    return ".".join(parts[:first])
+
+
+def private_imports(importer: str, source: str) -> set[str]:
+    """Private helpers names (`_x`, as a module or an imported name) that `importer` imports from another
+    module; a package's own modules may import its private modules (helpers.kernels -> ._triton_fwd)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for dotted in names:
+            if dotted.split(".")[0] != "helpers" or not any(_is_private(p) for p in dotted.split(".")):
+                continue
+            owner = _owner(dotted)
+            inside = importer == owner or importer.startswith(owner + ".")
+            # a package owns its private modules; a plain module keeps its private names to itself
+            if not (inside and (HELPERS.parent / owner.replace(".", "/")).is_dir()) and importer != owner:
+                found.add(dotted)
+    return found
+
+
+def _importers() -> dict[str, str]:
+    """Every source the rule covers: helpers modules, scripts, benchmarks and notebook code cells."""
+    import nbformat
+
+    sources = {}
+    for path in sorted(HELPERS.rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        sources[module.removesuffix(".__init__")] = path.read_text(encoding="utf-8")
+    for folder in ("scripts", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            sources[str(path.relative_to(ROOT))] = path.read_text(encoding="utf-8")
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        code = [c.source for c in cells if c.cell_type == "code"]
+        # IPython magics and shell escapes are not Python: blank them out before parsing
+        lines = [ln if not ln.lstrip().startswith(("%", "!")) else "" for ln in "\n".join(code).splitlines()]
+        sources[str(path.relative_to(ROOT))] = "\n".join(lines)
+    return sources
+
+
+def test_no_private_name_is_imported_across_modules():
+    """Helpers modules, scripts, benchmarks and notebooks import only public names of other modules (issue
+    19): a private name (`_x`) can change without notice, so whoever needs it gets a public one instead."""
+    found = {who: sorted(private_imports(who, src)) for who, src in _importers().items()}
+    found = {who: names for who, names in found.items() if names}
+    assert not found, f"private names imported across modules (make them public or keep them inside): {found}"
+
+
+def test_the_private_import_check_catches_planted_imports():
+    planted = "def f():\n    from helpers.attention import _check_qkv\n    return _check_qkv\n"
+    assert private_imports("helpers.kernels.flash_attention", planted) == {"helpers.attention._check_qkv"}
+    assert private_imports("notebooks/01_attention.ipynb", "from helpers.kernels import _triton_fwd\n") == {
+        "helpers.kernels._triton_fwd"}
+    assert private_imports("benchmarks/x.py", "import helpers.kernels._triton_bwd as b\n") == {
+        "helpers.kernels._triton_bwd"}
+    # allowed: a package's own modules use its private modules, a module its own private names
+    own = "from helpers.kernels import _triton_fwd\n"
+    assert private_imports("helpers.kernels.flash_attention", own) == set()
+    assert private_imports("helpers.attention", "from helpers.attention import _causal_allowed\n") == set()
+    assert private_imports("scripts/x.py", "from helpers.attention import check_padding_mask\n") == set()

@@ -26,9 +26,9 @@ TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 
 def _interpreting() -> bool:
-    from triton import knobs
+    from helpers import compat
 
-    return bool(knobs.runtime.interpret)
+    return compat.triton_interpret_enabled()
 
 
 def _inputs(b, h, tq, tk, d, seed, padded, device="cpu", dtype=torch.float32):

@@ -10,6 +10,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 import helpers.packing as packing
+from helpers import compat
 from helpers.data import PadCollate
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.packing import (
@@ -277,14 +278,32 @@ def test_varlen_is_refused_on_cpu():
         use_varlen(_bert())
 
 
+needs_bert_flex = pytest.mark.skipif(not compat.at_least("transformers", compat.TRANSFORMERS_V5),
+                                     reason="BERT runs flex_attention with transformers >= 5.0 only")
+
+
+@needs_bert_flex
 def test_flex_attention_block_mask_equals_padded():
     """FlexAttention with create_block_mask (compiles once: ~25 s on a 2-core CPU)."""
     model = _bert("sdpa")
     a, _ = _compare(model)
-    model.set_attn_implementation("flex_attention")
+    model = compat.set_attn_implementation(model, "flex_attention")
     with torch.no_grad():  # only the packed batch goes through flex: one shape, one compilation
         b = packed_forward(model, PackCollate(SEQ_LEN)(_docs()))
     torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-5)
+
+
+@needs_bert_flex
+@pytest.mark.skipif(compat.flex_trains("cpu")[0], reason="this torch has a CPU backward for FlexAttention")
+def test_flex_packing_refuses_to_train_on_cpu():
+    """Issue 20: FlexAttention has no CPU backward; a packed forward that would train says so at once,
+    where torch would fail later, in backward, with a NotImplementedError."""
+    model = compat.set_attn_implementation(packing.disable_attention_dropout(_bert("sdpa")), "flex_attention")
+    batch = PackCollate(SEQ_LEN)(_docs())
+    with pytest.raises(RuntimeError, match="cannot train here: FlexAttention has no backward pass on a CPU"):
+        PackedModel(model).train()(**batch)
+    with torch.no_grad():  # checking results without gradients runs
+        assert packed_forward(model.eval(), batch).logits.shape == (len(LENGTHS), 3)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not varlen_available("cuda")[0],

@@ -21,9 +21,10 @@ from helpers.kernels.flash_attention import (
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
     flash_attention,
+    kernel_source,
     triton_available,
     uses_interpreter,
 )
 
-__all__ = ["flash_attention", "triton_available", "uses_interpreter", "SUPPORTED_HEAD_DIMS",
+__all__ = ["flash_attention", "triton_available", "uses_interpreter", "kernel_source", "SUPPORTED_HEAD_DIMS",
            "SUPPORTED_DTYPES"]

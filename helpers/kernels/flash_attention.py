@@ -4,6 +4,7 @@ and ties forward and backward together with `torch.autograd.Function`."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import math
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["flash_attention", "triton_available", "uses_interpreter", "SUPPORTED_HEAD_DIMS",
+__all__ = ["flash_attention", "triton_available", "uses_interpreter", "kernel_source", "SUPPORTED_HEAD_DIMS",
            "SUPPORTED_DTYPES"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)  # powers of two that tl.dot tiles; 64 and 128 are the usual ones
@@ -26,6 +27,22 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+KERNEL_FILES = {"attn_fwd": "_triton_fwd.py", "attn_bwd_dkdv": "_triton_bwd.py",
+                "attn_bwd_dq": "_triton_bwd.py"}  # kernel -> the file that defines it
+
+
+def kernel_source(name: str = "attn_fwd") -> str:
+    """The Triton source of one of the course's kernels, for reading (lesson 01): 'attn_fwd' (forward),
+    'attn_bwd_dkdv' or 'attn_bwd_dq' (backward). Read from the file, so triton is not imported."""
+    if name not in KERNEL_FILES:
+        raise ValueError(f"no kernel named {name!r}: choose one of {sorted(KERNEL_FILES)}")
+    path = os.path.join(os.path.dirname(__file__), KERNEL_FILES[name])
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(source, node) or ""
+
+
 def uses_interpreter(device: torch.device | str) -> bool:
     """True when a kernel on `device` runs through Triton's interpreter: CPU tensors, or TRITON_INTERPRET=1
     (lesson 01)."""
@@ -36,13 +53,14 @@ def uses_interpreter(device: torch.device | str) -> bool:
 def _ensure_interpreter() -> None:
     """Make Triton interpret kernels: TRITON_INTERPRET=1 must be set before triton is first imported,
     because triton decides at import time whether its own library functions (tl.zeros, tl.max...) are
-    compiled or interpreted."""
+    compiled or interpreted. Refuses a triton whose interpreter cannot run with the installed numpy."""
+    from helpers import compat
+
+    compat.check_triton_interpreter()
     if "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"  # nothing has imported triton yet: safe to choose now
         return
-    from triton import knobs
-
-    if not knobs.runtime.interpret:
+    if not compat.triton_interpret_enabled():
         raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so it cannot interpret "
                            "kernels on CPU tensors in this process: restart, and set "
                            "os.environ['TRITON_INTERPRET'] = '1' before anything imports triton "
@@ -67,9 +85,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     is two more Triton kernels that recompute the probabilities tile by tile.
     Lesson 01.
     """
-    from helpers.attention import _check_qkv
+    from helpers.attention import check_qkv
 
-    _check_qkv(q, k, v, key_padding_mask)
+    check_qkv(q, k, v, key_padding_mask)
     d = q.shape[-1]
     if d not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dimension {d} (q {tuple(q.shape)}) is not supported by the kernel: "
