@@ -552,8 +552,9 @@ def climb_stacks(make_model: Callable[[], nn.Module],
                  rungs: Sequence[Rung] = RUNGS, time_budget_s: float | None = None,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """`climb` with `measure_stack` on the given model and batches (`sample_batches`): each stack checked,
-    then timed; rungs the device cannot run (FP8) skipped with their reason. Returns {"mode", "rows",
-    "your_stack", "your_stack_code", "stack"} (lesson 07 and `run_ladder`)."""
+    then timed; rungs the device cannot run (FP8) skipped with their reason; at the end the stack that
+    survived is timed again in alternation with the baseline (`side_by_side`). Returns {"mode", "rows",
+    "your_stack", "your_stack_code", "your_stack_vs_baseline", "stack"} (lesson 07 and `run_ladder`)."""
     def measure(stack: RunSpec, ref: Arm | None) -> Arm:
         # no dynamo reset: the best arm's compiled layers must stay valid to be timed again beside the
         # candidate (so a compiled stack's first call includes compiling only when the cache is cold)
@@ -571,7 +572,24 @@ def climb_stacks(make_model: Callable[[], nn.Module],
     base, steps, final = climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip, log=log)
     rows = ladder_rows(base, steps, device, greedy=greedy)
     return {"mode": "greedy" if greedy else "cumulative", "rows": rows,
-            "your_stack": dataclasses.asdict(final), "your_stack_code": final.describe(), "stack": final}
+            "your_stack": dataclasses.asdict(final), "your_stack_code": final.describe(),
+            "your_stack_vs_baseline": side_by_side(base, steps, final, repeats=repeats), "stack": final}
+
+
+def side_by_side(base: Arm, steps: Sequence[Step], final: RunSpec, *, repeats: int = 5) -> dict[str, Any]:
+    """The final stack and the baseline timed now, in alternation (`time_interleaved`): the speed-up a
+    climb reports, never a late timing divided by the baseline's early one (lesson 07, benchmark)."""
+    arm = next((s.arm for s in reversed(steps) if s.arm is not None and s.arm.stack == final), base)
+    names = [s.rung.name for s in steps if s.arm is arm]
+    out: dict[str, Any] = {"name": names[-1] if names else "fp32 eager (baseline)", "speedup": 1.0,
+                           "samples_per_s": base.row["samples_per_s"], "mfu": base.row.get("mfu")}
+    if arm is base or arm.run is None or base.run is None:
+        return out
+    t_base, t_arm = time_interleaved(base.run, arm.run, repeats=repeats)
+    rates = _rates(arm.row, t_arm)
+    return {**out, "speedup": t_base.median_s / t_arm.median_s, "samples_per_s": rates["samples_per_s"],
+            "mfu": rates["mfu"], "baseline_samples_per_s": _rates(base.row, t_base)["samples_per_s"],
+            "median_s": t_arm.median_s, "baseline_median_s": t_base.median_s, "passes": t_arm.runs}
 
 
 def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
@@ -579,7 +597,9 @@ def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
     """One JSON-ready row per measured stack: switches, numbers, decision and the device's why (lesson 07)."""
     rows = [{"name": "fp32 eager (baseline)", **dataclasses.asdict(base.stack), **base.row,
              "speedup": 1.0, "vs_below": None, "kept": True, "why": "the reference", "claim": "baseline"}]
-    base_sps = base.row["samples_per_s"]
+    # speed-up over the baseline: the product of side-by-side ratios along the chain of stacks it was
+    # added to (each pair timed in alternation), not a late timing over the baseline's early one
+    speedup = {base.stack: 1.0}
     for s in steps:
         row: dict[str, Any] = {"name": s.rung.name, **dataclasses.asdict(s.stack), "claim": s.rung.claim}
         if s.arm is None:
@@ -591,7 +611,8 @@ def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
             pad = s.rung.switch == "padding"
             removed = base.row["padded_fraction"] if pad else None
             left = s.arm.row["padded_fraction"] if pad else None
-            row.update(**s.arm.row, speedup=s.arm.row["samples_per_s"] / base_sps, vs_below=s.decision.ratio,
+            speedup[s.stack] = speedup.get(s.base, float("nan")) * s.decision.ratio
+            row.update(**s.arm.row, speedup=speedup[s.stack], vs_below=s.decision.ratio,
                        threshold=s.decision.threshold, kept=s.decision.keep if greedy else True,
                        why=explain(s.rung, s.decision, device, padded_removed=removed, padded_left=left))
         rows.append(row)
@@ -623,8 +644,7 @@ def to_markdown(result: Mapping[str, Any]) -> str:
     """The ladder as Markdown: stamp line, setup, table, the why of each rung, your stack (benchmark)."""
     s, u = result["stamp"], result["setup"]
     vers = ", ".join(f"{k} {s[k]}" for k in ("torch", "cuda", "transformers", "triton", "python") if s.get(k))
-    measured = [r for r in result["rows"] if "samples_per_s" in r]
-    best = max(measured, key=lambda r: r["samples_per_s"])
+    yours = result["your_stack_vs_baseline"]
     lines = [
         f"Ladder ({result['mode']}) on **{s['device']}** ({vers}), {s['date']}, {s.get('threads')} threads, "
         f"load average {s.get('load_average_1min')}.",
@@ -639,8 +659,10 @@ def to_markdown(result: Mapping[str, Any]) -> str:
         "",
         *[f"- {r['name']}: {r['why']}" for r in result["rows"][1:]],
         "",
-        f"Fastest stack measured: **{best['name']}**, {best['speedup']:.2f}x the fp32 eager baseline"
-        + (f", MFU {100 * best['mfu']:.1f} %." if best.get("mfu") is not None else "."),
+        f"Speed-up column: the product of the side-by-side ratios along the stacks each rung was added to. "
+        f"Your stack (up to **{yours['name']}**), timed again in alternation with the fp32 eager baseline: "
+        f"**{yours['speedup']:.2f}x**" + (f", MFU {100 * yours['mfu']:.1f} %." if yours.get("mfu") is not None
+                                          else "."),
         "",
         "Your stack on this machine (the greedy rule's):" if result["mode"] == "greedy" else
         "The top of the ladder (every rung on; `--greedy` keeps only what pays):",
@@ -648,7 +670,7 @@ def to_markdown(result: Mapping[str, Any]) -> str:
         "```python",
         result["your_stack_code"],
         "```",
-        *_targets(result, best),
+        *_targets(result, yours),
     ]
     return "\n".join(lines)
 

@@ -296,3 +296,24 @@ def test_arms_are_timed_in_alternation():
     calls = []
     ta, tb = time_interleaved(lambda: calls.append("a"), lambda: calls.append("b"), repeats=3)
     assert calls == ["a", "b", "b", "a", "a", "b"] and ta.runs == tb.runs == 3
+
+
+def test_speed_ups_come_from_side_by_side_timings_only():
+    # issue 18: a rung's speed-up divided its late timing by the baseline's early one, and the fastest
+    # stack could be a dropped rung; now each speed-up chains side-by-side ratios, and your stack is timed
+    # again in alternation with the baseline
+    calls = []
+    counts = {"samples_per_s": 1.0, "documents_per_pass": 1, "real_tokens_per_pass": 1,
+              "useful_flops_per_pass": 1}
+    base = ladder.Arm(ladder.BASELINE, _t(1.0, 0.0), None, counts, run=lambda: calls.append("base"))
+    sdpa = ladder.BASELINE.replace(attn="sdpa")
+    # measured later, on a quieter machine: 10x the baseline's early samples/s, but 2x side by side
+    arm = ladder.Arm(sdpa, _t(0.1, 0.0), None, {**counts, "samples_per_s": 10.0},
+                     run=lambda: calls.append("sdpa"))
+    rung = next(r for r in ladder.RUNGS if r.switch == "attn")
+    steps = [ladder.Step(rung, sdpa, arm, ladder.BASELINE, ladder.Decision(True, 2.0, 1.1))]
+    rows = ladder.ladder_rows(base, steps, torch.device("cpu"), greedy=True)
+    assert rows[1]["speedup"] == pytest.approx(2.0)
+    yours = ladder.side_by_side(base, steps, sdpa, repeats=2)
+    assert calls == ["base", "sdpa", "sdpa", "base"] and yours["name"] == "+ SDPA"
+    assert yours["speedup"] == pytest.approx(yours["baseline_median_s"] / yours["median_s"])
