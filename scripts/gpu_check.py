@@ -139,10 +139,39 @@ class Outcome:
 
 SKIP_CALL = re.compile(r"\b(skip|skipif|importorskip)\b|requires_cuda|requires_gpu")
 GPU_WORDS = re.compile(r"cuda|gpu|nccl|compute capability|fp8|hopper", re.IGNORECASE)
+PIP_INSTALL = re.compile(r"\bpip[\d.]*\s+install\b")  # pip, pip3, pip3.12; `python -m pip`, `uv pip` too
 
 
-def _mentions_gpu_skip(text: str) -> bool:
-    return bool(SKIP_CALL.search(text) and GPU_WORDS.search(text))
+def _gpu_flags(tree: ast.Module, source: str) -> set[str]:
+    """Module-level names bound to a GPU test (`ACCEL = torch.cuda.is_available()`, or to such a name): a
+    skip on one of them is a GPU skip even when neither it nor its reason names the GPU."""
+    bound = []  # (target names, source of the value) of the module's assignments, also under if/try
+    for top in tree.body:
+        for node in [top, *(n for n in ast.walk(top) if isinstance(top, (ast.If, ast.Try)))]:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                bound.append((names, ast.get_source_segment(source, node.value) or ""))
+    flags: set[str] = set()
+    while True:  # until no new name: ACCEL = HAS_CUDA and ..., HAS_CUDA = torch.cuda.is_available()
+        more = {n for names, value in bound if GPU_WORDS.search(value) or _names_one(value, flags)
+                for n in names} - flags
+        if not more:
+            return flags
+        flags |= more
+
+
+QUOTED = re.compile(r"""(["'])(?:\\.|(?!\1).)*\1""")  # a string literal on one line
+
+
+def _names_one(text: str, flags: set[str]) -> bool:
+    """Whether code `text` uses one of the names `flags` (outside its string literals)."""
+    code = QUOTED.sub("", text)
+    return any(re.search(rf"\b{re.escape(f)}\b", code) for f in flags)
+
+
+def _mentions_gpu_skip(text: str, flags: set[str] = frozenset()) -> bool:
+    return bool(SKIP_CALL.search(text) and (GPU_WORDS.search(text) or _names_one(text, flags)))
 
 
 def _is_skip_call(node: ast.AST) -> bool:
@@ -167,14 +196,15 @@ def _skip_statements(tree: ast.AST, source: str) -> list[str]:
     return found
 
 
-def _gpu_skipped(node: ast.AST, source: str, markers: set[str], helpers: set[str]) -> bool:
+def _gpu_skipped(node: ast.AST, source: str, markers: set[str], helpers: set[str],
+                 flags: set[str] = frozenset()) -> bool:
     """Whether a test (function or class) skips on a machine without CUDA, or could: decorators and body."""
     decorators = getattr(node, "decorator_list", [])
     for dec in decorators:
         text = ast.get_source_segment(source, dec) or ""
-        if _mentions_gpu_skip(text) or any(re.search(rf"\b{m}\b", text) for m in markers):
+        if _mentions_gpu_skip(text, flags) or _names_one(text, markers):
             return True
-    if any(_mentions_gpu_skip(s) for s in _skip_statements(node, source)):
+    if any(_mentions_gpu_skip(s, flags) for s in _skip_statements(node, source)):
         return True
     args = getattr(node, "args", None)
     uses = {a.arg for a in args.args} if args is not None else set()  # fixtures it asks for
@@ -192,35 +222,36 @@ def cuda_test_nodes(root: Path = ROOT) -> list[str]:
         rel = path.relative_to(root).as_posix()
         tree = ast.parse(source)
         markers, helpers, whole_file = set(), set(), False
+        flags = _gpu_flags(tree, source)
         # module level: `requires_cuda = pytest.mark.skipif(...)`, pytestmark, fixtures and helpers
         for node in tree.body:
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
                 text = ast.get_source_segment(source, node) or ""
-                if _mentions_gpu_skip(text):
+                if _mentions_gpu_skip(text, flags):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     names = {t.id for t in targets if isinstance(t, ast.Name)}
                     whole_file |= "pytestmark" in names
                     markers |= names
             elif (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                   and not node.name.startswith("test")
-                  and any(_mentions_gpu_skip(s) for s in _skip_statements(node, source))):
+                  and any(_mentions_gpu_skip(s, flags) for s in _skip_statements(node, source))):
                 helpers.add(node.name)  # a fixture or helper that skips: the tests using it skip too
         if whole_file:
             nodes.append(rel)
             continue
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
-                if _gpu_skipped(node, source, markers, helpers):
+                if _gpu_skipped(node, source, markers, helpers, flags):
                     nodes.append(f"{rel}::{node.name}")
             elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
                 decorators = [ast.get_source_segment(source, d) or "" for d in node.decorator_list]
-                if any(_mentions_gpu_skip(d) or any(re.search(rf"\b{m}\b", d) for m in markers)
+                if any(_mentions_gpu_skip(d, flags) or _names_one(d, markers)
                        for d in decorators):  # the whole class skips without CUDA
                     nodes.append(f"{rel}::{node.name}")
                     continue
                 nodes += [f"{rel}::{node.name}::{m.name}" for m in node.body
                           if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
-                          and m.name.startswith("test") and _gpu_skipped(m, source, markers, helpers)]
+                          and m.name.startswith("test") and _gpu_skipped(m, source, markers, helpers, flags)]
     return nodes
 
 
@@ -236,12 +267,32 @@ def gpu_cells(path: Path) -> list[int]:
             if {"requires-cuda", "requires-multi-gpu"} & set(c.get("metadata", {}).get("tags", []))]
 
 
+def gpu_skip_lines(source: str) -> list[int]:
+    """Lines of a test file's GPU skips: a skip on a line naming the GPU or a GPU flag (`not ACCEL`), a skip
+    under an `if` that tests one, and every use of a marker that is a GPU skip (`@needs_accel`)."""
+    tree = ast.parse(source)
+    flags = _gpu_flags(tree, source)
+    text = lambda node: ast.get_source_segment(source, node) or ""  # noqa: E731
+    gpu = lambda code: bool(GPU_WORDS.search(code) or _names_one(code, flags))  # noqa: E731
+    lines = {i for i, line in enumerate(source.splitlines(), 1)
+             if SKIP_CALL.search(line.split("#", 1)[0])
+             and (GPU_WORDS.search(line) or gpu(line.split("#", 1)[0]))}  # the comment may say "GPU"
+    markers = {t.id for node in tree.body if isinstance(node, ast.Assign)
+               and _mentions_gpu_skip(text(node), flags) for t in node.targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and gpu(text(node.test)):
+            lines |= {c.lineno for c in ast.walk(node) if _is_skip_call(c)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            lines |= {d.lineno for d in node.decorator_list if _names_one(text(d), markers)}
+    return sorted(lines)
+
+
 def uncovered(steps: list[Step], root: Path = ROOT) -> list[str]:
     """GPU work the plan misses: notebooks with GPU cells, and test lines with a GPU skip, that no step runs.
 
-    Independent of `cuda_test_nodes`: every line of tests/test_*.py with a skip and a GPU word must lie in
-    a test the plan names (or its class or file), or, outside any test (a marker, a fixture), in a file
-    it runs.
+    Independent of `cuda_test_nodes`: every line of tests/test_*.py with a GPU skip (`gpu_skip_lines`) must
+    lie in a test the plan names (or its class or file), or, outside any test (a marker, a fixture), in a
+    file it runs.
     """
     args = [a for s in steps for a in s.argv]
     missing = []
@@ -261,10 +312,7 @@ def uncovered(steps: list[Step], root: Path = ROOT) -> list[str]:
                     spans += [(min([m.lineno, *(d.lineno for d in m.decorator_list)]), m.end_lineno,
                                f"{rel}::{node.name}::{m.name}") for m in node.body
                               if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        for i, line in enumerate(source.splitlines(), 1):
-            code = line.split("#", 1)[0]
-            if not (SKIP_CALL.search(code) and GPU_WORDS.search(line)):
-                continue
+        for i in gpu_skip_lines(source):
             inside = [nid for a, b, nid in spans
                       if a <= i <= b and nid.rsplit("::", 1)[-1].lower().startswith("test")]
             need = max(inside, key=len) if inside else rel  # the innermost test, else the file
@@ -281,7 +329,7 @@ def network_problems(steps: list[Step], env: dict[str, str]) -> list[str]:
     for s in steps:
         line = s.command()
         problems += [f"{s.name}: {why}: {line[:120]}" for pat, why in NETWORK_PATTERNS if pat.search(line)]
-        if re.search(r"pip\s+install", line) and "--no-index" not in s.argv:
+        if PIP_INSTALL.search(line) and "--no-index" not in s.argv:
             problems.append(f"{s.name}: pip install without --no-index")
     problems += [f"environment: {k} must be {v!r}, is {env.get(k)!r}" for k, v in OFFLINE_ENV.items()
                  if env.get(k) != v]

@@ -178,6 +178,49 @@ def test_plain_cpu():
 '''
 
 
+# Issue 20: a skip through the file's own variable, whose reason names no GPU either.
+PLANTED_FLAG = '''
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+ACCEL = HAS_CUDA and torch.cuda.device_count() > 0
+needs_accel = pytest.mark.skipif(not ACCEL, reason="no accelerator")
+
+
+@pytest.mark.skipif(not ACCEL, reason="no accelerator here")
+def test_flagged():
+    pass
+
+
+@needs_accel
+def test_flag_marker():
+    pass
+
+
+def test_flag_in_body():
+    if not HAS_CUDA:
+        pytest.skip("nothing to run on")
+
+
+def test_cpu_with_a_word_like_a_flag():
+    pytest.skip("ACCEL is only a word in this reason")
+'''
+
+
+def test_a_gpu_skip_through_the_file_s_own_variable_is_covered(tmp_path):
+    _copy_repo(tmp_path)
+    (tmp_path / "tests" / "test_planted_flag.py").write_text(PLANTED_FLAG)
+    missing = gc.uncovered(gc.plan(Path("/x")), root=tmp_path)
+    f = "tests/test_planted_flag.py"
+    assert sum(f in m for m in missing) == 4, missing  # the marker line, the decorator and the body skip
+    new_plan = gc.plan(Path("/x"), root=tmp_path)
+    assert gc.uncovered(new_plan, root=tmp_path) == []
+    nodes = {a for s in new_plan for a in s.argv}
+    assert {f"{f}::test_flagged", f"{f}::test_flag_marker", f"{f}::test_flag_in_body"} <= nodes
+    assert f"{f}::test_cpu_with_a_word_like_a_flag" not in nodes
+
+
 def _copy_repo(dest: Path) -> None:
     shutil.copytree(ROOT / "tests", dest / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "notebooks", dest / "notebooks",
@@ -215,6 +258,8 @@ def test_the_plan_never_reaches_for_the_network(tmp_path):
     assert env["HF_HUB_OFFLINE"] == "1" and env["PIP_NO_INDEX"] == "1"
     planted = {
         "pip": ("python3", "-m", "pip", "install", "nbval"),
+        "pip3": ("pip3", "install", "x"),
+        "pip3.12": ("bash", "-c", "pip3.12 install -q x && python3 -m pytest"),
         "curl": ("curl", "-sO", "files.example.org/x.whl"),
         "wget": ("wget", "x"),
         "hub": ("python3", "-c", "from huggingface_hub import snapshot_download; snapshot_download('bert')"),
