@@ -10,7 +10,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | base | `tables` | all | `Table` |
 | base | `timing` | 00-05 | `benchmark`, `time_once`, `compare`, `cold_start` |
 | base | `precision` | 02 (03-07) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
-| base | `hardware` | 00 (02, 07) | `get_device`, `device_report`, `measure_roofline`, `peak_flops` |
+| base | `hardware` | 00 (02, 07) | `get_device`, `device_report`, `peak_flops`, `mfu_peak` |
 | measure | `flops` | 02, 07 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |

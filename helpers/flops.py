@@ -21,7 +21,9 @@ Two numbers, two uses: `model_flops_per_token` × real (non-padding) tokens is t
 the numerator of MFU; `executed_flops` is the work a run actually made the device do, padding included
 (it measures how busy the device was, and the gap between the two is the padding's cost).
 
-The peak MFU divides by comes from `helpers.hardware.peak_flops` (datasheet, else measured roofline).
+`mfu` is the one place MFU is computed; the peak it divides by is `helpers.hardware.mfu_peak` (the
+course's one peak policy: the device's fastest dense rate among the training precisions; datasheet, else
+measured roofline).
 """
 
 from __future__ import annotations
@@ -160,8 +162,8 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak: float | PeakFlops) ->
 
     Useful FLOPs count real tokens only: `tokens_per_s` are non-padding tokens per second and
     `flops_per_token` is `model_flops_per_token` at the padded length the model attended over. Padding
-    the device computed is not useful work (see `executed_flops`). `peak`: `helpers.hardware.peak_flops`
-    for the precision the matmuls ran in."""
+    the device computed is not useful work (see `executed_flops`). `peak`: `helpers.hardware.mfu_peak`,
+    the same for every precision (so MFUs compare), or a number you give (FLOP/s)."""
     peak_value = peak.flops if isinstance(peak, PeakFlops) else float(peak)
     if peak_value <= 0 or tokens_per_s < 0 or flops_per_token < 0:
         raise ValueError(f"need peak > 0 and non-negative throughput and FLOPs, got peak={peak_value}, "

@@ -153,9 +153,10 @@ class TrainResult:
     MFU (one definition for the course): useful model FLOPs per second over the device's peak,
     `sum over timed batches (real tokens × model_flops_per_token(model, batch width)) / time / peak`,
     i.e. real (non-padding) tokens/s × FLOPs per token / peak. Padding the device computed is not
-    useful work. FLOPs per token come from `helpers.flops.model_flops_per_token`, the peak from
-    `helpers.hardware.peak_flops` for the run's precision (datasheet, else lesson 00's measured
-    roofline) or `TrainConfig.peak_flops`. Under DDP it is this process's MFU on its own device."""
+    useful work. FLOPs per token come from `helpers.flops.model_flops_per_token`, the ratio from
+    `helpers.flops.mfu`, the peak from `helpers.hardware.mfu_peak` (the device's fastest dense rate among
+    the training precisions: datasheet, else lesson 00's saved roofline) or `TrainConfig.peak_flops`.
+    Under DDP it is this process's MFU on its own device."""
 
     losses: list[float]  # mean loss of each optimizer step, from step 0 (resumed runs keep the history)
     step_times_s: list[float]  # time of each step this call: CUDA events on a GPU, wall clock on a CPU

@@ -170,3 +170,14 @@ def test_roofline_measures_fp32_with_tf32_off_and_tf32_with_it_on(monkeypatch):
     monkeypatch.setattr(hardware, "tf32_matmuls", lambda on: (switched.append(on), real(on))[1])
     r = measure_roofline("cpu", precisions=["fp32", "tf32"], matmul_size=64, copy_mb=1, min_run_time=0.01)
     assert switched == [False, True] and set(r.matmul_flops) == {"fp32", "tf32"}
+
+
+def test_mfu_has_one_peak_policy_the_fastest_dense_rate():
+    # issue 19: MFU was divided by three different peaks (per precision, bf16, the faster of two)
+    from helpers.hardware import mfu_peak
+
+    cpu_roof = Roofline("a test CPU", {"fp32": 1.5e11, "bf16": 3e11}, 1e10, 1024, 2**27)
+    assert mfu_peak("cpu", roofline=cpu_roof) == peak_flops("cpu", "bf16", roofline=cpu_roof)
+    slow_bf16 = Roofline("a CPU without bf16 units", {"fp32": 1.5e11, "bf16": 3e10}, 1e10, 1024, 2**27)
+    assert mfu_peak("cpu", roofline=slow_bf16).precision == "fp32"  # never an MFU above 100 %
+    assert mfu_peak("cpu") is None  # nothing known, nothing measured
