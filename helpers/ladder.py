@@ -16,7 +16,10 @@ Two ways to climb (`climb`):
   arms. What survives is "your stack" for this machine, printed as the code to use (`RunSpec.describe`).
 
 The candidate and the stack it is added to are timed in alternation (`helpers.timing.time_interleaved`),
-so a change in the machine's load falls on both arms alike. Before a stack is timed it is checked against
+so a change in the machine's load falls on both arms alike; a stack's speed-up over the baseline is the
+product of those side-by-side ratios, and the stack that survives is timed once more in alternation with
+the baseline (`side_by_side`): no speed-up divides a late timing by the baseline's early one.
+Before a stack is timed it is checked against
 the stack it adds to (`measure_stack`), from the same weights on the same samples: logits and loss of one
 forward pass within the tolerance of the looser precision of the two (`TOLERANCES`), each pass run in its
 own spec's context (`RunSpec.context`: TF32 on for tf32 and every later precision, as in training; the
@@ -50,7 +53,7 @@ from helpers.timing import Timing, synchronize, time_interleaved, time_passes
 
 __all__ = ["Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
            "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
-           "keeps", "climb", "RungDisagrees", "precision_of", "measure_stack", "climb_stacks",
+           "keeps", "climb", "RungDisagrees", "precision_of", "measure_stack", "climb_stacks", "side_by_side",
            "sample_batches", "corpus_lengths", "bert_config", "explain", "run_ladder", "ladder_rows",
            "ladder_table", "to_markdown"]
 

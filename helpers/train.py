@@ -83,7 +83,8 @@ def _check_max_grad_norm(value: Any) -> None:
 
 @dataclass
 class TrainConfig:
-    """Switches of one training run (lessons 02-07).
+    """Steps, optimizer, schedule, accumulation and checkpoints of one run (lessons 02-07); the switches
+    (precision, attention, compile, fused AdamW, padding) are a `helpers.runspec.RunSpec`.
 
     `steps=0` is a run of no steps: it returns at once (with a resumed run's loss history) and reports
     no throughput (None, never NaN). Throughput leaves out the run's first step (warm-up), so it needs
