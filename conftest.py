@@ -2,10 +2,14 @@
 
 - cells tagged `requires-cuda` are skipped without a CUDA GPU, `requires-multi-gpu` with fewer than two;
 - stderr is never compared (warnings and progress bars differ from run to run);
-- nbval waits at most 5 s for each further output message of a cell; slow CI needs longer.
+- nbval waits at most 5 s for each further output message of a cell; slow CI needs longer;
+- without CUDA, Triton interprets kernels (TRITON_INTERPRET=1) in the whole session: triton < 3.4 decides
+  when it is first imported, and a test module imported before tests/test_kernels.py may import it.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -18,6 +22,10 @@ def _gpu_count() -> int:
     except ImportError:
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+if not _gpu_count():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton in this process
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -236,6 +236,22 @@ def _env_bert_path() -> Path | None:
     return path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+
+
+def _tokenizer_folder(path: str, env_path: Path | None) -> str:
+    """Where the tokenizer of `path` lies: `path` itself, or, for a local folder holding a model without
+    its tokenizer (save_pretrained of the model only), the folder in $COURSE_BERT_PATH. Transformers 5
+    builds an empty-vocabulary tokenizer from such a folder and 4.x fails; both are refused here."""
+    folder = Path(path)
+    if not folder.is_dir() or any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return path  # a hub name, or a folder with its tokenizer
+    if env_path is not None:
+        return str(env_path)
+    raise ValueError(f"{path} holds a model but no tokenizer ({', '.join(TOKENIZER_FILES)}): save it next to "
+                     f"the model with tokenizer.save_pretrained({str(path)!r}), or set {BERT_PATH_ENV}")
+
+
 def _random_from_config(path: str | Path, args: dict[str, Any]) -> nn.Module:
     """A sequence classifier with the architecture in `path`/config.json and freshly initialised weights."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -285,7 +301,7 @@ def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_impl
         else:  # config and tokenizer only (an air-gapped box): the architecture, not the training
             model = _random_from_config(path, dict(args))
             why += f" has no weight file: {RANDOM_NOTE}"
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder(path, env_path))
     except OSError as err:
         if source != "hub":
             raise

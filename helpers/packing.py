@@ -327,6 +327,8 @@ def disable_attention_dropout(model: nn.Module) -> nn.Module:
     for name, module in model.named_modules():
         if name.endswith("attention.self") and isinstance(getattr(module, "dropout", None), nn.Dropout):
             module.dropout.p = 0.0
+            if hasattr(module, "dropout_prob"):  # transformers 4.x SDPA attention reads this rate instead
+                module.dropout_prob = 0.0
             n += 1
     if n == 0:
         raise ValueError(f"found no attention.self dropout in {type(model).__name__} (not a HF BERT?)")

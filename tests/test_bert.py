@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from helpers import config
 from helpers.models import bert_base_random, load_bert
@@ -169,8 +170,10 @@ def test_explicit_folder_wins_over_the_variable_and_tokenizer_follows_it(tmp_pat
     assert offline_bert_path() == folder
     saved, _ = load_bert("bert-base-uncased", num_labels=2, verbose=False)
     saved.save_pretrained(tmp_path / "saved")
-    reloaded, _ = load_bert(str(tmp_path / "saved"), num_labels=2, verbose=False)
+    reloaded, tok = load_bert(str(tmp_path / "saved"), num_labels=2, verbose=False)
     assert reloaded.course_source == "local" and reloaded.course_pretrained is True
+    # the saved folder has no tokenizer: the variable's is used (transformers 5 would build an empty one)
+    assert len(tok) == len(AutoTokenizer.from_pretrained(folder)) > 1000
     w, w0 = reloaded.bert.embeddings.word_embeddings.weight, saved.bert.embeddings.word_embeddings.weight
     assert torch.equal(w, w0)
 
