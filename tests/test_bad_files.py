@@ -84,3 +84,31 @@ def test_an_empty_bundled_article_is_skipped_with_a_printed_count(tmp_path, monk
     assert "skipped 2 empty article file(s)" in out and "business/004.txt, sport/002.txt" in out
     splits = load_text_classification("bundled", val_frac=0.2, test_frac=0.2, verbose=False)
     assert "" not in splits.train.texts + splits.val.texts + splits.test.texts
+
+
+def test_a_row_the_csv_parser_rejects_is_a_value_error_naming_file_and_line(tmp_path, monkeypatch):
+    import csv
+
+    f = tmp_path / "broken.csv"
+    f.write_text("text,label\n" + _rows(6), encoding="utf-8")
+    real_reader = csv.reader
+
+    class FailsOnLine4:  # what csv raises for a malformed row (e.g. a field past the field size limit)
+        def __init__(self, *args, **kwargs):
+            self.reader = real_reader(*args, **kwargs)
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            if self.reader.line_num == 3:
+                raise csv.Error("field larger than field limit (131072)")
+            return next(self.reader)
+
+        @property
+        def line_num(self):
+            return self.reader.line_num + (self.reader.line_num == 3)
+
+    monkeypatch.setattr(csv, "reader", FailsOnLine4)
+    with pytest.raises(ValueError, match=r"broken.csv.*cannot parse line 4 \(field larger than field limit"):
+        load_text_classification(csv_path=f, verbose=False)
