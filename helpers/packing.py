@@ -74,6 +74,7 @@ __all__ = ["STRATEGIES", "VARLEN", "pack_lengths", "PackCollate", "PackedBatchSa
            "packed_padding_stats", "use_varlen", "varlen_available", "disable_attention_dropout"]
 
 STRATEGIES = ("first_fit", "sequential")
+FLEX_BLOCK = 128  # FlexAttention's default block: packed rows are padded to whole blocks for it
 VARLEN = "course_varlen"  # name of the varlen attention registered with Hugging Face (use_varlen)
 PACKED_KEYS = ("input_ids", "attention_mask", "position_ids", "doc_ids", "first_index", "labels")
 
@@ -361,6 +362,10 @@ def _hf_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> A
         if trains and not ok:
             raise RuntimeError(f"packing with attn_implementation='flex_attention' cannot train here: {why}. "
                                "Run it under torch.no_grad() to check results")
+        # Guard (torch 2.11 on a CPU gave NaN documents for rows of T not a multiple of FlexAttention's
+        # 128-token block): rows padded to whole blocks, the padding its own document, cut off after
+        ids, pos, doc = (F.pad(x, (0, -ids.shape[1] % FLEX_BLOCK), value=v)
+                         for x, v in ((ids, model.config.pad_token_id or 0), (pos, 0), (doc, -1)))
         mask = document_block_mask(doc)
     elif impl in ("sdpa", "eager"):  # the form (3-D or 4-D, bool or additive) depends on transformers
         dtype = model.bert.embeddings.word_embeddings.weight.dtype
@@ -369,6 +374,7 @@ def _hf_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> A
         raise ValueError(f"packing supports attn_implementation 'sdpa', 'eager', 'flex_attention' or "
                          f"{VARLEN!r} (use_varlen), got {impl!r}")
     hidden = model.bert(ids, attention_mask=mask, position_ids=pos, **kwargs).last_hidden_state
+    hidden = hidden[:, :batch["input_ids"].shape[1]] if impl == "flex_attention" else hidden  # (R, T, H)
     first = hidden.reshape(-1, hidden.shape[-1])[batch["first_index"]]  # (D, H): each document's [CLS]
     logits = model.classifier(model.dropout(model.bert.pooler(first[:, None, :])))  # pooler reads [:, 0]
     labels = batch.get("labels")
