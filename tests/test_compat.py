@@ -1,0 +1,77 @@
+"""helpers.compat: each version-dependent call takes the path of the version installed, and refuses what
+that version cannot do with the version needed. Older versions are simulated by `version_of`; the real
+old sets run under `make test-matrix`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from helpers import compat
+
+
+def _pretend(monkeypatch: pytest.MonkeyPatch, **versions: str) -> None:
+    """Make compat see other installed versions (package=version; '_' for '-')."""
+    real = compat.version_of
+    monkeypatch.setattr(compat, "version_of", lambda name: versions.get(name.replace("-", "_"), real(name)))
+
+
+def _bert(attn: str = "sdpa") -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=32, num_labels=3, attn_implementation=attn)
+    return BertForSequenceClassification(cfg)
+
+
+def test_triton_interpreter_refuses_numpy_2_4_before_triton_3_7(monkeypatch: pytest.MonkeyPatch) -> None:
+    _pretend(monkeypatch, numpy="2.4.1", triton="3.6.0")
+    with pytest.raises(RuntimeError, match=r"triton 3\.6\.0 fails with numpy 2\.4\.1.*3\.7 or numpy < 2\.4"):
+        compat.check_triton_interpreter()
+    _pretend(monkeypatch, numpy="2.4.1", triton="3.7.0")
+    compat.check_triton_interpreter()  # fixed in 3.7
+    _pretend(monkeypatch, numpy="2.3.5", triton="3.3.1")
+    compat.check_triton_interpreter()
+
+
+def test_switch_on_transformers_4_rebuilds_with_the_same_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _bert("sdpa").train()
+    model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+    ids = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    _pretend(monkeypatch, transformers="4.52.4")
+    eager = compat.set_attn_implementation(model, "eager")
+    assert eager is not model and eager.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == "sdpa"  # the original is left as it was
+    assert eager.training and not eager.bert.embeddings.word_embeddings.weight.requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(eager.eval()(ids).logits, model.eval()(ids).logits, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match=r"'flex_attention' for a BERT model needs transformers >= 5\.0"):
+        compat.set_attn_implementation(model, "flex_attention")
+    monkeypatch.undo()
+    if compat.at_least("transformers", compat.TRANSFORMERS_V5):  # the real 5.x switches in place
+        assert compat.set_attn_implementation(model, "eager") is model
+
+
+def test_packing_mask_takes_each_transformers_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = torch.tensor([[0, 0, 1]])  # one row: a document of 2 tokens, then one of 1
+    same = (doc[:, :, None] == doc[:, None, :])[:, None]  # (1, 1, 3, 3)
+    _pretend(monkeypatch, transformers="5.17.0")
+    assert compat.packing_attention_mask(same, "sdpa", torch.float32).dtype == torch.bool
+    eager = compat.packing_attention_mask(same, "eager", torch.float32)
+    assert eager.shape == (1, 1, 3, 3) and eager[0, 0, 0, 2] == torch.finfo(torch.float32).min
+    _pretend(monkeypatch, transformers="4.52.4")
+    old = compat.packing_attention_mask(same, "sdpa", torch.float32)
+    assert old.shape == (1, 3, 3) and old.tolist() == [[[1, 1, 0], [1, 1, 0], [0, 0, 1]]]
+
+
+def test_flex_and_fsdp_refusals_name_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    _pretend(monkeypatch, torch="2.7.1")
+    ok, why = compat.flex_compiles("cpu")
+    assert not ok and "needs torch >= 2.11" in why
+    assert compat.flex_compiles("cuda")[0] and compat.flex_trains("cpu")[0]
+    _pretend(monkeypatch, torch="2.11.0")
+    ok, why = compat.flex_trains("cpu")
+    assert not ok and "no backward pass on a CPU" in why and compat.flex_trains("cuda")[0]
+    _pretend(monkeypatch, torch="2.5.1")
+    with pytest.raises(RuntimeError, match=r"fully_shard\) needs torch >= 2\.6"):
+        compat.fully_shard()
