@@ -25,7 +25,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-__all__ = ["version_of", "at_least", "require", "set_attn_implementation", "bert_attn_implementations",
+__all__ = ["version_of", "at_least", "require", "set_attn_implementation", "disable_dropout",
+           "bert_attn_implementations",
            "packing_attention_mask", "triton_interpret_enabled", "check_triton_interpreter", "fully_shard",
            "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
            "scaled_mm_supports", "TRANSFORMERS_V5", "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
@@ -89,7 +90,20 @@ def _rebuilt(model: nn.Module, impl: str) -> nn.Module:
     for mine, theirs in zip(new.modules(), model.modules()):  # dropout changed after loading (p = 0) stays
         if isinstance(mine, nn.Dropout) and isinstance(theirs, nn.Dropout):
             mine.p = theirs.p
+        if hasattr(mine, "dropout_prob") and isinstance(getattr(theirs, "dropout", None), nn.Dropout):
+            mine.dropout_prob = getattr(theirs, "dropout_prob", theirs.dropout.p)  # 4.x SDPA reads this rate
     return new.train(model.training)
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Every dropout of `model` off, so runs compare exactly: nn.Dropout modules and the rate transformers
+    4.x SDPA attention reads from `dropout_prob` instead of a module (lesson 07)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "dropout_prob"):
+            module.dropout_prob = 0.0
+    return model
 
 
 def set_attn_implementation(model: nn.Module, impl: str) -> nn.Module:

@@ -52,6 +52,19 @@ def test_switch_on_transformers_4_rebuilds_with_the_same_weights(monkeypatch: py
         assert compat.set_attn_implementation(model, "eager") is model
 
 
+def test_dropout_off_reaches_4x_sdpa_and_survives_a_rebuild(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _bert("eager")
+    for module in model.bert.encoder.layer[0].attention.self.modules():
+        module.dropout_prob = 0.1  # what transformers 4.x SDPA attention keeps (from the config)
+    compat.disable_dropout(model)
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert model.bert.encoder.layer[0].attention.self.dropout_prob == 0
+    _pretend(monkeypatch, transformers="4.52.4")
+    sdpa = compat.set_attn_implementation(model, "sdpa")
+    attention = [m for m in sdpa.modules() if hasattr(m, "dropout_prob")]
+    assert all(m.dropout_prob == 0 for m in attention)  # 4.x SDPA modules get the old modules' rate
+
+
 def test_packing_mask_takes_each_transformers_form(monkeypatch: pytest.MonkeyPatch) -> None:
     doc = torch.tensor([[0, 0, 1]])  # one row: a document of 2 tokens, then one of 1
     same = (doc[:, :, None] == doc[:, None, :])[:, None]  # (1, 1, 3, 3)
