@@ -320,11 +320,12 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
         row.update(check_logits=str(ok_l), check_loss=str(ok_s))
         if not (ok_l.ok and ok_s.ok):
             raise RungDisagrees(f"{stack} disagrees with {reference.stack}: logits {ok_l}, loss {ok_s}")
-    opt = make_optimizer(model, lr, 0.01, fused=stack.fused_adamw)
+    # the applied model's parameters: on transformers 4.x an attention switch rebuilds the model
+    opt = make_optimizer(run, lr, 0.01, fused=stack.fused_adamw)
     if reference is not None and stack.fused_adamw and not reference.stack.fused_adamw:
         out.loss.backward()  # gradients for the check: the optimizer never changes the forward pass
         step = optimizer_step_agreement(
-            list(model.parameters()), lambda ps: torch.optim.AdamW(ps, lr=lr, fused=False),
+            list(run.parameters()), lambda ps: torch.optim.AdamW(ps, lr=lr, fused=False),
             lambda ps: torch.optim.AdamW(ps, lr=lr, fused=True))
         row["check_optimizer"] = str(step)
         if not step.ok:

@@ -109,7 +109,8 @@ class RunSpec:
 
     def apply(self, model: nn.Module) -> nn.Module:
         """`model` with the spec's attention, FP8 linears, compiled layers and packed forward; train what
-        it returns (its parameters are `model`'s) (lesson 07)."""
+        it returns and optimize its parameters (transformers 4.x switches attention by rebuilding the
+        model, helpers.compat) (lesson 07)."""
         from helpers.compat import set_attn_implementation
 
         if self.attn is not None:

@@ -234,7 +234,7 @@ def test_your_stack_is_described_as_the_code_of_its_spec():
     assert "compile" not in dataclasses.replace(ladder.BASELINE).describe()
 
 
-def test_timed_passes_run_backward_and_the_optimizer_step_with_the_stacks_tf32():
+def test_timed_passes_run_backward_and_the_optimizer_step_with_the_stacks_tf32(monkeypatch):
     # issue 18: the TF32 rung was timed with TF32 on in the forward pass only (the context closed before
     # backward). Record the switch where the backward pass and the optimizer step run.
     from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -246,10 +246,17 @@ def test_timed_passes_run_backward_and_the_optimizer_step_with_the_stacks_tf32()
 
     def make_model():
         torch.manual_seed(0)
-        m = BertForSequenceClassification(ladder.bert_config("test", 5))
-        m.classifier.weight.register_hook(lambda g: seen["backward"].append(tf32_enabled()))
-        return m
+        return BertForSequenceClassification(ladder.bert_config("test", 5))
 
+    apply = RunSpec.apply
+
+    def apply_and_hook(spec, model):  # hook the model the stack trains (transformers 4.x rebuilds it)
+        run = apply(spec, model)
+        getattr(run, "model", run).classifier.weight.register_hook(
+            lambda g: seen["backward"].append(tf32_enabled()))
+        return run
+
+    monkeypatch.setattr(RunSpec, "apply", apply_and_hook)
     batches, check = _batches()
     try:
         ladder.measure_stack(ladder.BASELINE.replace(precision="tf32"), None, make_model=make_model,
@@ -317,3 +324,28 @@ def test_speed_ups_come_from_side_by_side_timings_only():
     yours = ladder.side_by_side(base, steps, sdpa, repeats=2)
     assert calls == ["base", "sdpa", "sdpa", "base"] and yours["name"] == "+ SDPA"
     assert yours["speedup"] == pytest.approx(yours["baseline_median_s"] / yours["median_s"])
+
+
+def test_timed_passes_train_the_model_the_stack_returns(monkeypatch):
+    # transformers 4.x switches attention by rebuilding the model (helpers.compat): the optimizer must step
+    # the model the stack runs, not the one it was built from. Simulated here with a copy.
+    import copy
+
+    from transformers import BertForSequenceClassification
+
+    apply, runs = RunSpec.apply, []
+
+    def apply_as_a_rebuild(spec, model):
+        runs.append(apply(spec, copy.deepcopy(model)))
+        return runs[-1]
+
+    def make_model():
+        torch.manual_seed(0)
+        return BertForSequenceClassification(ladder.bert_config("test", 5))
+
+    monkeypatch.setattr(RunSpec, "apply", apply_as_a_rebuild)
+    batches, check = _batches()
+    ladder.measure_stack(ladder.BASELINE, None, make_model=make_model, batches=batches, check=check,
+                         device=torch.device("cpu"), repeats=1)
+    before = make_model().classifier.weight
+    assert not torch.equal(runs[0].classifier.weight, before), "the optimizer stepped another model"

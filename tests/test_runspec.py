@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import compat
 from helpers.data import TokenizedDataset
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.precision import tf32_enabled
@@ -97,8 +98,9 @@ def test_apply_sets_the_attention_and_wraps_a_packed_model():
                      vocab_size=100, attn_implementation="eager")
     model = BertForSequenceClassification(cfg)
     out = RunSpec(attn="sdpa", padding="packed").apply(model)
-    assert isinstance(out, PackedModel) and out.model is model
-    assert model.config._attn_implementation == "sdpa"
+    assert isinstance(out, PackedModel) and out.model.config._attn_implementation == "sdpa"
+    if compat.at_least("transformers", "5.0"):  # transformers 4.x switches by rebuilding (helpers.compat)
+        assert out.model is model
     assert RunSpec().apply(model) is model  # nothing asked, nothing changed
 
 
