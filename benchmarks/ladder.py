@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from helpers.ladder import MODEL_SIZES, run_ladder, to_markdown
+from helpers.ladder import run_ladder, to_markdown
+from helpers.models import MODEL_SIZES
 from helpers.plots import ladder_chart
 from helpers.results import write_results
 

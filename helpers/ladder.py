@@ -48,13 +48,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from helpers.data import corpus_lengths
+from helpers.models import bert_config
 from helpers.runspec import RunSpec
 from helpers.timing import Timing, synchronize, time_interleaved, time_passes
 
-__all__ = ["Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "MODEL_SIZES", "TARGETS",
+__all__ = ["Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "TARGETS",
            "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
            "keeps", "climb", "RungDisagrees", "precision_of", "measure_stack", "climb_stacks", "side_by_side",
-           "sample_batches", "corpus_lengths", "bert_config", "explain", "run_ladder", "ladder_rows",
+           "sample_batches", "explain", "run_ladder", "ladder_rows",
            "ladder_table", "to_markdown"]
 
 PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp8")  # later = looser tolerance
@@ -96,19 +98,6 @@ TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-4), "tf32": (2e-
                                               "bf16": (2e-2, 5e-2), "fp8": (1e-1, 1e-1)}
 RULE = "keep a rung when best median / candidate median > 1 + max(IQR / median of both arms)"
 TARGETS = {"speedup": 12.0, "mfu": 0.50}  # issue 15: BERT-base, seq 512, H100/H200, whole stack vs fp32 eager
-
-MODEL_SIZES: dict[str, dict[str, int]] = {  # BertConfig overrides; "base" is BertConfig() itself
-    "base": {},
-    "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
-    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),
-}
-
-# Token counts of the 2,225 BBC News articles with BERT's uncased WordPiece vocabulary ([CLS] ... [SEP],
-# untruncated), at the quantiles 0, 5, ..., 100 %: measured with the bundled corpus and tokenizer, kept
-# here for machines without them (the GPU box); `corpus_lengths` reads the real ones when it can.
-BBC_LENGTH_QUANTILES = (108, 213, 246, 276, 294, 314, 335, 354, 376, 398, 421, 453, 483, 520, 556, 591, 636,
-                        691, 773, 913, 5303)
-
 
 # --- checks ------------------------------------------------------------------------------------------
 
@@ -358,40 +347,6 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
 
 
 # --- the benchmark: random-weight BERT, BBC News lengths ----------------------------------------------------
-
-def bert_config(model: str, n_classes: int):
-    """BERT-base shapes (or a smaller named size) with dropout off, so stacks compare exactly (benchmark)."""
-    from transformers import BertConfig
-
-    if model not in MODEL_SIZES:
-        raise ValueError(f"unknown model size {model!r}: use one of {sorted(MODEL_SIZES)}")
-    return BertConfig(**MODEL_SIZES[model], num_labels=n_classes, hidden_dropout_prob=0.0,
-                      attention_probs_dropout_prob=0.0)
-
-
-def corpus_lengths(seq_len: int, n: int = 2225, *,
-                   log: Callable[[str], None] = print) -> tuple[list[int], str]:
-    """Token counts of BBC News articles truncated to `seq_len`: read from the bundled corpus when it is
-    installed, else drawn from `BBC_LENGTH_QUANTILES` (said in one line); (lengths, source) (benchmark)."""
-    import numpy as np
-
-    try:
-        from transformers import AutoTokenizer
-
-        from helpers.data import read_bundled_corpus
-        from helpers.models import offline_bert_path
-
-        texts, _, _ = read_bundled_corpus()
-        tok = AutoTokenizer.from_pretrained(str(offline_bert_path()))
-        ids = tok(texts, truncation=True, max_length=seq_len)["input_ids"]
-        return [len(x) for x in ids], "BBC News token lengths (bundled corpus)"
-    except (ImportError, RuntimeError, OSError, ValueError) as err:
-        log(f"corpus_lengths: the bundled corpus or tokenizer is missing ({type(err).__name__}): lengths "
-            "drawn from the recorded BBC News length quantiles")
-        u = np.random.default_rng(0).uniform(0, len(BBC_LENGTH_QUANTILES) - 1, n)
-        lengths = np.interp(u, np.arange(len(BBC_LENGTH_QUANTILES)), BBC_LENGTH_QUANTILES)
-        return [int(min(x, seq_len)) for x in lengths], "BBC News length quantiles (recorded)"
-
 
 def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, seq_len: int, vocab: int,
                    n_classes: int, pad_token_id: int = 0, seed: int = 0,

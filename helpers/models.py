@@ -17,7 +17,8 @@ from torch.utils.checkpoint import checkpoint
 from helpers.attention import check_padding_mask, naive_attention
 
 __all__ = ["TransformerConfig", "SmallTransformer", "ModelOutput", "small_config",
-           "load_bert", "bert_base_random", "offline_bert_path", "has_weights"]
+           "load_bert", "bert_base_random", "offline_bert_path", "has_weights", "MODEL_SIZES",
+           "bert_config"]
 
 ATTN_IMPLS = ("sdpa", "naive")
 
@@ -341,3 +342,21 @@ def bert_base_random(num_labels: int = 2, *, attn_implementation: str = "sdpa", 
     if verbose:
         print(f"bert_base_random: BERT-base shape, tokenizer from {folder}; {RANDOM_NOTE}")
     return model, tokenizer
+
+
+MODEL_SIZES: dict[str, dict[str, int]] = {  # BertConfig overrides; "base" is BertConfig() itself
+    "base": {},
+    "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
+    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),
+}
+
+
+def bert_config(model: str, n_classes: int):
+    """BERT-base shapes (or a smaller named size) with dropout off, so stacks compare exactly (lesson 07's
+    benchmark, benchmarks/ladder.py)."""
+    from transformers import BertConfig
+
+    if model not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {model!r}: use one of {sorted(MODEL_SIZES)}")
+    return BertConfig(**MODEL_SIZES[model], num_labels=n_classes, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0)

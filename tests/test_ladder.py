@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import hardware, ladder
+from helpers import hardware, ladder, models
 from helpers.precision import tf32_enabled
 from helpers.runspec import PADDINGS, RunSpec
 from helpers.timing import Timing, time_interleaved
@@ -27,7 +27,7 @@ NO_COMPILE = tuple(r for r in ladder.RUNGS if r.switch != "compile")
 
 @pytest.fixture(autouse=True)
 def _test_size(monkeypatch):
-    monkeypatch.setitem(ladder.MODEL_SIZES, "test", TEST_SIZE)
+    monkeypatch.setitem(models.MODEL_SIZES, "test", TEST_SIZE)
 
 
 def _t(median: float, iqr: float) -> Timing:
@@ -129,7 +129,7 @@ def test_tf32_agreement_check_runs_with_tf32_on():
     from transformers import BertForSequenceClassification
 
     seen = []
-    model = BertForSequenceClassification(ladder.bert_config("test", 5)).eval()
+    model = BertForSequenceClassification(models.bert_config("test", 5)).eval()
     model.classifier.register_forward_pre_hook(lambda m, a: seen.append(torch.get_float32_matmul_precision()))
     _, check = _batches()
     before = torch.get_float32_matmul_precision()
@@ -217,7 +217,7 @@ def test_results_are_written_with_their_stamp(tmp_path):
 
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="unknown model size"):
-        ladder.bert_config("huge", 2)
+        models.bert_config("huge", 2)
     with pytest.raises(ValueError, match="RunSpec.precision"):
         RunSpec(precision="fp64")
     with pytest.raises(ValueError, match="not a RunSpec switch"):
@@ -246,7 +246,7 @@ def test_timed_passes_run_backward_and_the_optimizer_step_with_the_stacks_tf32(m
 
     def make_model():
         torch.manual_seed(0)
-        return BertForSequenceClassification(ladder.bert_config("test", 5))
+        return BertForSequenceClassification(models.bert_config("test", 5))
 
     apply = RunSpec.apply
 
@@ -341,7 +341,7 @@ def test_timed_passes_train_the_model_the_stack_returns(monkeypatch):
 
     def make_model():
         torch.manual_seed(0)
-        return BertForSequenceClassification(ladder.bert_config("test", 5))
+        return BertForSequenceClassification(models.bert_config("test", 5))
 
     monkeypatch.setattr(RunSpec, "apply", apply_as_a_rebuild)
     batches, check = _batches()
