@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
                         time_budget_s=args.time_budget)
     if args.note:
         result["stamp"]["note"] = args.note
-    measured = {r["name"]: r["samples_per_s"] for r in result["rows"] if "samples_per_s" in r}
+    measured = {r["name"]: r["speedup"] for r in result["rows"] if "samples_per_s" in r}  # side by side
     title = (f"BERT training ladder ({result['mode']}), {result['stamp']['device']}\n"
              f"({args.model}, seq {args.seq_len}, {result['stamp']['date'][:10]})")
     fig = ladder_chart(measured, title=title)

@@ -295,22 +295,23 @@ def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure
 
 # --- capstone (lesson 07) ---------------------------------------------------------------------------
 
-def ladder_chart(samples_per_s: Mapping[str, float], *, title: str,
+def ladder_chart(speedups: Mapping[str, float], *, title: str,
                  accuracy: Mapping[str, float] | None = None) -> Figure:
-    """The speed ladder: samples/s per rung (speed-up over the first written on each bar) and, when
-    given, each rung's validation accuracy as dots on a second axis (no speed bought with accuracy)
-    (lesson 07)."""
-    if not samples_per_s:
+    """The speed ladder: each rung's speed-up over the baseline, from side-by-side timings only (the
+    ladder's chained ratios, never a late timing over an early one), written on its bar; when given, each
+    rung's validation accuracy as dots on a second axis (no speed bought with accuracy) (lesson 07)."""
+    if not speedups:
         raise ValueError("ladder_chart needs at least one rung")
-    if accuracy is not None and set(accuracy) - set(samples_per_s):
-        extra = sorted(set(accuracy) - set(samples_per_s))
+    if accuracy is not None and set(accuracy) - set(speedups):
+        extra = sorted(set(accuracy) - set(speedups))
         raise ValueError(f"accuracy names rungs that have no speed: {extra}")
-    fig = bar_chart(samples_per_s, title=title, ylabel="training throughput [samples/s]", xlabel="rung",
-                    baseline=next(iter(samples_per_s)))
+    fig = bar_chart(speedups, title=title, ylabel="speed-up over the baseline [×]", xlabel="rung",
+                    annotate="{:.2f}×")
+    ax = fig.axes[0]
+    ax.axhline(1.0, color="dimgray", lw=0.8, ls="--")  # the baseline: below the line is slower
     if accuracy:
-        ax = fig.axes[0]
         acc_ax = ax.twinx()
-        names = list(samples_per_s)
+        names = list(speedups)
         xs = [names.index(n) for n in accuracy]
         acc_ax.plot(xs, [100 * a for a in accuracy.values()], "o", color="tab:orange", label="val accuracy")
         acc_ax.set_ylim(0, 105)
