@@ -250,5 +250,5 @@ def test_fsdp_on_gloo_gives_one_process_s_parameters(tmp_path: Path) -> None:
     space["train"](model, x, y)
     got = torch.load(out)
     for name, want in model.named_parameters():
-        err = float((got[name] - want.detach()).abs().max())
+        err = float((got[name].detach() - want.detach()).abs().max())
         assert err < FSDP_TOL, f"{name}: FSDP on 2 ranks differs from one process by {err:.2e} (a sum?)"
