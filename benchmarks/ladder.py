@@ -1,4 +1,4 @@
-"""The speed ladder of lesson 07 as a benchmark: BERT training steps, one optimisation at a time.
+"""The speed ladder of lesson 08 as a benchmark: BERT training steps, one optimisation at a time.
 
 A thin command line over `helpers.ladder` (rungs, checks, timing, greedy selection: read its docstring).
 Weights are random (speed does not depend on their values); lengths are the BBC News corpus' token

@@ -1,8 +1,8 @@
-"""Mixed precision and torch.compile on a GPU: the measurements lessons 02-04 cannot make on a CPU.
+"""Mixed precision and torch.compile on a GPU: the measurements lessons 02-05 cannot make on a CPU.
 
 For each workload, every precision the device supports (fp32, tf32, fp16 + GradScaler, bf16) trains the
 same model from the same initial weights on the same batches with `helpers.train.train`; then bf16 is
-trained once more with each Transformer layer under `torch.compile` (regional compilation, lesson 04;
+trained once more with each Transformer layer under `torch.compile` (regional compilation, lesson 05;
 first workload, on a GPU or with --compile). Reported per run:
 
 - median step time after the first step (CUDA events), tokens/s, and the speed-up over fp32;
@@ -110,7 +110,7 @@ def _release(device: torch.device) -> None:
 
 
 def _compile_layers(model: torch.nn.Module) -> torch.nn.Module:
-    """Regional compilation (lesson 04): each Transformer layer compiled in place; they share one graph,
+    """Regional compilation (lesson 05): each Transformer layer compiled in place; they share one graph,
     so it compiles once, not once per layer. A model without known layers is compiled whole."""
     layers = [m for m in model.modules() if type(m).__name__ in ("BertLayer", "Block")]
     if not layers:

@@ -8,23 +8,23 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | base | `config` | all | `get_profile`, `pick`, `seed_everything`, `hub_offline` |
 | base | `compat` | all | `require`, `at_least`, `set_attn_implementation` |
 | base | `tables` | all | `Table` |
-| base | `timing` | 00-05 | `benchmark`, `time_once`, `compare`, `cold_start` |
-| base | `precision` | 02 (03-07) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
+| base | `timing` | 00-06 | `benchmark`, `time_once`, `compare`, `cold_start` |
+| base | `precision` | 02 (03-08) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
 | base | `hardware` | 00 (02, 07) | `get_device`, `device_report`, `peak_flops`, `mfu_peak` |
-| measure | `flops` | 02, 07 | `model_flops_per_token`, `executed_flops`, `mfu` |
+| measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
 | model/data | `attention` | 01 | `naive_attention`, `tiled_attention`, `sdpa_attention` |
 | model/data | `kernels` | 01 | `flash_attention` (Triton) |
-| model/data | `models` | 01-05, 07 | `SmallTransformer`, `TransformerConfig`, `load_bert` |
-| model/data | `data` | 05, 07 | `load_text_classification`, `tokenize`, `PadCollate`, `make_dataloader` |
-| model/data | `packing` | 05, 07 | `PackCollate`, `packed_forward`, `PackedModel` |
-| model/data | `fp8` | 07 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
-| train | `checkpoint` | 03, 06, 07 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
-| train | `runspec` | 02-07 | `RunSpec`, `PADDINGS`, `ATTNS` |
-| train | `train` | 02-07 | `TrainConfig`, `train`, `train_step`, `make_optimizer` |
-| train | `distributed` | 06 | `setup`, `apply_ddp`, `apply_fsdp`, `launch` |
-| train | `ladder` | 07 | `RUNGS`, `run_ladder`, `climb_stacks` |
+| model/data | `models` | 01-06, 08 | `SmallTransformer`, `TransformerConfig`, `load_bert` |
+| model/data | `data` | 06, 08 | `load_text_classification`, `tokenize`, `PadCollate`, `make_dataloader` |
+| model/data | `packing` | 06, 08 | `PackCollate`, `packed_forward`, `PackedModel` |
+| model/data | `fp8` | 08 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
+| train | `checkpoint` | 03, 07, 08 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
+| train | `runspec` | 02-08 | `RunSpec`, `PADDINGS`, `ATTNS` |
+| train | `train` | 02-08 | `TrainConfig`, `train`, `train_step`, `make_optimizer` |
+| train | `distributed` | 07 | `setup`, `apply_ddp`, `apply_fsdp`, `launch` |
+| train | `ladder` | 08 | `RUNGS`, `run_ladder`, `climb_stacks` |
 | show | `plots` | all | `bar_chart`, `roofline_chart`, `attention_map_chart`, `memory_timeline_chart` |
 | show | `widgets` | 01, 03 | `AttentionExplorer` |
 

@@ -265,7 +265,7 @@ def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, cau
 @dataclass
 class AttentionMaps:
     """Attention weights of one text: maps (layers, heads, tokens, tokens), rows sum to 1; token strings
-    (lessons 01 and 07)."""
+    (lessons 01 and 08)."""
 
     maps: torch.Tensor
     tokens: list[str]
@@ -289,7 +289,7 @@ class AttentionMaps:
 
 def capture_attention_maps(model: Any, tokenizer: Any, text: str | Sequence[str], *, max_length: int = 64,
                            verbose: bool = True) -> AttentionMaps | list[AttentionMaps]:
-    """Attention weights of a Hugging Face model, (layers, heads, T, T) per text (lessons 01 and 07).
+    """Attention weights of a Hugging Face model, (layers, heads, T, T) per text (lessons 01 and 08).
 
     `text`: one string gives one `AttentionMaps`; a list of strings runs as one padded batch and gives
     one `AttentionMaps` per text, cut to that text's real tokens (no [PAD] rows or columns).

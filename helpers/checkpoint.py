@@ -1,4 +1,4 @@
-"""Checkpoints, one home for the course (lessons 03, 06, 07): what `helpers.train.train` and
+"""Checkpoints, one home for the course (lessons 03, 07, 08): what `helpers.train.train` and
 `scripts/train_ddp.py` save and resume from.
 
 Names: one checkpoint per saved step, in one folder, named by the optimizer steps done:
@@ -54,11 +54,11 @@ _TMP_DIR_RE = re.compile(r"^step_\d{6,}\.tmp$")  # save_sharded's temporaries
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: incomplete, damaged, or of another model (lessons 06, 07)."""
+    """A checkpoint that cannot be used: incomplete, damaged, or of another model (lessons 07, 08)."""
 
 
 class CheckpointDiskFull(OSError):
-    """No room for a checkpoint: names the folder, the bytes needed and the bytes left (lessons 06, 07)."""
+    """No room for a checkpoint: names the folder, the bytes needed and the bytes left (lessons 07, 08)."""
 
 
 def _out_of_space(err: BaseException) -> bool:
@@ -102,14 +102,14 @@ def _disk_full(folder: Path, name: str, needed: int) -> CheckpointDiskFull:
 
 
 def checkpoint_name(step: int, *, sharded: bool = False) -> str:
-    """The checkpoint's name after `step` steps: step_000004.pt, or step_000004 for DCP (lessons 06, 07)."""
+    """The checkpoint's name after `step` steps: step_000004.pt, or step_000004 for DCP (lessons 07, 08)."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     return f"step_{step:06d}" + ("" if sharded else ".pt")
 
 
 def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
-    """The complete checkpoints in `folder` as (step, path), oldest first, no temporaries (lessons 06, 07)."""
+    """The complete checkpoints in `folder` as (step, path), oldest first, no temporaries (lessons 07, 08)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -119,20 +119,20 @@ def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(folder: str | os.PathLike) -> tuple[int, Path] | None:
-    """(step, path) of the newest complete checkpoint in `folder`, or None (lessons 06, 07)."""
+    """(step, path) of the newest complete checkpoint in `folder`, or None (lessons 07, 08)."""
     found = list_checkpoints(folder)
     return found[-1] if found else None
 
 
 def is_due(done: int, every: int, last: int) -> bool:
-    """Save after `done` steps? Every `every`-th, and the `last`; never when every == 0 (lessons 06, 07)."""
+    """Save after `done` steps? Every `every`-th, and the `last`; never when every == 0 (lessons 07, 08)."""
     if every < 0:
         raise ValueError(f"checkpoint every {every} steps: use a positive number, or 0 for never")
     return every > 0 and (done % every == 0 or done == last)
 
 
 def prune_checkpoints(folder: str | os.PathLike, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints in `folder`; returns what it deleted (lessons 06, 07)."""
+    """Delete all but the newest `keep` checkpoints in `folder`; returns what it deleted (lessons 07, 08)."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1 (the checkpoint to resume from), got {keep}")
     old = [p for _, p in list_checkpoints(folder)[:-keep]]
@@ -142,7 +142,7 @@ def prune_checkpoints(folder: str | os.PathLike, keep: int) -> list[Path]:
 
 
 def remove_stale_temporaries(folder: str | os.PathLike, *, log: Any = print) -> list[Path]:
-    """Remove what an interrupted save left in `folder` (this module's names only), saying so (lesson 06)."""
+    """Remove what an interrupted save left in `folder` (this module's names only), saying so (lesson 07)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -157,7 +157,7 @@ def remove_stale_temporaries(folder: str | os.PathLike, *, log: Any = print) -> 
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile (`_orig_mod`) and DDP (`.module`) wrappers (lesson 06)."""
+    """The model inside torch.compile (`_orig_mod`) and DDP (`.module`) wrappers (lesson 07)."""
     from torch.nn.parallel import DistributedDataParallel
 
     while True:
@@ -177,7 +177,7 @@ def _signature(model: nn.Module) -> dict[str, tuple[int, ...]]:
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     scaler: torch.amp.GradScaler | None = None, step: int = 0, *,
                     scheduler: Any = None, extra: Mapping[str, Any] | None = None) -> Path:
-    """Write a single-file checkpoint to `path` atomically: temporary file, fsync, rename (lessons 06, 07)."""
+    """Write a single-file checkpoint to `path` atomically: temporary file, fsync, rename (lessons 07, 08)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = unwrap_model(model)
@@ -226,7 +226,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
                     restore_rng: bool = True) -> dict[str, Any]:
     """Load a single-file checkpoint into `model` (and optimizer, scaler, scheduler); returns its contents.
 
-    Raises CheckpointError (a ValueError) for a missing, damaged or foreign file (lessons 06, 07)."""
+    Raises CheckpointError (a ValueError) for a missing, damaged or foreign file (lessons 07, 08)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint file at {path}")
@@ -272,7 +272,7 @@ def _as_tuple(x: Any) -> Any:
 
 def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                  *, extra: Mapping[str, Any] | None = None) -> Path:
-    """Every rank writes its shards of model and optimizer (DCP) to `folder/step_NNNNNN/` (lesson 06).
+    """Every rank writes its shards of model and optimizer (DCP) to `folder/step_NNNNNN/` (lesson 07).
 
     A collective: call it on every rank. Written as step_NNNNNN.tmp/ and renamed by rank 0 at the end."""
     import torch.distributed as dist
@@ -304,7 +304,7 @@ def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimiz
 
 def load_sharded(path: str | os.PathLike, model: nn.Module,
                  optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load a DCP checkpoint folder into this run's shards, on every rank (lesson 06).
+    """Load a DCP checkpoint folder into this run's shards, on every rank (lesson 07).
 
     Returns {"step": ..., "extra": ...}."""
     import torch.distributed.checkpoint as dcp
@@ -335,7 +335,7 @@ def _rank0_and_barrier() -> tuple[bool, Any]:
 def save_step(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *,
               scaler: torch.amp.GradScaler | None = None, scheduler: Any = None,
               extra: Mapping[str, Any] | None = None, sharded: bool = False, keep: int = 2) -> Path:
-    """Save the state after `step` steps in `folder` and keep the newest `keep` (lessons 06, 07).
+    """Save the state after `step` steps in `folder` and keep the newest `keep` (lessons 07, 08).
 
     Under torch.distributed call it on every rank: sharded (FSDP), each writes its shards; otherwise
     rank 0 writes one file (DDP replicas are equal) and the others wait until it is on disk."""
@@ -374,7 +374,7 @@ def resume_latest(folder: str | os.PathLike, model: nn.Module, optimizer: torch.
                   scaler: torch.amp.GradScaler | None = None, scheduler: Any = None, sharded: bool = False,
                   restore_rng: bool = True, log: Any = print) -> dict[str, Any] | None:
     """On start: remove what an interrupted save left (rank 0), then load the newest checkpoint in `folder`
-    into every rank's model and optimizer; its {"step", "extra", "path"}, or None (lessons 06, 07)."""
+    into every rank's model and optimizer; its {"step", "extra", "path"}, or None (lessons 07, 08)."""
     main, barrier = _rank0_and_barrier()
     if main:
         remove_stale_temporaries(folder, log=log)

@@ -69,7 +69,7 @@ def require(package: str, minimum: str, what: str) -> None:
 # --- Hugging Face attention implementations ------------------------------------------------------------
 
 def bert_attn_implementations() -> tuple[str, ...]:
-    """The attention implementations the installed transformers' BERT can run (lessons 05 and 07)."""
+    """The attention implementations the installed transformers' BERT can run (lessons 06 and 08)."""
     if at_least("transformers", TRANSFORMERS_V5):
         return ("eager", "sdpa", "flex_attention")
     return ("eager", "sdpa")  # 4.x: BERT_SELF_ATTENTION_CLASSES has these two only
@@ -97,7 +97,7 @@ def _rebuilt(model: nn.Module, impl: str) -> nn.Module:
 
 def disable_dropout(model: nn.Module) -> nn.Module:
     """Every dropout of `model` off, so runs compare exactly: nn.Dropout modules and the rate transformers
-    4.x SDPA attention reads from `dropout_prob` instead of a module (lesson 07)."""
+    4.x SDPA attention reads from `dropout_prob` instead of a module (lesson 08)."""
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
@@ -107,7 +107,7 @@ def disable_dropout(model: nn.Module) -> nn.Module:
 
 
 def set_attn_implementation(model: nn.Module, impl: str) -> nn.Module:
-    """Switch a Hugging Face model's attention implementation ('eager', 'sdpa', ...) (lessons 01, 07).
+    """Switch a Hugging Face model's attention implementation ('eager', 'sdpa', ...) (lessons 01, 08).
 
     Returns the model to use from now on: the same object with transformers >= 5.0 (switched in place);
     with transformers 4.x a rebuilt copy with the same weights (optimizers made for the old one must be
@@ -126,7 +126,7 @@ def set_attn_implementation(model: nn.Module, impl: str) -> nn.Module:
 
 def packing_attention_mask(same_doc: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
     """The `attention_mask` a HF BERT takes for a packed batch, from `same_doc` (R, 1, T, T) bool, True =
-    may attend (lessons 05 and 07)."""
+    may attend (lessons 06 and 08)."""
     if not at_least("transformers", TRANSFORMERS_V5):
         # 4.x BERT extends a 3-D (R, T, T) mask of 1 = attend, 0 = not, itself (get_extended_attention_mask)
         return same_doc[:, 0].to(dtype)
@@ -159,7 +159,7 @@ def check_triton_interpreter() -> None:
 # --- distributed ----------------------------------------------------------------------------------------
 
 def fully_shard() -> Callable[..., Any]:
-    """FSDP2's `fully_shard` (torch >= 2.6 exports it from torch.distributed.fsdp) (lesson 06)."""
+    """FSDP2's `fully_shard` (torch >= 2.6 exports it from torch.distributed.fsdp) (lesson 07)."""
     require("torch", "2.6", "FSDP2 (torch.distributed.fsdp.fully_shard)")
     from torch.distributed.fsdp import fully_shard as shard
 
@@ -178,7 +178,7 @@ def _averages(backend: str, world: int) -> bool:
 
 def reduce_scatter_averages() -> bool:
     """Whether the default process group's reduce-scatter honours ReduceOp.AVG, checked by one collective
-    (torch 2.7's gloo sums instead); every rank must call it (lesson 06)."""
+    (torch 2.7's gloo sums instead); every rank must call it (lesson 07)."""
     import torch.distributed as dist
 
     return _averages(dist.get_backend(), dist.get_world_size())
@@ -186,7 +186,7 @@ def reduce_scatter_averages() -> bool:
 
 def average_fsdp_gradients(modules: list[nn.Module], world_size: int) -> bool:
     """Make FSDP2 average gradients where the backend's reduce-scatter sums (torch 2.7 on gloo): divide
-    each reduced shard by the world size. True when a fix was needed (lesson 06)."""
+    each reduced shard by the world size. True when a fix was needed (lesson 07)."""
     if reduce_scatter_averages():
         return False
     for module in modules:
@@ -208,7 +208,7 @@ def flex_compiles(device: torch.device | str) -> tuple[bool, str]:
 
 
 def flex_trains(device: torch.device | str) -> tuple[bool, str]:
-    """Whether FlexAttention has a backward pass on `device`, and why not in one line (lessons 05, 07)."""
+    """Whether FlexAttention has a backward pass on `device`, and why not in one line (lessons 06, 08)."""
     # checked: torch 2.11 and 2.13 raise NotImplementedError; 2.7 runs it (uncompiled, as it must there)
     if torch.device(device).type == "cpu" and at_least("torch", FLEX_CPU_COMPILE):
         return False, (f"FlexAttention has no backward pass on a CPU in torch {torch.__version__} "
@@ -221,7 +221,7 @@ def flex_trains(device: torch.device | str) -> tuple[bool, str]:
 @functools.cache
 def scaled_mm_supports(device: str, rowwise: bool) -> tuple[bool, str]:
     """Whether torch._scaled_mm runs on `device` with per-tensor (or row-wise) scales, and why not: one tiny
-    FP8 matmul decides (lesson 07)."""
+    FP8 matmul decides (lesson 08)."""
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
         return False, f"torch {torch.__version__} has no FP8 matmul (torch._scaled_mm)"
     kind = "row-wise" if rowwise else "per-tensor"

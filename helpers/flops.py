@@ -120,7 +120,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = True) -> float:
-    """Training FLOPs per token of `model` at sequence length `seq_len` (lessons 02, 07; see above)."""
+    """Training FLOPs per token of `model` at sequence length `seq_len` (lessons 02, 08; see above)."""
     given = seq_len
     try:
         seq_len = operator.index(seq_len)  # ints, numpy ints, 0-d integer tensors
@@ -138,7 +138,7 @@ def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = Tr
 
 def executed_flops(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor] | tuple[int, int]], *,
                    backward: bool = True) -> float:
-    """FLOPs a run executed on `batches`, padding included, each at its own width (lessons 05, 07).
+    """FLOPs a run executed on `batches`, padding included, each at its own width (lessons 06, 08).
 
     A batch is a dict with "input_ids" of shape (batch, seq_len), or a (batch, seq_len) pair."""
     total = 0.0
@@ -158,7 +158,7 @@ def executed_flops(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak: float | PeakFlops) -> float:
-    """Model FLOPs utilisation (lessons 02, 07): useful FLOPs per second ÷ the peak, a fraction (0.4 = 40 %).
+    """Model FLOPs utilisation (lessons 02, 08): useful FLOPs per second ÷ the peak, a fraction (0.4 = 40 %).
 
     Useful FLOPs count real tokens only: `tokens_per_s` are non-padding tokens per second and
     `flops_per_token` is `model_flops_per_token` at the padded length the model attended over. Padding

@@ -1,4 +1,4 @@
-"""FP8 matmuls for the Linear layers of a model (lesson 07's "+ FP8" rung, GPUs of compute capability 8.9+).
+"""FP8 matmuls for the Linear layers of a model (lesson 08's "+ FP8" rung, GPUs of compute capability 8.9+).
 
 FP8 has two formats: e4m3 (max 448, 3 mantissa bits) for weights and activations, e5m2 (max 57344,
 2 mantissa bits: more range, less precision) for gradients. A tensor is scaled so that its largest
@@ -20,7 +20,7 @@ importable (backend="auto" or "torchao"), else this module's `FP8Linear` (backen
 The classifier head stays in high precision (it is small and feeds the loss directly). In eager mode the
 amax and cast steps are separate kernels that can cost more than FP8 saves; torch.compile fuses them.
 
-Example (lesson 07):
+Example (lesson 08):
 
     from helpers.fp8 import convert_to_float8, fp8_supported
     ok, why = fp8_supported(device)
@@ -53,7 +53,7 @@ HEAD_NAMES = ("classifier", "head", "lm_head", "score")  # output layers kept in
 
 
 def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
-    """Whether FP8 matmuls run fast on `device` (CUDA, compute capability >= 8.9), and why not (lesson 07)."""
+    """Whether FP8 matmuls run fast on `device` (CUDA, compute capability >= 8.9), and why not (lesson 08)."""
     device = torch.device(device)
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
         return False, f"torch {torch.__version__} has no FP8 matmul (torch._scaled_mm)"
@@ -67,13 +67,13 @@ def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
 
 
 def torchao_available() -> bool:
-    """Whether torchao (with its float8 training) is importable (lesson 07)."""
+    """Whether torchao (with its float8 training) is importable (lesson 08)."""
     return importlib.util.find_spec("torchao") is not None
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype = E4M3, dim: int | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x -> (x8, scale) with x ≈ x8.float() * scale; amax per tensor (dim=None) or along `dim` (lesson 07)."""
+    """x -> (x8, scale) with x ≈ x8.float() * scale; amax per tensor (dim=None) or along `dim` (lesson 08)."""
     if dtype not in (E4M3, E5M2):
         raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
     fmax = torch.finfo(dtype).max  # 448 for e4m3, 57344 for e5m2
@@ -91,7 +91,7 @@ def _pad16(t: torch.Tensor) -> torch.Tensor:
 def fp8_matmul(a: torch.Tensor, b: torch.Tensor, *, recipe: str = "tensorwise", a_dtype: torch.dtype = E4M3,
                b_dtype: torch.dtype = E4M3, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """a (M, K) @ b (K, N) with both operands in FP8, scaled per tensor or per row of a / column of b
-    (lesson 07)."""
+    (lesson 08)."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
@@ -132,7 +132,7 @@ class _FP8LinearFn(torch.autograd.Function):
 
 class FP8Linear(nn.Linear):
     """nn.Linear whose matmuls run in FP8 (`_FP8LinearFn`); output in the autocast dtype, else the
-    input's (lesson 07)."""
+    input's (lesson 08)."""
 
     recipe: str = "tensorwise"
 
@@ -158,7 +158,7 @@ class FP8Linear(nn.Linear):
 
 
 def default_skip(name: str, module: nn.Linear) -> bool:
-    """Keep in high precision: the output head, and layers whose sizes are not multiples of 16 (lesson 07)."""
+    """Keep in high precision: the output head, and layers whose sizes are not multiples of 16 (lesson 08)."""
     return name.split(".")[-1] in HEAD_NAMES or module.in_features % 16 != 0 or module.out_features % 16 != 0
 
 
@@ -166,7 +166,7 @@ def convert_to_float8(model: nn.Module, *, recipe: str = "tensorwise",
                       skip: Callable[[str, nn.Linear], bool] = default_skip,
                       backend: str = "auto") -> nn.Module:
     """Swap the model's nn.Linear layers (those `skip(name, layer)` does not keep) for FP8 linears, in
-    place; `model.course_fp8` says which backend and layers (lesson 07)."""
+    place; `model.course_fp8` says which backend and layers (lesson 08)."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     if backend not in BACKENDS:

@@ -406,7 +406,7 @@ def _has_tf32_units(device: torch.device) -> bool:
 def peak_flops(device: torch.device | str | None = None, precision: str = "bf16", *,
                roofline: Roofline | None = None, gpu_name: str | None = None,
                measure: bool = False) -> PeakFlops | None:
-    """The peak MFU is measured against (lessons 00, 02, 07): the datasheet for a known GPU, else the
+    """The peak MFU is measured against (lessons 00, 02, 08): the datasheet for a known GPU, else the
     measured `roofline`, else (with `measure`) a roofline measured now, else None.
 
     `gpu_name` looks a GPU up in the datasheet table without having it ("NVIDIA H100 80GB HBM3").
@@ -448,7 +448,7 @@ MFU_PRECISIONS = ("fp32", "bf16")  # the dense rates MFU's one peak is chosen fr
 
 def mfu_peak(device: torch.device | str | None = None, *, roofline: Roofline | None = None,
              measure: bool = False) -> PeakFlops | None:
-    """The one peak every MFU in the course divides by (lessons 02, 07): the device's fastest dense rate
+    """The one peak every MFU in the course divides by (lessons 02, 08): the device's fastest dense rate
     among the training precisions, FP8 aside. A GPU's datasheet bf16 peak; on a CPU the faster of the
     fp32 and bf16 matmul rooflines (`roofline`, or with `measure` measured now: same threads, same load),
     so that a CPU with bf16 units never shows an MFU above 100 %. None when no peak is known."""
@@ -458,7 +458,7 @@ def mfu_peak(device: torch.device | str | None = None, *, roofline: Roofline | N
 
 
 def device_facts(device: torch.device | str) -> dict[str, Any]:
-    """What explains a speed-up on `device` (lesson 07): a GPU's name and compute capability, or a CPU's
+    """What explains a speed-up on `device` (lesson 08): a GPU's name and compute capability, or a CPU's
     instruction set and whether it has AMX / AVX512-BF16 bf16 units (Linux /proc/cpuinfo; else unknown)."""
     device = torch.device(device)
     if device.type == "cuda":

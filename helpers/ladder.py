@@ -1,4 +1,4 @@
-"""The speed ladder of lesson 07 and `benchmarks/ladder.py`: rungs, the checks before timing, timed
+"""The speed ladder of lesson 08 and `benchmarks/ladder.py`: rungs, the checks before timing, timed
 passes, and the greedy selection of the stack that pays on this machine.
 
 A *stack* is the full set of switches one training run uses: a `helpers.runspec.RunSpec`; a *rung*
@@ -32,7 +32,7 @@ Throughput counts real tokens; MFU counts *useful* FLOPs: each document's tokens
 (`helpers.packing.packed_padding_stats`), never padded positions: removing padding raises MFU, as it should.
 
 `run_ladder` runs it all on a BERT with random weights (speed does not depend on their values) and
-samples of the BBC News corpus' token lengths: the benchmark; lesson 07 calls `climb_stacks` on the
+samples of the BBC News corpus' token lengths: the benchmark; lesson 08 calls `climb_stacks` on the
 pretrained model and the real tokens.
 """
 
@@ -64,7 +64,7 @@ PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp8")  # later = looser tolerance
 
 @dataclass(frozen=True)
 class Rung:
-    """One rung: the switch it changes, to what, and what is commonly claimed for it (lesson 07)."""
+    """One rung: the switch it changes, to what, and what is commonly claimed for it (lesson 08)."""
 
     name: str
     switch: str  # a field of RunSpec
@@ -76,7 +76,7 @@ class Rung:
             raise ValueError(f"Rung {self.name!r} changes {self.switch!r}, which is not a RunSpec switch")
 
     def on(self, spec: RunSpec) -> RunSpec:
-        """`spec` with this rung's switch set: the spec change the rung is (lesson 07)."""
+        """`spec` with this rung's switch set: the spec change the rung is (lesson 08)."""
         return spec.replace(**{self.switch: self.value})
 
 
@@ -114,7 +114,7 @@ class Agreement:
 
 
 def looser(a: str, b: str) -> str:
-    """The looser of two precisions, whose tolerance a comparison between them uses (lesson 07)."""
+    """The looser of two precisions, whose tolerance a comparison between them uses (lesson 08)."""
     for p in (a, b):
         if p not in PRECISION_ORDER:
             raise ValueError(f"unknown precision {p!r}: use one of {PRECISION_ORDER}")
@@ -122,7 +122,7 @@ def looser(a: str, b: str) -> str:
 
 
 def agree(a: torch.Tensor, b: torch.Tensor, precision: str) -> Agreement:
-    """Whether `a` matches the reference `b` within the tolerance of `precision` (lesson 07)."""
+    """Whether `a` matches the reference `b` within the tolerance of `precision` (lesson 08)."""
     if precision not in TOLERANCES:
         raise ValueError(f"unknown precision {precision!r}: use one of {tuple(TOLERANCES)}")
     if a.shape != b.shape:
@@ -136,7 +136,7 @@ def agree(a: torch.Tensor, b: torch.Tensor, precision: str) -> Agreement:
 def optimizer_step_agreement(params: Sequence[nn.Parameter], make_reference: Callable[[list], Any],
                              make_candidate: Callable[[list], Any], rtol: float = 1e-3) -> Agreement:
     """One step of two optimizers on copies of the same parameters and gradients: do the *updates* agree,
-    within `rtol` of the largest reference update? (lesson 07's fused-AdamW check: the optimizer changes
+    within `rtol` of the largest reference update? (lesson 08's fused-AdamW check: the optimizer changes
     the parameters, never the forward pass; an update is ~lr, far below a parameter's own size)."""
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
@@ -158,7 +158,7 @@ def optimizer_step_agreement(params: Sequence[nn.Parameter], make_reference: Cal
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether a candidate arm beats the best one beyond the spread: ratio > 1 + spread (lesson 07)."""
+    """Whether a candidate arm beats the best one beyond the spread: ratio > 1 + spread (lesson 08)."""
 
     keep: bool
     ratio: float  # best median time / candidate median time: > 1 means the candidate is faster
@@ -171,7 +171,7 @@ class Decision:
 
 def keeps(candidate: Timing, best: Timing) -> Decision:
     """The greedy rule: keep the candidate when its median is faster than the best arm's by more than the
-    larger relative spread (IQR / median) of the two arms (lesson 07)."""
+    larger relative spread (IQR / median) of the two arms (lesson 08)."""
     for name, t in (("candidate", candidate), ("best", best)):
         if not t.median_s > 0 or t.iqr_s < 0:
             raise ValueError(f"the {name} timing needs a positive median and a non-negative IQR, got {t}")
@@ -181,7 +181,7 @@ def keeps(candidate: Timing, best: Timing) -> Decision:
 
 
 class RungDisagrees(AssertionError):
-    """A stack's outputs differ from the stack below beyond the tolerance: it is not timed (lesson 07)."""
+    """A stack's outputs differ from the stack below beyond the tolerance: it is not timed (lesson 08)."""
 
 
 @dataclass
@@ -212,7 +212,7 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
           skip: Callable[[Rung], str | None] | None = None,
           log: Callable[[str], None] = print) -> tuple[Arm, list[Step], RunSpec]:
     """Measure the baseline, then each rung added to the stack below it (cumulative) or to the best stack
-    so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 07).
+    so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 08).
 
     `measure(stack, reference_arm)` checks `stack` against the reference arm and times it (raising
     RungDisagrees when it disagrees: reported, not kept); `skip(rung)` gives a reason not to run a rung
@@ -270,7 +270,7 @@ def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
 
 
 def precision_of(spec: RunSpec) -> str:
-    """The precision whose tolerance a spec's outputs are checked with: "fp8" when it uses FP8 (lesson 07)."""
+    """The precision whose tolerance a spec's outputs are checked with: "fp8" when it uses FP8 (lesson 08)."""
     return "fp8" if spec.fp8 else spec.precision
 
 
@@ -283,7 +283,7 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
                   check: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device, lr: float = 5e-5,
                   repeats: int = 5, peak_flops: float | None = None) -> Arm:
     """Check `stack` against `reference` (same weights, same samples), then time `repeats` passes over
-    its batches (lesson 07). `make_model()` gives a fresh model with the initial weights on `device`;
+    its batches (lesson 08). `make_model()` gives a fresh model with the initial weights on `device`;
     `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
     Raises AssertionError when the stack disagrees with the reference."""
     from helpers.packing import packed_padding_stats
@@ -357,7 +357,7 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
     {"fixed": [...], "bucketed": [...], "packed": [...]} (`RunSpec.dataloader`; packed batches hold the same
     documents per batch as the others, packed into rows), and the first `check_size` of them (default:
     `batch_size`) as one batch per padding, in the same order, for the agreement checks. Token ids are random
-    of the given lengths unless `token_ids` are given (benchmark and lesson 07)."""
+    of the given lengths unless `token_ids` are given (benchmark and lesson 08)."""
     from helpers.data import TokenizedDataset
 
     need = batch_size * n_batches
@@ -436,7 +436,7 @@ def explain(rung: Rung, decision: Decision, device: torch.device, *,
             padded_removed: float | None = None, padded_left: float | None = None) -> str:
     """Why a rung measured what it did (its speed ratio and the rule's verdict) on the device that ran it:
     the reasons come from that device's facts (`helpers.hardware.device_facts`), not from a text written
-    for a CPU (lesson 07)."""
+    for a CPU (lesson 08)."""
     from helpers.hardware import device_facts
 
     f = device_facts(device)
@@ -513,7 +513,7 @@ def climb_stacks(make_model: Callable[[], nn.Module],
     """`climb` with `measure_stack` on the given model and batches (`sample_batches`): each stack checked,
     then timed; rungs the device cannot run (FP8) skipped with their reason; at the end the stack that
     survived is timed again in alternation with the baseline (`side_by_side`). Returns {"mode", "rows",
-    "your_stack", "your_stack_code", "your_stack_vs_baseline", "stack"} (lesson 07 and `run_ladder`)."""
+    "your_stack", "your_stack_code", "your_stack_vs_baseline", "stack"} (lesson 08 and `run_ladder`)."""
     def measure(stack: RunSpec, ref: Arm | None) -> Arm:
         # no dynamo reset: the best arm's compiled layers must stay valid to be timed again beside the
         # candidate (so a compiled stack's first call includes compiling only when the cache is cold)
@@ -537,7 +537,7 @@ def climb_stacks(make_model: Callable[[], nn.Module],
 
 def side_by_side(base: Arm, steps: Sequence[Step], final: RunSpec, *, repeats: int = 5) -> dict[str, Any]:
     """The final stack and the baseline timed now, in alternation (`time_interleaved`): the speed-up a
-    climb reports, never a late timing divided by the baseline's early one (lesson 07, benchmark)."""
+    climb reports, never a late timing divided by the baseline's early one (lesson 08, benchmark)."""
     arm = next((s.arm for s in reversed(steps) if s.arm is not None and s.arm.stack == final), base)
     names = [s.rung.name for s in steps if s.arm is arm]
     out: dict[str, Any] = {"name": names[-1] if names else "fp32 eager (baseline)", "speedup": 1.0,
@@ -553,7 +553,7 @@ def side_by_side(base: Arm, steps: Sequence[Step], final: RunSpec, *, repeats: i
 
 def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
                 greedy: bool) -> list[dict[str, Any]]:
-    """One JSON-ready row per measured stack: switches, numbers, decision and the device's why (lesson 07)."""
+    """One JSON-ready row per measured stack: switches, numbers, decision and the device's why (lesson 08)."""
     rows = [{"name": "fp32 eager (baseline)", **dataclasses.asdict(base.stack), **base.row,
              "speedup": 1.0, "vs_below": None, "kept": True, "why": "the reference", "claim": "baseline"}]
     # speed-up over the baseline: the product of side-by-side ratios along the chain of stacks it was
@@ -579,7 +579,7 @@ def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
 
 
 def ladder_table(result: Mapping[str, Any]):
-    """The ladder as a helpers.tables.Table (lesson 07, benchmark)."""
+    """The ladder as a helpers.tables.Table (lesson 08, benchmark)."""
     from helpers.tables import Table
 
     greedy = result["mode"] == "greedy"

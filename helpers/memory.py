@@ -195,7 +195,7 @@ def peak_increase_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu
 
 def peak_rss_bytes() -> int:
     """The process's peak resident set size in bytes, as the operating system counts it: tensors plus
-    Python, libraries and memory malloc kept (lessons 03 and 06; a CPU's coarse stand-in for `peak_bytes`)."""
+    Python, libraries and memory malloc kept (lessons 03 and 07; a CPU's coarse stand-in for `peak_bytes`)."""
     import resource
     import sys
 

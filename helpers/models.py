@@ -1,5 +1,5 @@
-"""A small Transformer for lessons 01–05, and `load_bert`, a pretrained classifier with an offline
-fallback (lesson 07)."""
+"""A small Transformer for lessons 01–06, and `load_bert`, a pretrained classifier with an offline
+fallback (lesson 08)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ ATTN_IMPLS = ("sdpa", "naive")
 
 @dataclass
 class TransformerConfig:
-    """Sizes of the small Transformer; defaults are a ~5 M-parameter encoder (lessons 01–05)."""
+    """Sizes of the small Transformer; defaults are a ~5 M-parameter encoder (lessons 01–06)."""
 
     vocab_size: int = 30522  # BERT's WordPiece vocabulary, so real tokenised text can be fed in
     max_len: int = 512  # longest sequence (learned position embeddings)
@@ -48,13 +48,13 @@ class TransformerConfig:
         self.d_ff = self.d_ff or 4 * self.d_model
 
     def build(self) -> SmallTransformer:
-        """The SmallTransformer of this shape (lessons 01-05); `helpers.memory` sizes configs through it."""
+        """The SmallTransformer of this shape (lessons 01-06); `helpers.memory` sizes configs through it."""
         return SmallTransformer(self)
 
 
 def small_config(profile: str, **overrides: Any) -> TransformerConfig:
     """The small Transformer's size for a profile: tiny for smoke, BERT-small-like for full
-    (lessons 02–05)."""
+    (lessons 02–06)."""
     from helpers.config import pick
 
     sizes = pick(profile, smoke=dict(d_model=128, n_heads=4, n_layers=2, max_len=256),
@@ -65,14 +65,14 @@ def small_config(profile: str, **overrides: Any) -> TransformerConfig:
 @dataclass
 class ModelOutput:
     """What `SmallTransformer` returns, named like Hugging Face outputs so one training loop serves both
-    (lessons 02–05)."""
+    (lessons 02–06)."""
 
     logits: torch.Tensor
     loss: torch.Tensor | None = None
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention: SDPA or the naive formula, with a padding mask (lessons 01–05)."""
+    """Multi-head self-attention: SDPA or the naive formula, with a padding mask (lessons 01–06)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -99,7 +99,7 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x)) (lessons 01–05)."""
+    """Pre-norm Transformer block: x + attn(ln(x)), then x + mlp(ln(x)) (lessons 01–06)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -117,7 +117,7 @@ class Block(nn.Module):
 
 class SmallTransformer(nn.Module):
     """Token + position embeddings, `n_layers` blocks, then a token head (tied) or a classifier
-    (lessons 01–05)."""
+    (lessons 01–06)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -208,7 +208,7 @@ RANDOM_NOTE = "random weights: speed only, no accuracy"
 
 def offline_bert_path() -> Path:
     """Folder of the BERT the course uses without the hub: $COURSE_BERT_PATH when set, else the checkpoint
-    that installs from the package index (lessons 05, 07)."""
+    that installs from the package index (lessons 06, 08)."""
     env_path = _env_bert_path()
     if env_path is not None:  # an air-gapped box: config + tokenizer (maybe no weights) carried in
         return env_path
@@ -221,7 +221,7 @@ def offline_bert_path() -> Path:
 
 
 def has_weights(folder: str | os.PathLike) -> bool:
-    """True when `folder` holds a model's weight file (safetensors or PyTorch, maybe sharded) (lesson 07)."""
+    """True when `folder` holds a model's weight file (safetensors or PyTorch, maybe sharded) (lesson 08)."""
     return any((Path(folder) / f).is_file() for f in WEIGHT_FILES)
 
 
@@ -264,7 +264,7 @@ def _random_from_config(path: str | Path, args: dict[str, Any]) -> nn.Module:
 
 def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_implementation: str = "sdpa",
               offline: bool | None = None, verbose: bool = True, **kwargs: Any):
-    """A BERT-family classifier and its tokenizer for lesson 07; prints one line saying where from.
+    """A BERT-family classifier and its tokenizer for lesson 08; prints one line saying where from.
 
     Sources, first that applies: `name` when it is a local folder; the folder in $COURSE_BERT_PATH;
     the hub (unless `offline` or HF_HUB_OFFLINE, or it does not answer); the offline package's
@@ -319,7 +319,7 @@ def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_impl
 
 def bert_base_random(num_labels: int = 2, *, attn_implementation: str = "sdpa", verbose: bool = True):
     """BERT-base's shape (12 layers, width 768, 12 heads, 110 M parameters) with RANDOM weights, and a
-    WordPiece tokenizer: for speed benchmarks where no BERT-base weights exist (lesson 07's ladder).
+    WordPiece tokenizer: for speed benchmarks where no BERT-base weights exist (lesson 08's ladder).
 
     The tokenizer comes from $COURSE_BERT_PATH, else the offline package. `course_pretrained` is False.
     """
@@ -352,7 +352,7 @@ MODEL_SIZES: dict[str, dict[str, int]] = {  # BertConfig overrides; "base" is Be
 
 
 def bert_config(model: str, n_classes: int):
-    """BERT-base shapes (or a smaller named size) with dropout off, so stacks compare exactly (lesson 07's
+    """BERT-base shapes (or a smaller named size) with dropout off, so stacks compare exactly (lesson 08's
     benchmark, benchmarks/ladder.py)."""
     from transformers import BertConfig
 

@@ -1,4 +1,4 @@
-"""Sequence packing: documents share rows instead of being padded (lessons 05 and 07).
+"""Sequence packing: documents share rows instead of being padded (lessons 06 and 08).
 
 Documents of different lengths are packed, whole, into rows of `seq_len` tokens. Inside a row each
 document keeps its own position ids (0, 1, 2, ... restarting at every document) and attends only to
@@ -34,7 +34,7 @@ path above honours them.
 The course's SmallTransformer is packed with the dense mask and pools each document's own tokens (its
 classifier averages the real tokens of a sequence).
 
-Example (lessons 05 and 07):
+Example (lessons 06 and 08):
 
     from torch.utils.data import DataLoader
     from helpers.packing import PackCollate, PackedBatchSampler, PackedModel, packed_padding_stats
@@ -82,7 +82,7 @@ PACKED_KEYS = ("input_ids", "attention_mask", "position_ids", "doc_ids", "first_
 # --- packing ------------------------------------------------------------------------------------
 
 def pack_lengths(lengths: Sequence[int], seq_len: int, strategy: str = "first_fit") -> list[list[int]]:
-    """Rows of document indices whose lengths (each capped at `seq_len`) fit in `seq_len` (lesson 05)."""
+    """Rows of document indices whose lengths (each capped at `seq_len`) fit in `seq_len` (lesson 06)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     if not isinstance(seq_len, int) or seq_len < 1:
@@ -120,7 +120,7 @@ class PackCollate:
     input_ids (R, T); attention_mask (R, T), 1 = real token; position_ids (R, T), restarting at 0 in
     every document; doc_ids (R, T), the document (0..D-1) of each token, -(row + 1) on a row's padding
     tail; first_index (D,), each document's first token in the flattened (R*T) batch; labels (D,),
-    documents in the order they were given (lesson 05).
+    documents in the order they were given (lesson 06).
     """
 
     def __init__(self, seq_len: int, pad_token_id: int = 0, strategy: str = "first_fit") -> None:
@@ -163,7 +163,7 @@ class PackCollate:
 
 class PackedBatchSampler(Sampler[list[int]]):
     """batch_sampler: every epoch, packs all documents first-fit into rows of `seq_len`, shuffles the
-    rows and yields the documents of `rows_per_batch` rows at a time, row after row (lesson 05).
+    rows and yields the documents of `rows_per_batch` rows at a time, row after row (lesson 06).
 
     Packing the whole epoch leaves far less padding than packing each batch's documents alone. Use
     it with PackCollate(seq_len, strategy="sequential"), which then needs at most `rows_per_batch`
@@ -215,7 +215,7 @@ class PackedBatchSampler(Sampler[list[int]]):
 # --- masks that keep documents apart -----------------------------------------------------------------
 
 def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """(R, 1, T, T) bool, True where query and key are in the same document (lesson 05).
+    """(R, 1, T, T) bool, True where query and key are in the same document (lesson 06).
 
     One broadcast comparison; a row's padding tail is its own "document", so no query row is all False
     (an all-masked softmax row would be NaN)."""
@@ -225,7 +225,7 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
 
 
 def document_block_mask(doc_ids: torch.Tensor) -> Any:
-    """FlexAttention BlockMask for `doc_ids` (R, T): a query sees keys of its own document (lesson 05)."""
+    """FlexAttention BlockMask for `doc_ids` (R, T): a query sees keys of its own document (lesson 06)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     if doc_ids.dim() != 2:
@@ -239,7 +239,7 @@ def document_block_mask(doc_ids: torch.Tensor) -> Any:
 
 
 def varlen_segments(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Cumulative segment starts (S+1,) int32 over the flattened rows, and the longest segment (lesson 07).
+    """Cumulative segment starts (S+1,) int32 over the flattened rows, and the longest segment (lesson 08).
 
     Segments are the documents and the padding tails, in order: doc ids change at every boundary."""
     flat = doc_ids.reshape(-1)
@@ -252,7 +252,7 @@ def varlen_segments(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 # --- varlen attention for Hugging Face models --------------------------------------------------------
 
 def varlen_available(device: torch.device | str) -> tuple[bool, str]:
-    """Whether `torch.nn.attention.varlen` can run on `device`, and why not in one line (lesson 07)."""
+    """Whether `torch.nn.attention.varlen` can run on `device`, and why not in one line (lesson 08)."""
     device = torch.device(device)
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401
@@ -308,7 +308,7 @@ def _register_varlen() -> None:
 
 
 def use_varlen(model: nn.Module, *, check_device: bool = True) -> nn.Module:
-    """Switch a Hugging Face model to varlen attention for packed batches, SDPA for padded ones (lesson 07).
+    """Switch a Hugging Face model to varlen attention for packed batches, SDPA for padded ones (lesson 08).
 
     Raises ValueError where varlen cannot run (CPU, pre-Ampere GPU); check_device=False is for tests."""
     if not hasattr(model, "config") or not hasattr(type(model), "_from_config"):
@@ -323,7 +323,7 @@ def use_varlen(model: nn.Module, *, check_device: bool = True) -> nn.Module:
 
 
 def disable_attention_dropout(model: nn.Module) -> nn.Module:
-    """Attention-probability dropout of a HF BERT set to 0: flex and varlen kernels have none (lesson 07)."""
+    """Attention-probability dropout of a HF BERT set to 0: flex and varlen kernels have none (lesson 08)."""
     n = 0
     for name, module in model.named_modules():
         if name.endswith("attention.self") and isinstance(getattr(module, "dropout", None), nn.Dropout):
@@ -422,7 +422,7 @@ def _small_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -
 
 def packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> Any:
     """Per-document logits (D, C) and loss of a packed batch, for a HF BERT classifier or a
-    SmallTransformer classifier (lessons 05 and 07)."""
+    SmallTransformer classifier (lessons 06 and 08)."""
     _check_batch(batch)
     if hasattr(model, "bert") and hasattr(model, "classifier"):
         return _hf_packed_forward(model, batch)
@@ -433,7 +433,7 @@ def packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> Any:
 
 
 class PackedModel(nn.Module):
-    """Wraps a classifier so that `PackedModel(model)(**packed_batch)` runs `packed_forward` (lesson 07).
+    """Wraps a classifier so that `PackedModel(model)(**packed_batch)` runs `packed_forward` (lesson 08).
 
     `config` / `cfg` are the wrapped model's, so FLOP counters read the same sizes."""
 
@@ -452,7 +452,7 @@ class PackedModel(nn.Module):
 
 @dataclass(frozen=True)
 class PackingStats:
-    """Counts over packed (or padded) batches; useful_flops counts real tokens only (lessons 05 and 07)."""
+    """Counts over packed (or padded) batches; useful_flops counts real tokens only (lessons 06 and 08)."""
 
     batches: int
     rows: int
@@ -473,7 +473,7 @@ class PackingStats:
 def packed_padding_stats(batches: Iterable[Mapping[str, torch.Tensor]],
                          model: nn.Module | None = None) -> PackingStats:
     """Rows, documents, real tokens and padding of packed or padded batches; with `model`, the useful
-    training FLOPs (6·N per token + attention over each document's own length) (lessons 05 and 07)."""
+    training FLOPs (6·N per token + attention over each document's own length) (lessons 06 and 08)."""
     from helpers.flops import model_flops_per_token
 
     n_batches = rows = documents = real = slots = 0

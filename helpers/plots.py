@@ -2,7 +2,7 @@
 
 Each function returns the `Figure` (Jupyter draws it once; tests count its axes and read its labels).
 Sections: shared, benchmarks, attention (lesson 01), memory and training (lessons 02–03),
-input pipeline (lesson 05), capstone (lesson 07).
+input pipeline (lesson 06), capstone (lesson 08).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def label_axes(ax: Axes, title: str, xlabel: str, ylabel: str) -> Axes:
 def bar_chart(values: Mapping[str, float], *, title: str, ylabel: str, xlabel: str = "variant",
               annotate: str = "{:.3g}", baseline: str | None = None) -> Figure:
     """One bar per variant, its value written on top; with `baseline`, also its ratio to that bar
-    (lessons 01–07)."""
+    (lessons 01–08)."""
     if not values:
         raise ValueError("bar_chart needs at least one value")
     names, vals = list(values), list(values.values())
@@ -256,11 +256,11 @@ def loss_curves_chart(runs: Mapping[str, Sequence[float]], *, title: str,
     return fig
 
 
-# --- input pipeline (lesson 05) ---------------------------------------------------------------------
+# --- input pipeline (lesson 06) ---------------------------------------------------------------------
 
 def length_histogram_chart(lengths: Sequence[int], *, title: str, max_length: int | None = None,
                            bins: int = 40) -> Figure:
-    """Histogram of sequence lengths in tokens, with the truncation length drawn as a line (lesson 05)."""
+    """Histogram of sequence lengths in tokens, with the truncation length drawn as a line (lesson 06)."""
     if len(lengths) == 0:
         raise ValueError("length_histogram_chart needs at least one length")
     fig, ax = plt.subplots(figsize=(6.0, 3.4))
@@ -275,7 +275,7 @@ def length_histogram_chart(lengths: Sequence[int], *, title: str, max_length: in
 
 def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure:
     """Where one training step's time goes: one horizontal bar per phase, in ms and % of the step
-    (lesson 05)."""
+    (lesson 06)."""
     if not phases_s or any(v < 0 for v in phases_s.values()):
         raise ValueError(f"step_breakdown_chart needs phase -> seconds (>= 0), got {dict(phases_s)!r}")
     names, ms = list(phases_s), [v * 1e3 for v in phases_s.values()]
@@ -293,13 +293,13 @@ def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure
     return fig
 
 
-# --- capstone (lesson 07) ---------------------------------------------------------------------------
+# --- capstone (lesson 08) ---------------------------------------------------------------------------
 
 def ladder_chart(speedups: Mapping[str, float], *, title: str,
                  accuracy: Mapping[str, float] | None = None) -> Figure:
     """The speed ladder: each rung's speed-up over the baseline, from side-by-side timings only (the
     ladder's chained ratios, never a late timing over an early one), written on its bar; when given, each
-    rung's validation accuracy as dots on a second axis (no speed bought with accuracy) (lesson 07)."""
+    rung's validation accuracy as dots on a second axis (no speed bought with accuracy) (lesson 08)."""
     if not speedups:
         raise ValueError("ladder_chart needs at least one rung")
     if accuracy is not None and set(accuracy) - set(speedups):
@@ -323,7 +323,7 @@ def ladder_chart(speedups: Mapping[str, float], *, title: str,
 
 def confusion_matrix_chart(matrix: Sequence[Sequence[int]], labels: Sequence[str], *, title: str) -> Figure:
     """A confusion matrix: rows are true classes, columns predicted ones, each cell's count written in it
-    (lesson 07)."""
+    (lesson 08)."""
     n = len(labels)
     if len(matrix) != n or any(len(row) != n for row in matrix):
         raise ValueError(f"matrix must be {n}×{n} to match {n} labels, got "

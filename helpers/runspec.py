@@ -1,4 +1,4 @@
-"""One run specification: the switches of a training run, each applied in exactly one place (lessons 02-07).
+"""One run specification: the switches of a training run, each applied in exactly one place (lessons 02-08).
 
 A `RunSpec` is frozen: it names *what* a run uses; its four methods are the only code that turns a
 switch into torch calls:
@@ -8,10 +8,10 @@ switch into torch calls:
 - `spec.dataloader(dataset, batch_size)`: the batches of its padding (fixed, dynamic, bucketed, packed),
   pinned by the DataLoader's own thread when the batches go to a GPU;
 - `spec.apply(model)`: attention implementation, FP8 linears, regional compilation, packed forward;
-- `spec.describe()`: the spec as the lines of code that reproduce it ("your stack", lesson 07).
+- `spec.describe()`: the spec as the lines of code that reproduce it ("your stack", lesson 08).
 
 `helpers.train.train(model, batches, cfg, spec=spec)` trains with it; `TrainConfig` keeps what is not a
-switch (steps, optimizer, schedule, accumulation, checkpoints). Lesson 07's ladder changes one field of a
+switch (steps, optimizer, schedule, accumulation, checkpoints). Lesson 08's ladder changes one field of a
 spec per rung (`dataclasses.replace`).
 
     spec = RunSpec(precision="bf16", attn="sdpa", padding="bucketed")
@@ -43,14 +43,14 @@ ATTNS = ("eager", "sdpa")  # Hugging Face attention implementations the course t
 
 @dataclass(frozen=True)
 class RunSpec:
-    """The switches of one training run (lessons 02-07); see the module docstring."""
+    """The switches of one training run (lessons 02-08); see the module docstring."""
 
     precision: str = "fp32"  # one of helpers.precision.PRECISIONS; TF32 stays on from "tf32" up
     fp8: bool = False  # FP8 matmuls in the Linear layers (helpers.fp8), run under bf16 autocast
     attn: str | None = None  # "eager" | "sdpa"; None: the model's own (a SmallTransformer has one)
-    compile: bool = False  # torch.compile each Transformer layer (regional compilation, lesson 04)
+    compile: bool = False  # torch.compile each Transformer layer (regional compilation, lesson 05)
     fused_adamw: bool = True  # the fused AdamW kernel where torch has it for the device
-    padding: str = "dynamic"  # "fixed" (to max_length) | "dynamic" | "bucketed" | "packed" (lesson 05)
+    padding: str = "dynamic"  # "fixed" (to max_length) | "dynamic" | "bucketed" | "packed" (lesson 06)
 
     def __post_init__(self) -> None:
         allowed = {"precision": PRECISIONS, "attn": (None, *ATTNS), "padding": PADDINGS}
@@ -63,7 +63,7 @@ class RunSpec:
                 raise ValueError(f"RunSpec.{name} must be True or False, got {getattr(self, name)!r}")
 
     def replace(self, **switches: object) -> RunSpec:
-        """This spec with some switches changed: one rung of lesson 07's ladder."""
+        """This spec with some switches changed: one rung of lesson 08's ladder."""
         return dataclasses.replace(self, **switches)
 
     @property
@@ -88,7 +88,7 @@ class RunSpec:
     def dataloader(self, dataset: Any, batch_size: int, *, pad_token_id: int = 0,
                    max_length: int | None = None, shuffle: bool = True, seed: int = 0,
                    device: torch.device | str | None = None) -> DataLoader:
-        """The DataLoader of this spec's padding over a `helpers.data.TokenizedDataset` (lessons 05, 07).
+        """The DataLoader of this spec's padding over a `helpers.data.TokenizedDataset` (lessons 06, 08).
 
         `max_length`: the width of fixed padding and of packed rows (default: the longest example).
         Batches bound for a CUDA `device` (default: CUDA when torch sees a GPU) are pinned in the
@@ -110,7 +110,7 @@ class RunSpec:
     def apply(self, model: nn.Module) -> nn.Module:
         """`model` with the spec's attention, FP8 linears, compiled layers and packed forward; train what
         it returns and optimize its parameters (transformers 4.x switches attention by rebuilding the
-        model, helpers.compat) (lesson 07)."""
+        model, helpers.compat) (lesson 08)."""
         from helpers.compat import set_attn_implementation
 
         if self.attn is not None:
@@ -134,7 +134,7 @@ class RunSpec:
         return model
 
     def describe(self) -> str:
-        """The spec as the code that reproduces it: "your stack" (lesson 07, benchmarks/ladder.py)."""
+        """The spec as the code that reproduces it: "your stack" (lesson 08, benchmarks/ladder.py)."""
         changed = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                    if getattr(self, f.name) != f.default]
         pad = {"fixed": "every batch max_length wide", "dynamic": "each batch to its longest",

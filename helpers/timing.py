@@ -79,7 +79,7 @@ def benchmark(fn: Callable[[], Any], *, name: str = "", warmup: int = 2, min_run
 def benchmark_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = 3, warmup: int = 1,
                           min_run_time: float = 0.5) -> dict[str, Timing]:
     """`benchmark` each arm in `rounds` rotating rounds, so a change in the machine's load falls on every arm
-    alike; each arm keeps its fastest, least disturbed round (other programs only add time) (lesson 04)."""
+    alike; each arm keeps its fastest, least disturbed round (other programs only add time) (lesson 05)."""
     if not fns or rounds < 1:
         raise ValueError(f"need at least one callable and rounds >= 1, got {len(fns)} and rounds={rounds}")
     names = list(fns)
@@ -95,7 +95,7 @@ def benchmark_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int =
 def time_interleaved(a: Callable[[], Any], b: Callable[[], Any], *, repeats: int = 5,
                      device: torch.device | None = None) -> tuple[Timing, Timing]:
     """Time `a` and `b` in alternation (ab, ba, ab, ...), so a change in the machine's load falls on both
-    arms alike; (timing of a, timing of b) (lesson 07's greedy rule)."""
+    arms alike; (timing of a, timing of b) (lesson 08's greedy rule)."""
     times: dict[int, list[float]] = {0: [], 1: []}
     fns = (a, b)
     for r in range(repeats):
@@ -109,7 +109,7 @@ def time_interleaved(a: Callable[[], Any], b: Callable[[], Any], *, repeats: int
 
 
 def timing_from(times: list[float], name: str = "") -> Timing:
-    """A Timing (median, IQR) from one time per call, in seconds (lesson 07)."""
+    """A Timing (median, IQR) from one time per call, in seconds (lesson 08)."""
     q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
     return Timing(name=name, median_s=statistics.median(times), iqr_s=q[2] - q[0], runs=len(times),
                   calls_per_run=1, times_s=tuple(times))
@@ -117,7 +117,7 @@ def timing_from(times: list[float], name: str = "") -> Timing:
 
 def time_passes(fn: Callable[[], Any], *, repeats: int = 5, name: str = "",
                 device: torch.device | None = None) -> Timing:
-    """`repeats` timed calls of `fn` (device synchronised), as a Timing: median and IQR (lesson 07)."""
+    """`repeats` timed calls of `fn` (device synchronised), as a Timing: median and IQR (lesson 08)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     times = []
@@ -131,7 +131,7 @@ def time_passes(fn: Callable[[], Any], *, repeats: int = 5, name: str = "",
 
 
 def time_once(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """Run `fn()` once, synchronised: (its result, seconds), for one-off costs like compiling (lesson 04)."""
+    """Run `fn()` once, synchronised: (its result, seconds), for one-off costs like compiling (lesson 05)."""
     synchronize()
     start = time.perf_counter()
     out = fn()

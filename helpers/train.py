@@ -1,6 +1,6 @@
 """One training loop with switches: precision, gradient accumulation, activation checkpointing, fused
 AdamW, a learning-rate schedule, atomic checkpoints that resume; it reports the loss curve, tokens/s,
-MFU and peak memory (lessons 02-07). `train_step` is one optimizer step, for a loop of your own.
+MFU and peak memory (lessons 02-08). `train_step` is one optimizer step, for a loop of your own.
 
 Batches: what `train(model, batches, cfg)` accepts
 --------------------------------------------------
@@ -20,7 +20,7 @@ counted from `attention_mask` when present (real tokens only), else `input_ids.n
   resume, the micro-batches already used are drawn again and dropped, so it repeats exactly only if
   the iterable's order is deterministic (for a shuffling DataLoader: a `generator` seeded anew).
 
-Keeping a GPU fed (lesson 05)
+Keeping a GPU fed (lesson 06)
 -----------------------------
 The loop waits for the device only where it needs a number: every `log_every` steps, at checkpoints
 and at the end. In between, each step's loss stays a tensor on the device (the curve is read back in
@@ -83,7 +83,7 @@ def _check_max_grad_norm(value: Any) -> None:
 
 @dataclass
 class TrainConfig:
-    """Steps, optimizer, schedule, accumulation and checkpoints of one run (lessons 02-07); the switches
+    """Steps, optimizer, schedule, accumulation and checkpoints of one run (lessons 02-08); the switches
     (precision, attention, compile, fused AdamW, padding) are a `helpers.runspec.RunSpec`.
 
     `steps=0` is a run of no steps: it returns at once (with a resumed run's loss history) and reports
@@ -146,7 +146,7 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What a run measured (lessons 02-07).
+    """What a run measured (lessons 02-08).
 
     Throughput leaves out the first step of the call (warm-up: allocator growth, lazy optimizer state,
     compilation, the memory profiler on CPU); it is None when no later step ran.
@@ -182,7 +182,7 @@ class TrainResult:
 
 @dataclass
 class StepOutput:
-    """What one optimizer step returns (lesson 05: tensors stay on the device; reading one waits for it)."""
+    """What one optimizer step returns (lesson 06: tensors stay on the device; reading one waits for it)."""
 
     loss: torch.Tensor  # 0-d float32: the mean loss over the step's micro-batches
     tokens: int | torch.Tensor  # real tokens (an int when the batches were counted on the host)
@@ -196,7 +196,7 @@ class StepOutput:
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool = True) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not biases, norms); the fused kernel where torch has it
-    for the device (CUDA; CPU since torch 2.4: 37 ms vs 188 ms a step for MiniLM here) (lessons 03, 07)."""
+    for the device (CUDA; CPU since torch 2.4: 37 ms vs 188 ms a step for MiniLM here) (lessons 03, 08)."""
     if not lr > 0 or not weight_decay >= 0:
         raise ValueError(f"need lr > 0 and weight_decay >= 0, got lr={lr}, weight_decay={weight_decay}")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -217,7 +217,7 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: str = "constant",
                       warmup_steps: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up over `warmup_steps`, then the lr held ("constant") or decayed linearly to 0 at
-    `steps` ("linear", as transformers' get_linear_schedule_with_warmup) (lesson 07)."""
+    `steps` ("linear", as transformers' get_linear_schedule_with_warmup) (lesson 08)."""
     if schedule not in LR_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {LR_SCHEDULES}")
     if steps < 0 or not 0 <= warmup_steps <= max(steps, 0):
@@ -256,7 +256,7 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
 # --- batches ----------------------------------------------------------------------------------------
 
 def count_tokens(batch: Mapping[str, Any]) -> int:
-    """Real tokens of a batch: the attention mask's sum when present, else input_ids.numel() (lesson 05).
+    """Real tokens of a batch: the attention mask's sum when present, else input_ids.numel() (lesson 06).
 
     Count a batch while it is still on the host: on a GPU, `int(mask.sum())` waits for the device."""
     if "input_ids" not in batch:
@@ -490,7 +490,7 @@ class _Meter:
 
 def _useful_flops(model: nn.Module, widths: list[tuple[int | torch.Tensor, int]]) -> float | None:
     """Real tokens × model FLOPs per token at each batch's width; None for a model helpers.flops cannot
-    read (lesson 07's MFU: padding is not useful work)."""
+    read (lesson 08's MFU: padding is not useful work)."""
     from helpers.flops import model_flops_per_token
 
     per_width: dict[int, float] = {}
@@ -549,7 +549,7 @@ def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device
           spec: RunSpec | None = None, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
           on_step: Callable[[int, StepOutput], Any] | None = None) -> TrainResult:
     """Train `model` for `cfg.steps` optimizer steps on `batches` with the switches of `spec` (default
-    `RunSpec()`, fp32) (see the module docstring) (lessons 02-07).
+    `RunSpec()`, fp32) (see the module docstring) (lessons 02-08).
 
     `optimizer`: yours instead of `make_optimizer(model, cfg.lr, cfg.weight_decay, spec.fused_adamw)`;
     `scheduler`: yours instead of `make_lr_scheduler` from cfg (stepped once per optimizer step);
@@ -600,7 +600,7 @@ def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, spec: RunS
              pad_token_id: int = 0) -> tuple[float, list[int], list[int]]:
     """(accuracy, predictions, labels) of a sequence classifier over a tokenised dataset
     (`helpers.data.tokenize`), in batches sorted by length (less padding), under `spec.context`
-    (lesson 07)."""
+    (lesson 08)."""
     from helpers.data import PadCollate  # the data layer: imported here, where it is used
 
     if batch_size < 1:
@@ -628,7 +628,7 @@ def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, spec: RunS
 
 def synthetic_batch_fn(vocab_size: int, batch_size: int, seq_len: int, *, seed: int = 0,
                        pad_fraction: float = 0.0) -> Callable[[int, int], dict[str, torch.Tensor]]:
-    """A resumable `batch_fn(step, micro)`: a task a Transformer learns in a few dozen steps (lessons 02-04).
+    """A resumable `batch_fn(step, micro)`: a task a Transformer learns in a few dozen steps (lessons 02-05).
 
     A substitution cipher: random tokens in, and for each position the label is a fixed random
     permutation of its token. It is solved by a lookup table, so the loss falls from ln(vocab_size)

@@ -1,7 +1,7 @@
-"""Fine-tune a pretrained BERT classifier on a labelled text corpus: lesson 07 as a script.
+"""Fine-tune a pretrained BERT classifier on a labelled text corpus: lesson 08 as a script.
 
 One process, or several under torchrun (DDP when WORLD_SIZE > 1: NCCL on GPUs, gloo on CPUs). Every
-switch of lesson 07's ladder is a flag, named as the notebook's parameters (--max-length is
+switch of lesson 08's ladder is a flag, named as the notebook's parameters (--max-length is
 MAX_LENGTH there); the switches become one `helpers.runspec.RunSpec` (`FinetuneConfig.spec`), which
 batches the data, prepares the model and runs the steps, as in the notebook. Checkpoints go to
 --checkpoint-dir every --checkpoint-every steps, atomically; run

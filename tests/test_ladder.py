@@ -1,4 +1,4 @@
-"""helpers.ladder (lesson 07, benchmarks/ladder.py): rungs checked before timing, the greedy rule, MFU on
+"""helpers.ladder (lesson 08, benchmarks/ladder.py): rungs checked before timing, the greedy rule, MFU on
 useful FLOPs, device-specific explanations, results written with their stamp."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lesson 05's GPU-only code, run on a CPU (issue 18): step 3's GPU branch executed with the device a CPU,
+"""Lesson 06's GPU-only code, run on a CPU (issue 18): step 3's GPU branch executed with the device a CPU,
 `pin_memory` an identity and the CUDA calls no-ops, so a name it breaks for later cells fails here, not on
 the first GPU; and the lesson pins batch after batch only where PyTorch's pin_memory guide says it pays."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "05_input_pipeline.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_input_pipeline.ipynb"
 STEP3_COPIES = "d0b79338"  # the cell id of step 3's timed copies (GPU only)
 
 
