@@ -9,9 +9,11 @@ for want of one (planted test files, run through pytester).
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -460,3 +462,64 @@ def test_a_module_that_skips_itself_for_want_of_a_gpu_fails_collection(planted):
     planted.makepyfile(test_module_skip="import pytest\n\npytest.skip('no CUDA', allow_module_level=True)\n")
     result = planted.runpytest("-p", "no:cacheprovider")
     assert result.ret != 0 and "pytestmark = pytest.mark.cuda" in result.stdout.str()
+
+
+# --- docs/gpu-check.md names every GPU path -------------------------------------------------------------
+
+GPU_WORD = re.compile(r"\b(GPU|GPUS|gpus|gpu|cuda|CUDA)\b")  # in a condition: a branch on the GPU
+GPU_PROBE = re.compile(r"\b(fp8_supported|is_bf16_supported|uses_interpreter|varlen_available|device_count)"
+                       r"\(")  # a cell that asks what the GPU can do
+
+
+def _gpu_branch(source: str) -> bool:
+    """Whether code has an if / while / conditional expression whose condition names the GPU (a
+    notebook's shell and magic lines left out)."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    tree = ast.parse(code)
+    return any(isinstance(n, (ast.If, ast.IfExp, ast.While)) and GPU_WORD.search(ast.unparse(n.test))
+               for n in ast.walk(tree))
+
+
+def _cuda_tests(path: Path) -> set[str]:
+    """Test functions of a file that carry the cuda marker, directly or through a module-level name."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    names = {t.id for n in tree.body if isinstance(n, ast.Assign) and "mark.cuda" in ast.unparse(n.value)
+             for t in n.targets if isinstance(t, ast.Name)}  # DEVICES = [..., pytest.param(..., marks=...)]
+    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
+            and any("mark.cuda" in ast.unparse(d) or set(re.findall(r"\w+", ast.unparse(d))) & names
+                    for d in n.decorator_list)}
+
+
+def _gpu_paths() -> tuple[set, set, set]:
+    tests = {(p.relative_to(ROOT).as_posix(), name) for p in sorted((ROOT / "tests").glob("test_*.py"))
+             for name in _cuda_tests(p)}
+    cells = set()
+    for nb in gp.notebooks():
+        for cell in json.loads(nb.read_text())["cells"]:
+            source = "".join(cell["source"])
+            tagged = {"requires-cuda", "requires-multi-gpu"} & set(cell.get("metadata", {}).get("tags", []))
+            if cell["cell_type"] == "code" and (tagged or GPU_PROBE.search(source) or _gpu_branch(source)):
+                cells.add((nb.stem, cell["id"]))
+    files = {p.relative_to(ROOT).as_posix() for p in sorted(ROOT.glob("benchmarks/*.py")) +
+             sorted(ROOT.glob("scripts/**/*.py")) if _gpu_branch(p.read_text())}
+    return tests, cells, files
+
+
+def test_the_docs_list_every_gpu_path_and_nothing_that_is_gone():
+    text = (ROOT / "docs" / "gpu-check.md").read_text()
+    section = text.split("## Every GPU path", 1)[1].split("### Paths the check does not run", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and len(line.split("|")) > 3]
+    listed_tests = {(r[0], t) for r in rows if r[0].startswith("tests/")
+                    for t in re.findall(r"`(\w+)`", r[1])}
+    listed_cells = {(r[0], c) for r in rows if re.fullmatch(r"\d\d_\w+", r[0])
+                    for c in re.findall(r"`([\w-]+)`", r[1])}
+    listed_files = {r[0].strip("`") for r in rows if r[0].startswith(("`benchmarks/", "`scripts/"))}
+    tests, cells, files = _gpu_paths()
+    assert listed_tests == tests, (f"docs/gpu-check.md: list {sorted(tests - listed_tests)}; "
+                                   f"gone: {sorted(listed_tests - tests)}")
+    assert listed_cells == cells, (f"docs/gpu-check.md: list the GPU cells {sorted(cells - listed_cells)}; "
+                                   f"gone: {sorted(listed_cells - cells)}")
+    assert files <= listed_files, f"docs/gpu-check.md: list {sorted(files - listed_files)}"
+    assert all((ROOT / f).exists() for f in listed_files), "docs/gpu-check.md lists a file that is gone"

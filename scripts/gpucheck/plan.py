@@ -53,7 +53,8 @@ NOTEBOOK_WORKERS = 8  # kernels at a time on the one GPU (smoke sizes leave it f
 
 DEFAULT_OUT = ROOT / "build" / "gpu-check"
 DEFAULT_SITE = Path("/tmp/gpu-check-site")  # where the wheels are installed on the box (PYTHONPATH)
-MARKER_TEXT = "mark.cuda"  # every file with `cuda` tests says so (conftest.py fails a marked test elsewhere)
+MARKER = "cuda"  # the pytest marker of GPU tests (pyproject.toml)
+MARKER_TEXT = f"mark.{MARKER}"  # every file with such tests says so (conftest.py stops the run otherwise)
 
 # Every step runs offline: the hub and pip are told so, and HTTP(S) goes to a closed local port (fails fast).
 OFFLINE_ENV = {
@@ -154,7 +155,7 @@ def plan(out: Path, *, root: Path = ROOT, python: str = "python3", site: Path = 
     steps.append(Step("env", (python, "scripts/gpucheck/env_report.py", str(work)), t(LIMITS["env"]),
                       "environment report, versions and measured roofline (lesson 00's helpers)"))
     files = cuda_test_files(root)
-    steps.append(Step("cuda-tests", (*pytest, "-m", "cuda", "-rs", "--timeout", str(t(CUDA_TEST_TIMEOUT_S)),
+    steps.append(Step("cuda-tests", (*pytest, "-m", MARKER, "-rs", "--timeout", str(t(CUDA_TEST_TIMEOUT_S)),
                                      "--junitxml", str(work / "cuda-tests.xml"), *files),
                       t(LIMITS["cuda-tests"]),
                       f"every test marked cuda (pytest -m cuda), in {len(files)} files"))
@@ -270,15 +271,15 @@ def uncovered(steps: list[Step], root: Path = ROOT) -> list[str]:
     """GPU work the plan misses: a notebook with GPU cells, or a file with `cuda` tests, that no step runs
     (the files are found from `root`; the plan may have been made from another copy)."""
     args = [a for s in steps for a in s.argv]
-    cuda_step = next((s for s in steps if s.name == "cuda-tests"), None)
+    marked = next((s.argv for s in steps if s.name == "cuda-tests"), ())  # pytest -m <MARKER> <files>
     missing = []
     for nb in notebooks(root):
         rel = nb.relative_to(root).as_posix()
         if gpu_cells(nb) and rel not in args:
             missing.append(f"{rel}: cells {gpu_cells(nb)} need a GPU, and no step runs this notebook")
     for rel in cuda_test_files(root):
-        if cuda_step is None or rel not in cuda_step.argv or "cuda" not in cuda_step.argv:
-            missing.append(f"{rel}: holds tests marked cuda, and no `pytest -m cuda` step runs this file")
+        if rel not in marked or MARKER not in marked:
+            missing.append(f"{rel}: holds tests marked {MARKER}, and no `pytest -m {MARKER}` step runs it")
     return missing
 
 
