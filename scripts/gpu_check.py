@@ -127,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         {"started": started, "stamp": stamp, "budget_s": args.budget, "gaps": missing,
          "steps": [dataclasses.asdict(o) for o in outcomes], "published": [f.name for f in published]},
         indent=2))
-    (out / "summary.md").write_text(summary_markdown(outcomes, stamp))
+    (out / "summary.md").write_text(summary_markdown(outcomes, stamp, missing))
     kept = pack(out)
-    print("\n" + summary_markdown(outcomes, stamp))
+    print("\n" + summary_markdown(outcomes, stamp, missing))
     print("back from the box: " + ", ".join(f.name for f in kept))
     return 0 if all(o.status == "pass" for o in outcomes) else 1
 

@@ -289,7 +289,8 @@ def test_fake_run_end_to_end_continues_after_failures_and_packs_eight_files(tmp_
     hangs = next(s for s in summary["steps"] if s["name"] == "hangs")
     assert hangs["seconds"] < 15, "the step that hangs must be stopped at its limit"
     md = (out / "summary.md").read_text()
-    assert "1 of 3 steps passed" in md and "about to fail" in md
+    assert "1 of 3 steps passed" in md and "about to fail" in md and "Gaps" not in md
+    assert "Gaps (GPU paths that skipped): torchao: x" in report.summary_markdown([], {}, ["torchao: x"])
     _assert_comes_back(out)
     assert (out / "fake-cpu.md").exists()  # result tables are left beside the tarball
     with tarfile.open(out / "results.tar.gz") as tar:

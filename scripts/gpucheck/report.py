@@ -20,13 +20,14 @@ MAX_DEPTH = 2
 STAMP_KEYS = ("device", "driver", "cuda", "torch", "transformers", "triton", "python", "date")
 
 
-def summary_markdown(outcomes: list, stamp: dict) -> str:
-    """The pass/fail table of a run, with the machine it ran on."""
+def summary_markdown(outcomes: list, stamp: dict, gaps: list[str] = ()) -> str:
+    """The pass/fail table of a run, with the machine it ran on and the GPU paths it had to skip."""
     failed = [o.name for o in outcomes if o.status != "pass"]
     machine = " | ".join(f"{k}: {v}" for k, v in stamp.items())
     lines = ["# GPU check", "", f"| {machine} |" if stamp else "(no environment report)",
              "", f"**{len(outcomes) - len(failed)} of {len(outcomes)} steps passed**"
              + (f"; not passed: {', '.join(failed)}" if failed else ""), "",
+             *([f"Gaps (GPU paths that skipped): {'; '.join(gaps)}", ""] if gaps else []),
              "| step | status | seconds | limit s | what | log |", "|---|---|---:|---:|---|---|"]
     lines += [f"| {o.name} | {o.status} | {o.seconds:.0f} | {o.timeout_s} | {o.what} | {o.log} |"
               for o in outcomes]
