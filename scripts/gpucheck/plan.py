@@ -1,8 +1,9 @@
 """What the GPU check runs: its steps, each step's time limit and environment, and what a dry run checks.
 
-Every limit below is sized for an H200 (141 GB, bf16 matmul ~790 TFLOP/s measured, 16 CPU cores) as
-start-up + the step's own budget + the longest piece of work that can be under way when that budget ends +
-a margin; docs/gpu-check.md gives each term. The limits add up to BUDGET_S; `--scale` multiplies them all.
+Every limit below is sized for an H200 (141 GB, bf16 matmul ~790 TFLOP/s measured, 16 CPU cores): start-up
++ the step's work, or its own time budget + the longest piece of work that can be under way when that budget
+ends, + a margin; docs/gpu-check.md gives each term, and says which two steps (notebooks, ladder) have no
+budget of their own to build on. The limits add up to BUDGET_S; `--scale` multiplies them all.
 
 A dry run reports three kinds of problem, and the check refuses to run while any is left:
 - the network: a download, a URL, pip without --no-index, an environment that is not offline;
