@@ -60,17 +60,19 @@ browser:
 	@bash scripts/install_browser.sh $(PY)
 
 # The prepared GPU check (docs/gpu-check.md). It runs with the box's own python3 and torch, offline: no set-up
-# stamp, no pip from an index. ONLY=step,step reruns some steps; NOTEBOOKS=03,04 narrows the notebooks step;
-# DRY_RUN=1 prints the plan; SCALE=2 doubles every time limit (a slower GPU than an H200);
-# GPU_CHECK_OUT=<folder> is where it writes (default build/gpu-check).
+# stamp, no pip from an index. ONLY=step,step reruns some steps; NOTEBOOKS=03,05 narrows the notebooks step;
+# DRY_RUN=1 prints the plan and any problem (a missing plugin or wheel, a network call, a GPU test no step
+# runs); SCALE=2 doubles every time limit (a slower GPU than an H200); GPU_WHEELS=<folder> holds the wheels
+# (default .whl); GPU_CHECK_OUT=<folder> is where it writes (default build/gpu-check).
 ONLY ?=
 SCALE ?=
 NOTEBOOKS ?=
 DRY_RUN ?=
+GPU_WHEELS ?=
 gpu-check:
 	$(if $(GPU_CHECK_OUT),GPU_CHECK_OUT=$(GPU_CHECK_OUT)) $(PYTHON) scripts/gpu_check.py $(if $(ONLY),--only $(ONLY)) \
 	  $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS)) $(if $(SCALE),--scale $(SCALE)) \
-	  $(if $(filter-out 0,$(DRY_RUN)),--dry-run)
+	  $(if $(GPU_WHEELS),--wheels $(GPU_WHEELS)) $(if $(filter-out 0,$(DRY_RUN)),--dry-run)
 
 # Wheels the GPU box lacks, for Python 3.12 manylinux x86-64, into .whl/ (ignored; carried to the box), plus
 # .whl/bert-standin/ (BERT config + tokenizer, no weights). Needs the package index; prints the set's size.

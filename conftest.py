@@ -1,6 +1,14 @@
-"""pytest set-up for the whole repository: how nbval runs the notebooks.
+"""pytest set-up for the whole repository: which tests need a GPU, and how nbval runs the notebooks.
 
-- cells tagged `requires-cuda` are skipped without a CUDA GPU, `requires-multi-gpu` with fewer than two;
+- a test that needs a CUDA GPU carries the marker `@pytest.mark.cuda` (registered in pyproject.toml;
+  `pytest.param(..., marks=pytest.mark.cuda)` for one case of a parametrised test): it is skipped without
+  CUDA, and `make gpu-check` runs exactly these on a GPU (`pytest -m cuda`, on the files that write
+  `mark.cuda`: a marked test in a file that does not, say through an imported alias, stops the session);
+- without a GPU, a test that skips for want of one (its reason names CUDA, a GPU or NCCL) but is NOT marked
+  fails, saying to add the marker: unmarked, `make gpu-check` would never run it. (With a GPU present the
+  rule is off: a skip naming the GPU there means "this checks the CPU-only message", not "needs a GPU".)
+- notebook cells tagged `requires-cuda` are skipped without a CUDA GPU, `requires-multi-gpu` with fewer
+  than two (the tags, not the marker, govern cells);
 - stderr is never compared (warnings and progress bars differ from run to run);
 - nbval waits at most 5 s for each further output message of a cell; slow CI needs longer;
 - without CUDA, Triton interprets kernels (TRITON_INTERPRET=1) in the whole session: triton < 3.4 decides
@@ -10,10 +18,17 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
+pytest_plugins = ("pytester",)  # tests/test_gpu_check.py runs planted test files through this file
+
 OUTPUT_TIMEOUT_S = 120  # seconds nbval waits for the next output message of a running cell
+NEEDS_GPU = re.compile(r"cuda|gpu|nccl", re.IGNORECASE)  # a skip reason that names the missing GPU
+MARKER_TEXT = "mark.cuda"  # `make gpu-check` runs `pytest -m cuda` on the test files holding this text
+UNMARKED = ("{what} skips for want of a GPU ({reason!r}) but does not carry the `cuda` marker, so `make "
+            "gpu-check` (pytest -m cuda) would never run it: {fix}")
 
 
 def _gpu_count() -> int:
@@ -24,25 +39,70 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-if not _gpu_count():
+GPUS = _gpu_count()  # once per session (and per planted copy of this file)
+
+if not GPUS:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton in this process
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    gpus = None
+    hidden = []  # cuda tests the GPU check would not find: their file never names the marker
+    texts: dict = {}
     for item in items:
         cell = getattr(item, "cell", None)
-        if cell is None:  # not a notebook cell
+        if cell is None:  # a test: the marker decides
+            if item.get_closest_marker("cuda") is not None:
+                if item.path not in texts:
+                    texts[item.path] = item.path.read_text(encoding="utf-8")
+                if MARKER_TEXT not in texts[item.path]:
+                    hidden.append(item.nodeid)
+                if not GPUS:
+                    item.add_marker(pytest.mark.skip(reason="marked cuda: needs a CUDA GPU, none here"))
             continue
         item.output_timeout = OUTPUT_TIMEOUT_S
         skip_compare = getattr(item.parent, "skip_compare", ())
         if "stderr" not in skip_compare:
             item.parent.skip_compare = (*skip_compare, "stderr")
         tags = cell.get("metadata", {}).get("tags", [])
-        if "requires-cuda" in tags or "requires-multi-gpu" in tags:
-            gpus = _gpu_count() if gpus is None else gpus
-            if "requires-cuda" in tags and gpus < 1:
-                item.add_marker(pytest.mark.skip(reason="cell tagged requires-cuda; no CUDA GPU here"))
-            elif "requires-multi-gpu" in tags and gpus < 2:
-                reason = f"cell tagged requires-multi-gpu; {gpus} GPU(s) here"
-                item.add_marker(pytest.mark.skip(reason=reason))
+        if "requires-cuda" in tags and GPUS < 1:
+            item.add_marker(pytest.mark.skip(reason="cell tagged requires-cuda; no CUDA GPU here"))
+        elif "requires-multi-gpu" in tags and GPUS < 2:
+            item.add_marker(pytest.mark.skip(reason=f"cell tagged requires-multi-gpu; {GPUS} GPU(s) here"))
+    if hidden:
+        raise pytest.UsageError(
+            f"{hidden[0]} (and {len(hidden) - 1} more) is marked cuda, but its file never writes "
+            f"{MARKER_TEXT!r}, and `make gpu-check` runs `pytest -m cuda` only on files that do: "
+            "write @pytest.mark.cuda (or pytestmark = pytest.mark.cuda) there")
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    outcome = yield
+    report = outcome.get_result()
+    if (GPUS or not report.skipped or hasattr(report, "wasxfail") or getattr(item, "cell", None) is not None
+            or item.get_closest_marker("cuda") is not None):
+        return
+    reason = _skip_reason(report)
+    if NEEDS_GPU.search(reason):
+        report.outcome = "failed"
+        report.longrepr = UNMARKED.format(what=item.nodeid, reason=reason, fix=(
+            "add @pytest.mark.cuda to it (or pytest.param(..., marks=pytest.mark.cuda) to its CUDA cases)"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> object:
+    outcome = yield
+    report = outcome.get_result()
+    if GPUS or not report.skipped or not isinstance(collector, pytest.Module):
+        return
+    reason = _skip_reason(report)
+    if NEEDS_GPU.search(reason):  # a module-level skip hides its tests from `pytest -m cuda` as well
+        report.outcome = "failed"
+        report.longrepr = UNMARKED.format(what=collector.nodeid, reason=reason, fix=(
+            "write `pytestmark = pytest.mark.cuda` at the top of the module instead of skipping it"))

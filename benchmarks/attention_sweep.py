@@ -12,9 +12,11 @@ is reported as wrong and not timed. Times are medians after warm-up (`helpers.ti
 peak memory is measured in a separate call (`helpers.memory.peak_increase_bytes`).
 
 Writes `attention_sweep-<slug>[-causal].json`, `.md` and `.png` into `--out` (default
-benchmarks/results) through `helpers.results`, stamped with the device, versions and date. `--time-budget`
-bounds a run: lengths are measured target length first, and cases left when the budget is spent are
-reported as "not run", never guessed.
+benchmarks/results) through `helpers.results`, stamped with the device, versions and date: the JSON and
+Markdown after every case (a run stopped from outside keeps what it measured), the figure after each pass.
+At every length the Triton kernel runs first (with --gpu-target, the target length first as well).
+`--time-budget` bounds a run: no case starts after it, except Triton's and SDPA's at the target length
+(the point of --gpu-target); cases left are reported as "not run", never guessed.
 
     python benchmarks/attention_sweep.py                # this device's default sweep (small on a CPU)
     python benchmarks/attention_sweep.py --gpu-target   # the lesson's GPU target, one call: bf16, d=128,
@@ -146,9 +148,11 @@ def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, 
 
 def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head_dim: int, dtype: str,
           causal: bool, device: torch.device, min_run_time: float, verbose: bool = True,
-          deadline: float | None = None) -> dict[str, Any]:
-    """Every implementation at every length, in the order given; returns the stamped results (rows as
-    dicts). Cases after `deadline` (a `time.monotonic()` value) are reported "not run"."""
+          deadline: float | None = None, protect: set[tuple[int, str]] = frozenset(),
+          on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every implementation at every length, lengths in the order given, Triton first at each; returns the
+    stamped results (rows as dicts). Cases after `deadline` (a `time.monotonic()` value) are reported "not
+    run", except the (length, implementation) pairs in `protect`; `on_row(result so far)` after each case."""
     from tqdm.auto import tqdm
 
     dtype = OLD_NAMES.get(dtype, dtype)
@@ -156,13 +160,20 @@ def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head
     if bad or dtype not in TOLERANCE:
         raise ValueError(f"implementations must be among {IMPLS} and dtype among {list(TOLERANCE)}, "
                          f"got {bad or impls}, {dtype!r}")
-    rows = []
-    cases = [(n, impl) for n in seq_lens for impl in impls]
+    rows: list[dict[str, Any]] = []
+    config = dict(seq_lens=sorted(seq_lens), batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
+                  causal=causal, min_run_time=min_run_time, tolerance=TOLERANCE[dtype])
+    # stamped again at the end: the load average then covers the sweep
+    result: dict[str, Any] = {"stamp": stamp(device), "config": config, "rows": rows}
+    first = sorted(impls, key=lambda i: i != "triton")  # Triton's cold compile first: a budget cut spares it
+    cases = [(n, impl) for n in seq_lens for impl in first]
     for n, impl in tqdm(cases, desc="attention sweep", disable=not verbose):
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline and (n, impl) not in protect:
             rows.append(dict(impl=impl, seq_len=n, status="not run", reason="time budget spent",
                              median_s=None, iqr_s=None, peak_bytes=None, tflops=None, max_abs_err=None,
                              first_call_s=None))
+            if on_row is not None:
+                on_row(result)
             continue
         row = run_case(impl, n, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, causal=causal,
                        device=device, min_run_time=min_run_time)
@@ -171,10 +182,15 @@ def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head
             t = f"{row['median_s'] * 1e3:9.3f} ms" if row["median_s"] else f"{row['status']:>12}"
             m = f"{row['peak_bytes'] / 2**20:9.2f} MiB" if row["peak_bytes"] is not None else ""
             tqdm.write(f"N={n:6d} {impl:15s} {t} {m} {row['reason'][:90]}")
-    return {"stamp": stamp(device),  # taken at the end of the sweep: the load average covers it
-            "config": dict(seq_lens=sorted(seq_lens), batch=batch, heads=heads, head_dim=head_dim,
-                           dtype=dtype, causal=causal, min_run_time=min_run_time, tolerance=TOLERANCE[dtype]),
-            "rows": rows}
+        if on_row is not None:
+            on_row(result)
+    result["stamp"] = stamp(device)
+    return result
+
+
+def _impl_order(rows: list[dict[str, Any]]) -> list[str]:
+    """The implementations of `rows`, in IMPLS order (the order they ran in puts Triton first)."""
+    return sorted({r["impl"] for r in rows}, key=IMPLS.index)
 
 
 def _slope(rows: list[dict[str, Any]], impl: str) -> float | None:
@@ -215,7 +231,7 @@ def gpu_target(result: dict[str, Any], peak: dict[str, Any]) -> dict[str, Any]:
 def to_markdown(result: dict[str, Any]) -> str:
     """The results as Markdown: stamp, one table of times and one of peak memory (rows: N; columns: impls)."""
     s, c, rows = result["stamp"], result["config"], result["rows"]
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    impls = _impl_order(rows)
     lines = [f"# Attention sweep: {s['device']}", "",
              f"torch {s['torch']}, triton {s['triton']}, CUDA {s['cuda']}, Python {s['python']}; "
              f"{s['date']}; load average {s.get('load_average_1min') or 0:.1f} on {s.get('cpu_count')} CPUs "
@@ -261,8 +277,8 @@ def to_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Write JSON, Markdown and the sweep plot (PNG) named after the device; returns the paths."""
+def write_results(result: dict[str, Any], out_dir: Path, figure: bool = True) -> list[Path]:
+    """Write JSON, Markdown and (with `figure`) the sweep plot (PNG) named after the device; the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -271,11 +287,11 @@ def write_results(result: dict[str, Any], out_dir: Path) -> list[Path]:
     from helpers.plots import attention_sweep_chart
 
     seq = result["config"]["seq_lens"]
-    impls = list(dict.fromkeys(r["impl"] for r in result["rows"]))
+    impls = _impl_order(result["rows"])
     cell = {(r["seq_len"], r["impl"]): r for r in result["rows"]}
-    times = {i: [cell[(n, i)]["median_s"] for n in seq] for i in impls
-             if any(cell[(n, i)]["median_s"] for n in seq)}
-    mem = {i: [cell[(n, i)]["peak_bytes"] for n in seq] for i in times}
+    times = {i: [(cell.get((n, i)) or {}).get("median_s") for n in seq] for i in impls
+             if figure and any((cell.get((n, i)) or {}).get("median_s") for n in seq)}
+    mem = {i: [(cell.get((n, i)) or {}).get("peak_bytes") for n in seq] for i in times}
     c, s = result["config"], result["stamp"]
     fig = None
     if times:  # nothing timed (every case unavailable or not run): no figure
@@ -312,10 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="CUDA: bf16, d=128, B=4, H=16, N=4096 first then 1024..8192, non-causal then causal; "
                         "Triton vs best SDPA at N=4096 and TFLOP/s against the bf16 matmul peak")
     p.add_argument("--time-budget", type=float, default=None,
-                   help="seconds for the sweep's cases, split evenly between the passes (default: none; 70 "
-                        "with --gpu-target). A call takes the budget plus start-up, the matmul peak and the "
-                        "case under way when it ends (a compile or autotune): leave a caller's limit that "
-                        "margin")
+                   help="seconds for the sweep's cases: no case starts after it (default: none; 70 with "
+                        "--gpu-target, whose non-causal pass may start cases until 2/3 of it, and whose "
+                        "Triton and SDPA cases at the target length always run). A call takes the budget "
+                        "plus start-up, the matmul peak and the case under way when it ends (a compile or "
+                        "autotune): leave a caller's limit that margin")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
 
@@ -335,10 +352,19 @@ def main(argv: list[str] | None = None) -> int:
     peak = measure_peaks(device, sizes["dtype"]) if args.gpu_target else None
     budget = args.time_budget if args.time_budget is not None else (70.0 if args.gpu_target else None)
     passes = [False, True] if args.gpu_target else [args.causal]
+    shares = [2 / 3, 1.0] if args.gpu_target else [1.0]  # the non-causal pass holds the target comparison
+    target = {(TARGET["seq_len"], i) for i in args.impls if i == "triton" or i.startswith("sdpa-")}
     start = time.monotonic()
     for i, causal in enumerate(passes):
-        deadline = start + budget * (i + 1) / len(passes) if budget else None
-        result = sweep(seq_lens, causal=causal, deadline=deadline, **sizes)
+        deadline = start + budget * shares[i] if budget else None
+        protect = target if args.gpu_target and not causal else set()
+
+        def keep(partial: dict[str, Any]) -> None:  # a run stopped from outside keeps every finished case
+            if peak is not None:
+                partial["target"] = gpu_target(partial, peak)
+            write_results(partial, args.out, figure=False)
+
+        result = sweep(seq_lens, causal=causal, deadline=deadline, protect=protect, on_row=keep, **sizes)
         if peak is not None:
             result["target"] = gpu_target(result, peak)
             print(result["target"]["verdict"])

@@ -22,8 +22,8 @@ Correct before fast: every run must start from fp32's first loss within 2 % and 
 start) of fp32's last loss, or it is marked wrong and the script exits with status 1.
 
 `--time-budget` bounds a run: a run (after the first workload's fp32 baseline) that would start after the
-budget is spent is reported "not run", never guessed. Results are written after every workload, so a
-run stopped from outside keeps what it measured.
+budget is spent is reported "not run", never guessed. The JSON and Markdown are written after every run
+(the figure after every workload), so a run stopped from outside keeps every arm that finished.
 
     python benchmarks/mixed_precision_gpu.py            # on a CUDA GPU: writes benchmarks/results/
     python benchmarks/mixed_precision_gpu.py --smoke    # tiny sizes, runs anywhere (CPU too), writes build/
@@ -109,17 +109,6 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _compile_layers(model: torch.nn.Module) -> torch.nn.Module:
-    """Regional compilation (lesson 05): each Transformer layer compiled in place; they share one graph,
-    so it compiles once, not once per layer. A model without known layers is compiled whole."""
-    layers = [m for m in model.modules() if type(m).__name__ in ("BertLayer", "Block")]
-    if not layers:
-        return torch.compile(model)
-    for layer in layers:
-        layer.compile()
-    return model
-
-
 def _run(name: str, spec: dict[str, Any], precision: str, device: torch.device, init: dict[str, torch.Tensor],
          *, compiled: bool = False) -> dict[str, Any]:
     """One training run from the weights `init`; a row of the results."""
@@ -135,10 +124,12 @@ def _run(name: str, spec: dict[str, Any], precision: str, device: torch.device, 
         return {**row, "skipped": str(err)}
     model = _build(spec)
     model.load_state_dict(init)  # every arm starts from the same weights
-    runner = _compile_layers(model) if compiled else model
+    # compiled: each Transformer layer under torch.compile (regional compilation, lesson 05), as RunSpec does
+    run_spec = RunSpec(precision=precision, compile=compiled)
+    runner = run_spec.apply(model)
     cfg = TrainConfig(steps=spec["steps"], lr=1e-4, progress=False)
     try:
-        r = train(runner, _batch_fn(spec), cfg, device=device, spec=RunSpec(precision=precision))
+        r = train(runner, _batch_fn(spec), cfg, device=device, spec=run_spec)
     except torch.cuda.OutOfMemoryError as err:
         del model, runner
         _release(device)
@@ -164,21 +155,32 @@ def _run(name: str, spec: dict[str, Any], precision: str, device: torch.device, 
 
 
 def run_workload(name: str, spec: dict[str, Any], device: torch.device, *, with_compile: bool = False,
-                 deadline: float | None = None) -> list[dict[str, Any]]:
+                 deadline: float | None = None,
+                 on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Train `spec` in every precision the device can run (and compiled bf16); one row per run. Runs
-    after fp32's that would start past `deadline` (a `time.monotonic()` value) are reported not run."""
+    after fp32's that would start past `deadline` (a `time.monotonic()` value) are reported not run;
+    `on_row(rows so far)` after each run, its comparisons filled in."""
     from helpers.config import seed_everything
 
     seed_everything(0)
     init = {k: v.clone() for k, v in _build(spec).state_dict().items()}
     arms = [(precision, False) for precision in PRECISIONS] + ([("bf16", True)] if with_compile else [])
-    rows = []
+    rows: list[dict[str, Any]] = []
     for precision, compiled in arms:
         if rows and deadline is not None and time.monotonic() > deadline:
             rows.append(dict(workload=name, precision=precision, compiled=compiled,
                              skipped="not run: the time budget was spent"))
-            continue
-        rows.append(_run(name, spec, precision, device, init, compiled=compiled))
+        else:
+            rows.append(_run(name, spec, precision, device, init, compiled=compiled))
+        _compare(rows)
+        if on_row is not None:
+            on_row(rows)
+    return rows
+
+
+def _compare(rows: list[dict[str, Any]]) -> None:
+    """Fill in each run's speed-up, memory ratio and correctness against fp32's (and compiled bf16's
+    against bf16 eager), as far as they have run."""
     done = [r for r in rows if "skipped" not in r]
     base = next((r for r in done if r["precision"] == "fp32" and not r["compiled"]), None)
     eager_bf16 = next((r for r in done if r["precision"] == "bf16" and not r["compiled"]), None)
@@ -197,7 +199,6 @@ def run_workload(name: str, spec: dict[str, Any], device: torch.device, *, with_
             # beyond the median
             row["compile_s"] = sum(t - row["median_step_s"] for t in row["step_times_s"]
                                    if t >= 3 * row["median_step_s"])
-    return rows
 
 
 def targets(rows: list[dict[str, Any]], workload: str, device_type: str = "cuda") -> list[dict[str, Any]]:
@@ -314,7 +315,25 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + args.time_budget
     out = Path(args.out) if args.out else (HERE.parent / "build" if args.smoke else HERE / "results")
     profile, first = "smoke" if args.smoke else "full", next(iter(specs))
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []  # every finished workload's
+    run_stamp = stamp(device)  # taken again after each workload (its date and load average)
+
+    def write(current: list[dict[str, Any]], figure: bool) -> tuple[str, dict[str, Path]]:
+        """JSON and Markdown of every run so far (and the figure): a run stopped from outside keeps them."""
+        every = rows + current
+        checks = targets(every, first, device.type)
+        table = to_markdown(every, run_stamp, profile, checks)
+        payload = dict(stamp=run_stamp, profile=profile, targets=TARGETS, checks=checks, rows=every,
+                       seconds=time.monotonic() - start)
+        fig = _figure(every, first) if figure else None
+        paths = write_results("mixed_precision", payload, table, fig=fig, out_dir=out,
+                              variant="smoke" if args.smoke else "")
+        if fig is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+        return table, paths
+
     for i, (wname, spec) in enumerate(specs.items()):
         if i and time.monotonic() > deadline:
             rows.append(dict(workload=wname, precision="all", compiled=False,
@@ -322,20 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         # compiled bf16 for the first workload, on a GPU (a CPU compiles for tens of seconds: --compile)
         compiled = i == 0 and not args.no_compile and (device.type == "cuda" or args.compile)
-        rows += run_workload(wname, spec, device, with_compile=compiled, deadline=deadline)
-        # written after every workload: a run stopped from outside keeps what it measured
-        checks = targets(rows, first, device.type)
+        rows += run_workload(wname, spec, device, with_compile=compiled, deadline=deadline,
+                             on_row=lambda current: write(current, figure=False))
         run_stamp = stamp(device)
-        table = to_markdown(rows, run_stamp, profile, checks)
-        payload = dict(stamp=run_stamp, profile=profile, targets=TARGETS, checks=checks, rows=rows,
-                       seconds=time.monotonic() - start)
-        fig = _figure(rows, first)
-        paths = write_results("mixed_precision", payload, table, fig=fig, out_dir=out,
-                              variant="smoke" if args.smoke else "")
-        if fig is not None:
-            import matplotlib.pyplot as plt
-
-            plt.close(fig)
+    table, paths = write([], figure=True)
     print(table)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     wrong = [f"{r['workload']}/{r['precision']}" for r in rows if r.get("correct") is False]

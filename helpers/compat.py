@@ -166,19 +166,34 @@ def fully_shard() -> Callable[..., Any]:
     return shard
 
 
+def _collective_device(backend: str) -> torch.device:
+    """A device whose tensors the process group's backend can reduce: the CPU where it has a CPU backend
+    (gloo, mpi, ucc), else this process's accelerator (NCCL has no CPU backend: a collective on CPU tensors
+    raises "No backend type associated with device type cpu")."""
+    import torch.distributed as dist
+
+    devices = getattr(dist.Backend, "backend_capability", {}).get(backend.lower(), ["cpu"])
+    if "cpu" in devices:
+        return torch.device("cpu")
+    if devices[0] == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())  # the GPU this rank set (LOCAL_RANK)
+    return torch.device(devices[0])
+
+
 @functools.cache
 def _averages(backend: str, world: int) -> bool:
     import torch.distributed as dist
 
-    inp = torch.full((world,), float(dist.get_rank() + 1))  # rank r sends r + 1 everywhere
-    out = torch.empty(1)
+    device = _collective_device(backend)
+    inp = torch.full((world,), float(dist.get_rank() + 1), device=device)  # rank r sends r + 1 everywhere
+    out = torch.empty(1, device=device)
     dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG)
-    return abs(float(out) - (world + 1) / 2) < 1e-6  # the mean of 1..world, not their sum
+    return abs(out.item() - (world + 1) / 2) < 1e-6  # the mean of 1..world, not their sum
 
 
 def reduce_scatter_averages() -> bool:
     """Whether the default process group's reduce-scatter honours ReduceOp.AVG, checked by one collective
-    (torch 2.7's gloo sums instead); every rank must call it (lesson 07)."""
+    on the backend's own device (torch 2.7's gloo sums instead); every rank must call it (lesson 07)."""
     import torch.distributed as dist
 
     return _averages(dist.get_backend(), dist.get_world_size())

@@ -15,8 +15,9 @@ of the left operand and per column of the right one (an outlier row no longer cr
 precision) and e4m3 throughout, as torchao's recipes do. `_scaled_mm` wants dimensions that are
 multiples of 16 and its second operand column-major; `fp8_matmul` pads and lays out for it.
 
-Backends: torchao's float8 training (`torchao.float8.convert_to_float8_training`) when torchao is
-importable (backend="auto" or "torchao"), else this module's `FP8Linear` (backend="scaled_mm").
+Backends: torchao's float8 training (`torchao.float8.convert_to_float8_training`, its recipe with
+`pad_inner_dim=True`: any token count) when torchao is importable (backend="auto" or "torchao"), else
+this module's `FP8Linear` (backend="scaled_mm").
 The classifier head stays in high precision (it is small and feeds the loss directly). In eager mode the
 amax and cast steps are separate kernels that can cost more than FP8 saves; torch.compile fuses them.
 
@@ -33,6 +34,7 @@ Example (lesson 08):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from typing import Any, Callable
 
@@ -55,14 +57,15 @@ HEAD_NAMES = ("classifier", "head", "lm_head", "score")  # output layers kept in
 def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
     """Whether FP8 matmuls run fast on `device` (CUDA, compute capability >= 8.9), and why not (lesson 08)."""
     device = torch.device(device)
-    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
-        return False, f"torch {torch.__version__} has no FP8 matmul (torch._scaled_mm)"
     if device.type != "cuda" or not torch.cuda.is_available():
         return False, f"FP8 tensor cores are a GPU feature (compute capability >= 8.9); this is {device.type}"
     major, minor = torch.cuda.get_device_capability(device)
     name = torch.cuda.get_device_name(device)
     if (major, minor) < (8, 9):
         return False, f"{name} has compute capability {major}.{minor}; FP8 needs >= 8.9 (Ada, Hopper)"
+    ok, why = compat.scaled_mm_supports(str(device), False)  # this torch's FP8 matmul, tried once
+    if not ok:
+        return False, why
     return True, f"{name} (compute capability {major}.{minor}) has FP8 tensor cores"
 
 
@@ -157,6 +160,17 @@ class FP8Linear(nn.Linear):
         return f"{super().extra_repr()}, recipe={self.recipe}"
 
 
+def _torchao_config(recipe: str) -> Any:
+    """torchao's Float8LinearConfig for `recipe`, with the inner dimension of every matmul padded to 16.
+
+    torch._scaled_mm wants the inner dimension a multiple of 16, and the weight-gradient matmul
+    grad_W = gᵀ·x has the token count as its inner dimension (BERT's pooler sees only the batch size);
+    torchao's recipes leave `pad_inner_dim` off, so an odd token count would crash in backward."""
+    from torchao.float8 import Float8LinearConfig
+
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
+
+
 def default_skip(name: str, module: nn.Linear) -> bool:
     """Keep in high precision: the output head, and layers whose sizes are not multiples of 16 (lesson 08)."""
     return name.split(".")[-1] in HEAD_NAMES or module.in_features % 16 != 0 or module.out_features % 16 != 0
@@ -187,10 +201,10 @@ def convert_to_float8(model: nn.Module, *, recipe: str = "tensorwise",
         raise ValueError(f"no nn.Linear layer to convert in {type(model).__name__} (kept: {kept})")
     use = "torchao" if backend == "torchao" or (backend == "auto" and torchao_available()) else "scaled_mm"
     if use == "torchao":
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8 import convert_to_float8_training
 
         chosen = set(converted)
-        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+        convert_to_float8_training(model, config=_torchao_config(recipe),
                                    module_filter_fn=lambda mod, fqn: fqn in chosen)
     else:
         for name in converted:

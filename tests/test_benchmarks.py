@@ -135,3 +135,92 @@ def test_readme_block_copies_gpu_results_and_not_cpu_ones(tmp_path):
     block = update.results_block(tmp_path)
     assert "ladder table" in block and "attention_sweep-h200-causal table" in block
     assert "mixed_precision-h200 table" in block and "attention_sweep-cpu table" not in block
+
+
+# --- the GPU check's steps: Triton first, the target always, every finished case kept on a kill ----------
+
+class Killed(Exception):
+    """A step stopped at its time limit, from outside."""
+
+
+def _fake_case(calls: list, stop_at: int):
+    def run_case(impl, seq_len, **_):
+        calls.append((seq_len, impl))
+        if len(calls) == stop_at:
+            raise Killed
+        return dict(impl=impl, seq_len=seq_len, status="ok", reason="", median_s=1e-3, iqr_s=0.0,
+                    peak_bytes=2**20, tflops=1.0, max_abs_err=0.0, first_call_s=None)
+    return run_case
+
+
+def test_attention_sweep_runs_triton_first_and_keeps_finished_cases_when_stopped(tmp_path, monkeypatch):
+    bench = _load("attention_sweep")
+    calls: list = []
+    monkeypatch.setattr(bench, "run_case", _fake_case(calls, stop_at=4))
+    with pytest.raises(Killed):
+        bench.main(["--device", "cpu", "--seq-lens", "64", "32", "--impls", "naive", "sdpa-math", "triton",
+                    "--out", str(tmp_path)])
+    assert calls == [(64, "triton"), (64, "naive"), (64, "sdpa-math"), (32, "triton")]
+    data = json.loads((tmp_path / "attention_sweep-cpu.json").read_text())
+    assert [(r["seq_len"], r["impl"]) for r in data["rows"]] == calls[:3]  # written as each case finished
+    table = (tmp_path / "attention_sweep-cpu.md").read_text()
+    assert "| naive | sdpa-math | triton |" in table  # columns in IMPLS order, whatever ran first
+
+
+def test_attention_sweep_budget_spares_the_protected_cases(monkeypatch):
+    import torch
+
+    bench = _load("attention_sweep")
+    calls: list = []
+    monkeypatch.setattr(bench, "run_case", _fake_case(calls, stop_at=0))
+    result = bench.sweep([64, 32], impls=["naive", "sdpa-math", "triton"], batch=1, heads=1, head_dim=8,
+                         dtype="fp32", causal=False, device=torch.device("cpu"), min_run_time=0.01,
+                         verbose=False, deadline=0.0, protect={(64, "triton"), (64, "sdpa-math")})
+    assert calls == [(64, "triton"), (64, "sdpa-math")]
+    assert [r["status"] for r in result["rows"]] == ["ok", "not run", "ok", "not run", "not run", "not run"]
+
+
+def test_mixed_precision_keeps_every_finished_arm_when_stopped(tmp_path, monkeypatch):
+    bench = _load("mixed_precision_gpu")
+    done = []
+
+    def run(name, spec, precision, device, init, *, compiled=False):
+        if len(done) == 2:
+            raise Killed
+        done.append(precision)
+        return dict(workload=name, precision=precision, compiled=compiled,
+                    median_step_s=0.1 / (1 + len(done)), first_step_s=0.2, step_times_s=[0.2, 0.1],
+                    tokens_per_s=1.0, peak_memory_bytes=2**20, memory_method="x", estimate_bytes=None,
+                    mfu=None, first_loss=1.0, last_loss=0.9)
+
+    monkeypatch.setattr(bench, "_run", run)
+    with pytest.raises(Killed):
+        bench.main(["--smoke", "--device", "cpu", "--only", "small", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "mixed_precision-cpu-smoke.json").read_text())
+    assert [r["precision"] for r in data["rows"]] == ["fp32", "tf32"]
+    assert data["rows"][1]["speedup_vs_fp32"] == pytest.approx(1.5)  # compared as soon as it finished
+
+
+def test_mixed_precision_compiles_through_the_run_spec(monkeypatch):
+    """The compiled arm is RunSpec(compile=True).apply (regional compilation), not a finder of its own,
+    and the spec applied is the one trained with."""
+    import types
+
+    import torch
+
+    import helpers.train
+    from helpers.runspec import RunSpec
+
+    bench = _load("mixed_precision_gpu")
+    applied, trained = [], []
+    monkeypatch.setattr(RunSpec, "apply", lambda self, model: applied.append(self) or model)
+    result = types.SimpleNamespace(step_times_s=[1.0, 0.5], tokens_per_s=1.0, peak_memory_bytes=1,
+                                   memory_method="x", mfu=None, peak_source=None, losses=[2.0, 1.0],
+                                   skipped_steps=[])
+    monkeypatch.setattr(helpers.train, "train", lambda model, batches, cfg, device, spec: trained.append(spec)
+                        or result)
+    spec = bench.workloads(smoke=True)["small"]
+    init = bench._build(spec).state_dict()
+    row = bench._run("small", spec, "bf16", torch.device("cpu"), init, compiled=True)
+    assert [(s.precision, s.compile) for s in applied] == [("bf16", True)] and trained == applied
+    assert row["compiled"] and row["median_step_s"] == 0.5

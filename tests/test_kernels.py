@@ -2,6 +2,11 @@
 
 Without CUDA the kernel runs through Triton's interpreter, which must be chosen before triton is first
 imported: this module sets TRITON_INTERPRET=1 at collection time, before any test imports triton.
+
+On a GPU (tests marked `cuda`) every new combination of dtype, head size, causal, mask and full last tile
+is a cold Triton compile, and an autotuned launch compiles and times every configuration of each new key
+one after another: the compiled cases use fixed 64×64 tiles and cover every pair of their switches' values
+in 5 forward cases (not all 16), and autotuning has one test of its own, over two configurations.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not in
 # fp32 (interpreter, exact fp32 matmuls): 1e-5; fp32 on a GPU uses TF32 matmuls (10-bit mantissa): 1e-2;
 # fp16 (P is rounded to fp16 before P·V): 1e-2; bf16 (8-bit mantissa): 3e-2.
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+NOT_INTERPRETING = "TRITON_INTERPRET is off in this process: these tests run the kernels interpreted"
 
 
 def _interpreting() -> bool:
@@ -55,7 +61,7 @@ def _check(q, k, v, mask, causal, tol, **kw) -> None:
 @pytest.mark.parametrize("d,tq,tk", [(64, 37, 37), (16, 21, 45), (128, 19, 19)])  # not multiples of 16
 def test_interpreter_matches_sdpa_math(causal: bool, padded: bool, d: int, tq: int, tk: int) -> None:
     if not _interpreting():
-        pytest.skip("triton compiles for the GPU in this process; the interpreter tests run without CUDA")
+        pytest.skip(NOT_INTERPRETING)
     q, k, v, mask = _inputs(1, 2, tq, tk, d, seed=d + tq + 3 * causal + padded, padded=padded)
     _check(q, k, v, mask, causal, TOL[torch.float32])
 
@@ -65,7 +71,7 @@ def test_interpreter_matches_sdpa_math(causal: bool, padded: bool, d: int, tq: i
 def test_interpreter_backward_matches_sdpa_math(causal: bool, padded: bool, tq: int, tk: int) -> None:
     """Gradients of q, k, v through the two backward kernels against autograd through the math backend."""
     if not _interpreting():
-        pytest.skip("triton compiles for the GPU in this process; the interpreter tests run without CUDA")
+        pytest.skip(NOT_INTERPRETING)
     q, k, v, mask = _inputs(2, 2, tq, tk, 32, seed=tq + tk + causal, padded=padded)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
@@ -78,38 +84,70 @@ def test_interpreter_backward_matches_sdpa_math(causal: bool, padded: bool, tq: 
 
 def test_interpreter_block_sizes_do_not_change_the_result() -> None:
     if not _interpreting():
-        pytest.skip("interpreter only")
+        pytest.skip(NOT_INTERPRETING)
     q, k, v, _ = _inputs(1, 1, 40, 40, 32, seed=11, padded=False)
     _check(q, k, v, None, True, TOL[torch.float32], block_m=32, block_n=16)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
-def test_gpu_matches_sdpa_math(dtype: torch.dtype, causal: bool, padded: bool, d: int) -> None:
+# (dtype, causal, padded, head size, T): any two switches take each pair of their values in some case, and
+# T=256 (a multiple of the 64-key tile) takes the EVEN_N path; 5 cold compiles of the forward kernel
+GPU_CASES = [(torch.float16, False, False, 64, 256), (torch.float16, True, True, 128, 333),
+             (torch.bfloat16, False, True, 128, 333), (torch.bfloat16, True, False, 128, 333),
+             (torch.bfloat16, True, True, 64, 333)]
+GPU_TILE = 64  # fixed block sizes: no autotuning in these tests
+
+
+def _compiling() -> None:
     if _interpreting():
         pytest.skip("TRITON_INTERPRET=1 is set: kernels are interpreted, not compiled")
-    q, k, v, mask = _inputs(2, 4, 333, 333, d, seed=d, padded=padded, device="cuda", dtype=dtype)
-    _check(q, k, v, mask, causal, TOL[dtype])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype,causal,padded,d,t", GPU_CASES)
+def test_gpu_matches_sdpa_math(dtype: torch.dtype, causal: bool, padded: bool, d: int, t: int) -> None:
+    _compiling()
+    q, k, v, mask = _inputs(2, 4, t, t, d, seed=d, padded=padded, device="cuda", dtype=dtype)
+    _check(q, k, v, mask, causal, TOL[dtype], block_m=GPU_TILE, block_n=GPU_TILE)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype,causal", [(torch.float16, True), (torch.bfloat16, False)])
 def test_gpu_backward_matches_sdpa_math(dtype: torch.dtype, causal: bool) -> None:
-    if _interpreting():
-        pytest.skip("TRITON_INTERPRET=1 is set: kernels are interpreted, not compiled")
+    """d=128, padded, T=333: the forward is one of GPU_CASES' (already compiled); two backward kernels."""
+    _compiling()
     q, k, v, mask = _inputs(2, 4, 333, 333, 128, seed=5, padded=True, device="cuda", dtype=dtype)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     do = torch.randn_like(q)
-    got = torch.autograd.grad(flash_attention(q, k, v, causal=causal, key_padding_mask=mask), (q, k, v), do)
+    out = flash_attention(q, k, v, causal=causal, key_padding_mask=mask, block_m=GPU_TILE, block_n=GPU_TILE)
+    got = torch.autograd.grad(out, (q, k, v), do)
     qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
     ref = sdpa_attention(qf, kf, vf, causal=causal, key_padding_mask=mask, backend="math")
     want = torch.autograd.grad(ref, (qf, kf, vf), do.float())
     for name, a, b in zip("qkv", got, want):  # gradients sum over N terms: twice the forward's tolerance
         torch.testing.assert_close(a.float(), b, atol=2 * TOL[dtype], rtol=2 * TOL[dtype], msg=f"d{name}")
+
+
+@pytest.mark.cuda
+def test_gpu_autotuned_forward_matches_sdpa_math(monkeypatch) -> None:
+    """flash_attention without block sizes autotunes: here over two of GPU_CONFIGS (two cold compiles and
+    two timings for the one new key), so the autotuned path is checked without tuning over all of them."""
+    _compiling()
+    import importlib
+
+    from helpers.kernels import _triton_fwd
+
+    fa = importlib.import_module("helpers.kernels.flash_attention")  # the module, not the function
+
+    two = [c for c in _triton_fwd.GPU_CONFIGS if c.kwargs["BLOCK_N"] == 64][:2]
+    monkeypatch.setattr(_triton_fwd, "GPU_CONFIGS", two)
+    fa._kernel.cache_clear()  # build the autotuned kernel again, over `two`
+    try:
+        q, k, v, mask = _inputs(2, 4, 333, 333, 64, seed=7, padded=True, device="cuda", dtype=torch.bfloat16)
+        _check(q, k, v, mask, False, TOL[torch.bfloat16])
+        tuner = fa._kernel(False, True)
+        assert len(tuner.configs) == 2 and len(tuner.cache) == 1  # one key, tuned over the two
+    finally:
+        fa._kernel.cache_clear()  # later calls get the full configuration list again
 
 
 def test_bad_input_names_the_shapes() -> None:

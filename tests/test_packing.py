@@ -308,6 +308,7 @@ def test_flex_packing_refuses_to_train_on_cpu():
         assert packed_forward(model.eval(), batch).logits.shape == (len(LENGTHS), 3)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or not varlen_available("cuda")[0],
                     reason="varlen attention needs a CUDA GPU of compute capability >= 8.0")
 def test_varlen_on_cuda_equals_padded_bf16():

@@ -391,6 +391,7 @@ def test_on_step_sees_every_step_and_your_own_optimizer_is_used():
     assert make_optimizer(tiny_model(), 1e-3, 0.0).defaults["fused"]  # fused AdamW on this CPU too
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_the_loop_reads_back_at_log_points_only():
     batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, pad_fraction=0.3)

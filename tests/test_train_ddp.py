@@ -177,6 +177,7 @@ def test_two_torchrun_nodes_on_loopback_train_together(runs: dict[str, dict], tm
     assert sorted(printed) == [[0], [1]], printed
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL backend)")
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_nccl_with_one_process_on_a_gpu(tmp_path: Path, fsdp: bool) -> None:
