@@ -34,10 +34,11 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.hardware import get_device, measure_roofline, peak_flops
+from helpers.device import get_device
 from helpers.precision import PRECISION_DTYPE
 from helpers.results import stamp
 from helpers.results import write_results as write_files
+from helpers.roofline import measure_roofline, peak_flops
 
 IMPLS = ("naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "triton")
 # |out - ref| <= tol + tol * |ref| against the fp32 math backend, per input precision

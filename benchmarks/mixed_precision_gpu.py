@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.hardware import get_device
+from helpers.device import get_device
 from helpers.precision import PRECISIONS, check_precision
 from helpers.results import stamp, write_results
 

@@ -655,7 +655,8 @@ def env_report(work: Path) -> int:
 
     import torch
 
-    from helpers.hardware import device_report, measure_roofline
+    from helpers.device import device_report
+    from helpers.roofline import measure_roofline
 
     work.mkdir(parents=True, exist_ok=True)
     report = device_report()

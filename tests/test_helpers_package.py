@@ -70,9 +70,9 @@ def test_imports_run_one_way(module):
 
 def test_the_check_catches_a_planted_lazy_import():
     planted = "import torch\n\ndef f():\n    from helpers.train import train\n    import helpers.plots\n"
-    assert violations("hardware", planted) == {("hardware", "train"), ("hardware", "plots")}
+    assert violations("device", planted) == {("device", "train"), ("device", "plots")}
     assert violations("plots", planted) == set()  # show may import train
-    assert violations("flops", "from helpers.hardware import peak_flops\n") == set()
+    assert violations("flops", "from helpers.roofline import peak_flops\n") == set()
     assert violations("flops", "from helpers import models\n") == {("flops", "models")}
 
 
