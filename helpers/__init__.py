@@ -6,13 +6,13 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | layer | module | lesson | main entry points |
 |---|---|---|---|
 | base | `config` | all | `get_profile`, `pick`, `seed_everything`, `hub_offline` |
-| base | `compat` | all | `require`, `at_least`, `set_attn_implementation`, `unwrap_model`, `disable_dropout` |
+| base | `compat` | all | `require`, `at_least`, `set_attn_implementation`, `unwrap_model` |
 | base | `tables` | all | `Table` |
 | base | `timing` | 00-06 | `benchmark`, `time_once`, `compare`, `cold_start` |
 | base | `precision` | 02 (03-08) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
 | base | `device` | all | `get_device`, `device_report`, `device_name`, `device_facts` |
 | base | `diagnosis` | 00 | `diagnose`, `explain_error`, `findings_table` |
-| measure | `roofline` | 00, 02, 04, 08 | `measure_roofline`, `load_roofline`, `peak_flops`, `mfu_peak` |
+| measure | `roofline` | 00, 02, 08 | `measure_roofline`, `load_roofline`, `peak_flops`, `mfu_peak` |
 | measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
@@ -22,7 +22,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | model/data | `corpus` | 06, 08 | `read_bundled_corpus`, `read_csv_corpus`, `read_hub`, `corpus_lengths` |
 | model/data | `data` | 06, 08 | `load_text_classification`, `tokenize`, `PadCollate`, `make_dataloader` |
 | model/data | `packing` | 06, 08 | `PackCollate`, `PackedBatchSampler`, `document_mask` |
-| model/data | `packed_model` | 06, 08 | `PackedModel`, `packed_forward`, `use_varlen`, `packed_padding_stats` |
+| model/data | `packed_model` | 06, 08 | `PackedModel`, `packed_forward`, `packed_padding_stats` |
 | model/data | `fp8` | 08 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
 | train | `checkpoint` | 03, 07, 08 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
 | train | `runspec` | 02-08 | `RunSpec`, `PADDINGS`, `ATTNS` |

@@ -43,7 +43,7 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "set_attn_imple
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "check_triton_interpreter", "fully_shard",
            "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
-           "scaled_mm_supports", "TRANSFORMERS_V5", "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
+           "scaled_mm_supports", "scaled_mm", "TRANSFORMERS_V5", "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
 
 TRANSFORMERS_V5 = "5.0"  # BERT on the attention interface: switchable in place, flex_attention, 4-D masks
 TRITON_NUMPY_FIX = "3.7"  # first triton whose interpreter runs with numpy >= 2.4 (triton PR 9172)
@@ -392,8 +392,14 @@ def scaled_mm_supports(device: str, rowwise: bool) -> tuple[bool, str]:
         a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
         sa = torch.ones(16, 1, device=device) if rowwise else torch.tensor(1.0, device=device)
         sb = torch.ones(1, 16, device=device) if rowwise else torch.tensor(1.0, device=device)
-        torch._scaled_mm(a, a.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        scaled_mm(a, a.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     except (RuntimeError, NotImplementedError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
         return False, f"torch {torch.__version__} has no {kind} torch._scaled_mm on {device} ({first})"
     return True, f"{kind} torch._scaled_mm runs on {device}"
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """`torch._scaled_mm(a, b, scale_a=, scale_b=, out_dtype=, ...)`: the FP8 matmul, a private torch op whose
+    arguments have changed between releases (lesson 08; `scaled_mm_supports` says where it runs)."""
+    return torch._scaled_mm(a, b, **kwargs)

@@ -1,4 +1,4 @@
-"""This machine's roofline and the peak FLOP/s MFU is measured against (lessons 00, 02, 04, 08).
+"""This machine's roofline and the peak FLOP/s MFU is measured against (lessons 00, 02, 08).
 
 `measure_roofline` times an n×n matmul per precision and a large copy; `Roofline` keeps the result
 (saved where `load_roofline` finds it again). `peak_flops` picks a device's peak for one precision: the

@@ -229,7 +229,7 @@ def test_hf_flattening_collator_alone_does_not_separate_documents_in_bert():
     with torch.no_grad():
         h = [model.bert(b["input_ids"], position_ids=b["position_ids"]).last_hidden_state for b in flat]
     assert (h[0][0, :5] - h[1][0, :5]).abs().max() > 1e-4, (
-        "transformers now keeps flattened documents apart in BERT: helpers.packed_model's notes need updating")
+        "transformers now keeps flattened documents apart in BERT: update helpers.packed_model's notes")
 
 
 def test_document_mask_is_block_diagonal():
