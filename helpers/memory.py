@@ -1,5 +1,8 @@
 """Where training memory goes: peak-memory tracking, a training-memory estimator, allocator history.
 
+One module for lesson 03's one quantity, measured, estimated and recorded over time (about 470 lines): the
+estimator is checked against the measurement, and both use the names defined below.
+
 Measuring peak memory of a block of code
 ----------------------------------------
 - On a CUDA GPU: the caching allocator's own statistics. `torch.cuda.reset_peak_memory_stats()` before,
