@@ -149,11 +149,12 @@ def _cpu_peak_from_events(events: Iterable) -> tuple[int, int]:
 
 def _unmeasured(device: torch.device, what: str) -> str:
     """Why `what` cannot measure `device`, and the fix, in one line."""
-    why = ("torch keeps no peak-memory statistics for Apple's GPU (MPS), and the profiler records no MPS "
-           "allocations" if device.type == "mps" else "no allocator statistics or profiler records exist")
-    return (f"{what} measures 'cuda' (allocator statistics) and 'cpu' (profiler memory events) devices, not "
-            f"{device}: {why}; measure on the CPU (device 'cpu', which get_device('auto') picks on a Mac "
-            f"unless COURSE_DEVICE=mps)")
+    fix = "measure on the CPU (device 'cpu')"
+    if device.type == "mps":
+        fix = ("torch keeps no peak-memory statistics for Apple's GPU (MPS): " + fix
+               + ", which get_device('auto') picks on a Mac unless COURSE_DEVICE=mps")
+    return (f"{what} measures 'cuda' (allocator statistics) or 'cpu' (profiler memory events), not {device}: "
+            f"{fix}")
 
 
 @contextlib.contextmanager
