@@ -24,7 +24,7 @@ from helpers.tables import Table
 
 __all__ = ["get_device", "DEVICE_ENV", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
            "device_report", "device_name", "device_facts", "cpu_info", "nvidia_smi", "nvidia_driver",
-           "driver_cuda_version", "LIBRARIES"]
+           "driver_cuda_version", "LIBRARIES", "CORES_PER_SM"]
 
 DEVICE_ENV = "COURSE_DEVICE"  # the device "auto" resolves to, when set ("mps" opts in on a Mac)
 LIBRARIES = ("transformers", "triton")  # versions reported beside torch's (they change what lessons run)
