@@ -36,10 +36,11 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.hardware import get_device, measure_roofline, peak_flops
+from helpers.device import get_device
 from helpers.precision import PRECISION_DTYPE
 from helpers.results import stamp
 from helpers.results import write_results as write_files
+from helpers.roofline import measure_roofline, peak_flops
 
 IMPLS = ("naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "triton")
 # |out - ref| <= tol + tol * |ref| against the fp32 math backend, per input precision
@@ -306,7 +307,7 @@ def write_results(result: dict[str, Any], out_dir: Path, figure: bool = True) ->
 
 
 def measure_peaks(device: torch.device, dtype: str) -> dict[str, Any]:
-    """This run's measured matmul FLOP/s for `dtype`, and the datasheet's (`helpers.hardware.peak_flops`)."""
+    """This run's measured matmul FLOP/s for `dtype`, and the datasheet's (`helpers.roofline.peak_flops`)."""
     measured = measure_roofline(device, precisions=[dtype]).matmul_flops[dtype]
     sheet = peak_flops(device, dtype)
     return {"dtype": dtype, "measured_flops": measured, "datasheet_flops": sheet.flops if sheet else None,

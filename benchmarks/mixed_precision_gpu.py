@@ -9,7 +9,7 @@ first workload, on a GPU or with --compile). Reported per run:
 - peak memory (`torch.cuda.max_memory_allocated`) and its ratio to fp32's;
 - for the compiled run: the first step (compilation) apart, the steady speed-up over bf16 eager;
 - the training-memory estimate (`helpers.memory.estimate_training_memory`) for the small Transformer;
-- MFU against `helpers.hardware.peak_flops` (via `helpers.train`).
+- MFU against `helpers.roofline.peak_flops` (via `helpers.train`).
 
 Workloads, in the order they run: `hf-bert`, Hugging Face's BertForSequenceClassification in BERT-base's
 shape with RANDOM weights (speed does not depend on the values; no download), batch 32 × 512 tokens; the
@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.hardware import get_device
+from helpers.device import get_device
 from helpers.precision import PRECISIONS, check_precision
 from helpers.results import stamp, write_results
 

@@ -6,19 +6,23 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | layer | module | lesson | main entry points |
 |---|---|---|---|
 | base | `config` | all | `get_profile`, `pick`, `seed_everything`, `hub_offline` |
-| base | `compat` | all | `require`, `at_least`, `set_attn_implementation` |
+| base | `compat` | all | `require`, `at_least`, `set_attn_implementation`, `unwrap_model` |
 | base | `tables` | all | `Table` |
 | base | `timing` | 00-06 | `benchmark`, `time_once`, `compare`, `cold_start` |
 | base | `precision` | 02 (03-08) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
-| base | `hardware` | 00 (02, 07) | `get_device`, `device_report`, `peak_flops`, `mfu_peak` |
+| base | `device` | all | `get_device`, `device_report`, `device_name`, `device_facts` |
+| base | `diagnosis` | 00 | `diagnose`, `explain_error`, `findings_table` |
+| measure | `roofline` | 00, 02, 08 | `measure_roofline`, `load_roofline`, `peak_flops`, `mfu_peak` |
 | measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
 | model/data | `attention` | 01 | `naive_attention`, `tiled_attention`, `sdpa_attention` |
 | model/data | `kernels` | 01 | `flash_attention` (Triton) |
 | model/data | `models` | 01-06, 08 | `SmallTransformer`, `TransformerConfig`, `load_bert` |
+| model/data | `corpus` | 06, 08 | `read_bundled_corpus`, `read_csv_corpus`, `read_hub`, `corpus_lengths` |
 | model/data | `data` | 06, 08 | `load_text_classification`, `tokenize`, `PadCollate`, `make_dataloader` |
-| model/data | `packing` | 06, 08 | `PackCollate`, `packed_forward`, `PackedModel` |
+| model/data | `packing` | 06, 08 | `PackCollate`, `PackedBatchSampler`, `document_mask` |
+| model/data | `packed_model` | 06, 08 | `PackedModel`, `packed_forward`, `packed_padding_stats` |
 | model/data | `fp8` | 08 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
 | train | `checkpoint` | 03, 07, 08 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
 | train | `runspec` | 02-08 | `RunSpec`, `PADDINGS`, `ATTNS` |
@@ -39,17 +43,18 @@ from typing import Any
 
 # module -> layer: 0 base, 1 measure, 2 model/data, 3 train, 4 show
 LAYERS = {
-    "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "hardware": 0,
-    "flops": 1, "memory": 1, "results": 1,
-    "attention": 2, "kernels": 2, "models": 2, "data": 2, "packing": 2, "fp8": 2,
+    "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "device": 0, "diagnosis": 0,
+    "roofline": 1, "flops": 1, "memory": 1, "results": 1,
+    "attention": 2, "kernels": 2, "models": 2, "corpus": 2, "data": 2, "packing": 2, "packed_model": 2,
+    "fp8": 2,
     "checkpoint": 3, "runspec": 3, "train": 3, "distributed": 3, "ladder": 3,
     "plots": 4, "widgets": 4,
 }
 _SUBMODULES = tuple(LAYERS)
 # Shortcuts re-exported at the top level: name -> module that defines it.
 _SHORTCUTS = {
-    "device_report": "hardware",
-    "get_device": "hardware",
+    "device_report": "device",
+    "get_device": "device",
     "get_profile": "config",
     "benchmark": "timing",
 }

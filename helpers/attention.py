@@ -303,7 +303,7 @@ def capture_attention_maps(model: Any, tokenizer: Any, text: str | Sequence[str]
                          f"texts, got {text!r}"[:200])
     from helpers import compat
 
-    impl = getattr(model.config, "_attn_implementation", None)
+    impl = compat.attn_implementation(model)
     switched = impl not in (None, "eager")
     was_training = model.training
     run = model  # the model that captures: `model` switched in place, or (transformers 4.x) an eager copy
@@ -321,7 +321,7 @@ def capture_attention_maps(model: Any, tokenizer: Any, text: str | Sequence[str]
             out = run(**enc, output_attentions=True)
     finally:
         model.train(was_training)
-        if switched and run is model and getattr(model.config, "_attn_implementation", None) != impl:
+        if switched and run is model and compat.attn_implementation(model) != impl:
             compat.set_attn_implementation(model, impl)  # in place where it switched in place
     if not out.attentions:
         raise RuntimeError("the model returned no attention weights even with the naive attention")

@@ -43,8 +43,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from helpers.compat import unwrap_model
+
 __all__ = ["CheckpointError", "CheckpointDiskFull", "checkpoint_name", "list_checkpoints",
-           "latest_checkpoint", "is_due", "prune_checkpoints", "remove_stale_temporaries", "unwrap_model",
+           "latest_checkpoint", "is_due", "prune_checkpoints", "remove_stale_temporaries",
            "save_checkpoint", "load_checkpoint", "save_sharded", "load_sharded", "save_step", "resume_latest"]
 
 CHECKPOINT_FORMAT = 1
@@ -154,19 +156,6 @@ def remove_stale_temporaries(folder: str | os.PathLike, *, log: Any = print) -> 
         log(f"checkpoints: removed {len(stale)} unfinished temporary file(s) an interrupted save left in "
             f"{folder}: {', '.join(p.name for p in stale)}")
     return stale
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile (`_orig_mod`) and DDP (`.module`) wrappers (lesson 07)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
-            model = model._orig_mod
-        else:
-            return model
 
 
 def _signature(model: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -11,32 +11,48 @@ What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to
 - torch 2.7's gloo reduce-scatter sums where AVG is asked, so FSDP2 on CPUs summed gradients;
 - compiled FlexAttention does not build on a CPU with torch 2.7; FlexAttention has no CPU backward in
   the torch releases after it (2.11, 2.13 checked);
-- torch._scaled_mm on a CPU scales per tensor only in some releases (2.11), row-wise too in others (2.13).
+- torch._scaled_mm on a CPU scales per tensor only in some releases (2.11), row-wise too in others (2.13);
+- torch >= 2.9 has per-backend `fp32_precision` TF32 attributes besides the global switches, and warns on
+  every use of the global ones; reading the global matmul precision raises once only per-backend
+  attributes were set ("mix of the legacy and new APIs"); `torch.nn.attention.varlen` is new in 2.9;
+- transformers 5 renamed `gradient_checkpointing_*` to `activation_checkpointing_*`.
+
+It is also the one place that reads torch's private attributes (`_orig_mod`, a GradScaler's `_scale`,
+`torch.autograd._profiler_enabled`, the CUDA allocator's `_record_memory_history`): they can change in any
+release, so each has one reader here (a test greps helpers/, scripts/ and benchmarks/ for others). Being the
+one home of all of these, it runs to about 400 lines, one section per subject.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib.metadata
 import os
+import warnings
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-__all__ = ["version_of", "at_least", "require", "set_attn_implementation", "disable_dropout",
-           "bert_attn_implementations",
+__all__ = ["version_of", "version_tuple", "at_least", "require", "set_attn_implementation",
+           "attn_implementation", "disable_dropout", "bert_attn_implementations", "unwrap_model",
+           "grad_scaler_scale", "profiler_enabled", "cuda_memory_snapshot", "memory_snapshot_html",
+           "make_adamw", "hf_activation_checkpointing", "tf32_settings", "set_tf32_settings",
+           "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "check_triton_interpreter", "fully_shard",
            "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
-           "scaled_mm_supports", "TRANSFORMERS_V5", "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
+           "scaled_mm_supports", "scaled_mm", "TRANSFORMERS_V5", "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
 
 TRANSFORMERS_V5 = "5.0"  # BERT on the attention interface: switchable in place, flex_attention, 4-D masks
 TRITON_NUMPY_FIX = "3.7"  # first triton whose interpreter runs with numpy >= 2.4 (triton PR 9172)
 FLEX_CPU_COMPILE = "2.11"  # oldest torch seen to compile FlexAttention for a CPU (2.7 fails to)
 
 
-def _as_tuple(version: str) -> tuple[int, ...]:
+def version_tuple(version: str) -> tuple[int, ...]:
+    """A version string as numbers to compare: "2.13.0+cpu" -> (2, 13, 0), "12.4" -> (12, 4) (all lessons)."""
     parts = []
     for piece in version.split("+")[0].split(".")[:3]:
         digits = "".join(ch for ch in piece if ch.isdigit())
@@ -55,7 +71,7 @@ def version_of(package: str) -> str | None:
 def at_least(package: str, minimum: str) -> bool:
     """True when `package` is installed at `minimum` or newer (all lessons)."""
     found = version_of(package)
-    return found is not None and _as_tuple(found) >= _as_tuple(minimum)
+    return found is not None and version_tuple(found) >= version_tuple(minimum)
 
 
 def require(package: str, minimum: str, what: str) -> None:
@@ -95,15 +111,32 @@ def _rebuilt(model: nn.Module, impl: str) -> nn.Module:
     return new.train(model.training)
 
 
-def disable_dropout(model: nn.Module) -> nn.Module:
-    """Every dropout of `model` off, so runs compare exactly: nn.Dropout modules and the rate transformers
-    4.x SDPA attention reads from `dropout_prob` instead of a module (lesson 08)."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        if hasattr(module, "dropout_prob"):
+def disable_dropout(model: nn.Module, *, attention_only: bool = False) -> nn.Module:
+    """Dropout of `model` off, so runs compare exactly: nn.Dropout modules and the rate transformers 4.x
+    SDPA attention reads from `dropout_prob` instead of a module (lesson 08). `attention_only`: only a HF
+    BERT's attention-probability dropout (flex and varlen kernels have none; lessons 06, 08), ValueError
+    for a model without one."""
+    targets = list(model.modules())
+    if attention_only:
+        targets = [m for name, m in model.named_modules()
+                   if name.endswith("attention.self") and isinstance(getattr(m, "dropout", None), nn.Dropout)]
+        if not targets:
+            raise ValueError(f"found no attention.self dropout in {type(model).__name__} (not a HF BERT?)")
+        if hasattr(getattr(model, "config", None), "attention_probs_dropout_prob"):
+            model.config.attention_probs_dropout_prob = 0.0
+    for module in targets:
+        for drop in (module, getattr(module, "dropout", None)):
+            if isinstance(drop, nn.Dropout):
+                drop.p = 0.0
+        if hasattr(module, "dropout_prob"):  # transformers 4.x SDPA attention reads this rate instead
             module.dropout_prob = 0.0
     return model
+
+
+def attn_implementation(model: nn.Module) -> str | None:
+    """The attention implementation a Hugging Face model runs ("eager", "sdpa", ...), None for another
+    model (lessons 01, 06, 08)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 def set_attn_implementation(model: nn.Module, impl: str) -> nn.Module:
@@ -112,7 +145,7 @@ def set_attn_implementation(model: nn.Module, impl: str) -> nn.Module:
     Returns the model to use from now on: the same object with transformers >= 5.0 (switched in place);
     with transformers 4.x a rebuilt copy with the same weights (optimizers made for the old one must be
     made again)."""
-    if getattr(getattr(model, "config", None), "_attn_implementation", None) == impl:
+    if attn_implementation(model) == impl:
         return model
     if at_least("transformers", TRANSFORMERS_V5) and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(impl)
@@ -135,6 +168,137 @@ def packing_attention_mask(same_doc: torch.Tensor, impl: str, dtype: torch.dtype
     # eager adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere
     mask = torch.zeros(same_doc.shape, dtype=dtype, device=same_doc.device)
     return mask.masked_fill_(~same_doc, torch.finfo(dtype).min)
+
+
+# --- training: wrappers, the scaler, the optimizer, activation checkpointing ----------------------------
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside torch.compile (`_orig_mod`) and DDP / DataParallel (`.module`) wrappers
+    (lessons 02, 07): the one to count FLOPs on, checkpoint, or switch."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    while True:
+        if isinstance(model, (DistributedDataParallel, DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
+def grad_scaler_scale(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
+    """An enabled GradScaler's current scale as a tensor, copied on the device (`get_scale()` would wait
+    for the device); None without one (lessons 02, 08)."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    scale = getattr(scaler, "_scale", None)  # torch keeps it on the device; None before the first step
+    return scale.clone() if isinstance(scale, torch.Tensor) else torch.tensor(scaler.get_scale())
+
+
+def profiler_enabled() -> bool:
+    """Whether an autograd profiler is recording in this thread now (lesson 03)."""
+    return torch.autograd._profiler_enabled()
+
+
+def cuda_memory_snapshot(fn: Callable[[], Any], max_entries: int) -> Any:
+    """Run `fn()` while the CUDA caching allocator records its history; its snapshot (lesson 03). Torch
+    documents this private API for memory_viz (pytorch.org/docs/stable/torch_cuda_memory.html)."""
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
+
+
+def memory_snapshot_html(snapshot: Any) -> str:
+    """Torch's own HTML view of a `cuda_memory_snapshot` (lesson 03)."""
+    from torch.cuda import _memory_viz
+
+    return _memory_viz.trace_plot(snapshot)
+
+
+def make_adamw(groups: list[dict[str, Any]], lr: float, fused: bool) -> torch.optim.AdamW:
+    """AdamW over parameter `groups`, with the fused kernel when `fused` and torch has it for the
+    parameters' device; the default implementation otherwise (lessons 03, 08)."""
+    try:
+        return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
+    except (RuntimeError, TypeError):  # an older torch without the fused kernel on this device
+        return torch.optim.AdamW(groups, lr=lr)
+
+
+def hf_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """Activation checkpointing of a Hugging Face model on or off, non-reentrant (lesson 03): transformers
+    5 calls the switch `activation_checkpointing_*`, 4.x `gradient_checkpointing_*`."""
+    prefix = "activation" if hasattr(type(model), "activation_checkpointing_enable") else "gradient"
+    if not hasattr(type(model), f"{prefix}_checkpointing_enable"):
+        raise ValueError(f"{type(model).__name__} has no Hugging Face checkpointing switch")
+    if not enabled and not getattr(model, f"is_{prefix}_checkpointing", False):
+        return  # already off
+    if enabled:
+        kwargs = {f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}}
+        getattr(model, f"{prefix}_checkpointing_enable")(**kwargs)
+    else:
+        getattr(model, f"{prefix}_checkpointing_disable")()
+
+
+# --- TF32 switches --------------------------------------------------------------------------------------
+
+# torch 2.9-2.11 warn on every use of the (still working) global switches; the message is not the user's
+_NEW_TF32_API_WARNING = "Please use the new API settings to control TF32"
+
+
+@contextlib.contextmanager
+def _quiet_tf32_warning() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NEW_TF32_API_WARNING)
+        yield
+
+
+def tf32_settings() -> tuple[str | None, bool]:
+    """(global float32 matmul precision, cuDNN's allow_tf32) now (lesson 02). The precision is None, and
+    cuDNN's True (its default), where only torch >= 2.9's per-backend attributes were set."""
+    with _quiet_tf32_warning():
+        try:
+            matmul: str | None = torch.get_float32_matmul_precision()
+        except RuntimeError:  # "you have used mix of the legacy and new APIs"
+            matmul = None
+        try:
+            cudnn = torch.backends.cudnn.allow_tf32
+        except RuntimeError:  # the same for cuDNN (conv and RNN set apart)
+            cudnn = True
+    return matmul, cudnn
+
+
+def set_tf32_settings(matmul: str | None, cudnn: bool) -> None:
+    """Set the global float32 matmul precision ("highest", "high"; None: "highest") and cuDNN's TF32 switch
+    (lesson 02). `torch.set_float32_matmul_precision` also sets torch >= 2.9's per-backend attributes;
+    setting only those would make torch's own readers of the global one (inductor's autotuner) raise."""
+    with _quiet_tf32_warning():
+        torch.set_float32_matmul_precision(matmul or "highest")
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def tf32_matmul_enabled() -> bool:
+    """Whether float32 CUDA matmuls may use TF32 tensor cores now (lesson 02)."""
+    matmul, _ = tf32_settings()
+    if matmul is not None:
+        return matmul != "highest"
+    with _quiet_tf32_warning():  # someone set only the per-backend attributes (torch >= 2.9)
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+# --- varlen attention -----------------------------------------------------------------------------------
+
+def varlen_attn() -> Callable[..., torch.Tensor] | None:
+    """`torch.nn.attention.varlen.varlen_attn` (FlashAttention over cumulative sequence lengths, torch
+    >= 2.9), or None where this torch has none (lesson 08)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn as attn
+    except ImportError:
+        return None
+    return attn
 
 
 # --- Triton ---------------------------------------------------------------------------------------------
@@ -244,8 +408,14 @@ def scaled_mm_supports(device: str, rowwise: bool) -> tuple[bool, str]:
         a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
         sa = torch.ones(16, 1, device=device) if rowwise else torch.tensor(1.0, device=device)
         sb = torch.ones(1, 16, device=device) if rowwise else torch.tensor(1.0, device=device)
-        torch._scaled_mm(a, a.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        scaled_mm(a, a.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     except (RuntimeError, NotImplementedError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
         return False, f"torch {torch.__version__} has no {kind} torch._scaled_mm on {device} ({first})"
     return True, f"{kind} torch._scaled_mm runs on {device}"
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """`torch._scaled_mm(a, b, scale_a=, scale_b=, out_dtype=, ...)`: the FP8 matmul, a private torch op whose
+    arguments have changed between releases (lesson 08; `scaled_mm_supports` says where it runs)."""
+    return torch._scaled_mm(a, b, **kwargs)

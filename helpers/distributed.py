@@ -5,7 +5,7 @@ output streamed live into the cell.
 torchrun starts one worker process per device and tells each who it is through the environment:
 RANK (0..WORLD_SIZE-1 over all machines), LOCAL_RANK (0..LOCAL_WORLD_SIZE-1 on this machine),
 WORLD_SIZE, MASTER_ADDR/MASTER_PORT (where the process group meets). `setup` reads them, picks the
-device (GPU number LOCAL_RANK, or the CPU; `helpers.hardware.get_device` checks it) and the backend that
+device (GPU number LOCAL_RANK, or the CPU; `helpers.device.get_device` checks it) and the backend that
 suits it (NCCL for CUDA, gloo for CPUs); without torchrun it returns a one-process environment, so one script
 serves both.
 
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.hardware import get_device
+from helpers.device import get_device
 
 __all__ = ["DistEnv", "backend_for", "setup", "teardown", "apply_ddp", "apply_fsdp", "grad_sync", "is_main",
            "print0", "get_logger", "free_port", "torchrun_command", "launch", "LaunchResult", "LaunchError",

@@ -21,7 +21,7 @@ Two numbers, two uses: `model_flops_per_token` × real (non-padding) tokens is t
 the numerator of MFU; `executed_flops` is the work a run actually made the device do, padding included
 (it measures how busy the device was, and the gap between the two is the padding's cost).
 
-`mfu` is the one place MFU is computed; the peak it divides by is `helpers.hardware.mfu_peak` (the
+`mfu` is the one place MFU is computed; the peak it divides by is `helpers.roofline.mfu_peak` (the
 course's one peak policy: the device's fastest dense rate among the training precisions; datasheet, else
 measured roofline).
 """
@@ -34,8 +34,8 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
-# Peaks moved to helpers.hardware (one home); re-exported here until every caller imports them from there.
-from helpers.hardware import PeakFlops
+from helpers.compat import unwrap_model
+from helpers.roofline import PeakFlops
 
 __all__ = ["transformer_flops_per_token", "matmul_params", "model_flops_per_token", "executed_flops", "mfu"]
 
@@ -110,15 +110,6 @@ def _dims(model: nn.Module) -> tuple[int, int, int]:
     return int(layers), int(heads), int(width) // int(heads)
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside DDP (`.module`) or torch.compile (`._orig_mod`) wrappers."""
-    while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
-
-
 def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = True) -> float:
     """Training FLOPs per token of `model` at sequence length `seq_len` (lessons 02, 08; see above)."""
     given = seq_len
@@ -128,7 +119,7 @@ def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = Tr
         seq_len = -1
     if seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer (tokens per sequence), got {given!r}")
-    model = _unwrap(model)
+    model = unwrap_model(model)  # torch.compile and DDP wrappers
     layers, heads, head_dim = _dims(model)
     per_token, per_sequence = _matmul_params_split(model)
     attention = transformer_flops_per_token(per_token, layers, heads, head_dim, seq_len, backward=backward)
@@ -162,7 +153,7 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak: float | PeakFlops) ->
 
     Useful FLOPs count real tokens only: `tokens_per_s` are non-padding tokens per second and
     `flops_per_token` is `model_flops_per_token` at the padded length the model attended over. Padding
-    the device computed is not useful work (see `executed_flops`). `peak`: `helpers.hardware.mfu_peak`,
+    the device computed is not useful work (see `executed_flops`). `peak`: `helpers.roofline.mfu_peak`,
     the same for every precision (so MFUs compare), or a number you give (FLOP/s)."""
     peak_value = peak.flops if isinstance(peak, PeakFlops) else float(peak)
     if peak_value <= 0 or tokens_per_s < 0 or flops_per_token < 0:

@@ -109,7 +109,7 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, *, recipe: str = "tensorwise", 
     b8, sb = quantize(_pad16(b), b_dtype, dim=0 if rowwise else None)  # sb (1, N) or ()
     b8 = b8.t().contiguous().t()  # column-major, as _scaled_mm's second operand must be
     mm_dtype = torch.bfloat16 if rowwise else out_dtype  # row-wise scaled kernels write bf16 only
-    out = torch._scaled_mm(a8.contiguous(), b8, scale_a=sa, scale_b=sb, out_dtype=mm_dtype)
+    out = compat.scaled_mm(a8.contiguous(), b8, scale_a=sa, scale_b=sb, out_dtype=mm_dtype)
     return out[:m, :n].to(out_dtype)
 
 

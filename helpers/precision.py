@@ -19,21 +19,20 @@ float32 (and the optimizer's) would otherwise run slower than the rung below. On
 A run applies TF32 and autocast through `helpers.runspec.RunSpec.context` only (one rule, around forward,
 backward and optimizer step); the primitives below are what it calls, and what lesson 02 shows.
 The switch (`set_tf32`, `tf32_matmuls`) uses `torch.set_float32_matmul_precision` and
-`torch.backends.cudnn.allow_tf32`. PyTorch 2.9 added per-backend `fp32_precision` attributes, but
-setting only those leaves the global matmul precision behind, and torch's own readers of it
-(`torch.get_float32_matmul_precision()`, called by inductor's autotuner) then raise "you have used mix of
-the legacy and new APIs" (checked on torch 2.13); `set_float32_matmul_precision` sets both views.
+`torch.backends.cudnn.allow_tf32`, through `helpers.compat` (torch 2.9 added per-backend attributes
+beside them; compat says how the two views are kept in step).
 
-This module is in the base layer: it imports no other helpers module.
+This module is in the base layer: it imports only `helpers.compat`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 
 import torch
+
+from helpers import compat
 
 __all__ = ["PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision", "autocast_context",
            "uses_tf32", "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
@@ -47,8 +46,6 @@ PRECISION_DTYPE: dict[str, torch.dtype] = {
 }
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _TF32_RUNGS = ("tf32", "fp16", "bf16", "fp8")  # precisions that keep TF32 on for float32 leftovers
-# torch 2.9-2.11 warn on every use of the (still working) global switches; the message is not the user's
-_NEW_API_WARNING = "Please use the new API settings to control TF32"
 
 
 def _check_name(precision: object, choices: tuple[str, ...] = PRECISIONS) -> str:
@@ -98,12 +95,7 @@ def uses_tf32(precision: str) -> bool:
 
 def tf32_enabled() -> bool:
     """Whether float32 CUDA matmuls may use TF32 tensor cores now (lesson 02)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NEW_API_WARNING)
-        try:
-            return torch.get_float32_matmul_precision() != "highest"
-        except RuntimeError:  # someone set only the per-backend attributes (torch >= 2.9)
-            return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return compat.tf32_matmul_enabled()
 
 
 def set_tf32(enabled: bool) -> None:
@@ -112,11 +104,8 @@ def set_tf32(enabled: bool) -> None:
     Global and sticky: prefer `tf32_matmuls`, which restores the previous setting."""
     if not isinstance(enabled, bool):
         raise TypeError(f"set_tf32 takes True or False, got {enabled!r}")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NEW_API_WARNING)
-        # "high": TF32 (or bf16x3) where fast units exist; CPUs without them keep exact float32.
-        torch.set_float32_matmul_precision("high" if enabled else "highest")
-        torch.backends.cudnn.allow_tf32 = enabled
+    # "high": TF32 (or bf16x3) where fast units exist; CPUs without them keep exact float32.
+    compat.set_tf32_settings("high" if enabled else "highest", enabled)
 
 
 @contextlib.contextmanager
@@ -124,24 +113,12 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
     """TF32 on (or off) inside the block; the matmul and cuDNN settings found come back after (lesson 02)."""
     if not isinstance(enabled, bool):
         raise TypeError(f"tf32_matmuls takes True or False, got {enabled!r}")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NEW_API_WARNING)
-        try:
-            old_matmul: str | None = torch.get_float32_matmul_precision()
-        except RuntimeError:  # mixed per-backend settings: restore to the default afterwards
-            old_matmul = None
-        try:
-            old_cudnn = torch.backends.cudnn.allow_tf32
-        except RuntimeError:  # the same for cuDNN (conv and RNN set apart): its default is True
-            old_cudnn = True
+    old = compat.tf32_settings()  # mixed per-backend settings come back as the defaults
     set_tf32(enabled)
     try:
         yield
     finally:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_NEW_API_WARNING)
-            torch.set_float32_matmul_precision(old_matmul or "highest")
-            torch.backends.cudnn.allow_tf32 = old_cudnn
+        compat.set_tf32_settings(*old)
 
 
 def make_scaler(precision: str, device: torch.device | str,

@@ -10,8 +10,9 @@ by side: `benchmarks/results/<stem>-<slug>[-<variant>].json/.md/.png`, for examp
     paths = write_results("ladder", payload, markdown, fig=fig)   # {"json": ..., "md": ..., "png": ...}
 
 A stamp is a flat dict of plain values (JSON-ready): `device` (the GPU's name, or for a CPU the model
-name `helpers.hardware.device_report` prints), `device_type`, `slug`, `driver` (NVIDIA driver, None
-without one), `cuda` (CUDA torch was built with), `torch`, `transformers`, `triton`, `python`, `date`
+name `helpers.device.device_report` prints), `device_type`, `slug`, and from that same report `driver`
+(NVIDIA driver, None without one), `cuda` (CUDA torch was built with), `torch`, `transformers`, `triton`,
+`python`; then `date`
 (UTC, ISO 8601), `threads` (torch's CPU threads), `cpu_count` and `load_average_1min` (other work on the
 machine disturbs timings: a load above the CPU count means it was competing for the cores).
 """
@@ -20,17 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib.metadata
 import json
 import os
-import platform
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from helpers.hardware import device_name, get_device, nvidia_driver
+from helpers.device import device_name, device_report, get_device
 
 __all__ = ["stamp", "slug", "name_slug", "write_results"]
 
@@ -38,13 +37,6 @@ __all__ = ["stamp", "slug", "name_slug", "write_results"]
 _BRAND_WORDS = {"nvidia", "tesla", "geforce", "quadro", "amd", "radeon", "instinct"}
 # Space-separated words about the memory fitted, not the chip: "80GB", "HBM3", "HBM3e" ("H100 80GB HBM3").
 _MEMORY_WORD = re.compile(r"^(\d+gb|hbm\d*e?)$")
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def name_slug(name: str) -> str:
@@ -68,16 +60,17 @@ def slug(device: torch.device | str) -> str:
 def stamp(device: torch.device | str) -> dict[str, Any]:
     """Device, driver, CUDA, torch, transformers, triton versions, date and threads of a run (benchmarks)."""
     dev = get_device(str(device)) if not isinstance(device, torch.device) else device
+    report = device_report()  # the versions lesson 00 prints: one place reads them
     return {
         "device": device_name(dev),
         "device_type": dev.type,
         "slug": slug(dev),
-        "driver": nvidia_driver() if dev.type == "cuda" else None,
-        "cuda": torch.version.cuda,
-        "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "triton": _version("triton"),
-        "python": platform.python_version(),
+        "driver": report.driver if dev.type == "cuda" else None,
+        "cuda": report.cuda_build,
+        "torch": report.torch,
+        "transformers": report.libraries.get("transformers"),
+        "triton": report.libraries.get("triton"),
+        "python": report.python,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from helpers.data import PADDINGS as DATA_PADDINGS  # the data layer's paddings, extended here
+from helpers.data import PAD_MODES as DATA_PADDINGS  # the data layer's paddings, extended here
 from helpers.precision import PRECISIONS, autocast_context, check_precision, tf32_matmuls, uses_tf32
 
 __all__ = ["PADDINGS", "ATTNS", "RunSpec"]
@@ -128,7 +128,7 @@ class RunSpec:
                 for layer in layers:  # regional compilation: the layers share one graph, compiled once
                     layer.compile()
         if self.padding == "packed":
-            from helpers.packing import PackedModel
+            from helpers.packed_model import PackedModel
 
             model = PackedModel(model)
         return model

@@ -61,7 +61,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from helpers.checkpoint import is_due, resume_latest, save_step, unwrap_model
+from helpers.checkpoint import is_due, resume_latest, save_step
+from helpers.compat import (
+    grad_scaler_scale,
+    hf_activation_checkpointing,
+    make_adamw,
+    profiler_enabled,
+    unwrap_model,
+)
 from helpers.config import seed_everything
 from helpers.distributed import grad_sync
 from helpers.precision import make_scaler
@@ -208,10 +215,7 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool
     devices = {p.device.type for p in params}
     floating = all(p.is_floating_point() for p in params)
     use_fused = fused and floating and len(devices) == 1 and devices <= {"cuda", "cpu", "mps", "xpu"}
-    try:
-        return torch.optim.AdamW(groups, lr=lr, fused=use_fused or None)
-    except (RuntimeError, TypeError):  # an older torch without the fused kernel on this device
-        return torch.optim.AdamW(groups, lr=lr)
+    return make_adamw(groups, lr, use_fused)  # the default kernel where this torch has no fused one
 
 
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: str = "constant",
@@ -238,15 +242,7 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
     if hasattr(model, "set_activation_checkpointing"):
         model.set_activation_checkpointing(enabled)
     elif hasattr(model, "gradient_checkpointing_enable"):  # Hugging Face PreTrainedModel
-        # transformers 5 renamed the switch to activation_checkpointing_*; 4.x has gradient_checkpointing_*
-        prefix = "activation" if hasattr(type(model), "activation_checkpointing_enable") else "gradient"
-        if not enabled and not getattr(model, f"is_{prefix}_checkpointing", False):
-            return  # already off
-        if enabled:
-            kwargs = {f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}}
-            getattr(model, f"{prefix}_checkpointing_enable")(**kwargs)
-        else:
-            getattr(model, f"{prefix}_checkpointing_disable")()
+        hf_activation_checkpointing(model, enabled)
     elif enabled:
         raise ValueError(f"{type(model).__name__} has no activation-checkpointing switch: wrap its blocks "
                          "with torch.utils.checkpoint.checkpoint, or use SmallTransformer / a HF model")
@@ -371,10 +367,7 @@ def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch
 
 def _scale_tensor(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
     """fp16: the scaler's current scale as a tensor (get_scale() would wait for the device); else None."""
-    if scaler is None or not scaler.is_enabled():
-        return None
-    scale = getattr(scaler, "_scale", None)  # torch keeps it on the device
-    return scale.clone() if isinstance(scale, torch.Tensor) else torch.tensor(scaler.get_scale())
+    return grad_scaler_scale(scaler)
 
 
 def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
@@ -428,7 +421,7 @@ class _Meter:
         """On a CPU, the profiler's peak memory during the first step; nothing otherwise."""
         from helpers.memory import tensor_bytes, track_peak_memory
 
-        if not (first and self.track_memory and not self.cuda and not torch.autograd._profiler_enabled()):
+        if not (first and self.track_memory and not self.cuda and not profiler_enabled()):
             return contextlib.nullcontext()
         return track_peak_memory(self.device, baseline_bytes=tensor_bytes(self.model, optimizer))
 
@@ -505,7 +498,7 @@ def _useful_flops(model: nn.Module, widths: list[tuple[int | torch.Tensor, int]]
 
 def _peak(device: torch.device) -> tuple[float | None, str]:
     """The peak FLOP/s MFU divides by: helpers.hardware.mfu_peak, with lesson 00's saved roofline."""
-    from helpers.hardware import load_roofline, mfu_peak
+    from helpers.roofline import load_roofline, mfu_peak
 
     try:
         roofline = load_roofline()

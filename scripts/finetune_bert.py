@@ -59,7 +59,7 @@ class FinetuneConfig:
     save_dir: str = ""  # "" = do not save the fine-tuned model (save_pretrained)
     device: str = "auto"  # auto | cpu | cuda
     tfidf_baseline: bool = False  # also report TF-IDF + logistic regression on the same split
-    peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = helpers.hardware.peak_flops
+    peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = helpers.roofline.peak_flops
 
     def __post_init__(self) -> None:
         self.spec  # noqa: B018 - RunSpec checks the switches, naming the allowed values

@@ -7,8 +7,9 @@ import gzip
 
 import pytest
 
-from helpers import data
-from helpers.data import load_text_classification, read_csv_corpus
+from helpers import corpus
+from helpers.corpus import read_csv_corpus
+from helpers.data import load_text_classification
 
 
 def _rows(n: int = 12) -> str:
@@ -77,8 +78,8 @@ def test_an_empty_bundled_article_is_skipped_with_a_printed_count(tmp_path, monk
             (tmp_path / name / f"{i:03d}.txt").write_text(f"{name} story {i}\n\nbody {i}.", encoding="utf-8")
     (tmp_path / "sport" / "002.txt").write_bytes(b"")  # truncated to 0 bytes
     (tmp_path / "business" / "004.txt").write_bytes(b"  \n")
-    monkeypatch.setattr(data, "bundled_corpus_path", lambda: tmp_path)
-    texts, labels, names = data.read_bundled_corpus()
+    monkeypatch.setattr(corpus, "bundled_corpus_path", lambda: tmp_path)
+    texts, labels, names = corpus.read_bundled_corpus()
     assert len(texts) == 28 and all(t for t in texts) and labels.count(1) == 14
     out = capsys.readouterr().out
     assert "skipped 2 empty article file(s)" in out and "business/004.txt, sport/002.txt" in out

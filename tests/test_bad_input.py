@@ -12,7 +12,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere in this process
 
 from helpers.attention import naive_attention, padding_mask_mod, sdpa_attention, tiled_attention  # noqa: E402
-from helpers.data import load_text_classification, read_csv_corpus  # noqa: E402
+from helpers.corpus import read_csv_corpus  # noqa: E402
+from helpers.data import load_text_classification  # noqa: E402
 from helpers.memory import tensor_bytes  # noqa: E402
 from helpers.models import SmallTransformer, TransformerConfig  # noqa: E402
 

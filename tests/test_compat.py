@@ -88,3 +88,85 @@ def test_flex_and_fsdp_refusals_name_the_version(monkeypatch: pytest.MonkeyPatch
     _pretend(monkeypatch, torch="2.5.1")
     with pytest.raises(RuntimeError, match=r"fully_shard\) needs torch >= 2\.6"):
         compat.fully_shard()
+
+
+# --- the one reader of each private torch attribute, and the accessors the rest of the course calls ------
+
+def test_unwrap_model_sees_through_compile_and_data_parallel_only() -> None:
+    inner = torch.nn.Linear(2, 2)
+    compiled_like = torch.nn.Module()
+    compiled_like._orig_mod = torch.nn.DataParallel(inner)  # torch.compile's attribute, around DP
+    assert compat.unwrap_model(compiled_like) is inner
+    holder = torch.nn.Module()
+    holder.module = inner  # a plain submodule called `module` is not a wrapper: left alone
+    assert compat.unwrap_model(holder) is holder
+
+
+def test_version_tuple_compares_as_numbers() -> None:
+    assert compat.version_tuple("2.13.0+cpu") == (2, 13, 0) and compat.version_tuple("12.4") == (12, 4)
+    assert compat.version_tuple("2.10.0") > compat.version_tuple("2.9.1")  # as numbers, not as text
+
+
+def test_attention_only_dropout_leaves_the_rest_and_refuses_a_model_without_it() -> None:
+    model = compat.disable_dropout(_bert("eager"), attention_only=True)
+    assert model.config.attention_probs_dropout_prob == 0 and model.bert.embeddings.dropout.p > 0
+    assert all(layer.attention.self.dropout.p == 0 for layer in model.bert.encoder.layer)
+    with pytest.raises(ValueError, match="no attention.self dropout"):
+        compat.disable_dropout(torch.nn.Sequential(torch.nn.Dropout(0.1)), attention_only=True)
+
+
+def test_grad_scaler_scale_is_a_copy_and_none_when_disabled() -> None:
+    assert compat.grad_scaler_scale(None) is None
+    assert compat.grad_scaler_scale(torch.amp.GradScaler("cpu", enabled=False)) is None
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    assert float(compat.grad_scaler_scale(scaler)) == 8.0  # before the first step: get_scale()'s value
+    scaler.scale(torch.ones(()))  # the scale now lives on the device as a tensor
+    got = compat.grad_scaler_scale(scaler)
+    got.mul_(2)
+    assert float(got) == 16.0 and scaler.get_scale() == 8.0  # a copy: the scaler's own is unchanged
+
+
+def test_tf32_settings_round_trip() -> None:
+    before = compat.tf32_settings()
+    try:
+        compat.set_tf32_settings("high", False)
+        assert compat.tf32_settings() == ("high", False) and compat.tf32_matmul_enabled()
+        compat.set_tf32_settings(None, True)  # None: the default, exact float32
+        assert compat.tf32_settings() == ("highest", True) and not compat.tf32_matmul_enabled()
+    finally:
+        compat.set_tf32_settings(*before)
+    assert compat.tf32_settings() == before
+
+
+def test_profiler_enabled_follows_a_running_profiler() -> None:
+    assert not compat.profiler_enabled()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert compat.profiler_enabled()
+    assert not compat.profiler_enabled()
+
+
+def test_make_adamw_falls_back_where_the_fused_kernel_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    params = [{"params": [torch.nn.Parameter(torch.zeros(2))]}]
+    assert compat.make_adamw(params, 1e-3, fused=True).defaults["fused"]
+    real = torch.optim.AdamW
+
+    def no_fused(groups, lr, fused=None):  # an older torch: no fused kernel for this device
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of "
+                               "supported devices")
+        return real(groups, lr=lr)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused)
+    assert not compat.make_adamw(params, 1e-3, fused=True).defaults["fused"]
+
+
+def test_hf_activation_checkpointing_uses_the_name_of_the_installed_transformers() -> None:
+    model = _bert("eager")
+    # transformers 5.x names it activation_checkpointing, 4.x gradient_checkpointing
+    prefix = "activation" if hasattr(type(model), "activation_checkpointing_enable") else "gradient"
+    compat.hf_activation_checkpointing(model, True)
+    assert getattr(model, f"is_{prefix}_checkpointing")
+    compat.hf_activation_checkpointing(model, False)
+    assert not getattr(model, f"is_{prefix}_checkpointing")
+    with pytest.raises(ValueError, match="no Hugging Face checkpointing switch"):
+        compat.hf_activation_checkpointing(torch.nn.Linear(2, 2), True)

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from helpers import data
+from helpers.corpus import read_csv_corpus
 from helpers.data import (
     LengthBucketSampler,
     PadCollate,
@@ -18,7 +19,6 @@ from helpers.data import (
     load_text_classification,
     make_dataloader,
     padding_fraction,
-    read_csv_corpus,
     stratified_split,
 )
 
@@ -32,7 +32,7 @@ def bundled():
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from helpers.models import offline_bert_path
+    from helpers.config import offline_bert_path
 
     return AutoTokenizer.from_pretrained(offline_bert_path())
 

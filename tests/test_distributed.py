@@ -54,9 +54,9 @@ def test_setup_rejects_bad_input(no_torchrun: None, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_setup_cuda_without_gpu_says_so(no_torchrun: None) -> None:
-    from helpers.hardware import DeviceUnavailableError
+    from helpers.device import DeviceUnavailableError
 
-    with pytest.raises(DeviceUnavailableError, match="CUDA was requested"):  # helpers.hardware's resolver
+    with pytest.raises(DeviceUnavailableError, match="CUDA was requested"):  # helpers.device's resolver
         hd.setup("cuda")
 
 

@@ -13,8 +13,8 @@ from helpers.flops import (
     model_flops_per_token,
     transformer_flops_per_token,
 )
-from helpers.hardware import peak_flops
 from helpers.models import SmallTransformer, TransformerConfig
+from helpers.roofline import peak_flops
 
 transformers = pytest.importorskip("transformers")
 
@@ -137,7 +137,7 @@ def test_mfu_from_a_given_throughput():
 
 
 def test_peaks_have_one_home():
-    """Issue 14: the peak table and peak_flops live in helpers.hardware only."""
+    """Issue 14: the peak table and peak_flops live in helpers.roofline only."""
     from helpers import flops
 
     assert not hasattr(flops, "peak_flops") and not hasattr(flops, "GPU_PEAK_FLOPS")

@@ -70,9 +70,9 @@ def test_imports_run_one_way(module):
 
 def test_the_check_catches_a_planted_lazy_import():
     planted = "import torch\n\ndef f():\n    from helpers.train import train\n    import helpers.plots\n"
-    assert violations("hardware", planted) == {("hardware", "train"), ("hardware", "plots")}
+    assert violations("device", planted) == {("device", "train"), ("device", "plots")}
     assert violations("plots", planted) == set()  # show may import train
-    assert violations("flops", "from helpers.hardware import peak_flops\n") == set()
+    assert violations("flops", "from helpers.roofline import peak_flops\n") == set()
     assert violations("flops", "from helpers import models\n") == {("flops", "models")}
 
 
@@ -169,3 +169,56 @@ def test_the_private_import_check_catches_planted_imports():
     assert private_imports("helpers.kernels.flash_attention", own) == set()
     assert private_imports("helpers.attention", "from helpers.attention import _causal_allowed\n") == set()
     assert private_imports("scripts/x.py", "from helpers.attention import check_padding_mask\n") == set()
+
+
+# --- docs/architecture.md: the map of the package ---------------------------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+LAYER_NAMES = ("base", "measure", "model/data", "train", "show")
+
+
+def architecture_rows(text: str) -> dict[str, str]:
+    """module -> layer name, from the table of docs/architecture.md."""
+    rows = re.finditer(r"^\| ([\w/]+) \| `(\w+)` \| .+ \|$", text, flags=re.M)
+    return {m.group(2): m.group(1) for m in rows}
+
+
+def architecture_problems(text: str) -> list[str]:
+    """Modules missing from the page, listed but not on disk, or placed in another layer than LAYERS'."""
+    rows = architecture_rows(text)
+    problems = [f"{m} is missing" for m in ON_DISK if m not in rows]
+    problems += [f"{m} is not a helpers module" for m in rows if m not in helpers.LAYERS]
+    for m, layer in rows.items():
+        if m in helpers.LAYERS and layer != LAYER_NAMES[helpers.LAYERS[m]]:
+            problems.append(f"{m} is in layer {layer!r}, LAYERS says {LAYER_NAMES[helpers.LAYERS[m]]!r}")
+    return problems
+
+
+def drawing_problems(text: str) -> list[str]:
+    """Modules of the table that the layer drawing does not put on their layer's lines."""
+    drawn: dict[str, str] = {}  # layer -> the module names the drawing puts on its lines
+    layer = ""
+    for line in text.split("```")[1].splitlines():
+        cells = re.split(r"\s{3,}", line.strip())  # layer, modules, what they are for; or modules alone
+        if cells[0] in LAYER_NAMES:
+            layer, cells = cells[0], cells[1:]
+        drawn[layer] = drawn.get(layer, "") + " " + cells[0]
+    return [f"the drawing lacks {module} under {layer}" for module, layer in architecture_rows(text).items()
+            if not re.search(rf"\b{module}\b", drawn.get(layer, ""))]
+
+
+def test_architecture_page_lists_every_module_in_its_layer_and_the_readme_links_it():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert not architecture_problems(text) and not drawing_problems(text), (
+        architecture_problems(text) + drawing_problems(text))
+    assert "(docs/architecture.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_architecture_check_catches_a_planted_omission_and_a_wrong_layer():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert architecture_problems(text.replace("| base | `device` |", "| base | `devices` |")) == [
+        "device is missing", "devices is not a helpers module"]
+    assert architecture_problems(text.replace("| measure | `flops` |", "| train | `flops` |")) == [
+        "flops is in layer 'train', LAYERS says 'measure'"]
+    assert drawing_problems(text.replace("device, diagnosis", "device")) == [
+        "the drawing lacks diagnosis under base"]

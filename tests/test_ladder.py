@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import hardware, ladder, models
+from helpers import device, ladder, models
 from helpers.precision import tf32_enabled
 from helpers.runspec import PADDINGS, RunSpec
 from helpers.timing import Timing, time_interleaved
@@ -187,7 +187,7 @@ def test_why_notes_describe_the_device_that_ran(monkeypatch):
     cpu = torch.device("cpu")
     assert "CPU" in ladder.explain(tf32, ladder.Decision(False, 1.0, 1.1), cpu)
     h200 = {"type": "cuda", "cap": (9, 0), "name": "NVIDIA H200"}
-    monkeypatch.setattr(hardware, "device_facts", lambda d: h200)
+    monkeypatch.setattr(device, "device_facts", lambda d: h200)
     kept = ladder.Decision(True, 1.8, 1.1)
     on_gpu = ladder.explain(tf32, kept, cpu), ladder.explain(bf16, kept, cpu)
     assert all("CPU" not in note for note in on_gpu) and "tensor cores" in on_gpu[0]
@@ -196,8 +196,8 @@ def test_why_notes_describe_the_device_that_ran(monkeypatch):
     noisy = ladder.explain(bf16, ladder.Decision(False, 1.3, 1.5), cpu)
     assert "pays here" not in noisy and "less than the noise" in noisy
     # a CPU is described by its own instruction sets: AVX512-BF16 is not "no bf16 units"
-    monkeypatch.setattr(hardware, "device_facts", lambda d: {"type": "cpu", "cpu_capability": "AVX512",
-                                                             "amx": False, "avx512_bf16": True})
+    monkeypatch.setattr(device, "device_facts", lambda d: {"type": "cpu", "cpu_capability": "AVX512",
+                                                           "amx": False, "avx512_bf16": True})
     assert "AVX512-BF16" in ladder.explain(bf16, kept, cpu)
 
 

@@ -9,21 +9,19 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
+import helpers.packed_model as packed_model
 import helpers.packing as packing
 from helpers import compat
 from helpers.data import PadCollate
 from helpers.models import SmallTransformer, TransformerConfig
-from helpers.packing import (
-    PackCollate,
+from helpers.packed_model import (
     PackedModel,
-    document_mask,
-    pack_lengths,
     packed_forward,
     packed_padding_stats,
     use_varlen,
     varlen_available,
-    varlen_segments,
 )
+from helpers.packing import PackCollate, document_mask, pack_lengths, varlen_segments
 
 LENGTHS = [5, 9, 3, 17, 8, 12, 4, 2]
 SEQ_LEN = 24
@@ -216,7 +214,7 @@ def test_no_attention_across_documents(make, monkeypatch):
     assert PackCollate(SEQ_LEN)(_docs())["doc_ids"][0].unique().numel() > 2  # several documents per row
     assert _leak(model) < 1e-6
     # planted error: a mask that lets every token see its whole row must be caught
-    monkeypatch.setattr(packing, "document_mask", lambda doc: torch.ones_like(
+    monkeypatch.setattr(packed_model, "document_mask", lambda doc: torch.ones_like(
         doc[:, None, :, None] == doc[:, None, None, :]))
     assert _leak(model) > 1e-4
 
@@ -231,7 +229,7 @@ def test_hf_flattening_collator_alone_does_not_separate_documents_in_bert():
     with torch.no_grad():
         h = [model.bert(b["input_ids"], position_ids=b["position_ids"]).last_hidden_state for b in flat]
     assert (h[0][0, :5] - h[1][0, :5]).abs().max() > 1e-4, (
-        "transformers now keeps flattened documents apart in BERT: helpers.packing's notes need updating")
+        "transformers now keeps flattened documents apart in BERT: update helpers.packed_model's notes")
 
 
 def test_document_mask_is_block_diagonal():
@@ -261,11 +259,11 @@ def _reference_varlen(q, k, v, cu, max_len):
                     reason="varlen attention for BERT needs transformers >= 5.0 (its attention interface)")
 def test_varlen_plumbing_with_a_reference_kernel(monkeypatch):
     """The HF wiring of the varlen path (flattening, cu_seqlens, layouts), with the CUDA kernel replaced."""
-    monkeypatch.setattr(packing, "_varlen_kernel", _reference_varlen)
+    monkeypatch.setattr(packed_model, "_varlen_kernel", _reference_varlen)
     model = _bert("sdpa")
     a, _ = _compare(model)
     use_varlen(model, check_device=False)
-    assert model.config._attn_implementation == packing.VARLEN
+    assert model.config._attn_implementation == packed_model.VARLEN
     padded_again, b = _compare(model)  # padded batches still get SDPA with the padding mask
     torch.testing.assert_close(padded_again.logits, a.logits, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-5)
@@ -300,7 +298,8 @@ def test_flex_attention_block_mask_equals_padded():
 def test_flex_packing_refuses_to_train_on_cpu():
     """Issue 20: FlexAttention has no CPU backward; a packed forward that would train says so at once,
     where torch would fail later, in backward, with a NotImplementedError."""
-    model = compat.set_attn_implementation(packing.disable_attention_dropout(_bert("sdpa")), "flex_attention")
+    model = compat.disable_dropout(_bert("sdpa"), attention_only=True)
+    model = compat.set_attn_implementation(model, "flex_attention")
     batch = PackCollate(SEQ_LEN)(_docs())
     with pytest.raises(RuntimeError, match="cannot train here: FlexAttention has no backward pass on a CPU"):
         PackedModel(model).train()(**batch)
@@ -321,7 +320,7 @@ def test_varlen_on_cuda_equals_padded_bf16():
         use_varlen(model)
         b = packed_forward(model, packed)
     torch.testing.assert_close(b.logits.float(), a.logits.float(), atol=3e-2, rtol=0)
-    packing.disable_attention_dropout(model).train()
+    compat.disable_dropout(model, attention_only=True).train()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = packed_forward(model, packed).loss
     loss.backward()  # varlen has a backward
@@ -344,11 +343,11 @@ def test_stats_count_real_tokens_and_useful_flops():
 
 
 def test_disable_attention_dropout():
-    model = packing.disable_attention_dropout(_bert())
+    model = compat.disable_dropout(_bert(), attention_only=True)
     assert all(m.dropout.p == 0 for n, m in model.named_modules() if n.endswith("attention.self"))
     # transformers 4.x SDPA attention takes its rate from `dropout_prob`, not from the module
     attention = [m for n, m in model.named_modules() if n.endswith("attention.self")]
     assert all(getattr(m, "dropout_prob", 0) == 0 for m in attention)
     assert model.bert.embeddings.dropout.p > 0  # only attention dropout
     with pytest.raises(ValueError, match="attention"):
-        packing.disable_attention_dropout(_small())
+        compat.disable_dropout(_small(), attention_only=True)

@@ -41,7 +41,7 @@ def test_slug_errors_and_this_machine():
 
 
 def test_stamp_names_the_machine_and_versions():
-    from helpers.hardware import device_report
+    from helpers.device import device_report
 
     s = stamp("cpu")
     assert s["device"] == device_report().cpu.model  # the one CPU name, as lesson 00 prints it

@@ -92,7 +92,7 @@ def test_the_dataloader_pins_in_its_own_thread_for_a_gpu_only():
 def test_apply_sets_the_attention_and_wraps_a_packed_model():
     from transformers import BertConfig, BertForSequenceClassification
 
-    from helpers.packing import PackedModel
+    from helpers.packed_model import PackedModel
 
     cfg = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                      vocab_size=100, attn_implementation="eager")
@@ -114,10 +114,10 @@ def test_describe_gives_the_code_of_the_changed_switches():
 # --- one home for each switch: a source test ---------------------------------------------------------
 
 # tf32_matmuls / autocast_context / set_tf32: defined in helpers.precision, applied by RunSpec.context only.
-# Exempt, with the reason: helpers/hardware.py measures the TF32 matmul *rate* of the chip (lesson 00's
-# roofline, a base-layer module that cannot import RunSpec), and lesson 02 teaches the primitives themselves.
+# Exempt, with the reason: helpers/roofline.py measures the TF32 matmul *rate* of the chip (lesson 00's
+# roofline, a measure-layer module that cannot import RunSpec), and lesson 02 teaches the primitives.
 SWITCH_CALL = re.compile(r"\b(tf32_matmuls|autocast_context|set_tf32)\(")
-SWITCH_EXEMPT = {"helpers/precision.py", "helpers/runspec.py", "helpers/hardware.py",
+SWITCH_EXEMPT = {"helpers/precision.py", "helpers/runspec.py", "helpers/roofline.py",
                  "notebooks/02_mixed_precision.ipynb"}
 # MFU: helpers.flops.mfu is the one formula; nothing else divides by a peak or rescales an MFU
 MFU_INLINE = re.compile(r"/\s*\(?\s*[\w.\[\]\"']*\bpeak(_flops)?(\.flops)?\b(?![\w(])"

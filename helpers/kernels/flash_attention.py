@@ -100,11 +100,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     for name, block in (("block_m", block_m), ("block_n", block_n)):
         if block is not None and (block < 16 or block & (block - 1)):
             raise ValueError(f"{name} must be a power of two >= 16, got {block}")
+    if q.device.type not in ("cpu", "cuda"):  # Triton has no backend for Apple's GPU (mps)
+        raise ValueError(f"flash_attention runs CUDA tensors (compiled) or CPU tensors (interpreted), not "
+                         f"{q.device}: move q, k, v to the CPU (.cpu()) or to a CUDA GPU")
     if not triton_available():
-        raise RuntimeError("flash_attention needs the triton package (Linux): pip install triton")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"flash_attention runs CUDA tensors (compiled) or CPU tensors (interpreted), "
-                         f"got {q.device}")
+        raise RuntimeError("flash_attention needs the triton package, which is built for Linux only: on "
+                           "Linux pip install triton; on macOS or Windows run this step on a Linux machine")
     interpret = uses_interpreter(q.device)
     if interpret:
         _ensure_interpreter()

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 
 from helpers.compat import version_of
-from helpers.hardware import device_report, get_device, measure_roofline
+from helpers.device import device_report, get_device
 from helpers.results import stamp
+from helpers.roofline import measure_roofline
 
 # what else the check relies on: the notebook stack, the pytest plugins, FP8 (None: not installed)
 PACKAGES = ("nbval", "ipykernel", "ipywidgets", "pytest", "pytest-timeout", "pytest-xdist", "torchao",
