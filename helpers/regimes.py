@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop, sdpa_flop
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from helpers.hardware import Roofline
 from helpers.tables import Table
@@ -88,9 +88,22 @@ _NO_DATA = re.compile(r"::(empty|empty_like|empty_strided|_unsafe_view|_reshape_
                       r"lift_fresh|resize_|set_)$")
 # Mutated arguments these ops overwrite without reading them.
 _WRITE_ONLY = re.compile(r"::(fill_|zero_|bernoulli_|normal_|uniform_|random_|exponential_|copy_)$")
-# SDPA's CPU kernel, counted with the library's own formulas (FlopCounterMode has them for the GPU kernels).
-_SDPA_CPU = {"_scaled_dot_product_flash_attention_for_cpu": sdpa_flop,
-             "_scaled_dot_product_flash_attention_for_cpu_backward": sdpa_backward_flop}
+
+
+# SDPA's CPU kernel, counted with the library's own formulas (FlopCounterMode has them for the GPU kernels);
+# FlopCounterMode hands a custom formula the shapes of the op's arguments, in the op's order.
+def _sdpa_cpu_flop(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _sdpa_cpu_backward_flop(grad_out: Any, query: Any, key: Any, value: Any, *args: Any,
+                            out_shape: Any = None,
+                            **kwargs: Any) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+_SDPA_CPU = {"_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu_flop,
+             "_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_cpu_backward_flop}
 
 
 def op_class(op: str, phase: str = DEFAULT_PHASE, *, is_view: bool = False) -> str:
@@ -376,6 +389,8 @@ def classify(flops: float, nbytes: float, calls: float, *, peak_flops: float, ba
     for name, v in (("peak_flops", peak_flops), ("bandwidth", bandwidth)):
         if not v > 0:
             raise ValueError(f"{name} must be > 0 (a measured roofline), got {v!r}")
+    if flops == 0 and nbytes == 0:
+        return "overhead"  # a call that computes and moves nothing (a view): its call is all it costs
     times = {"compute": flops / peak_flops, "memory": nbytes / bandwidth, "overhead": calls * overhead_s}
     return max(times, key=times.get)  # ties go to the first: compute, then memory
 
