@@ -269,6 +269,7 @@ class OpTimes:
     top_level: dict[str, float] = field(default_factory=dict)  # aten op -> calls per step, outermost events
     busy_s: float | None = None  # GPU: seconds per step some kernel ran (None on a CPU)
     comm_s: float = 0.0  # seconds per step in communication events (c10d / NCCL / Gloo)
+    kernels: float | None = None  # GPU: kernels launched per step (None on a CPU)
 
 
 def _ancestors(event: Any) -> Iterator[Any]:
@@ -359,12 +360,15 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
         elif (re.search(comm_pattern, e.name) and not inside
               and not any(re.search(comm_pattern, a.name) for a in above)):
             comm += us  # communication no counted op accounts for (DDP's reducer calls the backend directly)
-    busy = None
-    if gpu:
-        kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
-        busy = busy_time(kernels) / 1e6 / steps
+    busy = kernels = None
+    if gpu:  # every kernel (and memcpy/memset) the GPU ran, as (start, end) in µs; not the GPU-side copies
+        # of record_function ranges ("gpu_user_annotation"), which span whole phases
+        spans_gpu = [(e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+        busy, kernels = busy_time(spans_gpu) / 1e6 / steps, len(spans_gpu) / steps
     return OpTimes({k: v / 1e6 / steps for k, v in times.items()}, {k: v / steps for k, v in calls.items()},
-                   wall, steps, device.type, {k: v / steps for k, v in top.items()}, busy, comm / 1e6 / steps)
+                   wall, steps, device.type, {k: v / steps for k, v in top.items()}, busy, comm / 1e6 / steps,
+                   kernels)
 
 
 def per_call_overhead(device: torch.device | str = "cpu", *, min_run_time: float = 0.2) -> float:
