@@ -50,12 +50,11 @@ from helpers.hardware import Roofline
 from helpers.tables import Table
 from helpers.timing import Timing, benchmark, synchronize
 
-__all__ = ["REGIMES", "REGIME_COLORS", "op_class", "OpCount", "count_ops", "OpTimes", "time_ops",
-           "per_call_overhead", "classify", "OpRow", "OpTable", "op_table", "profile_step", "check_regimes",
-           "check_flops",
-           "busy_time", "fusion_report", "amdahl_bound", "OPTIMISATION_TARGETS", "why_it_paid",
-           "OPTIMISATIONS", "OP_KINDS", "blank_predictions", "Effect", "effect", "not_measured",
-           "score_predictions", "cuda_graphed"]
+__all__ = ["REGIMES", "REGIME_COLORS", "op_class", "labelled_step", "OpCount", "count_ops", "OpTimes",
+           "time_ops", "per_call_overhead", "classify", "OpRow", "OpTable", "op_table", "profile_step",
+           "check_regimes", "check_flops", "busy_time", "fusion_report", "amdahl_bound",
+           "OPTIMISATION_TARGETS", "why_it_paid", "OPTIMISATIONS", "OP_KINDS", "blank_predictions",
+           "Effect", "effect", "not_measured", "score_predictions", "cuda_graphed"]
 
 REGIMES = ("compute", "memory", "overhead", "communication")
 REGIME_COLORS = {"compute": "tab:blue", "memory": "tab:orange", "overhead": "tab:gray",
@@ -210,6 +209,24 @@ class _Recorder(TorchDispatchMode):
         entry[3] += read
         entry[4] += written
         return out
+
+
+def labelled_step(model: torch.nn.Module, batch: Mapping[str, Any],
+                  optimizer: torch.optim.Optimizer) -> StepFn:
+    """A training step in three labelled phases, "forward" (with the loss), "backward", "optimizer", for
+    `count_ops`, `time_ops` and `profile_step` (lessons 04, 05)."""
+    if not callable(getattr(optimizer, "step", None)):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+
+    def step(phase: Callable[[str], Any]) -> None:
+        with phase("forward"):
+            loss = model(**batch).loss  # a Hugging Face model or SmallTransformer: the output carries .loss
+        with phase("backward"):
+            loss.backward()
+        with phase(OPTIMIZER_PHASE):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return step
 
 
 def count_ops(step: StepFn, *, warmup: int = 1) -> dict[tuple[str, str], OpCount]:

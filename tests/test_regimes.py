@@ -27,6 +27,7 @@ from helpers.regimes import (
     count_ops,
     effect,
     fusion_report,
+    labelled_step,
     not_measured,
     op_class,
     op_table,
@@ -103,18 +104,8 @@ def small_step(dropout=0.0, batch=2, seq=16):
     torch.manual_seed(0)
     model = SmallTransformer(small_config("smoke", vocab_size=256, n_layers=1, d_model=32, n_heads=2,
                                           dropout=dropout))
-    opt = make_optimizer(model, 1e-3, 0.01)
     data = synthetic_batch_fn(256, batch, seq, seed=0)(0, 0)
-
-    def step(phase):
-        with phase("forward"):
-            loss = model(**data).loss
-        with phase("backward"):
-            loss.backward()
-        with phase("optimizer"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return model, step
+    return model, labelled_step(model, data, make_optimizer(model, 1e-3, 0.01))
 
 
 def expected_step_flops(model, batch, seq):
