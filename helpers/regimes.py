@@ -766,8 +766,9 @@ def score_predictions(predictions: Mapping[str, str | None],
     return results
 
 
-def cuda_graphed(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], None]:
-    """Record `fn` (static inputs, no host syncs) into a CUDA graph; return its one-launch replay (lesson 04).
+def cuda_graphed(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], Any]:
+    """Record `fn` (static inputs, no host syncs) into a CUDA graph; return its one-launch replay, which
+    returns the recorded output, refreshed (lesson 04).
 
     The warm-up runs on a side stream, as PyTorch's CUDA-graphs documentation prescribes."""
     if not torch.cuda.is_available():
@@ -780,5 +781,9 @@ def cuda_graphed(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], None
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+        out = fn()  # its tensors live in the graph's memory: each replay writes into them again
+
+    def replay() -> Any:
+        graph.replay()
+        return out
+    return replay

@@ -129,6 +129,16 @@ def test_the_step_flops_are_the_formula(step_table):
             "dropout"} <= classes
 
 
+def test_a_fused_attention_kernel_recomputes_the_scores_in_its_backward():
+    model, step = small_step(dropout=0.0)  # no dropout: SDPA runs its fused kernel on a CPU too
+    table = op_table(count_ops(step), OpTimes({}, {}, 1.0, 1, "cpu"), ROOF, overhead_s=OVERHEAD_S)
+    assert any(r.op_class == "attention" and r.flops > 0 for r in table.rows)
+    c = model.cfg  # batch 2, 16 tokens: Q·Kᵀ once more per layer, head and sequence
+    recompute = c.n_layers * 2 * c.n_heads * 2 * 16 * 16 * (c.d_model // c.n_heads)
+    assert check_flops(table, expected_step_flops(model, 2, 16) + recompute) == []
+    assert check_flops(table, expected_step_flops(model, 2, 16))  # without it the counts disagree
+
+
 def test_a_doubled_matmul_is_caught_by_the_formula(step_table):
     model, table = step_table
     i = next(i for i, r in enumerate(table.rows) if r.label == "aten::addmm")
