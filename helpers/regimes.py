@@ -661,8 +661,8 @@ OPTIMISATION_TARGETS: dict[str, tuple[str, ...]] = {
     "cuda graphs": ("overhead",),  # one launch for the whole step
     "bigger batch": ("overhead",),  # the same fixed costs spread over more samples
 }
-_SWITCH_NAMES = {"precision": None, "compile": "compile", "fused_adamw": "fused_adamw", "attn": "attn",
-                 "padding": "padding", "fp8": "fp8"}
+# lesson 08's rungs are RunSpec switches (helpers.runspec); "precision" names its value ("tf32", "bf16")
+_SWITCHES = ("precision", "compile", "fused_adamw", "attn", "padding", "fp8")
 
 
 def amdahl_bound(share: float) -> float:
@@ -672,13 +672,18 @@ def amdahl_bound(share: float) -> float:
     return math.inf if share == 1 else 1 / (1 - share)
 
 
-def why_it_paid(optimisation: str, breakdown: Mapping[str, float], *, speedup: float, paid: bool) -> str:
-    """One sentence for a rung: which regimes of the step (measured by lesson 04's op table before the
-    rung) it targets, their share, the most it could gain, and whether it paid (lesson 08)."""
-    key = _SWITCH_NAMES.get(optimisation, optimisation)
+def why_it_paid(optimisation: str, breakdown: Mapping[str, float], *, speedup: float, paid: bool,
+                value: Any = None) -> str:
+    """One sentence for a rung: which regimes of the step (lesson 04's `OpTable.breakdown()`, measured before
+    the rung) it targets, their share, the most it could gain, and whether it paid (lesson 08).
+
+    `optimisation`: a key of OPTIMISATION_TARGETS or a RunSpec switch; for "precision", `value` is the
+    precision ("tf32", "bf16")."""
+    key = value if optimisation == "precision" else optimisation
     if key not in OPTIMISATION_TARGETS:
-        raise ValueError(f"unknown optimisation {optimisation!r}: use one of {sorted(OPTIMISATION_TARGETS)} "
-                         f"(or a RunSpec switch: {sorted(k for k, v in _SWITCH_NAMES.items() if v)})")
+        raise ValueError(f"unknown optimisation {optimisation!r} (value {value!r}): use one of "
+                         f"{sorted(OPTIMISATION_TARGETS)}, or a RunSpec switch {_SWITCHES} (precision with "
+                         "value='tf32' or 'bf16')")
     if not breakdown or any(v < 0 for v in breakdown.values()) or set(breakdown) - set(REGIMES):
         raise ValueError(f"breakdown must map regimes {REGIMES} to seconds >= 0, got {dict(breakdown)}")
     total = sum(breakdown.values())
@@ -687,12 +692,13 @@ def why_it_paid(optimisation: str, breakdown: Mapping[str, float], *, speedup: f
     targets = OPTIMISATION_TARGETS[key]
     share = sum(breakdown.get(r, 0.0) for r in targets) / total
     bound = amdahl_bound(min(share, 1.0))
-    parts = ", ".join(f"{100 * breakdown.get(r, 0.0) / total:.0f} % {r}-bound" for r in targets)
+    pieces = [f"{100 * breakdown.get(r, 0.0) / total:.0f} % {r}-bound" for r in targets]
+    parts = pieces[0] if len(pieces) == 1 else ", ".join(pieces[:-1]) + " and " + pieces[-1]
     ceiling = "no limit" if math.isinf(bound) else f"at most {bound:.2f}x"
     verdict = (f"it paid ({speedup:.2f}x): the step was {parts}" if paid else
                f"it did not pay ({speedup:.2f}x) although the step was {parts}" if share >= 0.5 else
                f"it did not pay ({speedup:.2f}x): the step was only {parts}")
-    return f"{verdict}, the time {key} can remove ({ceiling} if that time fell to zero)"
+    return f"{verdict}, the time {key} removes ({ceiling} if all of it went)"
 
 
 # --- lesson 04: predict, then measure --------------------------------------------------------------------

@@ -282,8 +282,11 @@ def test_why_it_paid_names_the_regimes_and_the_bound():
     b = {"compute": 0.2, "memory": 0.6, "overhead": 0.2, "communication": 0.0}
     paid = why_it_paid("compile", b, speedup=1.3, paid=True)
     assert "it paid (1.30x)" in paid and "60 % memory-bound" in paid and "at most 5.00x" in paid
-    assert "only 20 % compute-bound" in why_it_paid("tf32", b, speedup=0.9, paid=False)
+    assert "only 20 % compute-bound" in why_it_paid("precision", b, speedup=0.9, paid=False, value="tf32")
     assert "only 20 % overhead-bound" in why_it_paid("cuda graphs", b, speedup=1.0, paid=False)
+    assert "60 % memory-bound and 20 % overhead-bound" in why_it_paid("fused_adamw", b, speedup=1, paid=False)
+    with pytest.raises(ValueError, match="value="):
+        why_it_paid("precision", b, speedup=1, paid=True)  # which precision?
     assert amdahl_bound(0.5) == 2 and amdahl_bound(1.0) == math.inf
     with pytest.raises(ValueError, match="unknown optimisation"):
         why_it_paid("magic", b, speedup=1, paid=True)
