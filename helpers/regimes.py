@@ -64,9 +64,10 @@ OPTIMIZER_PHASE = "optimizer"
 DEFAULT_PHASE = "step"  # ops outside any `with phase(...)`
 StepFn = Callable[[Callable[[str], Any]], Any]  # step(phase): `with phase("forward"): ...`
 
-# Op classes, first match wins, on the op's name ("aten::addmm"); views are found from the op's schema.
+# Op classes, first match wins, on the op's name ("aten::addmm"); views are found from the op's schema too.
 _CLASS_PATTERNS = (
     ("communication", r"^c10d::|nccl|gloo|record_param_comms"),
+    ("views (no data)", r"::(_unsafe_view|_reshape_alias|alias|detach|lift_fresh)$"),
     ("attention", r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|flex_attention"),
     ("matmul", r"::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|dot)$"),
     ("LayerNorm", r"layer_norm"),
@@ -96,8 +97,7 @@ def _sdpa_cpu_flop(query: Any, key: Any, value: Any, *args: Any, out_shape: Any 
 
 
 def _sdpa_cpu_backward_flop(grad_out: Any, query: Any, key: Any, value: Any, *args: Any,
-                            out_shape: Any = None,
-                            **kwargs: Any) -> int:
+                            out_shape: Any = None, **kwargs: Any) -> int:
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
@@ -111,10 +111,12 @@ def op_class(op: str, phase: str = DEFAULT_PHASE, *, is_view: bool = False) -> s
         raise ValueError(f"op must be an op name such as 'aten::mm', got {op!r}")
     if phase == OPTIMIZER_PHASE:
         return "optimizer step"
+    if is_view and not re.search(_CLASS_PATTERNS[0][1], op):
+        return "views (no data)"
     for name, pattern in _CLASS_PATTERNS:
         if re.search(pattern, op):
             return name
-    return "views (no data)" if is_view else "elementwise and reductions"
+    return "elementwise and reductions"
 
 
 # --- counting: calls, FLOPs, bytes -----------------------------------------------------------------------
@@ -297,7 +299,9 @@ def _ancestors(event: Any) -> Iterator[Any]:
 
 
 def _device_time_us(event: Any) -> float:
-    return float(getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0))
+    """The time of the kernels an event launched, its children's included (torch < 2.4 called it cuda_...)."""
+    name = "device_time_total" if hasattr(event, "device_time_total") else "cuda_time_total"
+    return float(getattr(event, name))
 
 
 def busy_time(intervals: Sequence[tuple[float, float]]) -> float:
