@@ -255,8 +255,12 @@ def test_bad_input_is_refused():
         count_ops(None)
     with pytest.raises(ValueError, match="phase"):
         count_ops(lambda phase: phase("").__enter__(), warmup=0)
+    with pytest.raises(ValueError, match="warmup"):
+        count_ops(lambda phase: None, warmup=-1)
     with pytest.raises(ValueError, match="steps"):
         time_ops(lambda phase: None, steps=0)
+    with pytest.raises(ValueError, match="optimizer"):
+        labelled_step(torch.nn.Linear(2, 2), {}, optimizer=None)
     with pytest.raises(ValueError, match="empty"):
         op_table({}, OpTimes({}, {}, 1.0, 1, "cpu"), ROOF, overhead_s=0)
     counts = count_ops(one_op(lambda: torch.ones(2) + 1), warmup=0)
