@@ -14,7 +14,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
-| measure | `regimes` | 04 (05, 08) | `profile_step`, `count_ops`, `time_ops`, `check_regimes`, `why_it_paid` |
+| measure | `regimes` | 04 (05, 08) | `profile_step`, `check_regimes`, `fusion_report`, `why_it_paid` |
 | model/data | `attention` | 01 | `naive_attention`, `tiled_attention`, `sdpa_attention` |
 | model/data | `kernels` | 01 | `flash_attention` (Triton) |
 | model/data | `models` | 01-06, 08 | `SmallTransformer`, `TransformerConfig`, `load_bert` |
