@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 
 __all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart",
            "attention_map_chart", "attention_grid_chart", "attention_sweep_chart", "memory_breakdown_chart",
-           "memory_timeline_chart", "loss_curves_chart", "length_histogram_chart", "step_breakdown_chart"]
+           "memory_timeline_chart", "loss_curves_chart", "length_histogram_chart", "step_breakdown_chart",
+           "where_time_goes_chart"]
 
 
 # --- shared -----------------------------------------------------------------------------------------
@@ -339,5 +340,74 @@ def confusion_matrix_chart(matrix: Sequence[Sequence[int]], labels: Sequence[str
     ax.set_yticks(range(n), labels)
     fig.colorbar(im, ax=ax, label="test documents [count]")
     label_axes(ax, title, "predicted class", "true class")
+    fig.tight_layout()
+    return fig
+
+
+# --- where the time goes (lesson 04) ----------------------------------------------------------------
+
+def where_time_goes_chart(roofline, points: Mapping[str, Sequence[Mapping[str, float | str]]],  # noqa: ANN001
+                          breakdowns: Mapping[str, Mapping[str, float]], *, precision: str = "fp32",
+                          title: str = "Where one training step's time goes", label_top: int = 4) -> Figure:
+    """Left: each op of a step on the measured roofline (log-log), coloured by regime, sized by its share of
+    the step, with the ridge point; right: each step's time stacked by regime (lesson 04).
+
+    `points`: model -> `helpers.regimes.OpTable.points()`; `breakdowns`: model -> `OpTable.breakdown()`."""
+    import numpy as np
+
+    from helpers.regimes import REGIME_COLORS, REGIMES
+
+    if not breakdowns or any(v < 0 for b in breakdowns.values() for v in b.values()):
+        raise ValueError("where_time_goes_chart needs {model: {regime: seconds >= 0}} for at least one model")
+    bad = {k for b in breakdowns.values() for k in b} | {p["regime"] for ps in points.values() for p in ps}
+    if bad - set(REGIMES):
+        raise ValueError(f"unknown regime(s) {sorted(bad - set(REGIMES))}: use {REGIMES}")
+    peak, bw = roofline.matmul_flops.get(precision), roofline.bandwidth
+    if peak is None:
+        raise ValueError(f"the roofline has no {precision!r} roof; it has {list(roofline.matmul_flops)}")
+    scale, unit = (1e12, "TFLOP/s") if peak > 5e12 else (1e9, "GFLOP/s")
+    ridge = peak / bw
+    xs = [p["intensity"] for ps in points.values() for p in ps] or [ridge]
+    lo, hi = min(min(xs), ridge) / 4, max(max(xs), ridge) * 4
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12.5, 4.8), gridspec_kw={"width_ratios": [1.35, 1]})
+    ax.loglog(x, np.minimum(peak, bw * x) / scale, color="black", lw=1.5,
+              label=f"roof: {precision} matmul {peak / scale:.3g} {unit}, copy {bw / 1e9:.3g} GB/s")
+    ax.axvline(ridge, color="dimgray", ls="--", lw=1)
+    ax.annotate(f"ridge {ridge:.3g} FLOP/byte", (ridge, peak / scale), textcoords="offset points",
+                xytext=(4, -12), fontsize=8, color="dimgray")
+    markers = "osD^v<>"
+    for i, (model, ps) in enumerate(points.items()):
+        for p in ps:
+            ax.scatter(p["intensity"], p["flops_per_s"] / scale, s=20 + 600 * p["share"],
+                       color=REGIME_COLORS[p["regime"]], marker=markers[i % len(markers)], alpha=0.7,
+                       edgecolor="black", linewidth=0.4)
+        for p in sorted(ps, key=lambda p: -p["share"])[:label_top]:
+            ax.annotate(p["label"].replace("aten::", ""), (p["intensity"], p["flops_per_s"] / scale),
+                        textcoords="offset points", xytext=(5, 3), fontsize=7)
+        ax.scatter([], [], marker=markers[i % len(markers)], color="white", edgecolor="black", label=model)
+    for regime in REGIMES[:3]:
+        ax.scatter([], [], color=REGIME_COLORS[regime], label=f"{regime}-bound")
+    ax.legend(fontsize=7, loc="lower right")
+    label_axes(ax, "Ops on the measured roofline (area: share of the step)",
+               "arithmetic intensity [FLOP/byte]", f"achieved [{unit}]")
+    names = list(breakdowns)
+    left = [0.0] * len(names)
+    for regime in REGIMES:
+        ms = [breakdowns[n].get(regime, 0.0) * 1e3 for n in names]
+        if not any(ms):
+            continue
+        bars = bx.barh(names, ms, left=left, color=REGIME_COLORS[regime], label=regime)
+        for bar, v, n in zip(bars, ms, names):
+            share = v / (sum(breakdowns[n].values()) * 1e3 or 1.0)
+            if share >= 0.06:
+                bx.annotate(f"{100 * share:.0f} %", (bar.get_x() + bar.get_width() / 2,
+                                                      bar.get_y() + bar.get_height() / 2),
+                            ha="center", va="center", fontsize=8, color="white")
+        left = [a + b for a, b in zip(left, ms)]
+    bx.invert_yaxis()
+    bx.legend(fontsize=8, loc="lower right")
+    label_axes(bx, "One step by regime", "time per step [ms]", "model")
+    fig.suptitle(title)
     fig.tight_layout()
     return fig
