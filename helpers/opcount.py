@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from helpers.compat import TorchDispatchMode, op_schema
 
 __all__ = ["StepFn", "DEFAULT_PHASE", "OPTIMIZER_PHASE", "labelled_step", "check_phase", "op_class",
            "is_communication", "OpCount", "count_ops"]
@@ -178,13 +179,14 @@ def _key(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
 
 def _traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int, int]:
     """(bytes read, bytes written, elements written) of one call: inputs once, outputs and mutated once."""
-    name = func._schema.name
+    schema = op_schema(func)
+    name = schema.name
     if func.is_view or _NO_DATA.search(name):
         return 0, 0, 0
     written: dict[tuple, torch.Tensor] = {}
     read: dict[tuple, torch.Tensor] = {}
     write_only = bool(_WRITE_ONLY.search(name))
-    for i, arg in enumerate(func._schema.arguments):
+    for i, arg in enumerate(schema.arguments):
         value = args[i] if i < len(args) else kwargs.get(arg.name)
         mutated = arg.alias_info is not None and arg.alias_info.is_write
         for t in _tensors(value):
@@ -211,7 +213,7 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         before = self.counter.get_total_flops()
         out = func(*args, **kwargs)  # goes on to FlopCounterMode, below this mode on the stack
-        name = func._schema.name
+        name = op_schema(func).name
         if name.startswith("profiler::"):  # record_function's own ops
             return out
         library_flops = self.counter.get_total_flops() - before
