@@ -16,7 +16,10 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
+| measure | `opcount` | 04 (05) | `count_ops`, `labelled_step`, `op_class` |
+| measure | `optime` | 04 (05) | `time_ops`, `per_call_overhead`, `busy_time`, `cuda_graphed` |
 | measure | `regimes` | 04 (05, 08) | `profile_step`, `check_regimes`, `fusion_report`, `why_it_paid` |
+| measure | `predictions` | 04 | `blank_predictions`, `effect`, `score_predictions` |
 | model/data | `attention` | 01 | `naive_attention`, `tiled_attention`, `sdpa_attention` |
 | model/data | `kernels` | 01 | `flash_attention` (Triton) |
 | model/data | `models` | 01-06, 08 | `SmallTransformer`, `TransformerConfig`, `load_bert` |
@@ -45,7 +48,8 @@ from typing import Any
 # module -> layer: 0 base, 1 measure, 2 model/data, 3 train, 4 show
 LAYERS = {
     "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "device": 0, "diagnosis": 0,
-    "roofline": 1, "flops": 1, "memory": 1, "results": 1, "regimes": 1,
+    "roofline": 1, "flops": 1, "memory": 1, "results": 1, "opcount": 1, "optime": 1, "regimes": 1,
+    "predictions": 1,
     "attention": 2, "kernels": 2, "models": 2, "corpus": 2, "data": 2, "packing": 2, "packed_model": 2,
     "fp8": 2,
     "checkpoint": 3, "runspec": 3, "train": 3, "distributed": 3, "ladder": 3,

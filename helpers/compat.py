@@ -18,7 +18,8 @@ What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to
 - transformers 5 renamed `gradient_checkpointing_*` to `activation_checkpointing_*`.
 
 It is also the one place that reads torch's private attributes (`_orig_mod`, a GradScaler's `_scale`,
-`torch.autograd._profiler_enabled`, the CUDA allocator's `_record_memory_history`): they can change in any
+`torch.autograd._profiler_enabled`, the CUDA allocator's `_record_memory_history`, an op's `_schema`, the
+dispatch mode of `torch.utils._python_dispatch`): they can change in any
 release, so each has one reader here (a test greps helpers/, scripts/ and benchmarks/ for others). Being the
 one home of all of these, it runs to about 400 lines, one section per subject.
 """
@@ -36,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode  # lesson 04; torch itself imports this module
 
 __all__ = ["version_of", "version_tuple", "at_least", "require", "set_attn_implementation",
            "attn_implementation", "disable_dropout", "bert_attn_implementations", "unwrap_model",
@@ -44,7 +46,8 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "set_attn_imple
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "check_triton_interpreter", "fully_shard",
            "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
-           "scaled_mm_supports", "scaled_mm", "TRANSFORMERS_V5", "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
+           "scaled_mm_supports", "scaled_mm", "TorchDispatchMode", "op_schema", "TRANSFORMERS_V5",
+           "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
 
 TRANSFORMERS_V5 = "5.0"  # BERT on the attention interface: switchable in place, flex_attention, 4-D masks
 TRITON_NUMPY_FIX = "3.7"  # first triton whose interpreter runs with numpy >= 2.4 (triton PR 9172)
@@ -419,3 +422,11 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """`torch._scaled_mm(a, b, scale_a=, scale_b=, out_dtype=, ...)`: the FP8 matmul, a private torch op whose
     arguments have changed between releases (lesson 08; `scaled_mm_supports` says where it runs)."""
     return torch._scaled_mm(a, b, **kwargs)
+
+
+# --- ops below autograd: `TorchDispatchMode` (imported above) sees each one --------------------------------
+
+def op_schema(func: Any) -> Any:
+    """The schema of an op overload a dispatch mode receives: its name, its arguments, which of them it
+    writes (lesson 04)."""
+    return func._schema

@@ -1,5 +1,6 @@
-"""helpers.regimes (lesson 04): its counts agree with independent ones (hand formulas, tensor sizes), its
-regimes with the ridge point, and its checks fail on planted errors."""
+"""The tools of lesson 04, read together: helpers.opcount's counts agree with independent ones (hand formulas,
+tensor sizes), helpers.optime times the counted ops, helpers.regimes' regimes agree with the ridge point and
+its checks fail on planted errors, helpers.predictions scores predictions against measured effects."""
 
 from __future__ import annotations
 
@@ -11,29 +12,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import helpers.regimes as regimes
+import helpers.opcount as opcount
 from helpers.flops import model_flops_per_token
 from helpers.models import SmallTransformer, small_config
+from helpers.opcount import count_ops, is_communication, labelled_step, op_class
+from helpers.optime import OpTimes, busy_time, cuda_graphed, per_call_overhead, time_ops
+from helpers.predictions import OP_KINDS, Effect, blank_predictions, effect, not_measured, score_predictions
 from helpers.regimes import (
-    Effect,
-    OpTimes,
+    REGIMES,
     amdahl_bound,
-    blank_predictions,
-    busy_time,
     check_flops,
     check_regimes,
     classify,
-    count_ops,
-    effect,
     fusion_report,
-    labelled_step,
-    not_measured,
-    op_class,
     op_table,
-    per_call_overhead,
     profile_step,
-    score_predictions,
-    time_ops,
     why_it_paid,
 )
 from helpers.roofline import Roofline
@@ -95,7 +88,7 @@ def test_write_only_ops_do_not_read_their_destination():
 
 def test_a_planted_byte_undercount_is_seen_against_the_tensor_sizes(monkeypatch):
     x = torch.randn(8, 256)
-    monkeypatch.setattr(regimes, "_stored_bytes", lambda t: t.numel() * t.element_size() // 2)
+    monkeypatch.setattr(opcount, "_stored_bytes", lambda t: t.numel() * t.element_size() // 2)
     c = count_ops(one_op(lambda: F.gelu(x)), warmup=0)[("forward", "aten::gelu")]
     assert c.bytes != 2 * x.nbytes  # the lesson's check (bytes == the tensors' sizes) would fail
 
@@ -174,7 +167,7 @@ def test_matmul_and_gelu_at_the_course_sizes_sit_either_side_of_the_ridge():
 def test_the_breakdown_adds_up_to_the_profiled_step(step_table):
     _, table = step_table
     b = table.breakdown()
-    assert set(b) == set(regimes.REGIMES) and all(v >= 0 for v in b.values())
+    assert set(b) == set(REGIMES) and all(v >= 0 for v in b.values())
     assert math.isclose(sum(b.values()), max(table.wall_s, table.op_time_s), rel_tol=1e-9)
     assert table.by_class().row("matmul").time_s == pytest.approx(
         sum(r.time_s for r in table.rows if r.op_class == "matmul"))
@@ -227,6 +220,7 @@ def test_op_classes():
     assert op_class("aten::native_layer_norm_backward") == "LayerNorm"
     assert op_class("aten::add_", "optimizer") == "optimizer step"
     assert op_class("c10d::allreduce_") == "communication"
+    assert is_communication("nccl:all_reduce") and not is_communication("aten::mm")
     assert op_class("aten::view", is_view=True) == "views (no data)"
     with pytest.raises(ValueError):
         op_class("")
@@ -327,7 +321,7 @@ def test_score_predictions():
         "overhead-bound": {"bigger batch": Effect(7.0, 0.1)},
     }
     preds = blank_predictions()
-    assert set(preds) == set(regimes.OP_KINDS) and all(v is None for v in preds.values())
+    assert set(preds) == set(OP_KINDS) and all(v is None for v in preds.values())
     preds.update({"compute-bound": "bf16", "memory-bound": "compile", "overhead-bound": "CUDA graphs"})
     result = {r["kind"]: r for r in score_predictions(preds, effects)}
     assert result["compute-bound"]["verdict"] == "did not hold"
@@ -345,7 +339,7 @@ def test_score_predictions():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_cuda_graphs_are_refused_on_a_cpu():
     with pytest.raises(ValueError, match="CUDA"):
-        regimes.cuda_graphed(lambda: None)
+        cuda_graphed(lambda: None)
 
 
 def test_the_chart_draws_both_panels(step_table):

@@ -1,0 +1,264 @@
+"""Counting a training step's ops (lesson 04): for each (phase, op) of one step, its calls, FLOPs and the
+minimum bytes it moves, and the op's class ("matmul", "LayerNorm", ...). Timing them is `helpers.optime`, the
+regimes they fall in `helpers.regimes`.
+
+How each number is obtained (the lesson says the same next to its tables):
+
+- **FLOPs**: `torch.utils.flop_counter.FlopCounterMode` for what it counts (matmuls, attention kernels,
+  convolutions; SDPA's CPU kernel is added with the library's own SDPA formula). It counts every other op
+  as 0. For those we count **one FLOP per element written** when the op does arithmetic (elementwise ops,
+  normalisations, softmax, reductions, the optimizer update) and 0 when it only moves or makes data
+  (copies, indexing, embedding look-ups, fills, views). One per element is an under-count (GELU's erf
+  alone is tens of instructions): it moves those ops further left on the roofline, never across the ridge
+  at the sizes the course runs.
+- **bytes**: the minimum traffic: every tensor an op reads, once, plus every tensor it writes (returns, or
+  its schema marks as mutated), once; a broadcast input counts the elements it stores; views move nothing.
+  Real kernels can move more (a matmul re-reads tiles), and on a CPU caches can hide some: an op whose
+  tensors stay in cache can sit above a memory roof measured with a copy much larger than the caches.
+
+A step is a function `step(phase)` that wraps its parts in `with phase("forward"):` (and "backward",
+"optimizer"...): the same function is run once under the counters and a few times under the profiler, and
+the two are joined by (phase, op). Ops in the phase named "optimizer" form the class "optimizer step".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from helpers.compat import TorchDispatchMode, op_schema
+
+__all__ = ["StepFn", "DEFAULT_PHASE", "OPTIMIZER_PHASE", "labelled_step", "check_phase", "op_class",
+           "is_communication", "OpCount", "count_ops"]
+
+OPTIMIZER_PHASE = "optimizer"
+DEFAULT_PHASE = "step"  # ops outside any `with phase(...)`
+StepFn = Callable[[Callable[[str], Any]], Any]  # step(phase): `with phase("forward"): ...`
+
+
+# --- the step: its phases --------------------------------------------------------------------------------
+
+def labelled_step(model: torch.nn.Module, batch: Mapping[str, Any],
+                  optimizer: torch.optim.Optimizer) -> StepFn:
+    """A training step in three labelled phases, "forward" (with the loss), "backward", "optimizer", for
+    `count_ops`, `helpers.optime.time_ops` and `helpers.regimes.profile_step` (lessons 04, 05)."""
+    if not callable(getattr(optimizer, "step", None)):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+
+    def step(phase: Callable[[str], Any]) -> None:
+        with phase("forward"):
+            loss = model(**batch).loss  # a Hugging Face model or SmallTransformer: the output carries .loss
+        with phase("backward"):
+            loss.backward()
+        with phase(OPTIMIZER_PHASE):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def check_phase(name: str) -> str:
+    """A phase's name, stripped; a clear error for one that is empty or not a string (lesson 04)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a phase needs a name such as 'forward', 'backward' or 'optimizer', got {name!r}")
+    return name.strip()
+
+
+# --- op classes ------------------------------------------------------------------------------------------
+
+# Op classes, first match wins, on the op's name ("aten::addmm"); views are found from the op's schema too.
+_CLASS_PATTERNS = (
+    ("communication", r"^c10d::|nccl|gloo|record_param_comms"),
+    ("views (no data)", r"::(_unsafe_view|_reshape_alias|alias|detach|lift_fresh)$"),
+    ("attention", r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|flex_attention"),
+    ("matmul", r"::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|dot)$"),
+    ("LayerNorm", r"layer_norm"),
+    ("GELU", r"gelu"),
+    ("cross-entropy", r"log_softmax|nll_loss|cross_entropy"),
+    ("softmax", r"softmax"),
+    ("dropout", r"dropout|bernoulli"),
+    ("embedding", r"embedding"),
+    ("copies and layout", r"copy|clone|contiguous|::cat$|::stack$|_unsafe_view|index|gather|scatter|fill|"
+                          r"zero|ones|empty|full|arange|::where$|narrow|slice|select|split|unbind"),
+)
+
+
+def op_class(op: str, phase: str = DEFAULT_PHASE, *, is_view: bool = False) -> str:
+    """The class of an op ("matmul", "LayerNorm", "GELU", ...) from its name and phase (lesson 04)."""
+    if not isinstance(op, str) or not op:
+        raise ValueError(f"op must be an op name such as 'aten::mm', got {op!r}")
+    if phase == OPTIMIZER_PHASE:
+        return "optimizer step"
+    if is_view and not is_communication(op):
+        return "views (no data)"
+    for name, pattern in _CLASS_PATTERNS:
+        if re.search(pattern, op):
+            return name
+    return "elementwise and reductions"
+
+
+def is_communication(name: str) -> bool:
+    """Whether an op or profiler event is communication: c10d, NCCL, Gloo (lesson 04)."""
+    return re.search(_CLASS_PATTERNS[0][1], name) is not None
+
+
+# --- counting: calls, FLOPs, bytes -----------------------------------------------------------------------
+
+# Ops that only move or make data: FLOPs 0 under the "one per element written" rule.
+_NO_ARITHMETIC = re.compile(r"copy|clone|contiguous|::cat$|::stack$|index|gather|scatter|fill|zero|ones|"
+                            r"empty|full|arange|::embedding$|narrow|slice|select|split|unbind|::where$|"
+                            r"_unsafe_view|alias|detach|lift_fresh|scalar_tensor|::to$|::resize_$")
+# Ops that move no data at all (allocations, metadata): bytes 0 even when their schema is not a view.
+_NO_DATA = re.compile(r"::(empty|empty_like|empty_strided|_unsafe_view|_reshape_alias|alias|detach|"
+                      r"lift_fresh|resize_|set_)$")
+# Mutated arguments these ops overwrite without reading them.
+_WRITE_ONLY = re.compile(r"::(fill_|zero_|bernoulli_|normal_|uniform_|random_|exponential_|copy_)$")
+
+
+# SDPA's CPU kernel, counted with the library's own formulas (FlopCounterMode has them for the GPU kernels);
+# FlopCounterMode hands a custom formula the shapes of the op's arguments, in the op's order.
+def _sdpa_cpu_flop(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _sdpa_cpu_backward_flop(grad_out: Any, query: Any, key: Any, value: Any, *args: Any,
+                            out_shape: Any = None, **kwargs: Any) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+_SDPA_CPU = {"_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu_flop,
+             "_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_cpu_backward_flop}
+
+
+@dataclass(frozen=True)
+class OpCount:
+    """What one op did in one run of a step, all calls together: FLOPs and minimum bytes (lesson 04)."""
+
+    phase: str
+    op: str
+    calls: int
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    flops_source: str  # "FlopCounterMode", "1 per element written" or "none (moves data)"
+    is_view: bool = False
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in an argument: a tensor, or lists/tuples/dicts of them (foreach ops take lists)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+def _stored_bytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct elements a tensor holds: a broadcast (stride-0) view counts its storage once."""
+    try:
+        stored = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, some subclasses)
+        stored = t.numel()
+    return min(t.numel(), stored) * t.element_size()
+
+
+def _key(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    return (t.data_ptr(), t.numel(), tuple(t.shape))
+
+
+def _traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int, int]:
+    """(bytes read, bytes written, elements written) of one call: inputs once, outputs and mutated once."""
+    schema = op_schema(func)
+    name = schema.name
+    if func.is_view or _NO_DATA.search(name):
+        return 0, 0, 0
+    written: dict[tuple, torch.Tensor] = {}
+    read: dict[tuple, torch.Tensor] = {}
+    write_only = bool(_WRITE_ONLY.search(name))
+    for i, arg in enumerate(schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        mutated = arg.alias_info is not None and arg.alias_info.is_write
+        for t in _tensors(value):
+            if mutated or arg.is_out:
+                written[_key(t)] = t
+            if not (arg.is_out or (mutated and write_only)):
+                read[_key(t)] = t
+    for t in _tensors(out):
+        written[_key(t)] = t
+    return (sum(_stored_bytes(t) for t in read.values()), sum(_stored_bytes(t) for t in written.values()),
+            sum(t.numel() for t in written.values()))
+
+
+class _Recorder(TorchDispatchMode):
+    """Sees each op below autograd once: its calls, bytes, and the FLOPs FlopCounterMode counted for it."""
+
+    def __init__(self, counter: FlopCounterMode) -> None:
+        super().__init__()
+        self.counter = counter
+        self.phase = DEFAULT_PHASE
+        self.calls: dict[tuple[str, str], list] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        before = self.counter.get_total_flops()
+        out = func(*args, **kwargs)  # goes on to FlopCounterMode, below this mode on the stack
+        name = op_schema(func).name
+        if name.startswith("profiler::"):  # record_function's own ops
+            return out
+        library_flops = self.counter.get_total_flops() - before
+        read, written, elements = _traffic(func, args, kwargs, out)
+        entry = self.calls.setdefault((self.phase, name), [0, 0, 0, 0, 0, bool(func.is_view)])
+        entry[0] += 1
+        entry[1] += library_flops
+        entry[2] += elements
+        entry[3] += read
+        entry[4] += written
+        return out
+
+
+def count_ops(step: StepFn, *, warmup: int = 1) -> dict[tuple[str, str], OpCount]:
+    """Run `step(phase)` `warmup` times, then once under FlopCounterMode and a dispatch mode: calls, FLOPs
+    and bytes per (phase, op) (lesson 04). The warm-up keeps one-off work (optimizer state) out."""
+    if not callable(step):
+        raise ValueError(f"step must be a function step(phase) that wraps its parts in `with phase(name):`, "
+                         f"got {type(step).__name__}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    for _ in range(warmup):
+        step(lambda name: contextlib.nullcontext())
+    aten = torch.ops.aten
+    extra = {getattr(aten, n): f for n, f in _SDPA_CPU.items() if hasattr(aten, n)}
+    counter = FlopCounterMode(display=False, custom_mapping=extra)
+    recorder = _Recorder(counter)
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        outer, recorder.phase = recorder.phase, check_phase(name)
+        try:
+            yield
+        finally:
+            recorder.phase = outer
+
+    with counter, recorder:
+        step(phase)
+    counts = {}
+    for (ph, name), (calls, lib_flops, elements, read, written, is_view) in recorder.calls.items():
+        if lib_flops > 0:
+            flops, source = float(lib_flops), "FlopCounterMode"
+        elif is_view or _NO_ARITHMETIC.search(name) or op_class(name, ph) == "communication":
+            flops, source = 0.0, "none (moves data)"
+        else:
+            flops, source = float(elements), "1 per element written"
+        counts[(ph, name)] = OpCount(ph, name, calls, flops, float(read), float(written), source, is_view)
+    return counts
