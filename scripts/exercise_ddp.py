@@ -84,7 +84,9 @@ def _step_report(model: nn.Module, ref: nn.Module, local: nn.Module) -> dict[str
             "grad_norm_ratio": math.sqrt(norms[0] / max(norms[1], 1e-30))}
 
 
-def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, world: int) -> dict[str, Any]:
+def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, world: int,
+         report: dict[str, Any]) -> None:
+    """Train with the candidate's hooks, filling `report` as it goes (step 0's findings outlive an error)."""
     namespace: dict[str, Any] = {"torch": torch, "dist": dist, "nn": nn, "math": math,
                                  "__name__": "candidate"}
     exec(compile(candidate["source"], f"<{candidate['function']}>", "exec"), namespace)
@@ -94,7 +96,6 @@ def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, worl
     finish = attach(model, BUCKET_CAP_BYTES)
     xs, ys = _data()
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
-    report: dict[str, Any] = {}
     for step in range(STEPS):
         local = copy.deepcopy(model)  # this rank's own gradients, for telling unreduced ones apart
         F.mse_loss(local(xs[step, rows]), ys[step, rows]).backward()
@@ -119,7 +120,6 @@ def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, worl
         ref_opt.step()
     report["max_param_err"] = max(_rel(p.detach(), r.detach()) for p, r in zip(model.parameters(),
                                                                                ref.parameters()))
-    return report
 
 
 def _where(err: BaseException, candidate: dict[str, str]) -> str:
@@ -146,7 +146,8 @@ def main() -> None:
         base = {"name": candidate["name"], "world_size": env.world_size, "steps": STEPS,
                 "n_params": len(list(_model().parameters()))}
         try:
-            base.update(_run(candidate, calls, env.rank, env.world_size), status="ok")
+            _run(candidate, calls, env.rank, env.world_size, base)
+            base["status"] = "ok"
         except NotImplementedError:
             base["status"] = "not attempted"
         except Exception as err:  # noqa: BLE001 - a learner's code may raise anything: report it

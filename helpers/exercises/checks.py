@@ -420,13 +420,16 @@ def _sim_step(mem: _Memory, cycle: bool, poison: int | None = None) -> Callable[
     return step
 
 
-def _search(answer: Callable, capacity: int, limit: int, cycle: bool) -> tuple[Any, _Memory]:
+def _search(answer: Callable, capacity: int, limit: int, cycle: bool,
+            poison: int | None = None) -> tuple[Any, _Memory]:
     mem = _Memory(capacity)
     enabled = gc.isenabled()
     gc.disable()  # only the learner's gc.collect() may free cycles, so the result does not depend on luck
+    gc.freeze()  # and it looks at the objects made since: milliseconds, not a scan of all of torch
     try:
-        got = answer(_sim_step(mem, cycle), limit)
+        got = answer(_sim_step(mem, cycle, poison), limit)
     finally:
+        gc.unfreeze()
         if enabled:
             gc.enable()
     return got, mem
@@ -475,7 +478,7 @@ def largest_batch(answer: Callable) -> str:
                         "double, then bisect: about 2·log2(limit) tries, each one a whole training step")
         tries.append(len(mem.calls))
     try:  # a step that fails for another reason than memory: its error must propagate
-        answer(_sim_step(_Memory(100), False, poison=3), 64)
+        _search(answer, 100, 64, cycle=False, poison=3)
     except ValueError:
         pass
     else:
@@ -736,10 +739,17 @@ def prefetch_allreduce(answers: Iterable[Callable], timeout_s: float = 180.0) ->
 
 
 def _diagnose_allreduce(r: dict[str, Any]) -> None:
+    """Name the mistake from what the workers saw; the first step's gradients first (a later error in the run
+    often follows from them), then errors, then how the all-reduces were made."""
+    if "unreduced" in r:
+        _diagnose_grads(r)
     if r["status"] == "error":
         raise Wrong("raised", f"your function raised in the worker processes: {r['error']}",
                     "it runs in each process with `torch` and `dist` (torch.distributed) imported: write "
                     "every other import and helper inside the function")
+
+
+def _diagnose_grads(r: dict[str, Any]) -> None:
     if r["unreduced"]:
         raise Wrong("last-bucket", f"the gradients of {', '.join(r['unreduced'])} were never averaged (each "
                     "process kept its own)", "finish() must also reduce the last bucket, the one that never "
@@ -752,6 +762,9 @@ def _diagnose_allreduce(r: dict[str, Any]) -> None:
                     f"(relative error {r['max_grad_err']:.2g})", "each bucket: flatten its gradients into "
                     "one tensor, all-reduce, divide by the world size, copy the pieces back into each "
                     "param.grad")
+
+
+def _diagnose_calls(r: dict[str, Any]) -> None:
     if r["during_backward"] == 0:
         raise Wrong("no-overlap", "no all-reduce started before backward finished",
                     "start a bucket's all-reduce from the hook that fills it "
@@ -779,6 +792,7 @@ def bucketed_allreduce(answer: Callable) -> str:
     if r["status"] == "not attempted":
         raise NotImplementedError  # reported as not attempted by core
     _diagnose_allreduce(r)
+    _diagnose_calls(r)
     return (f"2 processes under torchrun: gradients equal one process's on the whole batch (relative error "
             f"{r['max_grad_err']:.1g}), {r['calls_per_step']} all-reduces per step for {r['n_params']} "
             f"parameters, {r['during_backward']} started during backward (async), parameters after "
