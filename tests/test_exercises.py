@@ -210,7 +210,7 @@ def test_check_prints_one_line_and_a_wrong_answer_stops_run_all(tmp_path, capsys
                        tmp_path)
     with pytest.raises(AssertionError) as err:  # ExerciseFailed is an AssertionError: Run All stops there
         check("08-keep-rule", wrong)
-    assert isinstance(err.value, ExerciseFailed) and err.value.outcome.mistake == "no-spread"
+    assert isinstance(err.value, ExerciseFailed) and err.value.mistake == "no-spread" and err.value.hint
     printed = capsys.readouterr().out.strip().splitlines()
     assert len(printed) == 2 and printed[0].startswith("08-keep-rule: passed")
     assert printed[1].startswith("08-keep-rule: not right yet") and "Hint:" in printed[1]

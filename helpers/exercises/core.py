@@ -71,6 +71,14 @@ class _CellError(AssertionError):
         super().__init__(outcome.line)
         self.outcome = outcome
 
+    @property
+    def mistake(self) -> str:
+        return self.outcome.mistake
+
+    @property
+    def hint(self) -> str:
+        return self.outcome.hint
+
     def _render_traceback_(self) -> list[str]:  # IPython shows this instead of the traceback
         return [f"{type(self).__name__}: {self.outcome.line}"]
 
