@@ -93,17 +93,18 @@ def evaluate(exercise_id: str, answer: Any, **context: Any) -> Outcome:
 
 
 def check(exercise_id: str, answer: Any, *, strict: bool | None = None, **context: Any) -> None:
-    """Check the learner's answer in place and print one line: passed, not attempted yet, or what is wrong
-    with a hint. A wrong answer raises ExerciseFailed (Run All stops there); in strict mode an untouched
-    skeleton raises ExerciseNotAttempted. `context`: the lesson's values a check needs (every lesson)."""
+    """Check the learner's answer in place and show one line: passed, not attempted yet (printed), or what is
+    wrong with a hint (the message of ExerciseFailed, raised so that Run All stops there); in strict mode an
+    untouched skeleton raises ExerciseNotAttempted. `context`: the lesson's values a check needs (every
+    lesson)."""
     outcome = evaluate(exercise_id, answer, **context)
     _LAST[exercise_id] = outcome
-    print(outcome.line)
-    if outcome.status == "failed":
+    if outcome.status == "failed":  # the error shows the line (once: it is not printed as well)
         raise ExerciseFailed(outcome)
     strict = strict if strict is not None else (_STRICT[-1] if _STRICT else strict_from_env())
     if outcome.status == "not attempted" and strict:
         raise ExerciseNotAttempted(outcome)
+    print(outcome.line)
 
 
 def last_outcome(exercise_id: str) -> Outcome | None:
