@@ -56,7 +56,7 @@ MUTANTS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
     ],
     "04-predict-time": [
         ("sum", [("return regime, times[regime]", "return regime, sum(times.values())")]),
-        ("no-overhead", [(',\n             "overhead-bound": overhead_s}', "}")]),
+        ("no-overhead", [('"overhead": overhead_s}', "}")]),
         ("units", [("flops / peak_flops", "flops / bandwidth"),
                    ("bytes_moved / bandwidth", "bytes_moved / peak_flops")]),
     ],
