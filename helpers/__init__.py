@@ -35,6 +35,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | train | `ladder` | 08 | `RUNGS`, `run_ladder`, `climb_stacks` |
 | show | `plots` | all | `bar_chart`, `roofline_chart`, `attention_map_chart`, `memory_timeline_chart` |
 | show | `widgets` | 01, 03 | `AttentionExplorer` |
+| show | `exercises` | 00-08 | `check`, `show_solution`, `EXERCISES` |
 
 Imports run one way, down the table: a module imports modules of its own layer or of the layers above
 it, never of a layer below (`LAYERS`; a test reads every import, function-level ones included).
@@ -53,7 +54,7 @@ LAYERS = {
     "attention": 2, "kernels": 2, "models": 2, "corpus": 2, "data": 2, "packing": 2, "packed_model": 2,
     "fp8": 2,
     "checkpoint": 3, "runspec": 3, "train": 3, "distributed": 3, "ladder": 3,
-    "plots": 4, "widgets": 4,
+    "plots": 4, "widgets": 4, "exercises": 4,
 }
 _SUBMODULES = tuple(LAYERS)
 # Shortcuts re-exported at the top level: name -> module that defines it.

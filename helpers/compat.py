@@ -19,7 +19,7 @@ What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to
 
 It is also the one place that reads torch's private attributes (`_orig_mod`, a GradScaler's `_scale`,
 `torch.autograd._profiler_enabled`, the CUDA allocator's `_record_memory_history`, an op's `_schema`, the
-dispatch mode of `torch.utils._python_dispatch`): they can change in any
+dispatch mode of `torch.utils._python_dispatch`, `torch._dynamo.explain`): they can change in any
 release, so each has one reader here (a test greps helpers/, scripts/ and benchmarks/ for others). Being the
 one home of all of these, it runs to about 400 lines, one section per subject.
 """
@@ -46,7 +46,8 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "set_attn_imple
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "check_triton_interpreter", "fully_shard",
            "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
-           "scaled_mm_supports", "scaled_mm", "TorchDispatchMode", "op_schema", "TRANSFORMERS_V5",
+           "scaled_mm_supports", "scaled_mm", "TorchDispatchMode", "op_schema", "explain_graphs",
+           "TRANSFORMERS_V5",
            "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
 
 TRANSFORMERS_V5 = "5.0"  # BERT on the attention interface: switchable in place, flex_attention, 4-D masks
@@ -430,3 +431,17 @@ def op_schema(func: Any) -> Any:
     """The schema of an op overload a dispatch mode receives: its name, its arguments, which of them it
     writes (lesson 04)."""
     return func._schema
+
+
+# --- torch.compile's graphs -------------------------------------------------------------------------------
+
+def explain_graphs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`torch._dynamo.explain(fn)(*args)` from a clean compile cache: how many graphs Dynamo makes of `fn`
+    and why it broke each (`.graph_count`, `.break_reasons`) (lesson 05)."""
+    from torch import _dynamo
+
+    _dynamo.reset()  # graphs compiled before must not hide or add breaks
+    try:
+        return _dynamo.explain(fn)(*args, **kwargs)
+    finally:
+        _dynamo.reset()

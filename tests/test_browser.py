@@ -7,7 +7,10 @@
   cell in the browser under the smoke profile: no cell shows an error, every figure is rendered, every
   widget is drawn, and moving the explorer's "layer" slider changes its figure (required of the
   attention lesson; done for any notebook with such a slider);
-- Lab in the browser asks for the token when the URL has none.
+- Lab in the browser asks for the token when the URL has none;
+- a learner's round trip through a checked exercise (lesson 01's): the untouched skeleton's check says
+  "not attempted yet"; a wrong answer typed into the skeleton cell gets the hint naming its mistake; the
+  fixed answer passes (screenshots exercise-*.png).
 (The time estimate, "**Time:**" in each lesson's first Markdown cell, is checked in test_notebooks.py.)
 Screenshots go to build/screenshots/. Without Chromium or Playwright the browser tests skip and say why
 (`make browser`, i.e. scripts/install_browser.sh, installs Debian's chromium).
@@ -422,3 +425,81 @@ def test_notebook_in_browser(path: Path, lab: LabServer, page: object) -> None:
         assert not _has_outputs(nbformat.read(path, as_version=4)), (
             f"{path.name}: Lab saved outputs into the file"
         )
+
+
+# ------------------------------------------------------------------------------ a checked exercise, by hand
+EXERCISE_NOTEBOOK = "01_attention.ipynb"
+EXERCISE_ID = "01-flash-forward"
+# the learner's first try: the solution without the rescale (the check must say so)
+WRONG = ("alpha = torch.exp(m - m_new)", "alpha = torch.ones_like(m_new)")
+
+
+def _replace_cell_text(page: object, index: int, text: str) -> None:
+    """Select the cell's whole text in its editor and put `text` in its place, as a paste does."""
+    editor = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".cm-content")
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(text)
+
+
+def _outputs(page: object, index: int) -> str:
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    texts = cell.locator(".jp-OutputArea-output").all_inner_texts()
+    return ANSI.sub("", " ".join(texts))
+
+
+def _run_exercise(page: object, skeleton: int, check: int, label: str) -> str:
+    """Run the skeleton cell, then the check cell; -> what the check cell shows."""
+    _run_cell(page, skeleton, f"{label}: skeleton cell {skeleton}")
+    _run_cell(page, check, f"{label}: check cell {check}")
+    time.sleep(0.5)  # the output (iopub) may arrive after the reply
+    page.locator(".jp-Notebook .jp-Cell").nth(check).scroll_into_view_if_needed()
+    return _outputs(page, check)
+
+
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
+def test_an_exercise_in_the_browser(lab: LabServer, page: object) -> None:
+    """A learner's round trip: not attempted -> a wrong answer and its hint -> the fix passes."""
+    from helpers.exercises import EXERCISES
+
+    path = NOTEBOOK_DIR / EXERCISE_NOTEBOOK
+    if not path.is_file():
+        pytest.skip(f"no {EXERCISE_NOTEBOOK} in {NOTEBOOK_DIR}")
+    nb = nbformat.read(path, as_version=4)
+    original = path.read_bytes()
+    index = {c.metadata.get("tags", [""])[0]: i for i, c in enumerate(nb.cells)
+             if c.metadata.get("exercise") == EXERCISE_ID}
+    skeleton, check = index["exercise-skeleton"], index["exercise-check"]
+    solution = EXERCISES[EXERCISE_ID].solution_path.read_text(encoding="utf-8")
+    assert solution.count(WRONG[0]) == 1, "the wrong answer is built from the solution: update WRONG"
+    display_name = api_request(lab.url + "api/kernelspecs", lab.token)[1]["kernelspecs"]["python3"]["spec"][
+        "display_name"
+    ]
+    try:
+        _open_notebook(page, lab, path.name, display_name)
+        shown = _run_exercise(page, skeleton, check, "untouched skeleton")
+        assert f"{EXERCISE_ID}: not attempted yet" in shown, shown
+        assert not page.kernel_errors, page.kernel_errors
+        _shot(page, "exercise-1-not-attempted")
+
+        _replace_cell_text(page, skeleton, solution.replace(*WRONG))
+        shown = _run_exercise(page, skeleton, check, "wrong answer")
+        assert "not right yet" in shown and "wrong with several" in shown and "exp(m - m_new)" in shown, shown
+        assert "ExerciseFailed" in shown, shown  # raised: Run All would stop here
+        assert len(page.kernel_errors) == 1 and "ExerciseFailed" in page.kernel_errors[0], page.kernel_errors
+        _shot(page, "exercise-2-hint")
+
+        _replace_cell_text(page, skeleton, solution)
+        shown = _run_exercise(page, skeleton, check, "fixed answer")
+        assert f"{EXERCISE_ID}: passed" in shown and "ExerciseFailed" not in shown, shown
+        assert len(page.kernel_errors) == 1, page.kernel_errors[1:]
+        _shot(page, "exercise-3-passed")
+    except BaseException:
+        _shot(page, "exercise-failed")
+        raise
+    finally:
+        for session in api_request(lab.url + "api/sessions", lab.token)[1]:
+            if session["path"].endswith(path.name):
+                api_request(f"{lab.url}api/sessions/{session['id']}", lab.token, method="DELETE")
+    assert not page.js_errors, f"JavaScript errors in the page: {page.js_errors[:3]}"
+    assert path.read_bytes() == original, f"{path.name}: the browser session changed the file"
