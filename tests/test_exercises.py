@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 
 import helpers.exercises as exercises
-from helpers.exercises import EXERCISES, ExerciseFailed, ExerciseNotAttempted, check, checks, evaluate
+from helpers.exercises import (
+    EXERCISES,
+    ExerciseFailed,
+    ExerciseNotAttempted,
+    check,
+    evaluate,
+    lesson05,
+    lesson06,
+    lesson07,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -187,7 +196,7 @@ def test_lesson_07_solution_and_mutants_in_one_torchrun_launch(tmp_path):
     answers = {"solution": _load(tmp_path / "solution.py", solution, ex.answer)}
     for mistake, edits in MUTANTS[ex.id]:
         answers[mistake] = _load(tmp_path / f"{mistake}.py", _mutate(solution, edits), ex.answer)
-    checks.prefetch_allreduce(answers.values())
+    lesson07.prefetch_allreduce(answers.values())
     for name, answer in answers.items():
         outcome = evaluate(ex.id, answer)
         want = ("passed", "") if name == "solution" else ("failed", name)
@@ -296,8 +305,8 @@ def test_the_exercise_cells_in_the_notebook(exercise_id):
     assert f"../solutions/{ex.solution}" in task and f'show_solution("{ex.id}")' in task
 
 
-@pytest.mark.parametrize("exercise_id, given", [("05-graph-break", checks.loss_with_breaks),
-                                                ("06-hidden-syncs", checks.train_loop_with_syncs)])
+@pytest.mark.parametrize("exercise_id, given", [("05-graph-break", lesson05.loss_with_breaks),
+                                                ("06-hidden-syncs", lesson06.train_loop_with_syncs)])
 def test_the_given_code_in_the_notebook_is_the_checks(exercise_id, given):
     """The given function the notebook shows is the one the check compares with (annotations aside)."""
     skeleton = "".join(_exercise_cells(EXERCISES[exercise_id])["exercise-skeleton"]["source"])

@@ -17,6 +17,7 @@ Strict mode (`check(..., strict=True)`, `with strict_mode():`, or COURSE_EXERCIS
 skeleton an error too (`ExerciseNotAttempted`): CI runs every lesson with the solutions filled in that way
 (conftest.py). Each exercise's solution is `solutions/<lesson>/<name>.py`; `show_solution(id)` prints it.
 `EXERCISES` is the registry: id -> `Exercise` (lesson, the name the learner defines, the check, the solution).
+The checks live one module per lesson (`lesson00` ... `lesson08`); `core` holds the machinery they share.
 """
 
 from __future__ import annotations
@@ -25,7 +26,17 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from helpers.exercises import checks
+from helpers.exercises import (
+    lesson00,
+    lesson01,
+    lesson02,
+    lesson03,
+    lesson04,
+    lesson05,
+    lesson06,
+    lesson07,
+    lesson08,
+)
 from helpers.exercises.core import (
     STATUSES,
     Exercise,
@@ -46,30 +57,30 @@ _GPU_SYNC = "on a GPU each read of a device value is a wait (cudaStreamSynchroni
 
 EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
     Exercise("00-roofline", "00_setup", "FLOPs, bytes, arithmetic intensity and regime of three ops",
-             "intensity_and_regime", "00_setup/intensity_and_regime.py", checks.roofline_regime,
+             "intensity_and_regime", "00_setup/intensity_and_regime.py", lesson00.roofline_regime,
              needs=("roof",)),
     Exercise("01-flash-forward", "01_attention", "FlashAttention's forward in tiles: (O, logsumexp)",
-             "flash_forward", "01_attention/flash_forward.py", checks.flash_forward),
+             "flash_forward", "01_attention/flash_forward.py", lesson01.flash_forward),
     Exercise("02-fp16-step", "02_mixed_precision", "One fp16 step: autocast, scale, unscale, clip, step",
-             "fp16_step", "02_mixed_precision/fp16_step.py", checks.fp16_step,
+             "fp16_step", "02_mixed_precision/fp16_step.py", lesson02.fp16_step,
              gpu="the check runs the step on the CPU (fp16 autocast exists there too); your function takes "
                  "the device, so the same code trains on a GPU"),
     Exercise("03-largest-batch", "03_memory", "The largest batch that fits, surviving out-of-memory errors",
-             "largest_batch", "03_memory/largest_batch.py", checks.largest_batch,
+             "largest_batch", "03_memory/largest_batch.py", lesson03.largest_batch,
              gpu="the check simulates a device's memory; on a GPU run yours on the lesson's step as well"),
     Exercise("04-predict-time", "04_where_time_goes", "Predict an op's time and its regime",
-             "predict_time", "04_where_time_goes/predict_time.py", checks.predict_time),
+             "predict_time", "04_where_time_goes/predict_time.py", lesson04.predict_time),
     Exercise("05-graph-break", "05_compile", "Remove the graph breaks: one graph, same loss, same gradients",
-             "loss_without_breaks", "05_compile/loss_without_breaks.py", checks.graph_break),
+             "loss_without_breaks", "05_compile/loss_without_breaks.py", lesson05.graph_break),
     Exercise("06-hidden-syncs", "06_input_pipeline", "A training loop without hidden syncs, same losses",
-             "train_loop", "06_input_pipeline/train_loop.py", checks.hidden_syncs, gpu=_GPU_SYNC),
+             "train_loop", "06_input_pipeline/train_loop.py", lesson06.hidden_syncs, gpu=_GPU_SYNC),
     Exercise("07-bucketed-allreduce", "07_distributed", "DDP's core: bucketed all-reduce, overlapped with "
              "backward", "attach_grad_allreduce", "07_distributed/attach_grad_allreduce.py",
-             checks.bucketed_allreduce),
+             lesson07.bucketed_allreduce),
     Exercise("08-keep-rule", "08_bert_finetuning", "The greedy ladder's rule: keep a rung only when it pays",
-             "keep_rung", "08_bert_finetuning/keep_rung.py", checks.keep_rule),
+             "keep_rung", "08_bert_finetuning/keep_rung.py", lesson08.keep_rule),
     Exercise("08-new-rung", "08_bert_finetuning", "A new rung for the ladder", "NEW_RUNG",
-             "08_bert_finetuning/new_rung.py", checks.new_rung),
+             "08_bert_finetuning/new_rung.py", lesson08.new_rung),
 )}
 
 _LAST: dict[str, Outcome] = {}  # exercise id -> the outcome of its latest check in this process

@@ -1,15 +1,22 @@
 """The machinery of the checked exercises (every lesson): an exercise, the outcome of checking an answer, the
-errors a check cell raises, and how an untouched skeleton is told from an attempt.
+errors a check cell raises, how an untouched skeleton is told from an attempt, and the few tools every check
+uses (`Wrong`, `close`, `unpack`, `learner_line`).
 
-A check function (in `helpers.exercises.checks`) takes the learner's answer and returns a one-line account of
-what passed, or raises `Wrong(mistake, what, hint)`: `mistake` is a short stable key (tests and CI match
-on it), `what` says what came out wrong, `hint` names the likely cause and the fix.
+A check function (one module per lesson: `helpers.exercises.lesson00` ... `lesson08`) takes the learner's
+answer, runs it on small cases against the course's own reference, and returns a one-line account of what
+passed, or raises `Wrong(mistake, what, hint)`: `mistake` is a short stable key (tests and CI match on it),
+`what` says what came out wrong, `hint` names the likely cause and the fix. A diagnosis is made the way a
+teacher makes one: the answer's output is compared with what each typical mistake would give (a missing
+rescale, clipping before unscaling, a sum instead of an average, ...); the first that matches names the
+mistake. Every check runs on the CPU in about a second (the torchrun one launches once), whatever the device
+the lesson runs on.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import math
 import os
 import textwrap
 import traceback
@@ -20,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Exercise", "Outcome", "Wrong", "ExerciseFailed", "ExerciseNotAttempted", "is_skeleton",
-           "run_check", "strict_from_env", "learner_line", "SOLUTIONS_DIR", "STATUSES"]
+           "run_check", "strict_from_env", "learner_line", "close", "unpack", "SOLUTIONS_DIR", "STATUSES"]
 
 SOLUTIONS_DIR = Path(__file__).resolve().parents[2] / "solutions"  # the repository's solutions/ folder
 STATUSES = ("passed", "failed", "not attempted")
@@ -98,6 +105,22 @@ def strict_from_env() -> bool:
         raise ValueError(f"{STRICT_ENV}={value!r}: use 'strict' (an untouched skeleton fails its check) or "
                          "'lenient' (the default: it says 'not attempted yet' and the lesson runs on)")
     return value == "strict"
+
+
+# --- tools of the checks (every lesson's module) ------------------------------------------------------------
+
+def close(a: float, b: float, rtol: float = 1e-6) -> bool:
+    """Whether two numbers agree within the relative tolerance `rtol` (the checks of every lesson)."""
+    return math.isclose(float(a), float(b), rel_tol=rtol, abs_tol=1e-30)
+
+
+def unpack(got: Any, n: int, names: str) -> tuple:
+    """The n values an answer returned, as a tuple; Wrong("return-shape") naming them if it returned else."""
+    if not isinstance(got, (tuple, list)) or len(got) != n:
+        kind = type(got).__name__ + (f" of {len(got)}" if isinstance(got, (tuple, list)) else "")
+        raise Wrong("return-shape", f"it returned a {kind}, not the {n} values ({names})",
+                    f"end with `return {names}`")
+    return tuple(got)
 
 
 # --- is it still the skeleton? ----------------------------------------------------------------------------

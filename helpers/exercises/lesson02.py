@@ -1,0 +1,192 @@
+"""The check of exercise 02-fp16-step (lesson 02, `02_mixed_precision`): one fp16 training step with a
+GradScaler, run on the CPU with a spied scaler and optimizer: the order of autocast, scale, unscale,
+clip, step and update; the update's size (clipped after unscaling); stale gradients cleared; a planted
+inf gradient skipped and the scale halved.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers.exercises.core import Wrong, close
+
+__all__ = ["fp16_step"]
+
+
+class _Tiny(nn.Module):
+    """Two linear layers and a loss: `model(**batch).loss`, as the course's models answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(8, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> Any:
+        logits = self.lin2(torch.relu(self.lin1(x)))
+        return types.SimpleNamespace(logits=logits, loss=F.cross_entropy(logits.float(), labels))
+
+
+class _Log(list):
+    """What the learner's step did, in order: ("forward", autocast on?), ("scale",), ("unscale", by), ..."""
+
+    def names(self) -> list[str]:
+        return [e[0] for e in self]
+
+
+def _spies(log: _Log, lr: float, params: Iterable[nn.Parameter], init_scale: float) -> tuple[Any, Any]:
+    class SpyScaler(torch.amp.GradScaler):
+        in_step = False
+
+        def scale(self, outputs: Any) -> Any:
+            log.append(("scale",))
+            return super().scale(outputs)
+
+        def unscale_(self, optimizer: Any) -> None:
+            log.append(("unscale", "scaler.step" if self.in_step else "you"))
+            super().unscale_(optimizer)
+
+        def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            log.append(("scaler.step",))
+            self.in_step = True
+            try:
+                return super().step(optimizer, *args, **kwargs)
+            finally:
+                self.in_step = False
+
+        def update(self, new_scale: Any = None) -> None:
+            log.append(("update",))
+            super().update(new_scale)
+
+    scaler = SpyScaler("cpu", init_scale=init_scale)
+
+    class SpySGD(torch.optim.SGD):
+        def step(self, closure: Any = None) -> Any:
+            log.append(("optimizer.step", scaler.in_step))
+            return super().step(closure)
+
+    return scaler, SpySGD(params, lr=lr)
+
+
+_FP16 = dict(device_type="cpu", dtype=torch.float16)
+
+
+def _fp16_case(answer: Callable, model0: nn.Module, batch: dict, max_norm: float, *, plant_inf: bool = False,
+               stale: bool = False) -> tuple[_Log, nn.Module, Any, Any]:
+    """Run the learner's step on a copy of model0, spied on; -> (log, model after, scaler, returned loss)."""
+    model, log = copy.deepcopy(model0), _Log()
+    model.register_forward_pre_hook(
+        lambda m, a, kw: log.append(("forward", torch.is_autocast_enabled("cpu"))), with_kwargs=True)
+    model.lin1.weight.register_hook(lambda g: log.append(("backward", torch.is_autocast_enabled("cpu"))))
+    if plant_inf:  # one gradient overflows, as with a scale set too high
+        model.lin2.bias.register_hook(lambda g: torch.full_like(g, float("inf")))
+    if stale:  # gradients left over from an earlier step: the step must clear them
+        for p in model.parameters():
+            p.grad = torch.full_like(p, float("nan"))
+    scaler, opt = _spies(log, 0.1, model.parameters(), init_scale=2.0 ** 12)
+    loss = answer(model, batch, opt, scaler, torch.device("cpu"), max_norm=max_norm)
+    return log, model, scaler, loss
+
+
+def _check_fp16_order(log: _Log) -> None:
+    names = log.names()
+    forwards = [e[1] for e in log if e[0] == "forward"]
+    if not forwards or not all(forwards):
+        raise Wrong("no-autocast", "the forward pass did not run under autocast",
+                    "wrap the forward pass and the loss in torch.autocast(device_type=device.type, "
+                    "dtype=torch.float16)")
+    if any(e[1] for e in log if e[0] == "backward"):
+        raise Wrong("backward-in-autocast", "backward ran inside the autocast block",
+                    "autocast wraps forward and loss only: close the `with` block before calling backward "
+                    "(backward ops already run in the dtypes autocast chose for their forward ops)")
+    if "scale" not in names:
+        raise Wrong("no-scale", "the loss was not scaled before backward",
+                    "scaler.scale(loss).backward(): small fp16 gradients would underflow to zero otherwise")
+    steps = [e for e in log if e[0] == "optimizer.step"]
+    if not steps:
+        raise Wrong("no-step", "the optimizer never stepped", "scaler.step(optimizer) steps it")
+    if not all(e[1] for e in steps):
+        raise Wrong("direct-step", "optimizer.step() was called directly",
+                    "call scaler.step(optimizer): it skips the step when a gradient is inf or NaN")
+    if "update" not in names:
+        raise Wrong("no-update", "scaler.update() was never called",
+                    "after scaler.step(optimizer), scaler.update() lowers the scale after an overflow "
+                    "(and raises it after many clean steps)")
+    if names.index("update") < names.index("scaler.step"):
+        raise Wrong("update-before-step", "scaler.update() ran before scaler.step()",
+                    "update the scale after the step it judged")
+
+
+def _clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    return [g * min(1.0, max_norm / (norm.item() + 1e-6)) for g in grads]
+
+
+def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_norm: float,
+                     scale: float) -> None:
+    """Name the mistake whose update matches the learner's (updates are lr x the gradient SGD used)."""
+    hypotheses = (
+        (None, _clip(grads, max_norm)),
+        ("no-clip", grads),
+        ("clip-before-unscale", [g / scale for g in _clip([g * scale for g in grads], max_norm)]),
+    )
+    flat = torch.cat([u.flatten() for u in update])
+    for mistake, g in hypotheses:
+        want = torch.cat([x.flatten() for x in g]) * 0.1
+        if torch.allclose(flat, want, rtol=2e-2, atol=1e-7 + 2e-2 * want.abs().max().item()):
+            if mistake == "no-clip":
+                raise Wrong(mistake, "the gradients were not clipped",
+                            "after scaler.unscale_(optimizer), torch.nn.utils.clip_grad_norm_(model."
+                            "parameters(), max_norm)")
+            if mistake == "clip-before-unscale":
+                raise Wrong(mistake, f"the update is {scale:.0f}x too small: the gradients were clipped "
+                            "while still scaled", "clip the true gradients: scaler.unscale_(optimizer) "
+                            "first, then clip_grad_norm_, then scaler.step(optimizer) (which will not "
+                            "unscale twice)")
+            return
+    raise Wrong("update", "the parameters moved, but not by the clipped gradient times the learning rate",
+                "zero the gradients, autocast the forward and loss, scale(loss).backward(), unscale_, clip, "
+                "scaler.step, scaler.update: in that order")
+
+
+def fp16_step(answer: Callable) -> str:
+    """02-fp16-step: answer(model, batch, optimizer, scaler, device, max_norm) -> loss; a clean step, a step
+    with stale gradients, and a step with a planted inf."""
+    torch.manual_seed(0)
+    model0 = _Tiny()
+    batch = {"x": torch.randn(16, 8) * 4, "labels": torch.randint(4, (16,))}
+    ref = copy.deepcopy(model0)
+    with torch.autocast(**_FP16):
+        ref_loss = ref(**batch).loss
+    ref_loss.backward()  # unscaled: the true gradients of the fp16 forward
+    grads = [p.grad.detach().clone() for p in ref.parameters()]
+    max_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item() / 10  # clipping bites
+    log, model, scaler, loss = _fp16_case(answer, model0, batch, max_norm)
+    _check_fp16_order(log)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise Wrong("return-loss", f"it returned {type(loss).__name__}", "return the loss tensor")
+    if close(loss.item(), ref_loss.item() * scaler.get_scale(), 1e-2):
+        raise Wrong("returned-scaled", "it returned the scaled loss", "return the loss itself, not "
+                    "scaler.scale(loss)")
+    update = [(p0 - p).detach() for p0, p in zip(model0.parameters(), model.parameters())]
+    _diagnose_update(update, grads, max_norm, 2.0 ** 12)
+    stale_log, stale_model, _, _ = _fp16_case(answer, model0, batch, max_norm, stale=True)
+    if all(torch.equal(a, b) for a, b in zip(model0.parameters(), stale_model.parameters())):
+        raise Wrong("no-zero-grad", "with gradients left over from before the step (NaN, on purpose), the "
+                    "step was skipped", "start with optimizer.zero_grad(set_to_none=True): backward adds to "
+                    "whatever .grad holds")
+    inf_log, inf_model, inf_scaler, _ = _fp16_case(answer, model0, batch, max_norm, plant_inf=True)
+    if not all(torch.equal(a, b) for a, b in zip(model0.parameters(), inf_model.parameters())):
+        raise Wrong("inf-not-skipped", "a step with an inf gradient changed the parameters",
+                    "let the scaler decide: scaler.step(optimizer) skips a step whose gradients hold inf/NaN")
+    if inf_scaler.get_scale() >= 2.0 ** 12:
+        raise Wrong("no-backoff", "after an inf gradient the scale did not come down",
+                    "scaler.update() after scaler.step(optimizer) halves it")
+    return ("forward and loss under fp16 autocast, backward outside it, scaled; unscaled before clipping; "
+            "the update is the clipped gradient's; stale gradients cleared; a planted inf skipped the step "
+            "and halved the scale")

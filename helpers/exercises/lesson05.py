@@ -1,0 +1,91 @@
+"""The check of exercise 05-graph-break (lesson 05, `05_compile`): the given function with two graph
+breaks (`loss_with_breaks`, which the notebook shows as it stands here) written again in one graph:
+the same loss and gradients above and below `max_loss`, and no break (`torch._dynamo.explain`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from helpers.exercises.core import Wrong
+
+__all__ = ["graph_break", "loss_with_breaks"]
+
+
+def loss_with_breaks(model: nn.Module, batch: Mapping[str, torch.Tensor], max_loss: float) -> torch.Tensor:
+    """The training loss, scaled down to max_loss when it is larger (a guard some training loops use)."""
+    loss = model(**batch).loss
+    if loss.item() > max_loss:  # .item() copies the value to Python and `if` branches on it: graph break
+        print(f"loss {loss.item():.2f} above {max_loss}: scaled down")  # print: another graph break
+        loss = loss * (max_loss / loss.item())
+    return loss
+
+
+def _loss_and_grads(fn: Callable, model: nn.Module, batch: dict, max_loss: float) -> tuple[Any, list]:
+    model.zero_grad(set_to_none=True)
+    out = fn(model, batch, max_loss)
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        raise Wrong("return-loss", f"it returned {type(out).__name__}",
+                    "return the loss, a one-element tensor")
+    out.backward()
+    return out.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                          for p in model.parameters()]
+
+
+def _tiny_transformer() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    from helpers.models import SmallTransformer, TransformerConfig
+
+    torch.manual_seed(0)
+    model = SmallTransformer(TransformerConfig(vocab_size=64, d_model=32, n_heads=2, n_layers=1, max_len=16))
+    ids = torch.randint(64, (2, 8), generator=torch.Generator().manual_seed(0))
+    return model, {"input_ids": ids, "labels": ids.roll(1, dims=1)}
+
+
+def _compare_losses(answer: Callable, model: nn.Module, batch: dict, plain: float) -> None:
+    import contextlib
+    import io
+
+    for max_loss in (plain / 2, plain * 2):  # the guard scales the first down, leaves the second alone
+        with contextlib.redirect_stdout(io.StringIO()):  # the given function prints
+            want, want_g = _loss_and_grads(loss_with_breaks, model, batch, max_loss)
+        got, got_g = _loss_and_grads(answer, model, batch, max_loss)
+        scaled = max_loss < plain
+        if not torch.allclose(got, want, rtol=1e-5):
+            if torch.allclose(got, torch.tensor(plain), rtol=1e-5):
+                raise Wrong("branch-dropped", f"with max_loss={max_loss:.3g} below the loss it returned the "
+                            "loss unscaled", "keep the guard, as a tensor operation: "
+                            "torch.where(loss > max_loss, <scaled loss>, loss)")
+            raise Wrong("loss-differs", f"with max_loss={max_loss:.3g} ({'below' if scaled else 'above'} the "
+                        f"loss {plain:.3g}) it returned {got.item():.4g}, the given function "
+                        f"{want.item():.4g}",
+                        "the value must stay the same: max_loss when the loss is larger, else the loss")
+        if not all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(got_g, want_g)):
+            raise Wrong("gradient", f"with max_loss={max_loss:.3g} the loss is right, its gradients are not",
+                        "loss.item() was a constant for autograd: scale by max_loss / loss.detach(), not by "
+                        "max_loss / loss (whose gradient is zero)")
+
+
+def graph_break(answer: Callable) -> str:
+    """05-graph-break: answer(model, batch, max_loss) -> the loss of loss_with_breaks, in one graph."""
+    model, batch = _tiny_transformer()
+    with torch.no_grad():
+        plain = model(**batch).loss.item()
+    _compare_losses(answer, model, batch, plain)
+    from helpers.compat import explain_graphs
+
+    explained = explain_graphs(answer, model, batch, plain / 2)
+    breaks = explained.break_reasons
+    if breaks or explained.graph_count != 1:
+        first = breaks[0] if breaks else None
+        where = f" at `{first.user_stack[-1].line}`" if first is not None and first.user_stack else ""
+        reason = first.reason.splitlines()[0] if first is not None else ""
+        raise Wrong("graph-break", f"{explained.graph_count} graph(s), {len(breaks)} break(s); the "
+                    f"first{where}: {reason}", "no .item(), no `if` on a tensor's value (torch.where "
+                    "instead), no print: torch._dynamo.explain(your_function)(model, batch, max_loss) "
+                    "lists what is left")
+    return ("the same loss and gradients as the given function, above and below max_loss, in one graph with "
+            "no break (torch._dynamo.explain)")
