@@ -11,6 +11,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | base | `timing` | 00-06 | `benchmark`, `time_once`, `compare`, `cold_start` |
 | base | `precision` | 02 (03-08) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
 | base | `hardware` | 00 (02, 07) | `get_device`, `device_report`, `peak_flops`, `mfu_peak` |
+| base | `verdicts` | 00-08 | `MeasuredTable`, `Range`, `AtLeast`, `AtMost`, `PairedRatio` |
 | measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
@@ -39,7 +40,7 @@ from typing import Any
 
 # module -> layer: 0 base, 1 measure, 2 model/data, 3 train, 4 show
 LAYERS = {
-    "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "hardware": 0,
+    "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "hardware": 0, "verdicts": 0,
     "flops": 1, "memory": 1, "results": 1,
     "attention": 2, "kernels": 2, "models": 2, "data": 2, "packing": 2, "fp8": 2,
     "checkpoint": 3, "runspec": 3, "train": 3, "distributed": 3, "ladder": 3,
