@@ -26,7 +26,8 @@ from helpers.precision import PRECISION_DTYPE, PRECISIONS, tf32_matmuls
 from helpers.tables import Table
 
 __all__ = ["get_device", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
-           "device_report", "device_name", "nvidia_driver", "Roofline", "measure_roofline", "load_roofline",
+           "device_report", "device_name", "nvidia_driver", "last_level_cache_bytes", "Roofline",
+           "measure_roofline", "load_roofline",
            "GPU_PEAK_FLOPS", "PeakFlops", "peak_flops", "MFU_PRECISIONS", "mfu_peak", "device_facts",
            "Finding", "SetupFacts", "diagnose",
            "findings_table", "explain_error", "KNOWN_ERRORS"]
@@ -234,6 +235,36 @@ def device_name(device: torch.device | str | None = None) -> str:
         return torch.cuda.get_device_name(dev)
     model = _cpu_info().model
     return f"{model} (MPS)" if dev.type == "mps" else model
+
+
+def last_level_cache_bytes(device: torch.device | str = "cpu") -> int | None:
+    """Size of the device's last-level cache in bytes: a GPU's L2, a CPU's largest cache (Linux sysfs,
+    macOS sysctl); None where it cannot be read. A bandwidth test must move more than this (lesson 00)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", None) or None
+    if dev.type not in ("cpu", "mps"):
+        return None
+    sizes = []
+    for level in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):  # Linux: one folder per cache
+        try:
+            text = (level / "size").read_text().strip()  # "307200K"
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KMGkmg")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    if not sizes and sys.platform == "darwin":
+        for key in ("hw.l3cachesize", "hw.l2cachesize"):
+            try:
+                out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if out.strip().isdigit() and int(out) > 0:
+                sizes.append(int(out))
+                break
+    return max(sizes) if sizes else None
 
 
 # --- roofline ----------------------------------------------------------------------------------------

@@ -95,12 +95,12 @@ def test_paired_ratio():
 def test_the_median_of_pairs_survives_bursts_and_catches_a_real_gap():
     """A busy machine slows the whole machine for a while (both calls of a pair) and, now and then, one call
     alone (one call in ten) by up to 2x; a real gap (1.5x: counting 12 bytes per element for x + x instead
-    of 8) is in every pair. With 11 pairs, the median stays under a bound of 1.3 when the counts are right
+    of 8) is in every pair. With 9 pairs, the median stays under a bound of 1.3 when the counts are right
     and goes over it when they are wrong, in every one of 500 simulated busy runs."""
     rng = random.Random(0)
     for trial in range(500):
         copy_t, add_t = [], []
-        for _ in range(11):
+        for _ in range(9):
             load = rng.uniform(0.5, 1.5)  # the machine's speed during this pair, shared by both calls
             burst = [rng.uniform(1.2, 2.0) if rng.random() < 0.1 else 1.0 for _ in range(2)]  # one call alone
             copy_t.append(load * burst[0])
