@@ -5,12 +5,12 @@ the claim it tests, and the verdict the claim's rule gives, in the words of docs
     summary.add("median fp32 step, ms", 12.5)  # a measurement that tests no claim
     summary.add("AMP speed-up (fp32 / bf16 step time)", 0.41, "1.5–2.3× (docs/claims.md#c2)",
                 rule=Range(1.5, 2.3))  # -> "does not hold"
-    summary.add("wide models gain > 2×", None, "> 2×", rule=AtLeast(2.0), why="needs a CUDA GPU")
+    summary.add("wide models gain > 2×", None, "> 2×", rule=AtLeast(2.0), needs="a CUDA GPU")
     summary  # drawn as Markdown in Jupyter, as text in a terminal
 
 A rule turns a value into one of `VERDICTS`: `Range` (holds inside, beaten beyond the better end),
-`AtLeast` and `AtMost` (holds or does not hold). A value of None is "not testable here", with `why`: what it
-would take. With `noise` (the relative spread of the value in this run), a verdict that a value inside
+`AtLeast` and `AtMost` (holds or does not hold). A value of None is "not testable here", with `needs`: what it
+would take; `why` adds a note to any verdict. With `noise` (the relative spread of the value in this run), a verdict that a value inside
 value × (1 ± noise) would change is marked as within the noise.
 
 `PairedRatio` is the noise rule for a check on two measurements: taken in interleaved pairs, judged by the
@@ -42,24 +42,26 @@ def _number(value: Any, what: str) -> float:
 
 @dataclass(frozen=True)
 class Range:
-    """Rule: holds in [low, high]; beaten beyond the better end (`better`: "higher" or "lower"); does not
-    hold beyond the other end (lessons 02, 03, 05)."""
+    """Rule: holds in [low, high]; beaten beyond the better end (`better`: "higher" or "lower"), does not
+    hold beyond the other; with better=None (an agreement) it does not hold beyond either (lessons 02-05)."""
 
     low: float
     high: float
-    better: str = "higher"
+    better: str | None = "higher"
 
     def __post_init__(self) -> None:
         if _number(self.low, "Range.low") > _number(self.high, "Range.high"):
             raise ValueError(f"Range({self.low}, {self.high}): low must not exceed high")
-        if self.better not in ("higher", "lower"):
-            raise ValueError(f"Range.better={self.better!r}: use 'higher' or 'lower'")
+        if self.better not in ("higher", "lower", None):
+            raise ValueError(f"Range.better={self.better!r}: use 'higher', 'lower' or None")
 
     def verdict(self, value: float) -> str:
         """The verdict for one measured value."""
         value = _number(value, "the measured value")
         if self.low <= value <= self.high:
             return "holds"
+        if self.better is None:
+            return "does not hold"
         above = value > self.high
         return "beaten" if above == (self.better == "higher") else "does not hold"
 
@@ -102,9 +104,10 @@ class MeasuredTable:
         self.verdicts: dict[str, str] = {}  # measurement -> its verdict word ("" for no claim)
 
     def add(self, measurement: str, value: Any, claim: str = "", *, rule: Rule | None = None,
-            verdict: str | None = None, noise: float | None = None, why: str = "") -> str:
-        """One row; returns its verdict word: `rule`'s for `value`, or `verdict` as given (a claim judged
-        by an assertion or by arithmetic), or "" for a measurement that tests no claim."""
+            verdict: str | None = None, noise: float | None = None, why: str = "", needs: str = "") -> str:
+        """One row; returns its verdict word: `rule`'s for `value` ("not testable here" when it is None:
+        `needs` says what it would take), or `verdict` as given (a claim judged by an assertion or by
+        arithmetic), or "" for a measurement that tests no claim. `why`: a note after the verdict."""
         if measurement in self.verdicts:
             raise ValueError(f"the table already has a row {measurement!r}: name each measurement once")
         if rule is not None and verdict is not None:
@@ -113,13 +116,13 @@ class MeasuredTable:
             raise ValueError(f"{measurement!r}: a verdict needs the claim it judges (claim=...)")
         if verdict is not None and verdict not in VERDICTS:
             raise ValueError(f"{measurement!r}: verdict {verdict!r} is not one of {VERDICTS}")
-        if noise is not None and not 0 <= _number(noise, "noise") < 1:
-            raise ValueError(f"{measurement!r}: noise is a relative spread in [0, 1), got {noise!r}")
+        if noise is not None and _number(noise, "noise") < 0:
+            raise ValueError(f"{measurement!r}: noise is a relative spread (>= 0), got {noise!r}")
         note = why
         if rule is not None and value is None:
-            if not why:
-                raise ValueError(f"{measurement!r} was not measured: say what it would take (why=...)")
-            verdict = "not testable here"
+            if not needs:
+                raise ValueError(f"{measurement!r} was not measured: say what it would take (needs=...)")
+            verdict, note = "not testable here", f"needs {needs}"
         elif rule is not None:
             verdict = rule.verdict(value)
             if noise and len({rule.verdict(value * (1 - noise)), rule.verdict(value * (1 + noise))}

@@ -121,3 +121,32 @@ def test_last_level_cache_bytes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: l2)
     assert last_level_cache_bytes("cuda:0") == 50 << 20
     assert last_level_cache_bytes("meta") is None
+
+
+# --- lesson 03 ---------------------------------------------------------------------------------------
+
+L03 = "03_memory.ipynb"
+
+
+def _l03_ns(**extra) -> dict:
+    from helpers.config import seed_everything
+
+    return {"torch": torch, "seed_everything": seed_everything, "DEVICE": torch.device("cpu"),
+            "PROFILE": "smoke", "VOCAB": 128, "SEQ": 16, "BATCH": 2, "MiB": 2**20, **extra}
+
+
+def test_l03_parameter_term_is_checked_against_the_allocator():
+    import dataclasses
+
+    from helpers import memory
+
+    ns = run_cell(L03, "0054d616", _l03_ns())
+    assert ns["param_term_off"](ns["estimates"]["fp32"].parameters) <= ns["PARAM_SLACK"]
+
+    def ties_counted_twice(model, *args, **kwargs):  # the planted bug: an estimator blind to weight tying
+        est = memory.estimate_training_memory(model, *args, **kwargs)
+        return dataclasses.replace(est, parameters=est.parameters + 4 * model.tok_emb.weight.numel())
+
+    with pytest.raises(AssertionError, match="the estimator's parameters"):
+        run_cell(L03, "0054d616", _l03_ns(ties_counted_twice=ties_counted_twice), plant=(
+            "estimates = {p: estimate_training_memory(", "estimates = {p: ties_counted_twice("))

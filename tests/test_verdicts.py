@@ -28,7 +28,9 @@ def test_range_rule_in_both_directions():
     assert [cost.verdict(v) for v in (1.0, 1.3, 2.0)] == ["beaten", "holds", "does not hold"]
     with pytest.raises(ValueError, match="low must not exceed high"):
         Range(2.0, 1.0)
-    with pytest.raises(ValueError, match="'higher' or 'lower'"):
+    agree = Range(0.8, 1.2, better=None)  # an agreement: off on either side does not hold
+    assert [agree.verdict(v) for v in (0.5, 1.0, 1.5)] == ["does not hold", "holds", "does not hold"]
+    with pytest.raises(ValueError, match="'higher', 'lower' or None"):
         Range(1.0, 2.0, better="up")
 
 
@@ -45,13 +47,16 @@ def test_table_rows_and_verdicts():
     assert t.add("speed-up", 0.4, "1.5–2.3×", rule=Range(1.5, 2.3)) == "does not hold"
     assert t.add("datasheet cores", 10496, "10,496 cores", verdict="wrong", why="8,704 by the datasheet") == \
         "wrong"
-    assert t.add("wide model", None, "> 2×", rule=AtLeast(2.0), why="needs a CUDA GPU") == "not testable here"
+    assert t.add("wide model", None, "> 2×", rule=AtLeast(2.0), why="on a GPU only", needs="a CUDA GPU") == \
+        "not testable here"
+    assert t.add("measured wide model", 2.5, "> 2×", rule=AtLeast(2.0), needs="a CUDA GPU") == "holds"
     assert t.verdicts == {"step, ms": "", "speed-up": "does not hold", "datasheet cores": "wrong",
-                          "wide model": "not testable here"}
+                          "wide model": "not testable here", "measured wide model": "holds"}
     md = t.to_markdown()
     assert md.startswith("**Lesson 99**") and "| measurement (this run) | value | claim | verdict |" in md
     assert "| wide model | – | > 2× | not testable here: needs a CUDA GPU |" in md
     assert "wrong: 8,704 by the datasheet" in str(t) and t.table.column("value")[1] == 0.4
+    assert t.table.column("verdict")[-1] == "holds"  # `needs` speaks only when the value is missing
 
 
 def test_noise_marks_a_verdict_that_the_spread_could_flip():
@@ -68,8 +73,8 @@ def test_noise_marks_a_verdict_that_the_spread_could_flip():
     (dict(value=1.0, claim="x", rule=AtLeast(1), verdict="holds"), "not both"),
     (dict(value=1.0, rule=AtLeast(1)), "needs the claim"),
     (dict(value=1.0, claim="x", verdict="true"), "is not one of"),
-    (dict(value=None, claim="x", rule=AtLeast(1)), "say what it would take"),
-    (dict(value=1.0, claim="x", rule=AtLeast(1), noise=1.5), "relative spread"),
+    (dict(value=None, claim="x", rule=AtLeast(1), why="no GPU"), "say what it would take"),
+    (dict(value=1.0, claim="x", rule=AtLeast(1), noise=-0.1), "relative spread"),
 ])
 def test_rows_it_cannot_judge_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
