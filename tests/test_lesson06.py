@@ -77,7 +77,7 @@ def test_batches_are_pinned_by_the_dataloader_not_step_by_step_on_the_main_threa
                     per_step.append(f"cell {cid}, line {call.lineno}: {ast.unparse(call)}")
     assert not per_step, ("pinning a batch by hand each step, then copying, is usually slower than a "
                           "plain .to(device): pin batches once (step 4), or let DataLoader(pin_memory=True) "
-                          "pin them, in its pin thread with workers, inside next() without (step 2 times both): "
+                          "pin them (in its pin thread with workers, in next() without; step 2 times both): "
                           + "; ".join(per_step))
 
 
