@@ -9,8 +9,9 @@ the claim it tests, and the verdict the claim's rule gives, in the words of docs
     summary  # drawn as Markdown in Jupyter, as text in a terminal
 
 A rule turns a value into one of `VERDICTS`: `Range` (holds inside, beaten beyond the better end),
-`AtLeast` and `AtMost` (holds or does not hold). A value of None is "not testable here", with `needs`: what it
-would take; `why` adds a note to any verdict. With `noise` (the relative spread of the value in this run), a verdict that a value inside
+`AtLeast` and `AtMost` (holds or does not hold). A value of None, or testable=False (the value is shown, the
+rule not applied), is "not testable here", with `needs`: what it would take; `why` adds a note to any
+verdict. With `noise` (the relative spread of the value in this run), a verdict that a value inside
 value × (1 ± noise) would change is marked as within the noise.
 
 `PairedRatio` is the noise rule for a check on two measurements: taken in interleaved pairs, judged by the
@@ -104,10 +105,11 @@ class MeasuredTable:
         self.verdicts: dict[str, str] = {}  # measurement -> its verdict word ("" for no claim)
 
     def add(self, measurement: str, value: Any, claim: str = "", *, rule: Rule | None = None,
-            verdict: str | None = None, noise: float | None = None, why: str = "", needs: str = "") -> str:
-        """One row; returns its verdict word: `rule`'s for `value` ("not testable here" when it is None:
-        `needs` says what it would take), or `verdict` as given (a claim judged by an assertion or by
-        arithmetic), or "" for a measurement that tests no claim. `why`: a note after the verdict."""
+            verdict: str | None = None, noise: float | None = None, why: str = "", needs: str = "",
+            testable: bool = True) -> str:
+        """One row; returns its verdict word: `rule`'s for `value` ("not testable here" when it is None or
+        `testable` is False: `needs` says what it would take), or `verdict` as given (a claim judged by an
+        assertion or by arithmetic), or "" for a measurement that tests no claim. `why`: a note after it."""
         if measurement in self.verdicts:
             raise ValueError(f"the table already has a row {measurement!r}: name each measurement once")
         if rule is not None and verdict is not None:
@@ -119,7 +121,7 @@ class MeasuredTable:
         if noise is not None and _number(noise, "noise") < 0:
             raise ValueError(f"{measurement!r}: noise is a relative spread (>= 0), got {noise!r}")
         note = why
-        if rule is not None and value is None:
+        if rule is not None and (value is None or not testable):
             if not needs:
                 raise ValueError(f"{measurement!r} was not measured: say what it would take (needs=...)")
             verdict, note = "not testable here", f"needs {needs}"

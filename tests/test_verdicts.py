@@ -57,6 +57,9 @@ def test_table_rows_and_verdicts():
     assert "| wide model | – | > 2× | not testable here: needs a CUDA GPU |" in md
     assert "wrong: 8,704 by the datasheet" in str(t) and t.table.column("value")[1] == 0.4
     assert t.table.column("verdict")[-1] == "holds"  # `needs` speaks only when the value is missing
+    assert t.add("packing on this data", 1.1, "≥ 1.5 with ≥ 30 % padding", rule=AtLeast(1.5), testable=False,
+                 needs="data with ≥ 30 % padding") == "not testable here"
+    assert t.table.rows[-1][1] == 1.1  # the value is still shown
 
 
 def test_noise_marks_a_verdict_that_the_spread_could_flip():
