@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from helpers.tables import Table
 
 __all__ = ["get_device", "DEVICE_ENV", "DeviceUnavailableError", "GPUInfo", "CPUInfo", "EnvironmentReport",
            "device_report", "device_name", "device_facts", "cpu_info", "nvidia_smi", "nvidia_driver",
-           "driver_cuda_version", "LIBRARIES", "CORES_PER_SM"]
+           "driver_cuda_version", "last_level_cache_bytes", "LIBRARIES", "CORES_PER_SM"]
 
 DEVICE_ENV = "COURSE_DEVICE"  # the device "auto" resolves to, when set ("mps" opts in on a Mac)
 LIBRARIES = ("transformers", "triton")  # versions reported beside torch's (they change what lessons run)
@@ -276,3 +277,33 @@ def device_report() -> EnvironmentReport:
                              cuda_build=torch.version.cuda, cudnn=str(cudnn) if cudnn else None, nccl=nccl,
                              driver=driver, driver_cuda=cuda, cpu=cpu_info(), gpus=tuple(gpus),
                              libraries={name: version_of(name) for name in LIBRARIES})
+
+
+def last_level_cache_bytes(device: torch.device | str = "cpu") -> int | None:
+    """Size of the device's last-level cache in bytes: a GPU's L2, a CPU's largest cache (Linux sysfs,
+    macOS sysctl); None where it cannot be read. A bandwidth test must move more than this (lesson 00)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).L2_cache_size or None
+    if dev.type not in ("cpu", "mps"):
+        return None
+    sizes = []
+    for level in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):  # Linux: one folder per cache
+        try:
+            text = (level / "size").read_text().strip()  # "307200K"
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KMGkmg")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    if not sizes and sys.platform == "darwin":
+        for key in ("hw.l3cachesize", "hw.l2cachesize"):
+            try:
+                out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if out.strip().isdigit() and int(out) > 0:
+                sizes.append(int(out))
+                break
+    return max(sizes) if sizes else None

@@ -435,7 +435,7 @@ def _verdict(decision: Decision) -> str:
 def explain(rung: Rung, decision: Decision, device: torch.device, *,
             padded_removed: float | None = None, padded_left: float | None = None) -> str:
     """Why a rung measured what it did (its speed ratio and the rule's verdict) on the device that ran it:
-    the reasons come from that device's facts (`helpers.hardware.device_facts`), not from a text written
+    the reasons come from that device's facts (`helpers.device.device_facts`), not from a text written
     for a CPU (lesson 08)."""
     from helpers.device import device_facts
 

@@ -114,7 +114,7 @@ class TrainConfig:
     seed: int = 0
     resume: bool = True  # continue from the newest checkpoint in checkpoint_dir when there is one
     track_memory: bool = True  # peak memory (CUDA stats; on CPU the profiler during the first step)
-    peak_flops: float | None = None  # FLOP/s for MFU; None: helpers.hardware.mfu_peak for the device
+    peak_flops: float | None = None  # FLOP/s for MFU; None: helpers.roofline.mfu_peak for the device
     init_scale: float = 2.0 ** 16  # GradScaler's first scale (fp16)
 
     def __post_init__(self) -> None:
@@ -162,7 +162,7 @@ class TrainResult:
     `sum over timed batches (real tokens × model_flops_per_token(model, batch width)) / time / peak`,
     i.e. real (non-padding) tokens/s × FLOPs per token / peak. Padding the device computed is not
     useful work. FLOPs per token come from `helpers.flops.model_flops_per_token`, the ratio from
-    `helpers.flops.mfu`, the peak from `helpers.hardware.mfu_peak` (the device's fastest dense rate among
+    `helpers.flops.mfu`, the peak from `helpers.roofline.mfu_peak` (the device's fastest dense rate among
     the training precisions: datasheet, else lesson 00's saved roofline) or `TrainConfig.peak_flops`.
     Under DDP it is this process's MFU on its own device."""
 
@@ -497,7 +497,7 @@ def _useful_flops(model: nn.Module, widths: list[tuple[int | torch.Tensor, int]]
 
 
 def _peak(device: torch.device) -> tuple[float | None, str]:
-    """The peak FLOP/s MFU divides by: helpers.hardware.mfu_peak, with lesson 00's saved roofline."""
+    """The peak FLOP/s MFU divides by: helpers.roofline.mfu_peak, with lesson 00's saved roofline."""
     from helpers.roofline import load_roofline, mfu_peak
 
     try:
