@@ -38,6 +38,12 @@ REGIME_COLORS = {"compute": "tab:blue", "memory": "tab:orange", "overhead": "tab
                  "communication": "tab:green"}
 
 
+def roof_times(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
+               overhead_s: float) -> dict[str, float]:
+    """Seconds at each roof: FLOPs / peak FLOP/s, bytes / bandwidth, calls × per-call cost (lesson 04)."""
+    return {"compute": flops / peak_flops, "memory": nbytes / bandwidth, "overhead": calls * overhead_s}
+
+
 def classify(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
              overhead_s: float) -> str:
     """The regime an op is in: the largest of FLOPs / peak, bytes / bandwidth and calls × per-call cost
@@ -50,8 +56,15 @@ def classify(flops: float, nbytes: float, calls: float, *, peak_flops: float, ba
             raise ValueError(f"{name} must be > 0 (a measured roofline), got {v!r}")
     if flops == 0 and nbytes == 0:
         return "overhead"  # a call that computes and moves nothing (a view): its call is all it costs
-    times = {"compute": flops / peak_flops, "memory": nbytes / bandwidth, "overhead": calls * overhead_s}
+    times = roof_times(flops, nbytes, calls, peak_flops=peak_flops, bandwidth=bandwidth,
+                       overhead_s=overhead_s)
     return max(times, key=times.get)  # ties go to the first: compute, then memory
+
+
+def _roof_s(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
+    # an op's time at its roof: the slower of compute and memory (the overhead is the per-call cost, apart)
+    t = roof_times(flops, nbytes, 0, peak_flops=peak_flops, bandwidth=bandwidth, overhead_s=0.0)
+    return max(t["compute"], t["memory"])
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,7 @@ class OpTable:
             phases = sorted({r.phase for r in rs})
             sources = sorted({r.flops_source for r in rs if r.flops > 0})
             rows.append(OpRow(name, "+".join(phases), name, c, sum(r.time_s for r in rs), f, b, regime,
-                              max(f / self.peak_flops, b / self.bandwidth), ", ".join(sources)))
+                              _roof_s(f, b, self.peak_flops, self.bandwidth), ", ".join(sources)))
         rows.sort(key=lambda r: -r.time_s)
         return replace(self, rows=tuple(rows))
 
@@ -200,7 +213,7 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes, roofline
                   classify(c.flops, c.bytes, c.calls, peak_flops=peak, bandwidth=roofline.bandwidth,
                            overhead_s=overhead_s))
         rows.append(OpRow(op, ph, cls, c.calls, times.times_s.get((ph, op), 0.0), c.flops, c.bytes, regime,
-                          max(c.flops / peak, c.bytes / roofline.bandwidth), c.flops_source))
+                          _roof_s(c.flops, c.bytes, peak, roofline.bandwidth), c.flops_source))
     rows.sort(key=lambda r: -r.time_s)
     return OpTable(tuple(rows), times.wall_s, times.device, precision, peak, roofline.bandwidth, overhead_s,
                    times.comm_s, times.busy_s, ridge)

@@ -117,8 +117,10 @@ def test_describe_gives_the_code_of_the_changed_switches():
 # Exempt, with the reason: helpers/roofline.py measures the TF32 matmul *rate* of the chip (lesson 00's
 # roofline, a measure-layer module that cannot import RunSpec), and lesson 02 teaches the primitives.
 SWITCH_CALL = re.compile(r"\b(tf32_matmuls|autocast_context|set_tf32)\(")
+# exempt: the homes of the switches, and the cells that measure the precisions themselves (the roofline,
+# lesson 00's TF32 control of its fp32 accuracy check, lesson 02's precision experiments): no training step
 SWITCH_EXEMPT = {"helpers/precision.py", "helpers/runspec.py", "helpers/roofline.py",
-                 "notebooks/02_mixed_precision.ipynb"}
+                 "notebooks/00_setup.ipynb", "notebooks/02_mixed_precision.ipynb"}
 # MFU: helpers.flops.mfu is the one formula; nothing else divides by a peak or rescales an MFU
 MFU_INLINE = re.compile(r"/\s*\(?\s*[\w.\[\]\"']*\bpeak(_flops)?(\.flops)?\b(?![\w(])"
                         r"|\bmfu\b[\"'\]]*\s*\*\s*\w+\s*/\s*\w")
@@ -154,7 +156,9 @@ def test_each_switch_is_applied_in_one_function_and_mfu_only_in_flops():
     switches = [f"{name}: {m.group(0)}" for name, text in _sources() if name not in SWITCH_EXEMPT
                 for m in SWITCH_CALL.finditer(text)]
     assert not switches, f"apply TF32/autocast through RunSpec.context: {switches}"
-    inline = [f"{name}: {m.group(0)}" for name, text in _sources() if name != "helpers/flops.py"
+    # regimes.roof_times divides FLOPs (not FLOP/s) by the peak: the time at the roof, its one home
+    inline = [f"{name}: {m.group(0)}" for name, text in _sources()
+              if name not in ("helpers/flops.py", "helpers/regimes.py")
               for m in MFU_INLINE.finditer(text)]
     assert not inline, f"compute MFU with helpers.flops.mfu: {inline}"
 

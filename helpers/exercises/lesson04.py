@@ -38,14 +38,16 @@ def _diagnose_time(case: str, seconds: float, terms: dict[str, float]) -> None:
         raise Wrong("no-overhead", f"{case}: {seconds:g} s leaves out the overhead of {over:g} s",
                     "every call costs at least its fixed overhead (dispatch, launch): take it into the max")
     raise Wrong("seconds", f"{case}: {seconds:g} s, expected {want:g} s",
-                "the time is at least the largest of FLOPs / peak FLOP/s, bytes / bandwidth and the "
+                "the time is at least the largest of FLOPs ÷ peak FLOP/s, bytes ÷ bandwidth and the "
                 "overhead")
 
 
 def predict_time(answer: Callable) -> str:
     """04-predict-time: answer(flops, bytes_moved, peak_flops, bandwidth, overhead_s) -> (regime, seconds)."""
+    from helpers.regimes import roof_times  # lesson 04's own times at the roofs
+
     for flops, bytes_, peak, bw, over in _TIME_CASES:
-        terms = dict(zip(_REGIMES, (flops / peak, bytes_ / bw, over)))
+        terms = roof_times(flops, bytes_, 1, peak_flops=peak, bandwidth=bw, overhead_s=over)
         want_regime = _expected_regime(flops, bytes_, peak, bw, over)
         regime, seconds = unpack(answer(flops, bytes_, peak, bw, over), 2, "regime, seconds")
         if isinstance(regime, (int, float)) and isinstance(seconds, str):
@@ -53,10 +55,12 @@ def predict_time(answer: Callable) -> str:
         if regime not in _REGIMES:
             raise Wrong("regime-name", f"regime {regime!r}", f"answer one of {_REGIMES}, lesson 04's names")
         case = f"{flops:g} FLOPs, {bytes_:g} bytes on {peak:g} FLOP/s, {bw:g} B/s, {over:g} s per call"
-        if close(seconds, max(flops / bw, bytes_ / peak, over), 1e-6) and \
+        # the units mistake: the two roofs swapped (FLOPs over the bandwidth, bytes over the FLOP/s)
+        swapped = roof_times(flops, bytes_, 1, peak_flops=bw, bandwidth=peak, overhead_s=over)
+        if close(seconds, max(swapped.values()), 1e-6) and \
                 not close(seconds, terms[want_regime], 1e-6):
             raise Wrong("units", f"{case}: {seconds:g} s divides FLOPs by bandwidth or bytes by FLOP/s",
-                        "compute time = FLOPs / peak FLOP/s; memory time = bytes / bandwidth")
+                        "compute time = FLOPs ÷ peak FLOP/s; memory time = bytes ÷ bandwidth")
         if not close(seconds, terms[want_regime], 1e-6):
             _diagnose_time(case, seconds, terms)
         if regime != want_regime:
