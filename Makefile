@@ -1,6 +1,7 @@
 # The course's two commands (see README.md):
 #   make lab    set everything up, then open Jupyter Lab on notebooks/ (127.0.0.1, token auth on)
-#   make test   set everything up, then run every test (unit, scripts, nbval over every notebook)
+#   make test   set everything up, then run every test (unit, scripts, nbval over every notebook); it
+#               prints the 25 slowest tests, so that what a new lesson or exercise costs is seen
 # and `make course`, which executes every notebook headless into build/ (executed copies + HTML).
 # On a GPU box (air-gapped is fine): `make gpu-check` (see docs/gpu-check.md), after `make gpu-wheels` here.
 #
@@ -36,7 +37,7 @@ lab: $(STAMP)
 	  $$root $(LAB_ARGS)
 
 test: $(STAMP) browser lint
-	COURSE_PROFILE=$(TEST_PROFILE) HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env $(PYTEST_ARGS) tests notebooks
+	COURSE_PROFILE=$(TEST_PROFILE) HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env --durations=25 $(PYTEST_ARGS) tests notebooks
 
 # The suite on one tested version set, in its own venv (.venv-floor / .venv-box, built once from
 # ci/constraints-$(SET).txt): SET=floor (default; torch 2.7.1, transformers 4.52, Python 3.11) or SET=box
