@@ -249,8 +249,9 @@ def machine_lines(result: dict[str, Any]) -> list[str]:
             f"{st['torch']}, transformers {st['transformers']}, Python {st['python']}, {st['date']}.",
             f"Load average (1 min): {result['load_before']:.2f} before, {result['load_after']:.2f} after; "
             f"{ran} (CPU seconds of other processes / the run's wall seconds, psutil)."
-            + (f" {resumed} runs were read back from an interrupted invocation's progress file (their load "
-               "figures are their own)." if resumed else "")]
+            + (f" {resumed} runs were read back from the progress file of earlier invocations (their load "
+               "figures are their own)." if resumed else "")
+            + (f" {result['note']}" if result.get("note") else "")]
 
 
 def comparison_markdown(result: dict[str, Any]) -> str:
@@ -357,7 +358,7 @@ def run_all(plan: list[tuple[str, int, Any, Callable[[Any], dict[str, Any]]]], k
             done[entry["key"]] = entry["run"]
     runs = []
     for name, seed, cfg, fn in plan:
-        ident = f"{name}|{cfg!r}"
+        ident = f"{name}|{torch.get_num_threads()} threads|{cfg!r}"
         if ident in done:
             runs.append({**done[ident], "resumed": True})
             continue
@@ -382,6 +383,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--round", type=int, default=1, choices=(1, 2), help="the search's round")
     p.add_argument("--max-examples", type=int, default=0, help="a subset of the corpus (a quick look only)")
     p.add_argument("--max-steps", type=int, default=0, help="stop each run after this many steps (a look)")
+    p.add_argument("--candidates", nargs="+", default=[], help="only these candidates of the round")
+    p.add_argument("--note", default="", help="a sentence the Markdown must carry (how the runs were made)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, all cores)")
     p.add_argument("--no-resume", action="store_true", help="run everything again, ignoring finished runs")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -393,6 +396,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "whole epochs, torch's threads)")
         if args.search and args.round == 2 and not ROUND2:
             raise ValueError("round 2's candidates (ROUND2) are chosen from round 1's results: run round 1")
+        known = {*CANDIDATES, *ROUND2, "former defaults"}
+        if any(name not in known for name in args.candidates):
+            raise ValueError(f"--candidates: choose among {sorted(known)}, got {args.candidates}")
     except ValueError as err:
         p.error(str(err))
     return args
@@ -413,6 +419,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if args.search:
         cands = CANDIDATES if args.round == 1 else {"former defaults": {}, **ROUND2}
+        if args.candidates:  # a share of the round (several processes can share one round's progress file)
+            cands = {name: cands[name] for name in args.candidates}
         _, note = padding_check(ft, candidate_config(ft, {}, **run))
         plan = [(name, seed, candidate_config(ft, over, seed=seed, **run), partial(run_course, ft))
                 for seed in args.seeds for name, over in cands.items()]
@@ -435,7 +443,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "comparison": compare(runs)}
         markdown, variant = comparison_markdown, ""
     splits = ft.load_splits(ft.FinetuneConfig(**run), verbose=False)
-    result.update(stamp=stamp(device), load_before=load_before, load_after=os.getloadavg()[0],
+    result.update(stamp=stamp(device), load_before=load_before, load_after=os.getloadavg()[0], note=args.note,
                   val_examples=len(splits.val), test_examples=len(splits.test))
     paths = write_results("capstone-vs-trainer", result, markdown(result), out_dir=args.out, variant=variant)
     print(markdown(result))
