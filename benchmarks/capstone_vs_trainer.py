@@ -362,8 +362,10 @@ def run_all(plan: list[tuple[str, int, Any, Callable[[Any], dict[str, Any]]]], k
         if ident in done:
             runs.append({**done[ident], "resumed": True})
             continue
-        t0 = time.perf_counter()
+        t0, threads = time.perf_counter(), torch.get_num_threads()
         r = watched(lambda: fn(cfg))
+        if torch.get_num_threads() != threads:  # both arms must run on the same threads
+            raise RuntimeError(f"{name} changed torch's threads from {threads} to {torch.get_num_threads()}")
         r.update({key: name, "seed": seed, "run_wall_s": time.perf_counter() - t0})
         runs.append(r)
         if progress is not None:
