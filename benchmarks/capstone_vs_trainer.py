@@ -18,7 +18,9 @@ seed by seed) against the spread of each arm's times: "faster" or "slower" only 
 
 `--search` runs the recipe search instead: candidates that differ from the script's former defaults in one
 thing each (`CANDIDATES`), seeds interleaved, scored on the *validation* split; test accuracy is reported
-and never used to pick. `--round 2` runs the combinations chosen from round 1 (`ROUND2`).
+and never used to pick. Round 1's winners are the changes whose median validation accuracy beats the former
+defaults'; `--round 2` (read from round 1's result file) sets them beside all of them together, and `pick`
+names the recipe: the best median validation accuracy, then the best mean, then the shorter median time.
 
 The Trainer arm needs `accelerate` (`pip install accelerate`, or `pip install -e ".[bench]"`); nothing else
 here does, and it is imported only when that arm runs.
@@ -70,7 +72,46 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "no warm-up": {"warmup_frac": 0.0},
     "no decay (constant lr)": {"lr_schedule": "constant"},
 }
-ROUND2: dict[str, dict[str, Any]] = {}  # filled from round 1's validation accuracies
+
+
+def winners(summary: dict[str, Any], base: str = "former defaults") -> list[str]:
+    """Round 1's candidates whose median validation accuracy beats `base`'s, best first."""
+    floor = summary[base]["val_accuracy"]["median"]
+    better = [n for n in summary if n != base and summary[n]["val_accuracy"]["median"] > floor]
+    return sorted(better, key=lambda n: -summary[n]["val_accuracy"]["median"])
+
+
+def round2_candidates(round1: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Round 2: the former defaults, round 1's winners (their runs are read back), and the winners' changes
+    all together (on a clash over one setting, the better winner's value)."""
+    names = winners(round1["summary"])
+    cands: dict[str, dict[str, Any]] = {"former defaults": {}, **{n: round1["candidates"][n] for n in names}}
+    if len(names) > 1:
+        together: dict[str, Any] = {}
+        for n in reversed(names):  # the better winner last, so its value stays
+            together.update(round1["candidates"][n])
+        cands[" + ".join(names)] = together
+    return cands
+
+
+def pick(summary: dict[str, Any], runs: list[dict[str, Any]], key: str = "candidate") -> str:
+    """The recipe: best median validation accuracy, then best mean, then the shorter median training time."""
+    def score(name: str) -> tuple[float, float, float]:
+        vals = [r["val_accuracy"] for r in runs if r[key] == name]
+        return (summary[name]["val_accuracy"]["median"], statistics.fmean(vals),
+                -summary[name]["train_s"]["median"])
+
+    return max(summary, key=score)
+
+
+def round1_file(out: Path) -> dict[str, Any]:
+    """Round 1's recorded result for this device (round 2 starts from it)."""
+    from helpers.results import slug
+
+    path = out / f"capstone-vs-trainer-{slug(get_device('auto'))}-recipes-1.json"
+    if not path.is_file():
+        raise SystemExit(f"round 2 starts from round 1's result, {path}, missing: run --search --round 1")
+    return json.loads(path.read_text())
 
 
 def load_script() -> Any:
@@ -318,9 +359,16 @@ def search_markdown(result: dict[str, Any]) -> str:
                      f"{_range(m['test_accuracy'], pct)} | {_range(m['train_s'], lambda v: f'{v:.1f}')} | "
                      f"{'/'.join(map(str, steps))} |")
     gain = {n: 100 * (s[n]["val_accuracy"]["median"] - base["val_accuracy"]["median"]) for n in cands}
+    best = pick(s, result["runs"])
     lines += ["", "Validation accuracy, median difference to the first row: "
               + "; ".join(f"{n} {g:+.2f}" for n, g in gain.items()) + " points (one validation article is "
               f"{100 / result['val_examples']:.2f} points)."]
+    if result["round"] == 1:
+        lines.append("Winners (median validation accuracy above the former defaults'), carried to round 2 "
+                     f"with their changes all together: {', '.join(winners(s)) or 'none'}.")
+    else:
+        lines.append("Picked (best median validation accuracy, then best mean, then the shorter median "
+                     f"time): **{best}**.")
     return "\n".join(lines) + "\n"
 
 
@@ -396,11 +444,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.max_examples < 0 or args.max_steps < 0 or args.threads < 0:
             raise ValueError("--max-examples, --max-steps, --threads must be >= 0 (0: the whole corpus, "
                              "whole epochs, torch's threads)")
-        if args.search and args.round == 2 and not ROUND2:
-            raise ValueError("round 2's candidates (ROUND2) are chosen from round 1's results: run round 1")
-        known = {*CANDIDATES, *ROUND2, "former defaults"}
-        if any(name not in known for name in args.candidates):
-            raise ValueError(f"--candidates: choose among {sorted(known)}, got {args.candidates}")
+        if args.candidates and args.round == 1 and not set(args.candidates) <= set(CANDIDATES):
+            raise ValueError(f"--candidates: choose among {sorted(CANDIDATES)}, got {args.candidates}")
     except ValueError as err:
         p.error(str(err))
     return args
@@ -420,13 +465,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return None if args.no_resume else Path(tempfile.gettempdir()) / f"capstone-vs-trainer-{name}.jsonl"
 
     if args.search:
-        cands = CANDIDATES if args.round == 1 else {"former defaults": {}, **ROUND2}
+        cands = CANDIDATES if args.round == 1 else round2_candidates(round1_file(args.out))
         if args.candidates:  # a share of the round (several processes can share one round's progress file)
             cands = {name: cands[name] for name in args.candidates}
         _, note = padding_check(ft, candidate_config(ft, {}, **run))
         plan = [(name, seed, candidate_config(ft, over, seed=seed, **run), partial(run_course, ft))
                 for seed in args.seeds for name, over in cands.items()]
-        runs = run_all(plan, key="candidate", progress=progress(f"recipes-{args.round}"))
+        runs = run_all(plan, key="candidate", progress=progress("recipes"))  # one file: round 2 reuses runs
         result = {"command": command.strip(), "round": args.round, "seeds": args.seeds, "padding_note": note,
                   "candidates": {n: {k: (v if k != "spec" else dict(v)) for k, v in o.items()} for n, o in
                                  cands.items()}, "runs": runs, "summary": summarize(runs, key="candidate")}

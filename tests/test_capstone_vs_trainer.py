@@ -60,17 +60,39 @@ def test_seeds_must_be_three_or_more_and_distinct():
 def test_each_candidate_changes_one_thing_from_the_former_defaults():
     former = bench.candidate_config(ft, {})
     assert former.spec == RunSpec(attn="sdpa", padding="fixed") and former.batch_size == 16
-    for name, change in {**bench.CANDIDATES, **bench.ROUND2}.items():
+    for name, change in bench.CANDIDATES.items():
         cfg = bench.candidate_config(ft, change)
         changed = [f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(former, f.name)]
-        if name in bench.ROUND2:  # round 2 combines round 1's winners: each change is a round-1 candidate
-            singles = [c for c in bench.CANDIDATES.values() if len(c) == 1]
-            assert all({k: v} in singles for k, v in change.items()), name
-        else:
-            assert len(changed) == (0 if name == "former defaults" else 1), (name, changed)
+        assert len(changed) == (0 if name == "former defaults" else 1), (name, changed)
     with pytest.raises(ValueError, match="unknown setting"):
         bench.candidate_config(ft, {"learning_rate": 1e-4})
     assert bench.candidate_config(ft, {"spec": {"padding": "dynamic"}}).spec.padding == "dynamic"
+
+
+def _summary(vals: dict[str, list[float]], seconds: dict[str, float] | None = None):
+    runs = [{"candidate": n, "seed": i, "val_accuracy": v, "test_accuracy": 0.5, "samples_per_s": 1.0,
+             "train_s": (seconds or {}).get(n, 100.0)} for n, vs in vals.items() for i, v in enumerate(vs)]
+    return bench.summarize(runs, key="candidate"), runs
+
+
+def test_round_two_carries_the_winners_and_their_changes_together():
+    summary, runs = _summary({"former defaults": [0.97, 0.96, 0.97], "batch 8": [0.98, 0.97, 0.98],
+                              "lr 1e-4": [0.98, 0.97, 0.975], "lr 3e-5": [0.95, 0.94, 0.99],
+                              "no warm-up": [0.97, 0.97, 0.97]})  # a tie with the former defaults: no win
+    assert bench.winners(summary) == ["batch 8", "lr 1e-4"]
+    cands = bench.round2_candidates({"summary": summary, "candidates": bench.CANDIDATES})
+    assert cands == {"former defaults": {}, "batch 8": {"batch_size": 8}, "lr 1e-4": {"lr": 1e-4},
+                     "batch 8 + lr 1e-4": {"batch_size": 8, "lr": 1e-4}}
+    clash, _ = _summary({"former defaults": [0.9] * 3, "lr 1e-4": [0.95] * 3, "lr 3e-5": [0.93] * 3})
+    together = bench.round2_candidates({"summary": clash, "candidates": bench.CANDIDATES})
+    assert together["lr 1e-4 + lr 3e-5"] == {"lr": 1e-4}  # the better winner's value of a shared setting
+
+
+def test_the_pick_is_by_validation_then_time():
+    summary, runs = _summary({"former": [0.97] * 3, "a": [0.98, 0.97, 0.99], "b": [0.98, 0.97, 0.97]})
+    assert bench.pick(summary, runs) == "a"  # same median, better mean
+    summary, runs = _summary({"a": [0.98] * 3, "b": [0.98] * 3}, seconds={"a": 120.0, "b": 100.0})
+    assert bench.pick(summary, runs) == "b"  # a tie on validation: the faster one
 
 
 def test_the_trainer_arm_keeps_every_other_default():
@@ -115,11 +137,14 @@ def test_the_tables_show_every_run_and_the_verdicts():
     assert "Load average (1 min): 1.00 before, 1.50 after" in md and "a test CPU" in md
     search = {"command": "c", "round": 1, "seeds": [0, 1, 2], "candidates": {"former defaults": {}, "batch 8":
               {"batch_size": 8}}, "runs": [dict(r, candidate="former defaults" if r["arm"] == "course" else
-                                                "batch 8") for r in runs],
+                                                "batch 8", val_accuracy=0.97 + 0.01 * (r["arm"] == "trainer"))
+                                           for r in runs],
               "stamp": _result(runs)["stamp"], "load_before": 1.0, "load_after": 1.5, "val_examples": 213}
     search["summary"] = bench.summarize(search["runs"], key="candidate")
     md = bench.search_markdown(search)
     assert "| batch 8 | {'batch_size': 8} |" in md and "not** used to pick" in md
+    assert "carried to round 2 with their changes all together: batch 8." in md
+    assert "**batch 8**" in bench.search_markdown(dict(search, round=2))
 
 
 def test_the_published_comparison_measured_the_scripts_defaults():
