@@ -38,6 +38,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -282,14 +283,16 @@ def machine_lines(result: dict[str, Any]) -> list[str]:
     """The machine, the load before/after and whether other processes ran, as Markdown lines."""
     st, runs = result["stamp"], result["runs"]
     other = [r["other_cpu_s"] / r["run_wall_s"] for r in runs if r.get("run_wall_s")]
+    loads = [r[k] for r in runs for k in ("load_before", "load_after")]
     busy, resumed = max(other, default=0.0), sum(bool(r.get("resumed")) for r in runs)
     ran = ("nothing else used the CPUs to speak of" if busy < 0.05 else
            f"other processes ran: they used {100 * min(other):.0f}–{100 * busy:.0f} % of one core during the "
            "runs (a shared machine: times are noisy)")
-    return [f"Machine: {st['device']} ({st['cpu_count']} CPUs, {st['threads']} torch threads), torch "
+    return [f"Machine: {st['device']} ({st['cpu_count']} CPUs; torch threads: {st['threads']}), torch "
             f"{st['torch']}, transformers {st['transformers']}, Python {st['python']}, {st['date']}.",
-            f"Load average (1 min): {result['load_before']:.2f} before, {result['load_after']:.2f} after; "
-            f"{ran} (CPU seconds of other processes / the run's wall seconds, psutil)."
+            f"Load average (1 min): {runs[0]['load_before']:.2f} before the first run, "
+            f"{runs[-1]['load_after']:.2f} after the last, {min(loads):.2f}–{max(loads):.2f} at the starts "
+            f"and ends of the runs; {ran} (CPU seconds of other processes / the run's wall seconds, psutil)."
             + (f" {resumed} runs were read back from the progress file of earlier invocations (their load "
                "figures are their own)." if resumed else "")
             + (f" {result['note']}" if result.get("note") else "")]
@@ -456,7 +459,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ft = load_script()
     device = get_device("auto")
     run = dict(max_examples=args.max_examples, max_steps=args.max_steps, device=device.type)
-    command = "python benchmarks/capstone_vs_trainer.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "benchmarks/capstone_vs_trainer.py", *words])
     load_before = os.getloadavg()[0]
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -134,7 +134,7 @@ def test_the_tables_show_every_run_and_the_verdicts():
     assert all(f"\n| {a} | {s} | " in md for a in bench.ARMS for s in range(3))  # every run, then the medians
     assert md.count("\n| course | ") == md.count("\n| trainer | ") == 4
     assert "97.65 %" in md and "98.12 %" in md and "**faster**" in md and "**at least as accurate**" in md
-    assert "Load average (1 min): 1.00 before, 1.50 after" in md and "a test CPU" in md
+    assert "Load average (1 min): 1.00 before the first run, 1.20 after the last" in md and "a test CPU" in md
     search = {"command": "c", "round": 1, "seeds": [0, 1, 2], "candidates": {"former defaults": {}, "batch 8":
               {"batch_size": 8}}, "runs": [dict(r, candidate="former defaults" if r["arm"] == "course" else
                                                 "batch 8", val_accuracy=0.97 + 0.01 * (r["arm"] == "trainer"))
