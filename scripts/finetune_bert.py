@@ -169,6 +169,7 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
         devices = world if env.device.type == "cuda" else 1
         result: dict[str, Any] = {
             "config": asdict(cfg), "world_size": world, "device": str(env.device),
+            "threads": torch.get_num_threads(),  # CPU threads per process (OMP_NUM_THREADS, else all)
             "model_source": getattr(raw, "course_source", "?"),
             "pretrained": getattr(raw, "course_pretrained", None), "steps": res.steps_done,
             "resumed_from": res.resumed_from, "final_loss": res.final_loss, "losses": res.losses,
