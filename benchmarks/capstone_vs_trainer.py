@@ -50,7 +50,7 @@ from typing import Any, Callable
 import torch
 
 from helpers.data import padding_fraction
-from helpers.hardware import get_device
+from helpers.device import get_device
 from helpers.results import stamp, write_results
 from helpers.runspec import RunSpec
 from helpers.train import evaluate
