@@ -122,6 +122,13 @@ def test_verdicts_follow_the_paired_ratios_and_the_noise():
               for s in range(3) for a in bench.ARMS]  # planted: the course loses on both counts
     c = bench.compare(slower)
     assert c["time"] == "slower" and not c["not_slower"] and not c["at_least_as_accurate"]
+    one_article = [_run(a, s, 100 + s, 0.97, (0.97 if a == "course" else 0.975) + 0.02 * (s == 1))
+                   for s in range(3) for a in bench.ARMS]  # 0.5 points behind, 2 points of seed spread
+    c = bench.compare(one_article)
+    assert c["accuracy"]["test_accuracy"] == "as accurate within the noise" and c["at_least_as_accurate"]
+    assert c["accuracy_noise"]["test_accuracy"] == pytest.approx(0.02)
+    assert bench.compare(slower)["accuracy"]["test_accuracy"] == "less accurate"
+    assert bench.compare(faster)["accuracy"]["test_accuracy"] == "more accurate"
     noisy = [_run(a, s, (100 if a == "course" else 110) * (1 + 0.3 * s), 0.97, 0.97)
              for s in range(3) for a in bench.ARMS]  # 10 % apart, 60 % spread: no verdict either way
     assert bench.compare(noisy)["time"] == "the same within the noise"
@@ -133,7 +140,9 @@ def test_the_tables_show_every_run_and_the_verdicts():
     md = bench.comparison_markdown(_result(runs))
     assert all(f"\n| {a} | {s} | " in md for a in bench.ARMS for s in range(3))  # every run, then the medians
     assert md.count("\n| course | ") == md.count("\n| trainer | ") == 4
-    assert "97.65 %" in md and "98.12 %" in md and "**faster**" in md and "**at least as accurate**" in md
+    assert "97.65 %" in md and "98.12 %" in md and "**faster**" in md
+    assert "**as accurate within the noise**" in md
+    assert "the course took longer in 0 of 3 seeds" in md
     assert "Load average (1 min): 1.00 before the first run, 1.20 after the last" in md and "a test CPU" in md
     search = {"command": "c", "round": 1, "seeds": [0, 1, 2], "candidates": {"former defaults": {}, "batch 8":
               {"batch_size": 8}}, "runs": [dict(r, candidate="former defaults" if r["arm"] == "course" else
