@@ -1,6 +1,7 @@
 """Copy the published results into README.md's results section: every ladder result
-(benchmarks/results/ladder-*.md), and the GPU results of the attention sweep and the mixed-precision
-benchmark (their CPU runs are linked from the README's text, not copied).
+(benchmarks/results/ladder-*.md), the GPU results of the attention sweep and the mixed-precision
+benchmark (their CPU runs are linked from the README's text, not copied), and the capstone's recipe beside
+the Trainer (capstone-vs-trainer-*.md; its recipe search is linked, not copied).
 
 Run it after a benchmark wrote new results; a test checks that the README shows exactly what the result
 files say.
@@ -32,6 +33,7 @@ def results_block(root: Path = ROOT) -> str:
     if not files:
         raise ValueError("no benchmarks/results/ladder-*.md yet: run benchmarks/ladder.py first")
     files += [f for stem in GPU_ONLY for f in sorted(folder.glob(f"{stem}-*.md")) if _on_gpu(f)]
+    files += [f for f in sorted(folder.glob("capstone-vs-trainer-*.md")) if "-recipes-" not in f.name]
     parts = [START]
     for f in files:
         body = re.sub(r"^# .*\n+", "", f.read_text().strip())  # the README gives its own heading

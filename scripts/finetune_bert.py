@@ -7,7 +7,14 @@ batches the data, prepares the model and runs the steps, as in the notebook. Che
 --checkpoint-dir every --checkpoint-every steps, atomically; run
 the same command again and it resumes from the last one.
 
-    python scripts/finetune_bert.py --max-length 128 --batch-size 16 --lr 5e-5 --epochs 1   # the full run
+The defaults are the course's recipe (one epoch at 128 tokens): batch 16, AdamW at a peak lr of 1e-4 with
+a linear warm-up over 10 % of the steps and a linear decay to 0, weight decay 0.01, fp32, SDPA attention,
+the fused AdamW kernel, each batch padded to its longest. They were picked on the validation split, from
+candidates that each changed one thing of the former defaults (`benchmarks/capstone_vs_trainer.py --search`,
+results in `benchmarks/results/capstone-vs-trainer-cpu-recipes-*.md`), and that benchmark sets them beside
+Hugging Face's Trainer with its defaults (`capstone-vs-trainer-cpu.md`).
+
+    python scripts/finetune_bert.py --tfidf-baseline     # the full run, the course's recipe
     torchrun --standalone --nproc-per-node 2 scripts/finetune_bert.py --max-examples 200 --max-steps 4
 
 Prints one JSON line starting with `RESULT ` (rank 0) and, with --results-json, writes it to a file.
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -31,29 +39,29 @@ from helpers.models import load_bert
 from helpers.runspec import RunSpec
 from helpers.train import LR_SCHEDULES, TrainConfig, evaluate, train
 
+# The run's switches when no flag changes them: fp32, SDPA, fused AdamW, each batch padded to its longest.
+RECIPE_SPEC = RunSpec(attn="sdpa")
+
 
 @dataclass
 class FinetuneConfig:
-    """The run's switches; the notebook's parameters carry the same names in upper case."""
+    """The run: what to train on and how long (here), and its switches (`spec`, a RunSpec); the notebook's
+    parameters carry the same names in upper case."""
 
     model_name: str = "bert-base-uncased"  # hub id or local folder; offline: the bundled MiniLM
     max_length: int = 128  # tokens per document (longer ones are truncated)
     batch_size: int = 16  # samples per step on each process
-    lr: float = 5e-5  # peak learning rate
+    lr: float = 1e-4  # peak learning rate
     lr_schedule: str = "linear"  # linear warm-up, then linear decay to 0 ("constant": held after warm-up)
     warmup_frac: float = 0.1  # warm-up over this fraction of the steps
     weight_decay: float = 0.01
     epochs: int = 1
     max_steps: int = 0  # > 0: stop after this many steps (per process) whatever the epochs
     max_examples: int = 0  # > 0: a stratified subset of the corpus (smoke runs)
-    precision: str = "fp32"  # fp32 | tf32 | fp16 | bf16 (helpers.precision)
-    attn: str = "sdpa"  # eager | sdpa
-    compile: bool = False  # torch.compile each Transformer layer (regional compilation)
-    fused_adamw: bool = True  # the fused AdamW kernel (the course's default); --no-fused-adamw: foreach
-    padding: str = "fixed"  # fixed (every batch max_length wide) | dynamic | bucketed (length buckets)
-    # | packed (documents packed whole into rows of max_length)
+    spec: RunSpec = RECIPE_SPEC  # precision, FP8, attention, compile, fused AdamW, padding (helpers.runspec)
     eval_batch_size: int = 64
-    seed: int = 0
+    seed: int = 0  # the training's randomness: the new head's weights, the batch order, dropout
+    split_seed: int = 0  # the train/val/test split (and the --max-examples subset): the course's split is 0
     checkpoint_dir: str = ""  # "" = no checkpoints; else resume from the newest one there
     checkpoint_every: int = 0  # steps; 0 = never
     save_dir: str = ""  # "" = do not save the fine-tuned model (save_pretrained)
@@ -62,7 +70,9 @@ class FinetuneConfig:
     peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0 = helpers.roofline.peak_flops
 
     def __post_init__(self) -> None:
-        self.spec  # noqa: B018 - RunSpec checks the switches, naming the allowed values
+        if not isinstance(self.spec, RunSpec):
+            raise ValueError(f"spec must be a helpers.runspec.RunSpec such as RunSpec(padding='dynamic'), "
+                             f"got {type(self.spec).__name__}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if min(self.max_length, self.batch_size, self.epochs, self.eval_batch_size) < 1 or self.lr <= 0:
@@ -71,16 +81,10 @@ class FinetuneConfig:
         if self.max_length > 512:
             raise ValueError(f"max_length={self.max_length}: BERT has 512 positions")
 
-    @property
-    def spec(self) -> RunSpec:
-        """The run's switches as one RunSpec (helpers.runspec)."""
-        return RunSpec(precision=self.precision, attn=self.attn, compile=self.compile,
-                       fused_adamw=self.fused_adamw, padding=self.padding)
-
 
 def load_splits(cfg: FinetuneConfig, verbose: bool = True):
-    """The corpus split train/val/test: the hub's copy when online, the bundled one offline."""
-    return load_text_classification("auto", seed=cfg.seed, max_examples=cfg.max_examples or None,
+    """The corpus split train/val/test by `split_seed`: the hub's copy online, the bundled one offline."""
+    return load_text_classification("auto", seed=cfg.split_seed, max_examples=cfg.max_examples or None,
                                     verbose=verbose)
 
 
@@ -108,9 +112,10 @@ def make_batches(dataset: Any, cfg: FinetuneConfig, *, rank: int = 0, world_size
 
 
 def build_model(cfg: FinetuneConfig, num_labels: int, verbose: bool = True):
-    """(model, tokenizer): the pretrained classifier (the spec sets its attention implementation)."""
-    torch.manual_seed(cfg.seed)  # the new classifier head starts the same in every run
-    return load_bert(cfg.model_name, num_labels=num_labels, attn_implementation=cfg.attn, verbose=verbose)
+    """(model, tokenizer): the pretrained classifier, loaded with the spec's attention (None: load_bert's)."""
+    torch.manual_seed(cfg.seed)  # the new classifier head starts the same in every run of this seed
+    attn = {} if cfg.spec.attn is None else {"attn_implementation": cfg.spec.attn}
+    return load_bert(cfg.model_name, num_labels=num_labels, verbose=verbose, **attn)
 
 
 def tfidf_baseline(splits: Any) -> float:
@@ -139,12 +144,15 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
     main_rank = env.rank == 0
     say = log if main_rank else (lambda *a, **k: None)
     try:
+        cfg.spec.check(env.device)  # before minutes of loading: can this device run the spec?
         t_start = time.perf_counter()
         splits = load_splits(cfg, verbose=main_rank)
         model, tokenizer = build_model(cfg, num_labels=splits.num_labels, verbose=main_rank)
         data = tokenize_splits(splits, tokenizer, cfg)
-        batches = make_batches(data["train"], cfg, rank=env.rank, world_size=env.world_size,
-                               pad_token_id=tokenizer.pad_token_id or 0)
+        pad = tokenizer.pad_token_id or 0
+        t_batch = time.perf_counter()
+        batches = make_batches(data["train"], cfg, rank=env.rank, world_size=env.world_size, pad_token_id=pad)
+        batching_s = time.perf_counter() - t_batch  # collating every batch up front (the loop's part of it)
         steps = min(len(batches), cfg.max_steps) if cfg.max_steps else len(batches)
         raw = model.to(env.device)
         spec = cfg.spec
@@ -158,8 +166,7 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
                            checkpoint_every=cfg.checkpoint_every if cfg.checkpoint_dir else 0,
                            progress=main_rank, track_memory=True, peak_flops=cfg.peak_flops or None)
         say(f"finetune: {steps} steps of {cfg.batch_size} x {env.world_size} process(es) on {env.device}, "
-            f"{cfg.precision}, attn={cfg.attn}, compile={cfg.compile}, fused={cfg.fused_adamw}, "
-            f"padding={cfg.padding}, lr {cfg.lr} {cfg.lr_schedule} (warm-up {tcfg.warmup} steps)")
+            f"{spec}, lr {cfg.lr} {cfg.lr_schedule} (warm-up {tcfg.warmup} steps)")
         t_train = time.perf_counter()
         res = train(run, batches, tcfg, env.device, spec=spec)
         train_s = time.perf_counter() - t_train
@@ -169,10 +176,11 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
         devices = world if env.device.type == "cuda" else 1
         result: dict[str, Any] = {
             "config": asdict(cfg), "world_size": world, "device": str(env.device),
+            "threads": torch.get_num_threads(),  # CPU threads per process (OMP_NUM_THREADS, else all)
             "model_source": getattr(raw, "course_source", "?"),
             "pretrained": getattr(raw, "course_pretrained", None), "steps": res.steps_done,
             "resumed_from": res.resumed_from, "final_loss": res.final_loss, "losses": res.losses,
-            "lrs": res.lrs, "train_s": train_s,
+            "lrs": res.lrs, "train_s": train_s, "batching_s": batching_s,
             # every process handled as many samples: the job's throughput is world_size x one process's
             "samples_per_s": res.samples_per_s * world if res.samples_per_s is not None else None,
             "tokens_per_s": res.tokens_per_s * world if res.tokens_per_s is not None else None,
@@ -189,9 +197,9 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
                 "or pass --peak-flops)")
         if main_rank:
             acc_val = evaluate(raw, data["val"], batch_size=cfg.eval_batch_size, spec=spec,
-                               device=env.device)[0] if len(data["val"]) else None
+                               device=env.device, pad_token_id=pad)[0] if len(data["val"]) else None
             acc_test = evaluate(raw, data["test"], batch_size=cfg.eval_batch_size, spec=spec,
-                                device=env.device)[0]
+                                device=env.device, pad_token_id=pad)[0]
             result.update(val_accuracy=acc_val, test_accuracy=acc_test, total_s=time.perf_counter() - t_start,
                           train_examples=len(data["train"]), test_examples=len(data["test"]),
                           label_names=splits.label_names)
@@ -209,25 +217,57 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
         teardown()
 
 
+def _choices(hint: Any) -> tuple[str, ...] | None:
+    """The values a `Literal[...]` annotation (or `Literal[...] | None`) allows; None for any other type."""
+    if typing.get_origin(hint) is typing.Literal:
+        return tuple(typing.get_args(hint))
+    inner = [_choices(h) for h in typing.get_args(hint) if h is not type(None)]
+    return inner[0] if len(inner) == 1 else None
+
+
+def _add_flags(parser: Any, defaults: Any, skip: tuple[str, ...] = ()) -> None:
+    """One flag per field of the dataclass instance `defaults`: --field-name, its value the default."""
+    hints = typing.get_type_hints(type(defaults))
+    for f in fields(defaults):
+        if f.name in skip:
+            continue
+        flag, value = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
+        if isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+        else:  # None (a RunSpec "as the model has it") stays None unless the flag is given
+            parser.add_argument(flag, type=type(value) if value is not None else str, default=value,
+                                choices=_choices(hints[f.name]))
+
+
 def _parser() -> argparse.ArgumentParser:
+    """The command line: one flag per FinetuneConfig field, and one per field of its RunSpec."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = FinetuneConfig()
-    for f in fields(FinetuneConfig):
-        flag = "--" + f.name.replace("_", "-")
-        value = getattr(defaults, f.name)
-        if isinstance(value, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
-        else:
-            p.add_argument(flag, type=type(value), default=value)
+    clash = {f.name for f in fields(RunSpec)} & {f.name for f in fields(FinetuneConfig)}
+    assert not clash, f"FinetuneConfig repeats RunSpec's fields {clash}: they belong in cfg.spec"
+    _add_flags(p, defaults, skip=("spec",))
+    _add_flags(p.add_argument_group("the run's switches (helpers.runspec.RunSpec, FinetuneConfig.spec)"),
+               defaults.spec)
     p.add_argument("--results-json", default="", help="write the result here (rank 0)")
     return p
 
 
+def config_from_args(argv: list[str] | None = None) -> tuple[FinetuneConfig, str]:
+    """(FinetuneConfig, --results-json) from command-line arguments; the RunSpec flags fill cfg.spec."""
+    parser = _parser()
+    args = vars(parser.parse_args(argv))
+    out = args.pop("results_json")
+    switches = {f.name: args.pop(f.name) for f in fields(RunSpec)}
+    try:
+        return FinetuneConfig(spec=RunSpec(**switches), **args), out
+    except ValueError as err:  # a switch RunSpec or FinetuneConfig refuses: usage and the reason
+        parser.error(str(err))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Command line entry point (also under torchrun)."""
-    args = vars(_parser().parse_args(argv))
-    out = args.pop("results_json")
-    result = finetune(FinetuneConfig(**args))
+    cfg, out = config_from_args(argv)
+    result = finetune(cfg)
     if "test_accuracy" in result:  # rank 0
         print("RESULT " + json.dumps(result), flush=True)
         if out:
