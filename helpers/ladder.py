@@ -22,8 +22,9 @@ the baseline (`side_by_side`): no speed-up divides a late timing by the baseline
 Before a stack is timed it is checked against
 the stack it adds to (`measure_stack`), from the same weights on the same samples: logits and loss of one
 forward pass within the tolerance of the looser precision of the two (`TOLERANCES`), each pass run in its
-own spec's context (`RunSpec.context`: TF32 on for tf32 and every later precision, as in training; the
-timed passes run forward, backward and optimizer step inside it); the fused-AdamW rung also checks
+own spec's TF32 setting and autocast (`RunSpec.step_context`, TF32 on for tf32 and every later precision,
+as in training, around the whole step; `RunSpec.autocast` around forward and loss only); the fused-AdamW
+rung also checks
 one optimizer step's updates against the unfused step on identical gradients (`optimizer_step_agreement`).
 A stack that disagrees is not timed and not kept (`RungDisagrees`); a rung the device cannot run (FP8
 below compute capability 8.9) is skipped with its one-line reason.
@@ -296,7 +297,7 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     # 1. agreement with the reference: one forward pass (the first call also compiles, when asked)
     cb = _to(check[stack.padding], device)
     t0 = time.perf_counter()
-    with stack.context(device):
+    with stack.step_context(device), stack.autocast(device):
         out = run(**cb)
     synchronize(device)
     row["first_call_s"] = time.perf_counter() - t0
@@ -324,9 +325,11 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     dev_batches = [_to(b, device) for b in batches[stack.padding]]
 
     def one_pass() -> None:
-        with stack.context(device):  # forward, backward and step: TF32 and autocast as in training
+        with stack.step_context(device):  # TF32 for the whole step, as in training
             for b in dev_batches:
-                run(**b).loss.backward()
+                with stack.autocast(device):  # forward and loss only
+                    loss = run(**b).loss
+                loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 

@@ -16,8 +16,9 @@ TF32 is decided once for the course (`uses_tf32`): it stays ON for whatever stil
 run's precision is "tf32" or any later rung (fp16, bf16, fp8): under autocast the ops autocast keeps in
 float32 (and the optimizer's) would otherwise run slower than the rung below. Only "fp32" turns it off.
 
-A run applies TF32 and autocast through `helpers.runspec.RunSpec.context` only (one rule, around forward,
-backward and optimizer step); the primitives below are what it calls, and what lesson 02 shows.
+A run applies TF32 and autocast through `helpers.runspec.RunSpec` only: `step_context` (TF32, around the
+whole step) and `autocast` (around forward and loss only); the primitives below are what they call, and what
+lesson 02 shows.
 The switch (`set_tf32`, `tf32_matmuls`) uses `torch.set_float32_matmul_precision` and
 `torch.backends.cudnn.allow_tf32`. PyTorch 2.9 added per-backend `fp32_precision` attributes, but
 setting only those leaves the global matmul precision behind, and torch's own readers of it

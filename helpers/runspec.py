@@ -1,10 +1,13 @@
 """One run specification: the switches of a training run, each applied in exactly one place (lessons 02-08).
 
-A `RunSpec` is frozen: it names *what* a run uses; its four methods are the only code that turns a
+A `RunSpec` is frozen: it names *what* a run uses; its methods are the only code that turns a
 switch into torch calls:
 
-- `spec.context(device)`: TF32 and autocast (one rule, `helpers.precision.uses_tf32`), around the
-  forward pass, the backward pass and the optimizer step alike;
+- `spec.step_context(device)`: TF32 (a global matmul setting, one rule: `helpers.precision.uses_tf32`)
+  around the whole step: forward, backward and optimizer step;
+- `spec.autocast(device)`: autocast around the forward pass and the loss ONLY. Backward ops run in the
+  dtype autocast chose for their forward op, and the optimizer updates float32 weights: PyTorch's AMP
+  guide keeps backward and `optimizer.step()` outside autocast;
 - `spec.dataloader(dataset, batch_size)`: the batches of its padding (fixed, dynamic, bucketed, packed),
   pinned by the DataLoader's own thread when the batches go to a GPU;
 - `spec.apply(model)`: attention implementation, FP8 linears, regional compilation, packed forward;
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,23 +69,31 @@ class RunSpec:
         return dataclasses.replace(self, **switches)
 
     @property
-    def autocast(self) -> str:
-        """The precision autocast runs in: FP8 linears run under bf16 autocast."""
+    def autocast_precision(self) -> str:
+        """The precision autocast runs in: FP8 linears run under bf16 autocast (lessons 02, 08)."""
         return "bf16" if self.fp8 else self.precision
+
+    @property
+    def effective_precision(self) -> str:
+        """The precision a run's numbers carry: "fp8" with FP8 linears, else `precision` (lesson 08's
+        tolerances, the TF32 rule)."""
+        return "fp8" if self.fp8 else self.precision
 
     def check(self, device: torch.device | str) -> None:
         """ValueError when `device` cannot run this spec's precision (helpers.precision.check_precision)."""
-        check_precision(self.autocast, device)
+        check_precision(self.autocast_precision, device)
 
-    @contextlib.contextmanager
-    def context(self, device: torch.device | str) -> Iterator[None]:
-        """TF32 and autocast as the spec says: wrap forward, backward and optimizer step in it (lesson 02).
+    def step_context(self, device: torch.device | str) -> contextlib.AbstractContextManager:
+        """TF32 as the spec says, around the WHOLE step: forward, backward and optimizer step (lesson 02).
 
-        TF32 is on for "tf32" and every later precision (fp16, bf16, FP8), on every device: a device
-        without TF32 units (a CPU) computes exact float32 anyway."""
-        with tf32_matmuls(uses_tf32("fp8" if self.fp8 else self.precision)), \
-                autocast_context(self.autocast, device):
-            yield
+        On for "tf32" and every later precision (fp16, bf16, FP8), on every device: a device without TF32
+        units (a CPU) computes exact float32 anyway. Restores the previous setting on exit."""
+        return tf32_matmuls(uses_tf32(self.effective_precision))
+
+    def autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager:
+        """Autocast as the spec says, around the forward pass and the loss ONLY (lesson 02): backward runs
+        outside it, in the dtypes autocast chose for the forward ops; so does the optimizer step."""
+        return autocast_context(self.autocast_precision, device)
 
     def dataloader(self, dataset: Any, batch_size: int, *, pad_token_id: int = 0,
                    max_length: int | None = None, shuffle: bool = True, seed: int = 0,

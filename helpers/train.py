@@ -33,10 +33,12 @@ step times are wall-clock times.)
 The switches: a RunSpec
 -----------------------
 Precision (with its TF32 rule), FP8, attention, compile, fused AdamW and padding are one frozen
-`helpers.runspec.RunSpec`, given as `train(..., spec=spec)`; its `context(device)` wraps each whole
-step (forward, backward, optimizer step). `TrainConfig` holds the rest: steps, optimizer, schedule,
-accumulation, checkpoints. Under DDP (or FSDP2) with accumulation, gradients are all-reduced once per
-step, on the last micro-batch (`helpers.distributed.grad_sync`).
+`helpers.runspec.RunSpec`, given as `train(..., spec=spec)`: `spec.step_context(device)` (TF32) wraps
+each whole step, `spec.autocast(device)` each forward pass and loss only (PyTorch's AMP guide: backward
+runs in the dtypes autocast chose for the forward ops; the optimizer step is outside autocast).
+`TrainConfig` holds the rest: steps, optimizer, schedule, accumulation, checkpoints. Under DDP (or FSDP2)
+with accumulation, gradients are all-reduced once per step, on the last micro-batch
+(`helpers.distributed.grad_sync`).
 
 Checkpoints
 -----------
@@ -330,19 +332,21 @@ def _generate(batches: Any, start_step: int, grad_accum: int, indexable: bool) -
 def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch.optim.Optimizer,
           scaler: torch.amp.GradScaler | None, spec: RunSpec, device: torch.device,
           max_grad_norm: float | None, scheduler: Any) -> StepOutput:
-    """One optimizer step over `micro` (already checked), all of it inside `spec.context`; under DDP the
-    gradients are all-reduced on the last micro-batch only; no device sync unless fp16's scaler needs one."""
+    """One optimizer step over `micro` (already checked): TF32 (`spec.step_context`) around all of it,
+    autocast (`spec.autocast`) around each forward pass and loss only; under DDP the gradients are
+    all-reduced on the last micro-batch only; no device sync unless fp16's scaler needs one."""
     accum = len(micro)
     optimizer.zero_grad(set_to_none=True)
     step_loss = torch.zeros((), device=device)
     tokens: int | torch.Tensor = 0
     widths: list[tuple[int | torch.Tensor, int]] = []  # (real tokens, padded width T) per micro-batch
-    with spec.context(device):
+    with spec.step_context(device):
         for i, host in enumerate(micro):
             n = _tokens(host)  # counted before the copy: no sync
             batch = _to_device(host, device)
             with grad_sync(model, sync=i == accum - 1):  # DDP's no_sync on all but the last micro-batch
-                loss = model(**batch).loss
+                with spec.autocast(device):  # forward and loss; backward runs in the dtypes chosen here
+                    loss = model(**batch).loss
                 if loss is None:
                     raise ValueError("the model returned no loss: give the batches `labels`")
                 # average over micro-batches, so accumulation gives the gradient of one big batch
@@ -381,9 +385,10 @@ def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str
                optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None,
                spec: RunSpec | None = None, device: torch.device | str | None = None,
                max_grad_norm: float | None = 1.0, scheduler: Any = None) -> StepOutput:
-    """One optimizer step, for a loop of your own: forward under autocast, backward (scaled for fp16),
-    clip, step, schedule, all inside `spec.context` (lessons 02, 03). `batch`: one batch dict, or a list
-    of micro-batches whose gradients are accumulated (averaged). The loss is a device tensor."""
+    """One optimizer step, for a loop of your own: forward and loss under `spec.autocast`, backward
+    (scaled for fp16), clip, step, schedule, all inside `spec.step_context` (TF32) (lessons 02, 03).
+    `batch`: one batch dict, or a list of micro-batches whose gradients are accumulated (averaged). The
+    loss is a device tensor."""
     micro = [batch] if isinstance(batch, Mapping) else list(batch)
     if not micro:
         raise ValueError("train_step got an empty list of micro-batches")
@@ -599,8 +604,8 @@ def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, spec: RunS
              device: torch.device | str | None = None,
              pad_token_id: int = 0) -> tuple[float, list[int], list[int]]:
     """(accuracy, predictions, labels) of a sequence classifier over a tokenised dataset
-    (`helpers.data.tokenize`), in batches sorted by length (less padding), under `spec.context`
-    (lesson 08)."""
+    (`helpers.data.tokenize`), in batches sorted by length (less padding), forward passes under the spec's
+    TF32 and autocast (lesson 08)."""
     from helpers.data import PadCollate  # the data layer: imported here, where it is used
 
     if batch_size < 1:
@@ -612,7 +617,7 @@ def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, spec: RunS
     collate = PadCollate(pad_token_id)
     order = sorted(range(len(dataset)), key=lambda i: dataset.lengths[i])
     preds = [0] * len(dataset)
-    with spec.context(device):
+    with spec.step_context(device), spec.autocast(device):  # forward passes only: no backward here
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             batch = _to_device(collate([dataset[i] for i in idx]), device)

@@ -171,16 +171,18 @@ def median(xs: list[float] | list[int]) -> float | None:
 
 def one_step(model: nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor], spec: RunSpec,
              env: DistEnv, *, no_sync: bool, crash_in: int = 0) -> torch.Tensor:
-    """One optimizer step over the micro-batches `xs`, inside `spec.context` (forward, backward and step);
-    with `no_sync` gradients are averaged over ranks once, on the last micro-batch. Returns the summed
-    loss (a device tensor). `crash_in` > 0: the test hook, this process SIGKILLs itself (step number)."""
+    """One optimizer step over the micro-batches `xs`: TF32 (`spec.step_context`) around all of it, autocast
+    (`spec.autocast`) around each forward pass and loss only; with `no_sync` gradients are averaged over
+    ranks once, on the last micro-batch. Returns the summed loss (a device tensor). `crash_in` > 0: the
+    test hook, this process SIGKILLs itself (step number)."""
     accum = len(xs)
     loss_sum = torch.zeros((), device=env.device)
-    with spec.context(env.device):
+    with spec.step_context(env.device):
         for m, x in enumerate(xs):  # x: (micro, T)
             last = m == accum - 1
             with grad_sync(model, last or not no_sync):
-                loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
+                with spec.autocast(env.device):  # forward and loss; backward in the dtypes chosen here
+                    loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
                 if crash_in and last:
                     print(f"rank {env.rank}: simulated crash in step {crash_in} (SIGKILL)", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -244,7 +246,7 @@ def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: t
                 stats: dict[str, int], start_step: int, *, micro: int, accum: int, n: int,
                 attempt: int) -> dict[str, Any]:
     """Steps start_step..args.steps; what they measured: losses, step times, bytes written, state bytes."""
-    spec = RunSpec(precision=args.precision)  # TF32 and autocast for every step (helpers.runspec)
+    spec = RunSpec(precision=args.precision)  # TF32 for every step, autocast for forward + loss
     data = make_dataset(n, args.seq_len, args.vocab, args.seed).to(env.device)
     batches = Batches(n, env, micro, accum, args.seed)
     fault_at = int(os.environ.get(FAULT_ENV, "0") or 0)

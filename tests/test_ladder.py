@@ -134,7 +134,8 @@ def test_tf32_agreement_check_runs_with_tf32_on():
     _, check = _batches()
     before = torch.get_float32_matmul_precision()
     for precision in ("fp32", "tf32", "bf16"):
-        with RunSpec(precision=precision).context("cpu"):
+        spec = RunSpec(precision=precision)
+        with spec.step_context("cpu"), spec.autocast("cpu"):
             model(**check["fixed"])
     assert seen == ["highest", "high", "high"]  # TF32 stays on for what runs in fp32 after its rung
     assert torch.get_float32_matmul_precision() == before  # restored

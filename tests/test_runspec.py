@@ -1,5 +1,6 @@
-"""helpers.runspec (issue 19): one frozen RunSpec is the one home of a run's switches: its context covers
-forward, backward and step; its dataloader builds every padding (and pins for a GPU); apply and describe.
+"""helpers.runspec (issue 19): one frozen RunSpec is the one home of a run's switches: its step context
+(TF32) covers forward, backward and step, its autocast forward and loss only; its dataloader builds every
+padding (and pins for a GPU); apply and describe.
 A source test checks that no other code applies the TF32/autocast switches or computes MFU."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import re
 import tokenize
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -48,22 +50,139 @@ def dataclass_frozen_error():
     return dataclasses.FrozenInstanceError
 
 
-def test_the_context_switches_tf32_and_autocast_by_one_rule_and_restores_them():
+def test_the_contexts_switch_tf32_and_autocast_by_one_rule_and_restore_them():
     seen = {}
     for spec in (RunSpec(), RunSpec(precision="tf32"), RunSpec(precision="bf16"), RunSpec(fp8=True)):
-        with spec.context("cpu"):
-            seen[spec] = (tf32_enabled(), torch.is_autocast_enabled("cpu"))
+        with spec.step_context("cpu"):
+            with spec.autocast("cpu"):
+                inside = torch.is_autocast_enabled("cpu")
+            seen[spec] = (tf32_enabled(), inside, torch.is_autocast_enabled("cpu"))
         assert not tf32_enabled() and not torch.is_autocast_enabled("cpu")
-    assert list(seen.values()) == [(False, False), (True, False), (True, True), (True, True)]
+    # (TF32 in the step, autocast in the forward pass, autocast left on after the forward pass)
+    assert list(seen.values()) == [(False, False, False), (True, False, False), (True, True, False),
+                                   (True, True, False)]
 
 
-def test_train_runs_the_backward_pass_and_the_step_inside_the_context():
+def test_train_runs_the_backward_pass_and_the_step_with_the_specs_tf32():
     model = SmallTransformer(TransformerConfig(vocab_size=32, max_len=8, d_model=16, n_heads=2, n_layers=1))
     seen = []
     model.head.weight.register_hook(lambda g: seen.append(tf32_enabled()))
     train(model, synthetic_batch_fn(32, 2, 8), TrainConfig(steps=2, progress=False, track_memory=False),
           spec=RunSpec(precision="tf32"))
     assert seen == [True, True]
+
+
+# --- A1: autocast covers forward + loss only, everywhere the course trains ----------------------------
+
+class _Probe(torch.autograd.Function):
+    """The identity, recording whether autocast is on where autograd runs its forward and its backward."""
+
+    @staticmethod
+    def forward(ctx, x, log):  # noqa: ANN001, ANN205 - autograd.Function's signature
+        ctx.log = log
+        log["forward"].append(torch.is_autocast_enabled("cpu"))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        ctx.log["backward"].append((torch.is_autocast_enabled("cpu"), tf32_enabled()))
+        return grad, None
+
+
+class _ProbeModel(torch.nn.Module):
+    """A linear regressor with a probe after its matmul: `model(input_ids, labels).loss`."""
+
+    def __init__(self, log) -> None:
+        super().__init__()
+        self.lin, self.log = torch.nn.Linear(8, 8), log
+
+    def forward(self, input_ids, labels):  # noqa: ANN001, ANN201
+        h = _Probe.apply(self.lin(input_ids.float()), self.log)  # bf16 under autocast
+        return SimpleNamespace(loss=((h.float() - labels) ** 2).mean())
+
+
+class _RecordingSGD(torch.optim.SGD):
+    """SGD that records whether autocast (and TF32) are on while it steps."""
+
+    def __init__(self, params, log) -> None:  # noqa: ANN001
+        super().__init__(params, lr=0.1)
+        self.log = log
+
+    def step(self, closure=None):  # noqa: ANN001, ANN201
+        self.log["step"].append((torch.is_autocast_enabled("cpu"), tf32_enabled()))
+        return super().step(closure)
+
+
+def _probe_batch(step: int = 0, micro: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(step * 7 + micro)
+    return {"input_ids": torch.randn(4, 8, generator=g), "labels": torch.randn(4, 8, generator=g)}
+
+
+def _train_ddp_one_step(model, opt, spec) -> None:  # noqa: ANN001
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from train_ddp import one_step
+
+    from helpers.distributed import DistEnv
+
+    env = DistEnv(0, 0, 1, 1, torch.device("cpu"), "gloo", False)
+    xs = [torch.randn(4, 8), torch.randn(4, 8)]  # the script calls model(x, labels=x)
+    one_step(model, opt, xs, spec, env, no_sync=True)
+
+
+@pytest.mark.parametrize("where", ["train", "train_step", "train_ddp"])
+def test_autocast_covers_the_forward_pass_only_and_tf32_the_whole_step(where):
+    # PyTorch's AMP guide: autocast wraps forward and loss; backward runs in the dtypes autocast chose for
+    # the forward ops; optimizer.step() runs outside autocast. TF32, a global setting, covers the whole step.
+    from helpers.train import train_step
+
+    log = {"forward": [], "backward": [], "step": []}
+    model = _ProbeModel(log)
+    opt = _RecordingSGD(model.parameters(), log)
+    spec = RunSpec(precision="bf16")
+    if where == "train":
+        train(model, _probe_batch, TrainConfig(steps=2, grad_accum=2, progress=False, track_memory=False),
+              device="cpu", spec=spec, optimizer=opt)
+    elif where == "train_step":
+        train_step(model, [_probe_batch(0, 0), _probe_batch(0, 1)], opt, spec=spec, device="cpu")
+    else:
+        _train_ddp_one_step(model, opt, spec)
+    assert log["forward"] and all(log["forward"]), "the forward pass must run under autocast"
+    assert log["backward"] and log["step"]
+    assert all(cast is False for cast, _ in log["backward"]), f"autocast on in the backward pass: {log}"
+    assert all(cast is False for cast, _ in log["step"]), f"autocast on in optimizer.step(): {log}"
+    assert all(tf32 for _, tf32 in log["backward"] + log["step"]), f"TF32 off in part of the step: {log}"
+
+
+def test_the_ladder_times_backward_and_step_outside_autocast(monkeypatch):
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from helpers import ladder
+
+    seen = {"backward": [], "step": []}
+    hook = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: seen["step"].append(torch.is_autocast_enabled("cpu")))
+    cfg = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                     vocab_size=2000, attn_implementation="eager", num_labels=5)
+
+    def make_model():
+        torch.manual_seed(0)
+        m = BertForSequenceClassification(cfg)
+        m.classifier.weight.register_hook(lambda g: seen["backward"].append(torch.is_autocast_enabled("cpu")))
+        return m
+
+    batches, check = ladder.sample_batches([5, 31, 12, 32, 20, 7], batch_size=2, n_batches=3, seq_len=32,
+                                           vocab=2000, n_classes=5)
+    try:
+        ladder.measure_stack(RunSpec(precision="bf16", attn="eager", padding="fixed"), None,
+                             make_model=make_model, batches=batches, check=check,
+                             device=torch.device("cpu"), repeats=1)
+    finally:
+        hook.remove()
+    assert seen["backward"] and seen["step"]
+    assert not any(seen["backward"]) and not any(seen["step"]), seen
 
 
 @pytest.mark.parametrize("padding", ["fixed", "dynamic", "bucketed", "packed"])
@@ -113,7 +232,8 @@ def test_describe_gives_the_code_of_the_changed_switches():
 
 # --- one home for each switch: a source test ---------------------------------------------------------
 
-# tf32_matmuls / autocast_context / set_tf32: defined in helpers.precision, applied by RunSpec.context only.
+# tf32_matmuls / autocast_context / set_tf32: defined in helpers.precision, applied by RunSpec's contexts
+# only.
 # Exempt, with the reason: helpers/hardware.py measures the TF32 matmul *rate* of the chip (lesson 00's
 # roofline, a base-layer module that cannot import RunSpec), and lesson 02 teaches the primitives themselves.
 SWITCH_CALL = re.compile(r"\b(tf32_matmuls|autocast_context|set_tf32)\(")
@@ -153,7 +273,7 @@ def _sources():
 def test_each_switch_is_applied_in_one_function_and_mfu_only_in_flops():
     switches = [f"{name}: {m.group(0)}" for name, text in _sources() if name not in SWITCH_EXEMPT
                 for m in SWITCH_CALL.finditer(text)]
-    assert not switches, f"apply TF32/autocast through RunSpec.context: {switches}"
+    assert not switches, f"apply TF32/autocast through RunSpec.step_context / RunSpec.autocast: {switches}"
     inline = [f"{name}: {m.group(0)}" for name, text in _sources() if name != "helpers/flops.py"
               for m in MFU_INLINE.finditer(text)]
     assert not inline, f"compute MFU with helpers.flops.mfu: {inline}"
