@@ -14,17 +14,22 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
+| measure | `agreement` | 08 | `agree`, `optimizer_step_agreement`, `TOLERANCES` |
 | model/data | `attention` | 01 | `naive_attention`, `tiled_attention`, `sdpa_attention` |
 | model/data | `kernels` | 01 | `flash_attention` (Triton) |
 | model/data | `models` | 01-06, 08 | `SmallTransformer`, `TransformerConfig`, `load_bert` |
 | model/data | `data` | 06, 08 | `load_text_classification`, `tokenize`, `PadCollate`, `make_dataloader` |
 | model/data | `packing` | 06, 08 | `PackCollate`, `packed_forward`, `PackedModel` |
 | model/data | `fp8` | 08 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
+| model/data | `synthetic` | 02-05 | `synthetic_batch_fn` |
 | train | `checkpoint` | 03, 07, 08 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
 | train | `runspec` | 02-08 | `RunSpec`, `PADDINGS`, `ATTNS` |
+| train | `meter` | 02-08 | `Meter`, `TrainResult` |
 | train | `train` | 02-08 | `TrainConfig`, `train`, `train_step`, `make_optimizer` |
+| train | `evaluation` | 08 | `evaluate` |
 | train | `distributed` | 07 | `setup`, `apply_ddp`, `apply_fsdp`, `launch` |
-| train | `ladder` | 08 | `RUNGS`, `run_ladder`, `climb_stacks` |
+| train | `ladder` | 08 | `RUNGS`, `climb_stacks`, `keeps` |
+| train | `ladder_report` | 08 | `ladder_rows`, `ladder_table`, `explain` |
 | show | `plots` | all | `bar_chart`, `roofline_chart`, `attention_map_chart`, `memory_timeline_chart` |
 | show | `widgets` | 01, 03 | `AttentionExplorer` |
 
@@ -40,9 +45,10 @@ from typing import Any
 # module -> layer: 0 base, 1 measure, 2 model/data, 3 train, 4 show
 LAYERS = {
     "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "hardware": 0,
-    "flops": 1, "memory": 1, "results": 1,
-    "attention": 2, "kernels": 2, "models": 2, "data": 2, "packing": 2, "fp8": 2,
-    "checkpoint": 3, "runspec": 3, "train": 3, "distributed": 3, "ladder": 3,
+    "flops": 1, "memory": 1, "results": 1, "agreement": 1,
+    "attention": 2, "kernels": 2, "models": 2, "data": 2, "packing": 2, "fp8": 2, "synthetic": 2,
+    "checkpoint": 3, "runspec": 3, "meter": 3, "train": 3, "evaluation": 3, "distributed": 3, "ladder": 3,
+    "ladder_report": 3,
     "plots": 4, "widgets": 4,
 }
 _SUBMODULES = tuple(LAYERS)

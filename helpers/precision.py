@@ -33,13 +33,15 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
+from typing import Literal, get_args
 
 import torch
 
-__all__ = ["PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision", "autocast_context",
-           "uses_tf32", "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
+__all__ = ["Precision", "PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision",
+           "autocast_context", "uses_tf32", "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # the training precisions, in the order of the ladder
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]  # the training precisions, in the order of the ladder
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 # The dtype the tensors a precision computes with are stored in ("tf32" computes on float32 tensors;
 # "fp8" is helpers.fp8's switch, listed so that every table keyed by precision uses these names).
 PRECISION_DTYPE: dict[str, torch.dtype] = {

@@ -20,7 +20,8 @@ from helpers.data import TokenizedDataset
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.precision import tf32_enabled
 from helpers.runspec import ATTNS, PADDINGS, RunSpec
-from helpers.train import TrainConfig, synthetic_batch_fn, train
+from helpers.synthetic import synthetic_batch_fn
+from helpers.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = [5, 9, 3, 12, 7, 4]
@@ -39,9 +40,77 @@ def test_bad_switches_are_refused_with_the_choices():
         RunSpec(attn="flash")
     with pytest.raises(ValueError, match="RunSpec.compile must be True or False"):
         RunSpec(compile=1)
-    assert set(PADDINGS) == {"fixed", "dynamic", "bucketed", "packed"} and ATTNS == ("eager", "sdpa")
+    with pytest.raises(ValueError, match="init_scale"):
+        RunSpec(init_scale=0.0)
+    with pytest.raises(ValueError, match="padding='packed'"):
+        RunSpec(attn="varlen", precision="bf16")  # varlen attends within packed documents only
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        RunSpec(attn="varlen", padding="packed")  # FlashAttention needs half-precision activations
     with pytest.raises(dataclass_frozen_error()):
         RunSpec().precision = "bf16"  # frozen: a run's switches do not change under it
+
+
+def test_the_choices_are_literal_types_the_lists_derive_from():
+    from typing import get_args
+
+    from helpers.data import PADDINGS as DATA_PADDINGS
+    from helpers.precision import PRECISIONS, Precision
+    from helpers.runspec import Attn, Padding
+
+    assert PADDINGS == get_args(Padding) and ATTNS == get_args(Attn) and PRECISIONS == get_args(Precision)
+    assert set(PADDINGS) == {*DATA_PADDINGS, "packed"}  # the data layer's paddings, and packing
+    assert set(ATTNS) == {"eager", "sdpa", "flex", "varlen"}
+
+
+def test_check_covers_every_switch(monkeypatch):
+    import dataclasses
+
+    for field in dataclasses.fields(RunSpec):  # a new switch must say what check does with it
+        assert field.name in RunSpec.check.__doc__, f"RunSpec.check says nothing of {field.name}"
+    RunSpec(attn="sdpa", compile=True, padding="packed", activation_checkpointing=True).check("cpu")
+    refused = {
+        "fp8=True": RunSpec(fp8=True),  # no FP8 units on a CPU
+        "attn='flex'": RunSpec(attn="flex"),  # no FlexAttention backward on a CPU (torch >= 2.11)
+        "attn='varlen'": RunSpec(attn="varlen", precision="bf16", padding="packed"),  # CUDA only
+        "fused_adamw=True": RunSpec(),  # on a device torch has no fused AdamW for
+        "no CUDA GPU": RunSpec(precision="bf16"),
+    }
+    for match, spec in refused.items():
+        device = {"fused_adamw=True": "meta", "no CUDA GPU": "cuda"}.get(match, "cpu")
+        if device == "cuda" and torch.cuda.is_available():
+            continue
+        if match == "attn='flex'" and compat.flex_trains("cpu")[0]:
+            continue  # an older torch trains FlexAttention on a CPU
+        with pytest.raises(ValueError, match=re.escape(match)):
+            spec.check(device)
+    RunSpec(fused_adamw=False).check("meta")
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no C++ compiler for Inductor's CPU kernels
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(ValueError, match="compile=True.*C\\+\\+ compiler"):
+        RunSpec(compile=True).check("cpu")
+
+
+def test_the_spec_makes_the_grad_scaler():
+    scaler = RunSpec(precision="fp16", init_scale=2.0 ** 10).make_scaler("cpu")
+    assert scaler.is_enabled() and scaler.get_scale() == 2.0 ** 10
+    assert not RunSpec(precision="bf16").make_scaler("cpu").is_enabled()
+
+
+def test_a_script_nests_its_flags_into_one_spec():
+    import argparse
+
+    from helpers.runspec import add_spec_arguments, spec_from_arguments
+
+    p = argparse.ArgumentParser()
+    add_spec_arguments(p, ("precision", "compile", "fused_adamw", "init_scale"))
+    args = p.parse_args(["--precision", "bf16", "--compile", "--no-fused-adamw", "--init-scale", "1024"])
+    assert spec_from_arguments(args) == RunSpec(precision="bf16", compile=True, fused_adamw=False,
+                                                init_scale=1024.0)
+    assert spec_from_arguments(p.parse_args([])) == RunSpec()
+    with pytest.raises(SystemExit):
+        p.parse_args(["--precision", "fp64"])  # choices from the Literal type
+    with pytest.raises(ValueError, match="not a RunSpec field"):
+        add_spec_arguments(argparse.ArgumentParser(), ("precisoin",))
 
 
 def dataclass_frozen_error():
@@ -221,6 +290,24 @@ def test_apply_sets_the_attention_and_wraps_a_packed_model():
     if compat.at_least("transformers", "5.0"):  # transformers 4.x switches by rebuilding (helpers.compat)
         assert out.model is model
     assert RunSpec().apply(model) is model  # nothing asked, nothing changed
+
+
+def test_apply_sets_flex_varlen_and_activation_checkpointing(monkeypatch):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    import helpers.packing
+
+    cfg = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                     vocab_size=100, attn_implementation="eager")
+    model = RunSpec(activation_checkpointing=True).apply(BertForSequenceClassification(cfg))
+    assert getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing")
+    if "flex_attention" in compat.bert_attn_implementations():
+        flex = RunSpec(attn="flex").apply(BertForSequenceClassification(cfg))
+        assert flex.config._attn_implementation == "flex_attention"
+    varlen = []
+    monkeypatch.setattr(helpers.packing, "use_varlen", lambda m: varlen.append(m) or m)
+    out = RunSpec(attn="varlen", precision="bf16", padding="packed").apply(BertForSequenceClassification(cfg))
+    assert len(varlen) == 1 and out.model is varlen[0]  # varlen attention, then the packed forward
 
 
 def test_describe_gives_the_code_of_the_changed_switches():
