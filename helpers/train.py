@@ -42,7 +42,7 @@ import numbers
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -53,10 +53,11 @@ from helpers.distributed import grad_sync
 from helpers.meter import Meter, TrainResult
 from helpers.runspec import FUSED_ADAMW_DEVICES, RunSpec
 
-__all__ = ["LR_SCHEDULES", "TrainConfig", "StepOutput", "make_optimizer", "make_lr_scheduler", "count_tokens",
-           "train_step", "train"]
+__all__ = ["LRSchedule", "LR_SCHEDULES", "TrainConfig", "StepOutput", "make_optimizer", "make_lr_scheduler",
+           "count_tokens", "train_step", "train"]
 
-LR_SCHEDULES = ("constant", "linear")
+LRSchedule = Literal["constant", "linear"]  # after the warm-up: held, or decayed to 0 at the last step
+LR_SCHEDULES: tuple[str, ...] = get_args(LRSchedule)
 
 
 def _check_max_grad_norm(value: Any) -> None:
@@ -81,7 +82,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_accum: int = 1  # micro-batches per optimizer step
     max_grad_norm: float | None = 1.0  # clip the global gradient norm to this (> 0); None: no clipping
-    lr_schedule: str = "constant"  # "constant" or "linear" (decay to 0 at the last step), after warm-up
+    lr_schedule: LRSchedule = "constant"
     warmup_steps: int = 0  # steps of linear warm-up from 0 to lr ...
     warmup_frac: float = 0.0  # ... or this fraction of `steps` (give one of the two)
     checkpoint_dir: str | None = None  # where step_NNNNNN.pt go; None: no checkpoints, no resuming
@@ -162,7 +163,7 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool
         return torch.optim.AdamW(groups, lr=lr)
 
 
-def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: str = "constant",
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: LRSchedule = "constant",
                       warmup_steps: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up over `warmup_steps`, then the lr held ("constant") or decayed linearly to 0 at
     `steps` ("linear", as transformers' get_linear_schedule_with_warmup) (lesson 08)."""
@@ -202,10 +203,8 @@ def _tokens(batch: Mapping[str, Any]) -> int | torch.Tensor:
 
 
 def _to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    """Tensors to `device`, asynchronously on a GPU when the DataLoader pinned them (`RunSpec.dataloader`).
-
-    No pinning here: `t.pin_memory()` on the main thread is a blocking copy before the copy (PyTorch's
-    pin_memory / non_blocking guide); the DataLoader's pin thread does it while the GPU computes."""
+    """Tensors to `device`, asynchronously on a GPU when the DataLoader pinned them (`RunSpec.dataloader`);
+    no pinning here: `t.pin_memory()` in the loop is a blocking copy before the copy (PyTorch's guide)."""
     if not isinstance(batch, Mapping) or "input_ids" not in batch:
         raise ValueError(f"each batch must be a dict with `input_ids` (and optionally attention_mask, "
                          f"labels), got {type(batch).__name__}")
@@ -250,7 +249,6 @@ def _generate(batches: Any, start_step: int, grad_accum: int, indexable: bool) -
             yield batch
         if empty:
             raise ValueError("the batch iterable yielded nothing")
-
 
 
 # --- one step ----------------------------------------------------------------------------------------

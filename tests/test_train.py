@@ -488,3 +488,25 @@ def test_accumulation_under_ddp_all_reduces_once_per_step(tmp_path):
         assert per_step >= 1 and all_reduces(4) == 2 * per_step  # 4 micro-batches, still one per step
     finally:
         dist.destroy_process_group()
+
+
+def test_a_damaged_saved_roofline_is_said_and_other_errors_are_not_swallowed(monkeypatch, capsys):
+    # issue 25: the peak lookup caught every exception; now only what reading lesson 00's file can raise
+    import json
+
+    import helpers.hardware as hw
+    from helpers.meter import run_peak
+
+    def damaged():
+        raise json.JSONDecodeError("Expecting value", "", 0)  # a half-written file
+
+    monkeypatch.setattr(hw, "load_roofline", damaged)
+    peak, source = run_peak(torch.device("cpu"))  # no saved roofline on a CPU: no peak, and it says why
+    assert "could not be read" in capsys.readouterr().out and (peak is None) == (source.startswith("no peak"))
+
+    def broken():
+        raise RuntimeError("a bug, not a damaged file")
+
+    monkeypatch.setattr(hw, "load_roofline", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_peak(torch.device("cpu"))
