@@ -106,7 +106,7 @@ class Arm:
     """One measured stack: its timing, the outputs later stacks are checked against, and a row of numbers."""
 
     stack: RunSpec
-    timing: Timing
+    timing: Timing | None  # None until `climb` times it beside the stack below (measure_stack's timed=False)
     reference: Any = None  # what `measure_stack` compares the next stack with (logits, loss, precision)
     row: dict[str, Any] = field(default_factory=dict)
     run: Callable[[], Any] | None = field(default=None, repr=False)  # one timed pass, to time it again
@@ -126,7 +126,7 @@ class Step:
     speedup: float | None = None  # baseline median / this stack's median, timed in one session
 
 
-def _side_by_side(arm: Arm, ref: Arm, base: Arm) -> tuple[Decision, float]:
+def _side_by_side(arm: Arm, ref: Arm, base: Arm, repeats: int) -> tuple[Decision, float]:
     """Time `arm`, the stack it is added to and the baseline in alternation (the baseline once when it is
     the reference); the arm's row from that one session; (the rule's decision, speed-up over the baseline).
     Arms without a pass to repeat (`run` None) are compared with their own timings."""
@@ -134,7 +134,7 @@ def _side_by_side(arm: Arm, ref: Arm, base: Arm) -> tuple[Decision, float]:
         t_arm, t_ref, t_base = arm.timing, ref.timing, base.timing
     else:
         runs = [arm.run, ref.run] + ([base.run] if base is not ref else [])
-        t_arm, t_ref, *rest = time_interleaved(*runs, repeats=arm.timing.runs)
+        t_arm, t_ref, *rest = time_interleaved(*runs, repeats=repeats)
         t_base = rest[0] if rest else t_ref
         arm.timing = t_arm
         arm.row.update(_rates(arm.row, t_arm))
@@ -147,14 +147,15 @@ def _side_by_side(arm: Arm, ref: Arm, base: Arm) -> tuple[Decision, float]:
 
 def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], *, greedy: bool = False,
           baseline: RunSpec = BASELINE, time_budget_s: float | None = None,
-          skip: Callable[[RunSpec], str | None] | None = None,
+          skip: Callable[[RunSpec], str | None] | None = None, repeats: int = 5,
           log: Callable[[str], None] = print) -> tuple[Arm, list[Step], RunSpec]:
     """Measure the baseline, then each rung added to the stack below it (cumulative) or to the best stack
     so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 08).
 
     `measure(stack, reference_arm)` checks `stack` against the reference arm and times it (raising
     RungDisagrees when it disagrees: reported, not kept); `skip(stack)` gives a reason not to run a stack
-    on this device (or None); rungs left when `time_budget_s` has run out are reported as not measured."""
+    on this device (or None); rungs left when `time_budget_s` has run out are reported as not measured.
+    Each candidate is timed in `repeats` rounds beside the stack below it and the baseline."""
     if not rungs:
         raise ValueError("climb needs at least one rung")
     t0 = time.perf_counter()
@@ -180,7 +181,7 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
             log(f"{rung.name}: {why}")
             steps.append(Step(rung, stack, None, ref.stack, None, why))
             continue
-        decision, speedup = _side_by_side(arm, ref, base_arm)
+        decision, speedup = _side_by_side(arm, ref, base_arm, repeats)
         steps.append(Step(rung, stack, arm, ref.stack, decision, speedup=speedup))
         log(f"{rung.name}: {decision}" if greedy else f"{rung.name}: {decision.ratio:.2f}x the rung below")
         below = arm
@@ -220,10 +221,11 @@ def _check_against(stack: RunSpec, reference: Arm, logits: torch.Tensor,
 def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable[[], nn.Module],
                   batches: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
                   check: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device, lr: float = 5e-5,
-                  repeats: int = 5, peak_flops: float | None = None) -> Arm:
-    """Check `stack` against `reference` (same weights, same samples), then time `repeats` passes over
-    its batches (lesson 08). `make_model()` gives a fresh model with the initial weights on `device`;
-    `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
+                  repeats: int = 5, peak_flops: float | None = None, timed: bool = True) -> Arm:
+    """Check `stack` against `reference` (same weights, same samples), run one warm-up pass over its batches,
+    then time `repeats` passes unless `timed` is False (`climb` times a candidate beside other stacks anyway:
+    its row's rates come from there) (lesson 08). `make_model()` gives a fresh model with the initial weights
+    on `device`; `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
     Raises RungDisagrees when the stack disagrees with the reference."""
     from helpers.packing import packed_padding_stats
     from helpers.train import make_optimizer
@@ -271,13 +273,14 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     one_pass()  # warm-up: new shapes compile here (dynamic padding), the optimizer state appears
     synchronize(device)
     row["warmup_pass_s"] = time.perf_counter() - t0
-    timing = time_passes(one_pass, repeats=repeats, device=device)
+    timing = time_passes(one_pass, repeats=repeats, device=device) if timed else None
     stats = packed_padding_stats(dev_batches, model)  # documents, real tokens, useful FLOPs (no padding)
     row.update(documents_per_pass=stats.documents, real_tokens_per_pass=stats.real_tokens,
                useful_flops_per_pass=stats.useful_flops, peak_flops_used=peak_flops,
                padded_fraction=stats.padding_fraction,
                peak_memory_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
-    row.update(_rates(row, timing))
+    if timing is not None:
+        row.update(_rates(row, timing))
     return Arm(stack, timing, (logits, loss, stack.effective_precision), row, one_pass)
 
 
@@ -341,7 +344,7 @@ def climb_stacks(make_model: Callable[[], nn.Module],
         # no dynamo reset: the best arm's compiled layers must stay valid to be timed again beside the
         # candidate (so a compiled stack's first call includes compiling only when the cache is cold)
         return measure_stack(stack, ref, make_model=make_model, batches=batches, check=check, device=device,
-                             lr=lr, repeats=repeats, peak_flops=peak_flops)
+                             lr=lr, repeats=repeats, peak_flops=peak_flops, timed=ref is None)
 
     def skip(stack: RunSpec) -> str | None:
         try:
@@ -350,7 +353,8 @@ def climb_stacks(make_model: Callable[[], nn.Module],
             return f"skipped: {err}"
         return None
 
-    base, steps, final = climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip, log=log)
+    base, steps, final = climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip,
+                               repeats=repeats, log=log)
     from helpers.ladder_report import ladder_rows, your_stack
 
     rows = ladder_rows(base, steps, device, greedy=greedy)

@@ -361,7 +361,7 @@ def test_every_number_of_a_row_comes_from_one_timing_session(monkeypatch):
     monkeypatch.setattr("helpers.timing.time", clock)
     measure = _clocked_measure({ladder.BASELINE: 0.006, sdpa: 0.002, fused: 0.003}, calls, clock)
     rungs = [r for r in ladder.RUNGS if r.switch in ("attn", "fused_adamw")]
-    base, steps, final = ladder.climb(rungs, measure, greedy=False, log=lambda s: None)
+    base, steps, final = ladder.climb(rungs, measure, greedy=False, repeats=3, log=lambda s: None)
     # SDPA beside the baseline (ab, ba, ab); fused AdamW beside SDPA and the baseline (abc, cba, abc)
     b, s, f = "eager/False", "sdpa/False", "sdpa/True"
     assert calls == [s, b, b, s, s, b, f, s, b, b, s, f, f, s, b]
