@@ -24,13 +24,14 @@ from torch import nn
 from transformers import BertForSequenceClassification
 
 from helpers.agreement import TOLERANCES
-from helpers.data import corpus_lengths
-from helpers.hardware import get_device, mfu_peak
+from helpers.corpus import corpus_lengths
+from helpers.device import get_device
 from helpers.ladder import RULE, RUNGS, Rung, climb_stacks, sample_batches
 from helpers.ladder_report import ladder_table
 from helpers.models import MODEL_SIZES, bert_config
 from helpers.plots import ladder_chart
 from helpers.results import stamp, write_results
+from helpers.roofline import mfu_peak
 
 TARGETS = {"speedup": 12.0, "mfu": 0.50}  # BERT-base, seq 512, H100/H200, whole stack vs fp32 eager
 

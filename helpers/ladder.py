@@ -227,7 +227,7 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     its row's rates come from there) (lesson 08). `make_model()` gives a fresh model with the initial weights
     on `device`; `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
     Raises RungDisagrees when the stack disagrees with the reference."""
-    from helpers.packing import packed_padding_stats
+    from helpers.packed_model import packed_padding_stats
     from helpers.train import make_optimizer
 
     model = make_model()

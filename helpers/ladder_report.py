@@ -1,6 +1,6 @@
 """What each rung of lesson 08's ladder measured, and why: its row of numbers (`ladder_rows`), the table of
 them (`ladder_table`), your stack's figures (`your_stack`), and the one-line reason (`explain`) chosen from
-the facts of the device that ran it (`helpers.hardware.device_facts`), never from a text written for one
+the facts of the device that ran it (`helpers.device.device_facts`), never from a text written for one
 machine in advance (lesson 08, benchmarks/ladder.py).
 
 Every number in a row comes from one timing session (`helpers.ladder`: the stack, the stack below it and
@@ -67,8 +67,8 @@ def _verdict(decision: Decision) -> str:
 def explain(rung: Rung, decision: Decision, device: torch.device, *,
             padded_removed: float | None = None, padded_left: float | None = None) -> str:
     """Why a rung measured what it did (its speed ratio and the rule's verdict) on the device that ran it:
-    the reasons come from that device's facts (`helpers.hardware.device_facts`) (lesson 08)."""
-    from helpers.hardware import device_facts
+    the reasons come from that device's facts (`helpers.device.device_facts`) (lesson 08)."""
+    from helpers.device import device_facts
 
     f = device_facts(device)
     gpu = f["type"] == "cuda"

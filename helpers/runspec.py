@@ -62,7 +62,7 @@ Attn = Literal["eager", "sdpa", "flex", "varlen"]
 PADDINGS: tuple[str, ...] = get_args(Padding)
 ATTNS: tuple[str, ...] = get_args(Attn)
 FUSED_ADAMW_DEVICES = ("cuda", "cpu", "mps", "xpu")  # devices torch has a fused AdamW kernel for
-_HF_ATTN = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention"}  # varlen: helpers.packing.use_varlen
+_HF_ATTN = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention"}  # varlen: packed_model.use_varlen
 _DEFAULT_MODEL = (None, False, False, False, False)  # what `_model_switches` gives for an untouched model
 
 
@@ -118,7 +118,7 @@ class RunSpec:
     def check(self, device: torch.device | str) -> None:
         """ValueError naming the switch when `device` cannot run it (lessons 02-08). Per field: precision
         (helpers.precision.check_precision), fp8 (helpers.fp8.fp8_supported), attn (flex: a backward pass
-        on this device and a transformers that has it; varlen: helpers.packing.varlen_available), compile
+        on this device and a transformers that has it; varlen: helpers.packed_model.varlen_available), compile
         (Triton for a GPU, a C++ compiler for a CPU), fused_adamw (FUSED_ADAMW_DEVICES). padding,
         activation_checkpointing and init_scale run on every device (checked when the spec is made; what
         a model supports is checked by `apply`)."""
@@ -147,7 +147,7 @@ class RunSpec:
             ok, why = compat.flex_trains(device)
             return None if ok else f"attn='flex': {why}"
         if self.attn == "varlen":
-            from helpers.packing import varlen_available
+            from helpers.packed_model import varlen_available
 
             ok, why = varlen_available(device)
             return None if ok else f"attn='varlen': {why}"
@@ -225,7 +225,7 @@ class RunSpec:
         from helpers.compat import set_attn_implementation
 
         if self.attn == "varlen":
-            from helpers.packing import use_varlen
+            from helpers.packed_model import use_varlen
 
             model = use_varlen(model)  # checks the device; SDPA for padded batches through the same model
         elif self.attn is not None:

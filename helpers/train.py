@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from helpers.checkpoint import is_due, resume_latest, save_step
-from helpers.compat import grad_scaler_scale, make_adamw, profiler_enabled, unwrap_model
+from helpers.compat import grad_scaler_scale, make_adamw, profiler_enabled
 from helpers.config import seed_everything
 from helpers.distributed import grad_sync
 from helpers.meter import Meter, TrainResult

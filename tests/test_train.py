@@ -495,7 +495,7 @@ def test_a_damaged_saved_roofline_is_said_and_other_errors_are_not_swallowed(mon
     # issue 25: the peak lookup caught every exception; now only what reading lesson 00's file can raise
     import json
 
-    import helpers.hardware as hw
+    import helpers.roofline as hw
     from helpers.meter import run_peak
 
     def damaged():
