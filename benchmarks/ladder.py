@@ -5,7 +5,8 @@ The published run over `helpers.ladder` (rungs, checks, timing, greedy selection
 weights (speed does not depend on their values) and the BBC News corpus' token lengths (recorded quantiles
 where the corpus is not installed); `to_markdown` writes the result with its targets. Files
 `ladder-<device>.json/.md/.png` go into `--out` with helpers.results (stamped with device, versions, date,
-threads and load); with `--greedy`, `ladder-<device>-greedy.*`.
+threads and load); with `--greedy`, `ladder-<device>-greedy.*`. The files are written again after each
+rung (marked partial until the last), so a run stopped at a time limit keeps the rungs it finished.
 
     python benchmarks/ladder.py                                               # BERT mini, seq 512: a CPU
     python benchmarks/ladder.py --greedy                                      # keep only what pays here
@@ -19,6 +20,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
 from torch import nn
 from transformers import BertForSequenceClassification
@@ -44,9 +46,10 @@ def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32,
                device: str = "auto", repeats: int = 5, lr: float = 5e-5, rungs: Sequence[Rung] = RUNGS,
                greedy: bool = False, lengths: Sequence[int] | None = None, n_classes: int = 5,
                peak_flops: float | None = None, time_budget_s: float | None = None,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+               log: Callable[[str], None] = print,
+               on_rung: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Check and time every rung on a random-weight BERT (cumulative or greedy); a JSON-ready dict with
-    the run's stamp."""
+    the run's stamp. `on_rung` gets the same dict, marked "partial", after the baseline and each rung."""
     dev = get_device(device)
     cfg = bert_config(model, n_classes)
     if seq_len > cfg.max_position_embeddings or seq_len < 8:
@@ -70,15 +73,19 @@ def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32,
         m.load_state_dict(state)
         return m.to(dev)
 
+    setup = {"model": model, "params": sum(v.numel() for v in state.values()), "seq_len": seq_len,
+             "batch_size": batch_size, "batches_per_pass": n_batches, "repeats": repeats, "lr": lr,
+             "lengths": lengths_source, "peak_flops": peak, "peak_source": peak_source,
+             "tolerances": TOLERANCES, "time_budget_s": time_budget_s, "rule": RULE}
+
+    def payload(result: dict[str, Any]) -> dict[str, Any]:
+        result = {k: v for k, v in result.items() if k != "stack"}  # the RunSpec: its fields are in the rows
+        return {"stamp": stamp(dev), **result, "setup": setup}
+
     result = climb_stacks(make_model, batches, check, device=dev, greedy=greedy, repeats=repeats, lr=lr,
-                          peak_flops=peak, rungs=rungs, time_budget_s=time_budget_s, log=log)
-    result.pop("stack")
-    n_params = sum(v.numel() for v in state.values())
-    return {"stamp": stamp(dev), **result,
-            "setup": {"model": model, "params": n_params, "seq_len": seq_len, "batch_size": batch_size,
-                      "batches_per_pass": n_batches, "repeats": repeats, "lr": lr, "lengths": lengths_source,
-                      "peak_flops": peak, "peak_source": peak_source, "tolerances": TOLERANCES,
-                      "time_budget_s": time_budget_s, "rule": RULE}}
+                          peak_flops=peak, rungs=rungs, time_budget_s=time_budget_s, log=log,
+                          on_rung=None if on_rung is None else lambda partial: on_rung(payload(partial)))
+    return payload(result)
 
 
 def to_markdown(result: Mapping[str, Any]) -> str:
@@ -95,6 +102,8 @@ def to_markdown(result: Mapping[str, Any]) -> str:
         f"document's real tokens at its own length, no padding) against the {u['peak_source']}.",
         f"Greedy rule: {u['rule']}." if result["mode"] == "greedy" else "",
         *([f"Note: {s['note']}"] if s.get("note") else []),
+        *([f"**Partial result: {result['partial']}** (written after each rung; the run has not finished or "
+           "was stopped)."] if result.get("partial") else []),
         "",
         ladder_table(result).to_markdown(),
         "",
@@ -157,19 +166,26 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.gpu_target:
         args.model, args.seq_len, args.batch_size, args.batches = "base", 512, 32, 4
+
+    def save(result: dict[str, Any]) -> dict[str, Any]:
+        if args.note:
+            result["stamp"]["note"] = args.note
+        measured = [r for r in result["rows"] if "samples_per_s" in r]  # each timed beside the baseline
+        title = (f"BERT training ladder ({result['mode']}), {result['stamp']['device']}\n"
+                 f"({args.model}, seq {args.seq_len}, {result['stamp']['date'][:10]})")
+        fig = ladder_chart({r["name"]: r["speedup"] for r in measured}, title=title,
+                           kept={r["name"]: r["kept"] for r in measured} if args.greedy else None)
+        # the greedy ladder is written next to the cumulative one: ladder-<device>-greedy.*
+        paths = write_results("ladder", result, to_markdown(result), fig=fig, out_dir=args.out,
+                              variant="greedy" if args.greedy else "")
+        plt.close(fig)
+        return paths
+
+    # written after each rung too: a run stopped at a time limit keeps the rungs it finished
     result = run_ladder(model=args.model, seq_len=args.seq_len, batch_size=args.batch_size,
                         n_batches=args.batches, repeats=args.repeats, greedy=args.greedy, device=args.device,
-                        time_budget_s=args.time_budget)
-    if args.note:
-        result["stamp"]["note"] = args.note
-    measured = [r for r in result["rows"] if "samples_per_s" in r]  # each timed beside the baseline
-    title = (f"BERT training ladder ({result['mode']}), {result['stamp']['device']}\n"
-             f"({args.model}, seq {args.seq_len}, {result['stamp']['date'][:10]})")
-    fig = ladder_chart({r["name"]: r["speedup"] for r in measured}, title=title,
-                       kept={r["name"]: r["kept"] for r in measured} if args.greedy else None)
-    # the greedy ladder is written next to the cumulative one: ladder-<device>-greedy.*
-    paths = write_results("ladder", result, to_markdown(result), fig=fig, out_dir=args.out,
-                          variant="greedy" if args.greedy else "")
+                        time_budget_s=args.time_budget, on_rung=save)
+    paths = save(result)
     print(to_markdown(result))
     print("wrote", ", ".join(str(p) for p in paths.values()))
     return result

@@ -16,8 +16,8 @@ that one session. Correct before fast: `measure_stack` first checks a stack agai
 (`helpers.agreement`: logits and loss of one forward pass from the same weights on the same samples, each
 with its own spec's TF32 and autocast; the fused-AdamW rung by one optimizer step); a stack that disagrees
 is not timed (`RungDisagrees`), one the device cannot run (`RunSpec.check`) is skipped with its reason.
-Throughput counts real tokens, MFU useful FLOPs (`helpers.packing.packed_padding_stats`). Each rung's row,
-the table and why it measured what it did: `helpers.ladder_report`.
+Throughput counts real tokens, MFU useful FLOPs (`helpers.packed_model.packed_padding_stats`). Each rung's
+row, the table and why it measured what it did: `helpers.ladder_report`.
 """
 
 from __future__ import annotations
@@ -148,26 +148,38 @@ def _side_by_side(arm: Arm, ref: Arm, base: Arm, repeats: int) -> tuple[Decision
 def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], *, greedy: bool = False,
           baseline: RunSpec = BASELINE, time_budget_s: float | None = None,
           skip: Callable[[RunSpec], str | None] | None = None, repeats: int = 5,
-          log: Callable[[str], None] = print) -> tuple[Arm, list[Step], RunSpec]:
+          log: Callable[[str], None] = print,
+          on_step: Callable[[Arm, list[Step], RunSpec], None] | None = None,
+          ) -> tuple[Arm, list[Step], RunSpec]:
     """Measure the baseline, then each rung added to the stack below it (cumulative) or to the best stack
     so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 08).
 
     `measure(stack, reference_arm)` checks `stack` against the reference arm and times it (raising
     RungDisagrees when it disagrees: reported, not kept); `skip(stack)` gives a reason not to run a stack
     on this device (or None); rungs left when `time_budget_s` has run out are reported as not measured.
-    Each candidate is timed in `repeats` rounds beside the stack below it and the baseline."""
+    Each candidate is timed in `repeats` rounds beside the stack below it and the baseline.
+    `on_step(baseline arm, steps so far, stack so far)` runs after the baseline and after each rung (a
+    benchmark saves what it has, so a run stopped at a time limit keeps its finished rungs)."""
     if not rungs:
         raise ValueError("climb needs at least one rung")
     t0 = time.perf_counter()
     base_arm = measure(baseline, None)
     best = below = base_arm
     steps: list[Step] = []
+
+    def done() -> RunSpec:
+        return best.stack if greedy else below.stack
+
+    if on_step is not None:
+        on_step(base_arm, steps, done())
     for rung in rungs:
         ref = best if greedy else below
         stack = rung.on(ref.stack)
         if stack == ref.stack:
             log(f"{rung.name}: already in the stack, nothing to measure")
             steps.append(Step(rung, stack, ref, ref.stack, None))
+            if on_step is not None:
+                on_step(base_arm, steps, done())
             continue
         why = skip(stack) if skip is not None else None
         if why is None and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
@@ -180,6 +192,8 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
         if why is not None:
             log(f"{rung.name}: {why}")
             steps.append(Step(rung, stack, None, ref.stack, None, why))
+            if on_step is not None:
+                on_step(base_arm, steps, done())
             continue
         decision, speedup = _side_by_side(arm, ref, base_arm, repeats)
         steps.append(Step(rung, stack, arm, ref.stack, decision, speedup=speedup))
@@ -187,7 +201,9 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
         below = arm
         if decision.keep or not greedy:
             best = arm
-    return base_arm, steps, (best.stack if greedy else below.stack)
+        if on_step is not None:
+            on_step(base_arm, steps, done())
+    return base_arm, steps, done()
 
 
 # --- measuring a stack ----------------------------------------------------------------------------------
@@ -335,11 +351,13 @@ def climb_stacks(make_model: Callable[[], nn.Module],
                  check: Mapping[str, Mapping[str, torch.Tensor]], *, device: torch.device,
                  greedy: bool = True, repeats: int = 5, lr: float = 5e-5, peak_flops: float | None = None,
                  rungs: Sequence[Rung] = RUNGS, time_budget_s: float | None = None,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
+                 log: Callable[[str], None] = print,
+                 on_rung: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """`climb` with `measure_stack` on the given model and batches (`sample_batches`): each stack checked,
     then timed beside the stack below it and the baseline; stacks the device cannot run (`RunSpec.check`)
     skipped with their reason. Returns {"mode", "rows", "your_stack", "your_stack_code",
-    "your_stack_vs_baseline", "stack"} (lesson 08 and benchmarks/ladder.py)."""
+    "your_stack_vs_baseline", "stack"} (lesson 08 and benchmarks/ladder.py). `on_rung` gets that dict after
+    the baseline and after each rung, with "partial": how many rungs of how many are done so far."""
     def measure(stack: RunSpec, ref: Arm | None) -> Arm:
         # no dynamo reset: the best arm's compiled layers must stay valid to be timed again beside the
         # candidate (so a compiled stack's first call includes compiling only when the cache is cold)
@@ -353,11 +371,17 @@ def climb_stacks(make_model: Callable[[], nn.Module],
             return f"skipped: {err}"
         return None
 
-    base, steps, final = climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip,
-                               repeats=repeats, log=log)
     from helpers.ladder_report import ladder_rows, your_stack
 
-    rows = ladder_rows(base, steps, device, greedy=greedy)
-    return {"mode": "greedy" if greedy else "cumulative", "rows": rows,
-            "your_stack": dataclasses.asdict(final), "your_stack_code": final.describe(),
-            "your_stack_vs_baseline": your_stack(rows, final), "stack": final}
+    def result(base: Arm, steps: list[Step], final: RunSpec) -> dict[str, Any]:
+        rows = ladder_rows(base, steps, device, greedy=greedy)
+        return {"mode": "greedy" if greedy else "cumulative", "rows": rows,
+                "your_stack": dataclasses.asdict(final), "your_stack_code": final.describe(),
+                "your_stack_vs_baseline": your_stack(rows, final), "stack": final}
+
+    def progress(base: Arm, steps: list[Step], final: RunSpec) -> None:
+        if on_rung is not None and len(steps) < len(rungs):  # the last one is the result itself
+            on_rung({**result(base, steps, final), "partial": f"{len(steps)} of {len(rungs)} rungs done"})
+
+    return result(*climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip,
+                         repeats=repeats, log=log, on_step=progress))

@@ -10,7 +10,8 @@ torch calls:
   guide keeps backward and `optimizer.step()` outside autocast;
 - `spec.make_scaler(device)`: fp16's GradScaler (starting at `init_scale`), a disabled one otherwise;
 - `spec.dataloader(dataset, batch_size)`: the batches of its padding (fixed, dynamic, bucketed, packed),
-  in pinned memory when they go to a GPU;
+  in pinned memory when they go to a GPU (the DataLoader pins them; with no worker processes it does so
+  inside `next()`, on the loop's own thread);
 - `spec.apply(model)`: attention implementation (varlen included), activation checkpointing, FP8 linears,
   regional compilation, packed forward;
 - `spec.check(device)`: a ValueError naming the switch when `device` cannot run one of them;

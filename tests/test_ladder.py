@@ -223,6 +223,30 @@ def test_results_are_written_with_their_stamp(tmp_path):
     assert paths["png"].stat().st_size > 0 and paths["json"].name == "ladder-cpu.json"
 
 
+def test_a_run_stopped_after_its_first_rung_leaves_a_file_with_that_rung(tmp_path, monkeypatch):
+    # the benchmark writes its results after each rung: a run killed at a time limit keeps what it finished
+    # (a benchmark that writes only at the end leaves no file here)
+    calls = []
+    real = ladder.measure_stack
+
+    def measure(stack, *args, **kwargs):
+        calls.append(stack)
+        if len(calls) == 3:  # the baseline, the first rung, then the run is stopped
+            raise KeyboardInterrupt
+        return real(stack, *args, **kwargs)
+
+    monkeypatch.setattr(ladder, "measure_stack", measure)
+    monkeypatch.setattr(bench, "corpus_lengths", lambda *a, **k: (LENGTHS, "test lengths"))
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--model", "test", "--seq-len", "32", "--batch-size", "4", "--batches", "2", "--repeats",
+                    "2", "--device", "cpu", "--greedy", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "ladder-cpu-greedy.json").read_text())
+    assert [r["name"] for r in data["rows"]] == ["fp32 eager (baseline)", ladder.RUNGS[0].name]
+    assert "samples_per_s" in data["rows"][1] and data["rows"][1]["kept"] in (True, False)
+    assert data["partial"] == f"1 of {len(ladder.RUNGS)} rungs done"
+    assert "Partial result: 1 of" in (tmp_path / "ladder-cpu-greedy.md").read_text()
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="unknown model size"):
         models.bert_config("huge", 2)

@@ -53,7 +53,7 @@ def test_bad_switches_are_refused_with_the_choices():
 def test_the_choices_are_literal_types_the_lists_derive_from():
     from typing import get_args
 
-    from helpers.data import PADDINGS as DATA_PADDINGS
+    from helpers.data import PAD_MODES as DATA_PADDINGS
     from helpers.precision import PRECISIONS, Precision
     from helpers.runspec import Attn, Padding
 
@@ -270,8 +270,9 @@ def test_the_dataloader_batches_every_example_once_with_its_padding(padding):
         assert widths == {16} if padding == "fixed" else max(widths) <= max(LENGTHS)
 
 
-def test_the_dataloader_pins_in_its_own_thread_for_a_gpu_only():
-    # issue 18: pinning belongs in the DataLoader's pin thread (PyTorch's pin_memory guide), not the loop
+def test_the_dataloader_pins_for_a_gpu_only():
+    # issue 18: the DataLoader pins (pin_memory=True; with num_workers=0 inside next(), on the loop's own
+    # thread, with workers in its pin thread), not code of the loop (PyTorch's pin_memory guide)
     assert RunSpec().dataloader(_dataset(), 2, device="cuda").pin_memory
     assert RunSpec(padding="packed").dataloader(_dataset(), 2, device="cuda").pin_memory
     assert not RunSpec().dataloader(_dataset(), 2, device="cpu").pin_memory
@@ -295,7 +296,7 @@ def test_apply_sets_the_attention_and_wraps_a_packed_model():
 def test_apply_sets_flex_varlen_and_activation_checkpointing(monkeypatch):
     from transformers import BertConfig, BertForSequenceClassification
 
-    import helpers.packing
+    import helpers.packed_model
 
     cfg = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                      vocab_size=100, attn_implementation="eager")
@@ -305,7 +306,7 @@ def test_apply_sets_flex_varlen_and_activation_checkpointing(monkeypatch):
         flex = RunSpec(attn="flex").apply(BertForSequenceClassification(cfg))
         assert flex.config._attn_implementation == "flex_attention"
     varlen = []
-    monkeypatch.setattr(helpers.packing, "use_varlen", lambda m: varlen.append(m) or m)
+    monkeypatch.setattr(helpers.packed_model, "use_varlen", lambda m: varlen.append(m) or m)
     out = RunSpec(attn="varlen", precision="bf16", padding="packed").apply(BertForSequenceClassification(cfg))
     assert len(varlen) == 1 and out.model is varlen[0]  # varlen attention, then the packed forward
 

@@ -448,9 +448,10 @@ def test_the_linear_schedule_is_transformers_one():
     assert lrs["ours"] == pytest.approx(lrs["transformers"], abs=1e-12)
 
 
-def test_batches_are_not_pinned_on_the_main_thread(monkeypatch):
-    # issue 18: t.pin_memory().to(dev, non_blocking=True) on the main thread is a blocking copy plus a copy;
-    # the DataLoader's pin thread pins (RunSpec.dataloader), the loop only queues the copy
+def test_the_loop_does_not_pin_batches_itself(monkeypatch):
+    # issue 18: t.pin_memory().to(dev, non_blocking=True) in the loop is a blocking copy plus a copy; the
+    # DataLoader pins (RunSpec.dataloader: with num_workers=0 inside next(), on the same thread), the loop
+    # only queues the copy
     import helpers.train as loop
 
     pinned, copies = [], []
