@@ -1,10 +1,12 @@
 """The speed ladder of lesson 08 as a benchmark: BERT training steps, one optimisation at a time.
 
-A thin command line over `helpers.ladder` (rungs, checks, timing, greedy selection: read its docstring).
-Weights are random (speed does not depend on their values); lengths are the BBC News corpus' token
-counts (recorded quantiles where the corpus is not installed). Writes `ladder-<device>.json/.md/.png`
-into `--out` with helpers.results (stamped with device, versions, date, threads and load), or with
-`--greedy` `ladder-<device>-greedy.*`.
+The published run over `helpers.ladder` (rungs, checks, timing, greedy selection: read its docstring) and
+`helpers.ladder_report` (rows, table, the why of each rung): `run_ladder` climbs on a BERT with random
+weights (speed does not depend on their values) and the BBC News corpus' token lengths (recorded quantiles
+where the corpus is not installed); `to_markdown` writes the result with its targets. Files
+`ladder-<device>.json/.md/.png` go into `--out` with helpers.results (stamped with device, versions, date,
+threads and load); with `--greedy`, `ladder-<device>-greedy.*`. The files are written again after each
+rung (marked partial until the last), so a run stopped at a time limit keeps the rungs it finished.
 
     python benchmarks/ladder.py                                               # BERT mini, seq 512: a CPU
     python benchmarks/ladder.py --greedy                                      # keep only what pays here
@@ -14,11 +16,133 @@ into `--out` with helpers.results (stamped with device, versions, date, threads 
 from __future__ import annotations
 
 import argparse
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from helpers.ladder import run_ladder, to_markdown
-from helpers.models import MODEL_SIZES
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+from transformers import BertForSequenceClassification
+
+from helpers.agreement import TOLERANCES
+from helpers.corpus import corpus_lengths
+from helpers.device import get_device
+from helpers.ladder import RULE, RUNGS, Rung, climb_stacks, sample_batches
+from helpers.ladder_report import ladder_table
+from helpers.models import MODEL_SIZES, bert_config
 from helpers.plots import ladder_chart
-from helpers.results import write_results
+from helpers.results import stamp, write_results
+from helpers.roofline import mfu_peak
+
+TARGETS = {"speedup": 12.0, "mfu": 0.50}  # BERT-base, seq 512, H100/H200, whole stack vs fp32 eager
+
+
+def _peak_line(peak: Any) -> str:
+    return f"{peak.precision} peak ({peak.source}), {peak.flops / 1e12:.3g} TFLOP/s"
+
+
+def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32, n_batches: int = 4,
+               device: str = "auto", repeats: int = 5, lr: float = 5e-5, rungs: Sequence[Rung] = RUNGS,
+               greedy: bool = False, lengths: Sequence[int] | None = None, n_classes: int = 5,
+               peak_flops: float | None = None, time_budget_s: float | None = None,
+               log: Callable[[str], None] = print,
+               on_rung: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Check and time every rung on a random-weight BERT (cumulative or greedy); a JSON-ready dict with
+    the run's stamp. `on_rung` gets the same dict, marked "partial", after the baseline and each rung."""
+    dev = get_device(device)
+    cfg = bert_config(model, n_classes)
+    if seq_len > cfg.max_position_embeddings or seq_len < 8:
+        raise ValueError(f"seq_len {seq_len}: use 8 ... {cfg.max_position_embeddings} (BERT's positions)")
+    if lengths is None:
+        lengths, lengths_source = corpus_lengths(seq_len, log=log)
+    else:
+        lengths, lengths_source = list(lengths), "given lengths"
+    log(f"run_ladder: BERT {model!r} shapes with random weights (speed does not depend on their values), "
+        f"{lengths_source}")
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in BertForSequenceClassification(cfg).state_dict().items()}
+    batches, check = sample_batches(lengths, batch_size=batch_size, n_batches=n_batches, seq_len=seq_len,
+                                    vocab=cfg.vocab_size, n_classes=n_classes)
+    found = None if peak_flops else mfu_peak(dev, measure=True)  # one peak for every stack, measured now
+    peak, peak_source = ((peak_flops, "given peak") if peak_flops else
+                         (found.flops, _peak_line(found)) if found else (None, "no peak known"))
+
+    def make_model() -> nn.Module:
+        m = BertForSequenceClassification(copy.deepcopy(cfg))
+        m.load_state_dict(state)
+        return m.to(dev)
+
+    setup = {"model": model, "params": sum(v.numel() for v in state.values()), "seq_len": seq_len,
+             "batch_size": batch_size, "batches_per_pass": n_batches, "repeats": repeats, "lr": lr,
+             "lengths": lengths_source, "peak_flops": peak, "peak_source": peak_source,
+             "tolerances": TOLERANCES, "time_budget_s": time_budget_s, "rule": RULE}
+
+    def payload(result: dict[str, Any]) -> dict[str, Any]:
+        result = {k: v for k, v in result.items() if k != "stack"}  # the RunSpec: its fields are in the rows
+        return {"stamp": stamp(dev), **result, "setup": setup}
+
+    result = climb_stacks(make_model, batches, check, device=dev, greedy=greedy, repeats=repeats, lr=lr,
+                          peak_flops=peak, rungs=rungs, time_budget_s=time_budget_s, log=log,
+                          on_rung=None if on_rung is None else lambda partial: on_rung(payload(partial)))
+    return payload(result)
+
+
+def to_markdown(result: Mapping[str, Any]) -> str:
+    """The ladder as Markdown: stamp line, setup, table, the why of each rung, your stack."""
+    s, u = result["stamp"], result["setup"]
+    vers = ", ".join(f"{k} {s[k]}" for k in ("torch", "cuda", "transformers", "triton", "python") if s.get(k))
+    yours = result["your_stack_vs_baseline"]
+    lines = [
+        f"Ladder ({result['mode']}) on **{s['device']}** ({vers}), {s['date']}, {s.get('threads')} threads, "
+        f"load average {s.get('load_average_1min')}.",
+        f"BERT `{u['model']}` shapes ({u['params'] / 1e6:.1f} M params, random weights), seq {u['seq_len']}, "
+        f"batch {u['batch_size']}, {u['batches_per_pass']} batches per pass, {u['repeats']} timed passes per "
+        f"stack; lengths: {u['lengths']}. Tokens/s count real tokens; MFU counts useful FLOPs (each "
+        f"document's real tokens at its own length, no padding) against the {u['peak_source']}.",
+        f"Greedy rule: {u['rule']}." if result["mode"] == "greedy" else "",
+        *([f"Note: {s['note']}"] if s.get("note") else []),
+        *([f"**Partial result: {result['partial']}** (written after each rung; the run has not finished or "
+           "was stopped)."] if result.get("partial") else []),
+        "",
+        ladder_table(result).to_markdown(),
+        "",
+        *[f"- {r['name']}: {r['why']}" for r in result["rows"][1:]],
+        "",
+        "One timing per row: each stack was timed in alternation with the stack it was added to and with the "
+        "fp32 eager baseline, and every number of its row (samples/s, the baseline's samples/s, speed-up, vs "
+        "stack below, MFU) comes from that one session.",
+        f"Your stack (up to **{yours['name']}**) against fp32 eager, timed side by side: "
+        f"**{yours['speedup']:.2f}x**" + (f", MFU {100 * yours['mfu']:.1f} %." if yours.get("mfu") is not None
+                                          else "."),
+        "",
+        "Your stack on this machine (the greedy rule's):" if result["mode"] == "greedy" else
+        "The top of the ladder (every rung on; `--greedy` keeps only what pays):",
+        "",
+        "```python",
+        result["your_stack_code"],
+        "```",
+        *_targets(result, yours),
+    ]
+    return "\n".join(lines)
+
+
+def _targets(result: Mapping[str, Any], best: Mapping[str, Any]) -> list[str]:
+    s, u = result["stamp"], result["setup"]
+    t = f">= {TARGETS['speedup']:.0f}x and >= {100 * TARGETS['mfu']:.0f} % MFU"
+    if s["device_type"] != "cuda" or u["model"] != "base" or u["seq_len"] != 512:
+        return ["", f"(The targets, {t}, apply to BERT-base at seq 512 on an H100/H200-class GPU; this "
+                    "run is not that.)"]
+    sp, m = best["speedup"], best.get("mfu")
+    out = ["", f"- Target speed-up >= {TARGETS['speedup']:.0f}x: {sp:.2f}x, "
+               + ("met." if sp >= TARGETS["speedup"] else f"short by {TARGETS['speedup'] / sp:.2f}x.")]
+    if m is None:
+        out.append("- Target MFU: no peak known for this GPU, not computed.")
+    else:
+        out.append(f"- Target MFU >= {100 * TARGETS['mfu']:.0f} % (useful FLOPs, dense bf16 peak): "
+                   f"{100 * m:.1f} %, " + ("met." if m >= TARGETS["mfu"]
+                                           else f"short by {100 * (TARGETS['mfu'] - m):.1f} points."))
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -42,18 +166,26 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.gpu_target:
         args.model, args.seq_len, args.batch_size, args.batches = "base", 512, 32, 4
+
+    def save(result: dict[str, Any]) -> dict[str, Any]:
+        if args.note:
+            result["stamp"]["note"] = args.note
+        measured = [r for r in result["rows"] if "samples_per_s" in r]  # each timed beside the baseline
+        title = (f"BERT training ladder ({result['mode']}), {result['stamp']['device']}\n"
+                 f"({args.model}, seq {args.seq_len}, {result['stamp']['date'][:10]})")
+        fig = ladder_chart({r["name"]: r["speedup"] for r in measured}, title=title,
+                           kept={r["name"]: r["kept"] for r in measured} if args.greedy else None)
+        # the greedy ladder is written next to the cumulative one: ladder-<device>-greedy.*
+        paths = write_results("ladder", result, to_markdown(result), fig=fig, out_dir=args.out,
+                              variant="greedy" if args.greedy else "")
+        plt.close(fig)
+        return paths
+
+    # written after each rung too: a run stopped at a time limit keeps the rungs it finished
     result = run_ladder(model=args.model, seq_len=args.seq_len, batch_size=args.batch_size,
                         n_batches=args.batches, repeats=args.repeats, greedy=args.greedy, device=args.device,
-                        time_budget_s=args.time_budget)
-    if args.note:
-        result["stamp"]["note"] = args.note
-    measured = {r["name"]: r["speedup"] for r in result["rows"] if "samples_per_s" in r}  # side by side
-    title = (f"BERT training ladder ({result['mode']}), {result['stamp']['device']}\n"
-             f"({args.model}, seq {args.seq_len}, {result['stamp']['date'][:10]})")
-    fig = ladder_chart(measured, title=title)
-    # the greedy ladder is written next to the cumulative one: ladder-<device>-greedy.*
-    paths = write_results("ladder", result, to_markdown(result), fig=fig, out_dir=args.out,
-                          variant="greedy" if args.greedy else "")
+                        time_budget_s=args.time_budget, on_rung=save)
+    paths = save(result)
     print(to_markdown(result))
     print("wrote", ", ".join(str(p) for p in paths.values()))
     return result

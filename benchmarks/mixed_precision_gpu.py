@@ -88,7 +88,7 @@ def _build(spec: dict[str, Any]) -> torch.nn.Module:
 
 
 def _batch_fn(spec: dict[str, Any]) -> Callable[[int, int], dict[str, torch.Tensor]]:
-    from helpers.train import synthetic_batch_fn
+    from helpers.synthetic import synthetic_batch_fn
 
     vocab = spec["model"].get("vocab_size", 30522)
     tokens = synthetic_batch_fn(vocab, spec["batch"], spec["seq"], seed=0)

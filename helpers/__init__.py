@@ -21,6 +21,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | measure | `optime` | 04 (05) | `time_ops`, `per_call_overhead`, `busy_time`, `cuda_graphed` |
 | measure | `regimes` | 04 (05, 08) | `profile_step`, `check_regimes`, `fusion_report`, `why_it_paid` |
 | measure | `predictions` | 04 | `blank_predictions`, `effect`, `score_predictions` |
+| measure | `agreement` | 08 | `agree`, `optimizer_step_agreement`, `TOLERANCES` |
 | model/data | `attention` | 01 | `naive_attention`, `tiled_attention`, `sdpa_attention` |
 | model/data | `kernels` | 01 | `flash_attention` (Triton) |
 | model/data | `models` | 01-06, 08 | `SmallTransformer`, `TransformerConfig`, `load_bert` |
@@ -29,11 +30,15 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | model/data | `packing` | 06, 08 | `PackCollate`, `PackedBatchSampler`, `document_mask` |
 | model/data | `packed_model` | 06, 08 | `PackedModel`, `packed_forward`, `packed_padding_stats` |
 | model/data | `fp8` | 08 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
+| model/data | `synthetic` | 02-05 | `synthetic_batch_fn` |
 | train | `checkpoint` | 03, 07, 08 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
 | train | `runspec` | 02-08 | `RunSpec`, `PADDINGS`, `ATTNS` |
+| train | `meter` | 02-08 | `Meter`, `TrainResult` |
 | train | `train` | 02-08 | `TrainConfig`, `train`, `train_step`, `make_optimizer` |
+| train | `evaluation` | 08 | `evaluate` |
 | train | `distributed` | 07 | `setup`, `apply_ddp`, `apply_fsdp`, `launch` |
-| train | `ladder` | 08 | `RUNGS`, `run_ladder`, `climb_stacks` |
+| train | `ladder` | 08 | `RUNGS`, `climb_stacks`, `keeps` |
+| train | `ladder_report` | 08 | `ladder_rows`, `ladder_table`, `explain` |
 | show | `plots` | all | `bar_chart`, `roofline_chart`, `attention_map_chart`, `memory_timeline_chart` |
 | show | `widgets` | 01, 03 | `AttentionExplorer` |
 | show | `exercises` | 00-08 | `check`, `show_solution`, `EXERCISES` |
@@ -52,10 +57,11 @@ LAYERS = {
     "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "device": 0, "diagnosis": 0,
     "verdicts": 0,
     "roofline": 1, "flops": 1, "memory": 1, "results": 1, "opcount": 1, "optime": 1, "regimes": 1,
-    "predictions": 1,
+    "predictions": 1, "agreement": 1,
     "attention": 2, "kernels": 2, "models": 2, "corpus": 2, "data": 2, "packing": 2, "packed_model": 2,
-    "fp8": 2,
-    "checkpoint": 3, "runspec": 3, "train": 3, "distributed": 3, "ladder": 3,
+    "fp8": 2, "synthetic": 2,
+    "checkpoint": 3, "runspec": 3, "meter": 3, "train": 3, "evaluation": 3, "distributed": 3, "ladder": 3,
+    "ladder_report": 3,
     "plots": 4, "widgets": 4, "exercises": 4,
 }
 _SUBMODULES = tuple(LAYERS)

@@ -1,44 +1,27 @@
-"""The speed ladder of lesson 08 and `benchmarks/ladder.py`: rungs, the checks before timing, timed
-passes, and the greedy selection of the stack that pays on this machine.
+"""The speed ladder of lesson 08: rungs, the greedy rule, the climb, arms timed side by side, and the
+batches every stack trains on (`benchmarks/ladder.py` runs it on a random-weight BERT).
 
-A *stack* is the full set of switches one training run uses: a `helpers.runspec.RunSpec`; a *rung*
-(`Rung`) changes one of its fields. The ladder starts from `BASELINE` (fp32, eager attention, no compile,
-the default AdamW, every batch padded to the longest sequence allowed) and climbs `RUNGS` in order:
+A *stack* is the full set of switches one run uses (a `helpers.runspec.RunSpec`); a *rung* (`Rung`) changes
+one of its fields. From `BASELINE` (fp32, eager attention, no compile, the default AdamW, every batch padded
+to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + SDPA, + torch.compile, + fused
+AdamW, + length bucketing, + packing, + FP8 (GPUs of compute capability 8.9+). `climb` adds each rung to
+the stack below it (cumulative) or to the best stack so far (greedy), keeping it only when it is faster
+beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the two arms); what
+survives is "your stack", printed as its code (`RunSpec.describe`).
 
-    + TF32 -> + bf16 autocast -> + SDPA -> + torch.compile -> + fused AdamW -> + dynamic padding
-    -> + packing (helpers.packing) -> + FP8 (helpers.fp8; GPUs of compute capability 8.9+ only)
-
-Two ways to climb (`climb`):
-
-- cumulative: every rung is added to the stack below it, whatever it measured;
-- greedy: each rung is added to the *best stack so far* and kept only when it is faster beyond the
-  measured spread (`keeps`): median speed ratio > 1 + the larger relative IQR (IQR / median) of the two
-  arms. What survives is "your stack" for this machine, printed as the code to use (`RunSpec.describe`).
-
-The candidate and the stack it is added to are timed in alternation (`helpers.timing.time_interleaved`),
-so a change in the machine's load falls on both arms alike; a stack's speed-up over the baseline is the
-product of those side-by-side ratios, and the stack that survives is timed once more in alternation with
-the baseline (`side_by_side`): no speed-up divides a late timing by the baseline's early one.
-Before a stack is timed it is checked against
-the stack it adds to (`measure_stack`), from the same weights on the same samples: logits and loss of one
-forward pass within the tolerance of the looser precision of the two (`TOLERANCES`), each pass run in its
-own spec's context (`RunSpec.context`: TF32 on for tf32 and every later precision, as in training; the
-timed passes run forward, backward and optimizer step inside it); the fused-AdamW rung also checks
-one optimizer step's updates against the unfused step on identical gradients (`optimizer_step_agreement`).
-A stack that disagrees is not timed and not kept (`RungDisagrees`); a rung the device cannot run (FP8
-below compute capability 8.9) is skipped with its one-line reason.
-
-Throughput counts real tokens; MFU counts *useful* FLOPs: each document's tokens at its own length
-(`helpers.packing.packed_padding_stats`), never padded positions: removing padding raises MFU, as it should.
-
-`run_ladder` runs it all on a BERT with random weights (speed does not depend on their values) and
-samples of the BBC News corpus' token lengths: the benchmark; lesson 08 calls `climb_stacks` on the
-pretrained model and the real tokens.
+One timing source per row: a candidate is timed in alternation with the stack it is added to and with the
+baseline (`time_interleaved`: abc, cba, ...), so a change in load falls on every arm alike and every
+number of its row (samples/s, MFU, the ratio to the stack below, the speed-up over the baseline) comes from
+that one session. Correct before fast: `measure_stack` first checks a stack against the stack it adds to
+(`helpers.agreement`: logits and loss of one forward pass from the same weights on the same samples, each
+with its own spec's TF32 and autocast; the fused-AdamW rung by one optimizer step); a stack that disagrees
+is not timed (`RungDisagrees`), one the device cannot run (`RunSpec.check`) is skipped with its reason.
+Throughput counts real tokens, MFU useful FLOPs (`helpers.packed_model.packed_padding_stats`). Each rung's
+row, the table and why it measured what it did: `helpers.ladder_report`.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,19 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from helpers.corpus import corpus_lengths
-from helpers.models import bert_config
+from helpers.agreement import agree, looser, optimizer_step_agreement
 from helpers.runspec import RunSpec
 from helpers.timing import Timing, synchronize, time_interleaved, time_passes
 
-__all__ = ["Rung", "BASELINE", "RUNGS", "TOLERANCES", "PRECISION_ORDER", "TARGETS",
-           "RULE", "Agreement", "Decision", "Step", "Arm", "looser", "agree", "optimizer_step_agreement",
-           "keeps", "climb", "RungDisagrees", "precision_of", "measure_stack", "climb_stacks", "side_by_side",
-           "sample_batches", "explain", "run_ladder", "ladder_rows",
-           "ladder_table", "to_markdown"]
-
-PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp8")  # later = looser tolerance
-
+__all__ = ["Rung", "BASELINE", "RUNGS", "RULE", "Decision", "Step", "Arm", "keeps", "climb", "RungDisagrees",
+           "measure_stack", "climb_stacks", "sample_batches"]
 
 @dataclass(frozen=True)
 class Rung:
@@ -88,73 +64,14 @@ RUNGS: tuple[Rung, ...] = (
     Rung("+ SDPA", "attn", "sdpa", "faster, less memory, most on long sequences"),
     Rung("+ torch.compile", "compile", True, "10-30 % faster (docs/claims.md#c4)"),
     Rung("+ fused AdamW", "fused_adamw", True, "a few % (one kernel per step for all parameters)"),
-    Rung("+ dynamic padding", "padding", "bucketed", "proportional to the padding removed"),
+    Rung("+ length bucketing", "padding", "bucketed", "proportional to the padding removed"),
     Rung("+ packing", "padding", "packed", "up to 2x throughput (docs/claims.md#c12)"),
     Rung("+ FP8", "fp8", True, "doubles bf16's speed on Hopper (docs/claims.md#c13)"),
 )
 
-# (atol, rtol) for logits and loss: |a - b| <= atol + rtol * max|reference|, per the looser precision.
-TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-4), "tf32": (2e-3, 1e-2),
-                                              "bf16": (2e-2, 5e-2), "fp8": (1e-1, 1e-1)}
 RULE = "keep a rung when best median / candidate median > 1 + max(IQR / median of both arms)"
-TARGETS = {"speedup": 12.0, "mfu": 0.50}  # issue 15: BERT-base, seq 512, H100/H200, whole stack vs fp32 eager
 
-# --- checks ------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Agreement:
-    """The result of a check: within tolerance or not, the largest difference, and the allowed one."""
-
-    ok: bool
-    err: float
-    allowed: float
-
-    def __str__(self) -> str:
-        return f"|Δ| {self.err:.1e} {'≤' if self.ok else '>'} {self.allowed:.1e}"
-
-
-def looser(a: str, b: str) -> str:
-    """The looser of two precisions, whose tolerance a comparison between them uses (lesson 08)."""
-    for p in (a, b):
-        if p not in PRECISION_ORDER:
-            raise ValueError(f"unknown precision {p!r}: use one of {PRECISION_ORDER}")
-    return max(a, b, key=PRECISION_ORDER.index)
-
-
-def agree(a: torch.Tensor, b: torch.Tensor, precision: str) -> Agreement:
-    """Whether `a` matches the reference `b` within the tolerance of `precision` (lesson 08)."""
-    if precision not in TOLERANCES:
-        raise ValueError(f"unknown precision {precision!r}: use one of {tuple(TOLERANCES)}")
-    if a.shape != b.shape:
-        raise ValueError(f"cannot compare shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    atol, rtol = TOLERANCES[precision]
-    err = (a.float() - b.float()).abs().max().item()
-    allowed = atol + rtol * b.float().abs().max().item()
-    return Agreement(err <= allowed, err, allowed)
-
-
-def optimizer_step_agreement(params: Sequence[nn.Parameter], make_reference: Callable[[list], Any],
-                             make_candidate: Callable[[list], Any], rtol: float = 1e-3) -> Agreement:
-    """One step of two optimizers on copies of the same parameters and gradients: do the *updates* agree,
-    within `rtol` of the largest reference update? (lesson 08's fused-AdamW check: the optimizer changes
-    the parameters, never the forward pass; an update is ~lr, far below a parameter's own size)."""
-    with_grad = [p for p in params if p.grad is not None]
-    if not with_grad:
-        raise ValueError("no parameter has a gradient: run a backward pass before the optimizer check")
-    updates = []
-    for make in (make_reference, make_candidate):
-        copies = [p.detach().clone().float().requires_grad_(True) for p in with_grad]
-        for c, p in zip(copies, with_grad):
-            c.grad = p.grad.detach().clone().float()
-        make(copies).step()
-        deltas = [(c.detach() - p.detach().float()).flatten() for c, p in zip(copies, with_grad)]
-        updates.append(torch.cat(deltas))
-    err = (updates[1] - updates[0]).abs().max().item()
-    allowed = rtol * updates[0].abs().max().item()
-    return Agreement(err <= allowed, err, allowed)
-
-
-# --- greedy selection ---------------------------------------------------------------------------------
+# --- the greedy rule and the climb ------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Decision:
@@ -189,7 +106,7 @@ class Arm:
     """One measured stack: its timing, the outputs later stacks are checked against, and a row of numbers."""
 
     stack: RunSpec
-    timing: Timing
+    timing: Timing | None  # None until `climb` times it beside the stack below (measure_stack's timed=False)
     reference: Any = None  # what `measure_stack` compares the next stack with (logits, loss, precision)
     row: dict[str, Any] = field(default_factory=dict)
     run: Callable[[], Any] | None = field(default=None, repr=False)  # one timed pass, to time it again
@@ -197,7 +114,8 @@ class Arm:
 
 @dataclass
 class Step:
-    """One rung of a climb: the stack measured, its arm, and the decision against the stack below it."""
+    """One rung of a climb: the stack measured, its arm, the decision against the stack below it, and its
+    speed-up over the baseline from the same timing session."""
 
     rung: Rung
     stack: RunSpec
@@ -205,32 +123,65 @@ class Step:
     base: RunSpec  # the stack it was added to
     decision: Decision | None
     note: str = ""  # why it was not measured: time budget, the device cannot run it, failed its check
+    speedup: float | None = None  # baseline median / this stack's median, timed in one session
+
+
+def _side_by_side(arm: Arm, ref: Arm, base: Arm, repeats: int) -> tuple[Decision, float]:
+    """Time `arm`, the stack it is added to and the baseline in alternation (the baseline once when it is
+    the reference); the arm's row from that one session; (the rule's decision, speed-up over the baseline).
+    Arms without a pass to repeat (`run` None) are compared with their own timings."""
+    if arm.run is None or ref.run is None or base.run is None:
+        t_arm, t_ref, t_base = arm.timing, ref.timing, base.timing
+    else:
+        runs = [arm.run, ref.run] + ([base.run] if base is not ref else [])
+        t_arm, t_ref, *rest = time_interleaved(*runs, repeats=repeats)
+        t_base = rest[0] if rest else t_ref
+        arm.timing = t_arm
+        arm.row.update(_rates(arm.row, t_arm))
+    for who, arm_of, t in (("below", ref, t_ref), ("baseline", base, t_base)):
+        arm.row.update({f"{who}_median_s": t.median_s, f"{who}_iqr_s": t.iqr_s})
+        if "documents_per_pass" in arm_of.row:
+            arm.row[f"{who}_samples_per_s"] = arm_of.row["documents_per_pass"] / t.median_s
+    return keeps(t_arm, t_ref), t_base.median_s / t_arm.median_s
 
 
 def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], *, greedy: bool = False,
           baseline: RunSpec = BASELINE, time_budget_s: float | None = None,
-          skip: Callable[[Rung], str | None] | None = None,
-          log: Callable[[str], None] = print) -> tuple[Arm, list[Step], RunSpec]:
+          skip: Callable[[RunSpec], str | None] | None = None, repeats: int = 5,
+          log: Callable[[str], None] = print,
+          on_step: Callable[[Arm, list[Step], RunSpec], None] | None = None,
+          ) -> tuple[Arm, list[Step], RunSpec]:
     """Measure the baseline, then each rung added to the stack below it (cumulative) or to the best stack
     so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 08).
 
     `measure(stack, reference_arm)` checks `stack` against the reference arm and times it (raising
-    RungDisagrees when it disagrees: reported, not kept); `skip(rung)` gives a reason not to run a rung
-    on this device (or None); rungs left when `time_budget_s` has run out are reported as not measured."""
+    RungDisagrees when it disagrees: reported, not kept); `skip(stack)` gives a reason not to run a stack
+    on this device (or None); rungs left when `time_budget_s` has run out are reported as not measured.
+    Each candidate is timed in `repeats` rounds beside the stack below it and the baseline.
+    `on_step(baseline arm, steps so far, stack so far)` runs after the baseline and after each rung (a
+    benchmark saves what it has, so a run stopped at a time limit keeps its finished rungs)."""
     if not rungs:
         raise ValueError("climb needs at least one rung")
     t0 = time.perf_counter()
     base_arm = measure(baseline, None)
     best = below = base_arm
     steps: list[Step] = []
+
+    def done() -> RunSpec:
+        return best.stack if greedy else below.stack
+
+    if on_step is not None:
+        on_step(base_arm, steps, done())
     for rung in rungs:
-        stack = rung.on((best if greedy else below).stack)
         ref = best if greedy else below
+        stack = rung.on(ref.stack)
         if stack == ref.stack:
             log(f"{rung.name}: already in the stack, nothing to measure")
             steps.append(Step(rung, stack, ref, ref.stack, None))
+            if on_step is not None:
+                on_step(base_arm, steps, done())
             continue
-        why = skip(rung) if skip is not None else None
+        why = skip(stack) if skip is not None else None
         if why is None and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             why = f"not measured: the time budget of {time_budget_s:.0f} s is spent"
         if why is None:
@@ -241,19 +192,18 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
         if why is not None:
             log(f"{rung.name}: {why}")
             steps.append(Step(rung, stack, None, ref.stack, None, why))
+            if on_step is not None:
+                on_step(base_arm, steps, done())
             continue
-        if arm.run is not None and ref.run is not None:  # both arms again, in alternation: the same load
-            arm.timing, ref_timing = time_interleaved(arm.run, ref.run, repeats=arm.timing.runs)
-            arm.row.update(_rates(arm.row, arm.timing), ref_median_s=ref_timing.median_s)
-        else:
-            ref_timing = ref.timing
-        decision = keeps(arm.timing, ref_timing)
-        steps.append(Step(rung, stack, arm, ref.stack, decision))
+        decision, speedup = _side_by_side(arm, ref, base_arm, repeats)
+        steps.append(Step(rung, stack, arm, ref.stack, decision, speedup=speedup))
         log(f"{rung.name}: {decision}" if greedy else f"{rung.name}: {decision.ratio:.2f}x the rung below")
         below = arm
         if decision.keep or not greedy:
             best = arm
-    return base_arm, steps, (best.stack if greedy else below.stack)
+        if on_step is not None:
+            on_step(base_arm, steps, done())
+    return base_arm, steps, done()
 
 
 # --- measuring a stack ----------------------------------------------------------------------------------
@@ -269,23 +219,30 @@ def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
                 mfu=mfu(tokens / t, row["useful_flops_per_pass"] / tokens, peak) if peak and tokens else None)
 
 
-def precision_of(spec: RunSpec) -> str:
-    """The precision whose tolerance a spec's outputs are checked with: "fp8" when it uses FP8 (lesson 08)."""
-    return "fp8" if spec.fp8 else spec.precision
-
-
 def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _check_against(stack: RunSpec, reference: Arm, logits: torch.Tensor,
+                   loss: torch.Tensor) -> dict[str, str]:
+    """RungDisagrees unless logits and loss agree with the reference's within the looser tolerance."""
+    ref_logits, ref_loss, ref_precision = reference.reference
+    tol = looser(stack.effective_precision, ref_precision)
+    ok_l, ok_s = agree(logits, ref_logits, tol), agree(loss, ref_loss, tol)
+    if not (ok_l.ok and ok_s.ok):
+        raise RungDisagrees(f"{stack} disagrees with {reference.stack}: logits {ok_l}, loss {ok_s}")
+    return {"check_logits": str(ok_l), "check_loss": str(ok_s)}
 
 
 def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable[[], nn.Module],
                   batches: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
                   check: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device, lr: float = 5e-5,
-                  repeats: int = 5, peak_flops: float | None = None) -> Arm:
-    """Check `stack` against `reference` (same weights, same samples), then time `repeats` passes over
-    its batches (lesson 08). `make_model()` gives a fresh model with the initial weights on `device`;
-    `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
-    Raises AssertionError when the stack disagrees with the reference."""
+                  repeats: int = 5, peak_flops: float | None = None, timed: bool = True) -> Arm:
+    """Check `stack` against `reference` (same weights, same samples), run one warm-up pass over its batches,
+    then time `repeats` passes unless `timed` is False (`climb` times a candidate beside other stacks anyway:
+    its row's rates come from there) (lesson 08). `make_model()` gives a fresh model with the initial weights
+    on `device`; `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
+    Raises RungDisagrees when the stack disagrees with the reference."""
     from helpers.packed_model import packed_padding_stats
     from helpers.train import make_optimizer
 
@@ -296,19 +253,13 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     # 1. agreement with the reference: one forward pass (the first call also compiles, when asked)
     cb = _to(check[stack.padding], device)
     t0 = time.perf_counter()
-    with stack.context(device):
+    with stack.step_context(device), stack.autocast(device):
         out = run(**cb)
     synchronize(device)
     row["first_call_s"] = time.perf_counter() - t0
     logits, loss = out.logits.detach().float().cpu(), out.loss.detach().float().cpu().reshape(1)
-    precision = precision_of(stack)
     if reference is not None:
-        ref_logits, ref_loss, ref_precision = reference.reference
-        tol = looser(precision, ref_precision)
-        ok_l, ok_s = agree(logits, ref_logits, tol), agree(loss, ref_loss, tol)
-        row.update(check_logits=str(ok_l), check_loss=str(ok_s))
-        if not (ok_l.ok and ok_s.ok):
-            raise RungDisagrees(f"{stack} disagrees with {reference.stack}: logits {ok_l}, loss {ok_s}")
+        row.update(_check_against(stack, reference, logits, loss))
     # the applied model's parameters: on transformers 4.x an attention switch rebuilds the model
     opt = make_optimizer(run, lr, 0.01, fused=stack.fused_adamw)
     if reference is not None and stack.fused_adamw and not reference.stack.fused_adamw:
@@ -324,9 +275,11 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     dev_batches = [_to(b, device) for b in batches[stack.padding]]
 
     def one_pass() -> None:
-        with stack.context(device):  # forward, backward and step: TF32 and autocast as in training
+        with stack.step_context(device):  # TF32 for the whole step, as in training
             for b in dev_batches:
-                run(**b).loss.backward()
+                with stack.autocast(device):  # forward and loss only
+                    loss = run(**b).loss
+                loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
@@ -336,17 +289,18 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     one_pass()  # warm-up: new shapes compile here (dynamic padding), the optimizer state appears
     synchronize(device)
     row["warmup_pass_s"] = time.perf_counter() - t0
-    timing = time_passes(one_pass, repeats=repeats, device=device)
+    timing = time_passes(one_pass, repeats=repeats, device=device) if timed else None
     stats = packed_padding_stats(dev_batches, model)  # documents, real tokens, useful FLOPs (no padding)
     row.update(documents_per_pass=stats.documents, real_tokens_per_pass=stats.real_tokens,
                useful_flops_per_pass=stats.useful_flops, peak_flops_used=peak_flops,
                padded_fraction=stats.padding_fraction,
                peak_memory_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
-    row.update(_rates(row, timing))
-    return Arm(stack, timing, (logits, loss, precision), row, one_pass)
+    if timing is not None:
+        row.update(_rates(row, timing))
+    return Arm(stack, timing, (logits, loss, stack.effective_precision), row, one_pass)
 
 
-# --- the benchmark: random-weight BERT, BBC News lengths ----------------------------------------------------
+# --- batches: the same samples for every padding ----------------------------------------------------------
 
 def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, seq_len: int, vocab: int,
                    n_classes: int, pad_token_id: int = 0, seed: int = 0,
@@ -390,264 +344,44 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
     return batches, check
 
 
-def _peak_line(peak: Any) -> str:
-    return f"{peak.precision} peak ({peak.source}), {peak.flops / 1e12:.3g} TFLOP/s"
-
-
-def _why_precision(rung: Rung, f: Mapping[str, Any]) -> str:
-    gpu, cap = f["type"] == "cuda", f.get("cap", (0, 0))
-    if rung.value == "tf32":
-        if gpu and cap >= (8, 0):
-            return "fp32 matmuls ran on TF32 tensor cores"
-        if gpu:
-            return (f"{f['name']} (compute capability {cap[0]}.{cap[1]}) has no TF32 units: the same fp32 "
-                    "math ran")
-        return "a CPU has no TF32 units: the same fp32 math ran"
-    if gpu:
-        return ("matmuls on bf16 tensor cores, half the bytes moved" if cap >= (8, 0)
-                else "this GPU has no bf16 tensor cores (compute capability < 8.0)")
-    if f.get("amx"):
-        return f"this CPU has AMX bf16 tile units ({f['cpu_capability']})"
-    if f.get("avx512_bf16"):
-        return ("this CPU has AVX512-BF16 dot-product instructions (no AMX): bf16 matmuls can beat fp32, "
-                "while the casts around them cost")
-    return (f"this CPU ({f['cpu_capability']}, no AMX) has no bf16 matmul units: any gain comes from "
-            "moving half the bytes, and the conversions cost")
-
-
-def _why_padding(rung: Rung, padded_removed: float | None, padded_left: float | None) -> str:
-    before = ("" if padded_removed is None
-              else f"; {100 * padded_removed:.0f} % of the fixed-width positions were padding")
-    after = "" if padded_left is None else f", {100 * padded_left:.0f} % here"
-    return ("documents packed into rows, kept apart by a document mask; a row's tail that no whole "
-            "document fits stays padding" if rung.value == "packed"
-            else "batches of similar length, each padded to its longest") + before + after
-
-
-def _verdict(decision: Decision) -> str:
-    if decision.keep:
-        return "faster beyond the noise: it pays here"
-    if decision.ratio > 1:
-        return f"faster by less than the noise (needs > {decision.threshold:.2f}x): not shown to pay here"
-    return "not faster here"
-
-
-def explain(rung: Rung, decision: Decision, device: torch.device, *,
-            padded_removed: float | None = None, padded_left: float | None = None) -> str:
-    """Why a rung measured what it did (its speed ratio and the rule's verdict) on the device that ran it:
-    the reasons come from that device's facts (`helpers.device.device_facts`), not from a text written
-    for a CPU (lesson 08)."""
-    from helpers.device import device_facts
-
-    f = device_facts(device)
-    gpu = f["type"] == "cuda"
-    why = {
-        "precision": lambda: _why_precision(rung, f),
-        "attn": lambda: "one fused attention kernel, the T×T matrix never stored; attention's share grows "
-                        "with length",
-        "compile": lambda: ("Inductor fuses the elementwise work between the matmuls" if gpu else
-                            "Inductor's CPU kernels against eager kernels that are already fused well"),
-        "fused_adamw": lambda: ("one kernel updates every parameter; the optimizer's share of a step is "
-                                "larger for small models"),
-        "fp8": lambda: ("FP8 tensor cores ran the Linear layers' matmuls" if decision.ratio > 1 else
-                        "the casts and scales around each FP8 matmul cost what FP8 saved (compile fuses "
-                        "them)"),
-        "padding": lambda: _why_padding(rung, padded_removed, padded_left),
-    }.get(rung.switch, lambda: rung.claim)()
-    return f"{decision.ratio:.2f}x the stack below, {_verdict(decision)} ({why})"
-
-
-def run_ladder(*, model: str = "base", seq_len: int = 512, batch_size: int = 32, n_batches: int = 4,
-               device: str = "auto", repeats: int = 5, lr: float = 5e-5, rungs: Sequence[Rung] = RUNGS,
-               greedy: bool = False, lengths: Sequence[int] | None = None, n_classes: int = 5,
-               peak_flops: float | None = None, time_budget_s: float | None = None,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Check and time every rung on a random-weight BERT (cumulative or greedy); a JSON-ready dict with
-    the run's stamp (benchmarks/ladder.py)."""
-    from transformers import BertForSequenceClassification
-
-    from helpers.device import get_device
-    from helpers.results import stamp
-    from helpers.roofline import mfu_peak
-
-    dev = get_device(device)
-    cfg = bert_config(model, n_classes)
-    if seq_len > cfg.max_position_embeddings or seq_len < 8:
-        raise ValueError(f"seq_len {seq_len}: use 8 ... {cfg.max_position_embeddings} (BERT's positions)")
-    if lengths is None:
-        lengths, lengths_source = corpus_lengths(seq_len, log=log)
-    else:
-        lengths, lengths_source = list(lengths), "given lengths"
-    log(f"run_ladder: BERT {model!r} shapes with random weights (speed does not depend on their values), "
-        f"{lengths_source}")
-    torch.manual_seed(0)
-    state = {k: v.clone() for k, v in BertForSequenceClassification(cfg).state_dict().items()}
-    batches, check = sample_batches(lengths, batch_size=batch_size, n_batches=n_batches, seq_len=seq_len,
-                                    vocab=cfg.vocab_size, n_classes=n_classes)
-    found = None if peak_flops else mfu_peak(dev, measure=True)  # one peak for every stack, measured now
-    peak, peak_source = ((peak_flops, "given peak") if peak_flops else
-                         (found.flops, _peak_line(found)) if found else (None, "no peak known"))
-
-    def make_model() -> nn.Module:
-        m = BertForSequenceClassification(copy.deepcopy(cfg))
-        m.load_state_dict(state)
-        return m.to(dev)
-
-    result = climb_stacks(make_model, batches, check, device=dev, greedy=greedy, repeats=repeats, lr=lr,
-                          peak_flops=peak, rungs=rungs, time_budget_s=time_budget_s, log=log)
-    result.pop("stack")
-    n_params = sum(v.numel() for v in state.values())
-    return {"stamp": stamp(dev), **result,
-            "setup": {"model": model, "params": n_params, "seq_len": seq_len, "batch_size": batch_size,
-                      "batches_per_pass": n_batches, "repeats": repeats, "lr": lr, "lengths": lengths_source,
-                      "peak_flops": peak, "peak_source": peak_source, "tolerances": TOLERANCES,
-                      "time_budget_s": time_budget_s, "rule": RULE}}
-
+# --- the climb on a model, and its rows ------------------------------------------------------------------
 
 def climb_stacks(make_model: Callable[[], nn.Module],
                  batches: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
                  check: Mapping[str, Mapping[str, torch.Tensor]], *, device: torch.device,
-                 greedy: bool = True,
-                 repeats: int = 5, lr: float = 5e-5, peak_flops: float | None = None,
+                 greedy: bool = True, repeats: int = 5, lr: float = 5e-5, peak_flops: float | None = None,
                  rungs: Sequence[Rung] = RUNGS, time_budget_s: float | None = None,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
+                 log: Callable[[str], None] = print,
+                 on_rung: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """`climb` with `measure_stack` on the given model and batches (`sample_batches`): each stack checked,
-    then timed; rungs the device cannot run (FP8) skipped with their reason; at the end the stack that
-    survived is timed again in alternation with the baseline (`side_by_side`). Returns {"mode", "rows",
-    "your_stack", "your_stack_code", "your_stack_vs_baseline", "stack"} (lesson 08 and `run_ladder`)."""
+    then timed beside the stack below it and the baseline; stacks the device cannot run (`RunSpec.check`)
+    skipped with their reason. Returns {"mode", "rows", "your_stack", "your_stack_code",
+    "your_stack_vs_baseline", "stack"} (lesson 08 and benchmarks/ladder.py). `on_rung` gets that dict after
+    the baseline and after each rung, with "partial": how many rungs of how many are done so far."""
     def measure(stack: RunSpec, ref: Arm | None) -> Arm:
         # no dynamo reset: the best arm's compiled layers must stay valid to be timed again beside the
         # candidate (so a compiled stack's first call includes compiling only when the cache is cold)
         return measure_stack(stack, ref, make_model=make_model, batches=batches, check=check, device=device,
-                             lr=lr, repeats=repeats, peak_flops=peak_flops)
+                             lr=lr, repeats=repeats, peak_flops=peak_flops, timed=ref is None)
 
-    def skip(rung: Rung) -> str | None:
-        if rung.switch == "fp8":
-            from helpers.fp8 import fp8_supported
-
-            ok, why = fp8_supported(device)
-            return None if ok else f"skipped: {why}"
+    def skip(stack: RunSpec) -> str | None:
+        try:
+            stack.check(device)
+        except ValueError as err:
+            return f"skipped: {err}"
         return None
 
-    base, steps, final = climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip, log=log)
-    rows = ladder_rows(base, steps, device, greedy=greedy)
-    return {"mode": "greedy" if greedy else "cumulative", "rows": rows,
-            "your_stack": dataclasses.asdict(final), "your_stack_code": final.describe(),
-            "your_stack_vs_baseline": side_by_side(base, steps, final, repeats=repeats), "stack": final}
+    from helpers.ladder_report import ladder_rows, your_stack
 
+    def result(base: Arm, steps: list[Step], final: RunSpec) -> dict[str, Any]:
+        rows = ladder_rows(base, steps, device, greedy=greedy)
+        return {"mode": "greedy" if greedy else "cumulative", "rows": rows,
+                "your_stack": dataclasses.asdict(final), "your_stack_code": final.describe(),
+                "your_stack_vs_baseline": your_stack(rows, final), "stack": final}
 
-def side_by_side(base: Arm, steps: Sequence[Step], final: RunSpec, *, repeats: int = 5) -> dict[str, Any]:
-    """The final stack and the baseline timed now, in alternation (`time_interleaved`): the speed-up a
-    climb reports, never a late timing divided by the baseline's early one (lesson 08, benchmark)."""
-    arm = next((s.arm for s in reversed(steps) if s.arm is not None and s.arm.stack == final), base)
-    names = [s.rung.name for s in steps if s.arm is arm]
-    out: dict[str, Any] = {"name": names[-1] if names else "fp32 eager (baseline)", "speedup": 1.0,
-                           "samples_per_s": base.row["samples_per_s"], "mfu": base.row.get("mfu")}
-    if arm is base or arm.run is None or base.run is None:
-        return out
-    t_base, t_arm = time_interleaved(base.run, arm.run, repeats=repeats)
-    rates = _rates(arm.row, t_arm)
-    return {**out, "speedup": t_base.median_s / t_arm.median_s, "samples_per_s": rates["samples_per_s"],
-            "mfu": rates["mfu"], "baseline_samples_per_s": _rates(base.row, t_base)["samples_per_s"],
-            "median_s": t_arm.median_s, "baseline_median_s": t_base.median_s, "passes": t_arm.runs}
+    def progress(base: Arm, steps: list[Step], final: RunSpec) -> None:
+        if on_rung is not None and len(steps) < len(rungs):  # the last one is the result itself
+            on_rung({**result(base, steps, final), "partial": f"{len(steps)} of {len(rungs)} rungs done"})
 
-
-def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
-                greedy: bool) -> list[dict[str, Any]]:
-    """One JSON-ready row per measured stack: switches, numbers, decision and the device's why (lesson 08)."""
-    rows = [{"name": "fp32 eager (baseline)", **dataclasses.asdict(base.stack), **base.row,
-             "speedup": 1.0, "vs_below": None, "kept": True, "why": "the reference", "claim": "baseline"}]
-    # speed-up over the baseline: the product of side-by-side ratios along the chain of stacks it was
-    # added to (each pair timed in alternation), not a late timing over the baseline's early one
-    speedup = {base.stack: 1.0}
-    for s in steps:
-        row: dict[str, Any] = {"name": s.rung.name, **dataclasses.asdict(s.stack), "claim": s.rung.claim}
-        if s.arm is None:
-            row.update(kept=False, why=s.note)
-        elif s.decision is None:
-            row.update(kept=True, why="already in the stack")
-        else:
-            # padding removed by the padding rung: what the fixed-width baseline computed in vain
-            pad = s.rung.switch == "padding"
-            removed = base.row["padded_fraction"] if pad else None
-            left = s.arm.row["padded_fraction"] if pad else None
-            speedup[s.stack] = speedup.get(s.base, float("nan")) * s.decision.ratio
-            row.update(**s.arm.row, speedup=speedup[s.stack], vs_below=s.decision.ratio,
-                       threshold=s.decision.threshold, kept=s.decision.keep if greedy else True,
-                       why=explain(s.rung, s.decision, device, padded_removed=removed, padded_left=left))
-        rows.append(row)
-    return rows
-
-
-def ladder_table(result: Mapping[str, Any]):
-    """The ladder as a helpers.tables.Table (lesson 08, benchmark)."""
-    from helpers.tables import Table
-
-    greedy = result["mode"] == "greedy"
-    table = Table(["rung", "samples/s", "tokens/s (real)", "speed-up", "vs stack below", "MFU (useful FLOPs)",
-                   "peak memory GB", "padding", "IQR %", "first call s", "kept" if greedy else "check"])
-    for r in result["rows"]:
-        if "samples_per_s" not in r:
-            table.add(r["name"], None, None, None, None, None, None, None, None, None, r["why"])
-            continue
-        mem = r["peak_memory_bytes"] / 1e9 if r.get("peak_memory_bytes") else None
-        mfu = f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else None
-        last = ("yes" if r["kept"] else "no") if greedy else r.get("check_logits", "reference")
-        table.add(r["name"], r["samples_per_s"], r["tokens_per_s"], f"{r['speedup']:.2f}x",
-                  f"{r['vs_below']:.2f}x" if r["vs_below"] else "", mfu, mem,
-                  f"{100 * r['padded_fraction']:.0f} %",
-                  100 * r["pass_iqr_s"] / r["pass_median_s"], r["first_call_s"], last)
-    return table
-
-
-def to_markdown(result: Mapping[str, Any]) -> str:
-    """The ladder as Markdown: stamp line, setup, table, the why of each rung, your stack (benchmark)."""
-    s, u = result["stamp"], result["setup"]
-    vers = ", ".join(f"{k} {s[k]}" for k in ("torch", "cuda", "transformers", "triton", "python") if s.get(k))
-    yours = result["your_stack_vs_baseline"]
-    lines = [
-        f"Ladder ({result['mode']}) on **{s['device']}** ({vers}), {s['date']}, {s.get('threads')} threads, "
-        f"load average {s.get('load_average_1min')}.",
-        f"BERT `{u['model']}` shapes ({u['params'] / 1e6:.1f} M params, random weights), seq {u['seq_len']}, "
-        f"batch {u['batch_size']}, {u['batches_per_pass']} batches per pass, {u['repeats']} timed passes per "
-        f"stack; lengths: {u['lengths']}. Tokens/s count real tokens; MFU counts useful FLOPs (each "
-        f"document's real tokens at its own length, no padding) against the {u['peak_source']}.",
-        f"Greedy rule: {u['rule']}." if result["mode"] == "greedy" else "",
-        *([f"Note: {s['note']}"] if s.get("note") else []),
-        "",
-        ladder_table(result).to_markdown(),
-        "",
-        *[f"- {r['name']}: {r['why']}" for r in result["rows"][1:]],
-        "",
-        f"Speed-up column: the product of the side-by-side ratios along the stacks each rung was added to. "
-        f"Your stack (up to **{yours['name']}**), timed again in alternation with the fp32 eager baseline: "
-        f"**{yours['speedup']:.2f}x**" + (f", MFU {100 * yours['mfu']:.1f} %." if yours.get("mfu") is not None
-                                          else "."),
-        "",
-        "Your stack on this machine (the greedy rule's):" if result["mode"] == "greedy" else
-        "The top of the ladder (every rung on; `--greedy` keeps only what pays):",
-        "",
-        "```python",
-        result["your_stack_code"],
-        "```",
-        *_targets(result, yours),
-    ]
-    return "\n".join(lines)
-
-
-def _targets(result: Mapping[str, Any], best: Mapping[str, Any]) -> list[str]:
-    s, u = result["stamp"], result["setup"]
-    t = f">= {TARGETS['speedup']:.0f}x and >= {100 * TARGETS['mfu']:.0f} % MFU"
-    if s["device_type"] != "cuda" or u["model"] != "base" or u["seq_len"] != 512:
-        return ["", f"(The targets, {t}, apply to BERT-base at seq 512 on an H100/H200-class GPU; this "
-                    "run is not that.)"]
-    sp, m = best["speedup"], best.get("mfu")
-    out = ["", f"- Target speed-up >= {TARGETS['speedup']:.0f}x: {sp:.2f}x, "
-               + ("met." if sp >= TARGETS["speedup"] else f"short by {TARGETS['speedup'] / sp:.2f}x.")]
-    if m is None:
-        out.append("- Target MFU: no peak known for this GPU, not computed.")
-    else:
-        out.append(f"- Target MFU >= {100 * TARGETS['mfu']:.0f} % (useful FLOPs, dense bf16 peak): "
-                   f"{100 * m:.1f} %, " + ("met." if m >= TARGETS["mfu"]
-                                           else f"short by {100 * (TARGETS['mfu'] - m):.1f} points."))
-    return out
+    return result(*climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip,
+                         repeats=repeats, log=log, on_step=progress))

@@ -296,20 +296,30 @@ def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure
 
 # --- capstone (lesson 08) ---------------------------------------------------------------------------
 
-def ladder_chart(speedups: Mapping[str, float], *, title: str,
-                 accuracy: Mapping[str, float] | None = None) -> Figure:
-    """The speed ladder: each rung's speed-up over the baseline, from side-by-side timings only (the
-    ladder's chained ratios, never a late timing over an early one), written on its bar; when given, each
-    rung's validation accuracy as dots on a second axis (no speed bought with accuracy) (lesson 08)."""
+def ladder_chart(speedups: Mapping[str, float], *, title: str, accuracy: Mapping[str, float] | None = None,
+                 kept: Mapping[str, bool] | None = None) -> Figure:
+    """The speed ladder: each stack's speed-up over the baseline, timed beside it (never a late timing over
+    an early one), written on its bar; with `kept` (the greedy ladder) the rungs kept in your stack solid
+    and the dropped ones pale and hatched, with a legend; with `accuracy`, each rung's validation accuracy
+    as dots on a second axis (no speed bought with accuracy) (lesson 08)."""
+    from matplotlib.patches import Patch
+
     if not speedups:
         raise ValueError("ladder_chart needs at least one rung")
-    if accuracy is not None and set(accuracy) - set(speedups):
-        extra = sorted(set(accuracy) - set(speedups))
-        raise ValueError(f"accuracy names rungs that have no speed: {extra}")
+    for name, given in (("accuracy", accuracy), ("kept", kept)):
+        if given is not None and set(given) - set(speedups):
+            raise ValueError(f"{name} names rungs that have no speed: {sorted(set(given) - set(speedups))}")
     fig = bar_chart(speedups, title=title, ylabel="speed-up over the baseline [×]", xlabel="rung",
                     annotate="{:.2f}×")
     ax = fig.axes[0]
     ax.axhline(1.0, color="dimgray", lw=0.8, ls="--")  # the baseline: below the line is slower
+    if kept is not None:
+        for bar, name in zip(ax.patches, speedups):
+            if not kept.get(name, True):  # the baseline and rungs not judged count as part of the stack
+                bar.set(facecolor="#d9d9d9", edgecolor="dimgray", hatch="//")
+        ax.legend(handles=[Patch(facecolor="tab:blue", label="kept in your stack"),
+                           Patch(facecolor="#d9d9d9", edgecolor="dimgray", hatch="//",
+                                 label="dropped: not faster beyond the noise")], loc="upper left", fontsize=8)
     if accuracy:
         acc_ax = ax.twinx()
         names = list(speedups)
@@ -317,7 +327,7 @@ def ladder_chart(speedups: Mapping[str, float], *, title: str,
         acc_ax.plot(xs, [100 * a for a in accuracy.values()], "o", color="tab:orange", label="val accuracy")
         acc_ax.set_ylim(0, 105)
         acc_ax.set_ylabel("validation accuracy [%]")
-        acc_ax.legend(loc="upper left", fontsize=8)
+        acc_ax.legend(loc="upper right", fontsize=8)
         fig.tight_layout()
     return fig
 

@@ -16,8 +16,9 @@ TF32 is decided once for the course (`uses_tf32`): it stays ON for whatever stil
 run's precision is "tf32" or any later rung (fp16, bf16, fp8): under autocast the ops autocast keeps in
 float32 (and the optimizer's) would otherwise run slower than the rung below. Only "fp32" turns it off.
 
-A run applies TF32 and autocast through `helpers.runspec.RunSpec.context` only (one rule, around forward,
-backward and optimizer step); the primitives below are what it calls, and what lesson 02 shows.
+A run applies TF32 and autocast through `helpers.runspec.RunSpec` only: `step_context` (TF32, around the
+whole step) and `autocast` (around forward and loss only); the primitives below are what they call, and what
+lesson 02 shows.
 The switch (`set_tf32`, `tf32_matmuls`) uses `torch.set_float32_matmul_precision` and
 `torch.backends.cudnn.allow_tf32`, through `helpers.compat` (torch 2.9 added per-backend attributes
 beside them; compat says how the two views are kept in step).
@@ -29,15 +30,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Literal, get_args
 
 import torch
 
 from helpers import compat
 
-__all__ = ["PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision", "autocast_context",
-           "uses_tf32", "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
+__all__ = ["Precision", "PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision",
+           "autocast_context", "uses_tf32", "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # the training precisions, in the order of the ladder
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]  # the training precisions, in the order of the ladder
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 # The dtype the tensors a precision computes with are stored in ("tf32" computes on float32 tensors;
 # "fp8" is helpers.fp8's switch, listed so that every table keyed by precision uses these names).
 PRECISION_DTYPE: dict[str, torch.dtype] = {

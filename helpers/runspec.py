@@ -1,18 +1,26 @@
 """One run specification: the switches of a training run, each applied in exactly one place (lessons 02-08).
 
-A `RunSpec` is frozen: it names *what* a run uses; its four methods are the only code that turns a
-switch into torch calls:
+A `RunSpec` is frozen: it names *what* a run uses; its methods are the only code that turns a switch into
+torch calls:
 
-- `spec.context(device)`: TF32 and autocast (one rule, `helpers.precision.uses_tf32`), around the
-  forward pass, the backward pass and the optimizer step alike;
+- `spec.step_context(device)`: TF32 (a global matmul setting, one rule: `helpers.precision.uses_tf32`)
+  around the whole step: forward, backward and optimizer step;
+- `spec.autocast(device)`: autocast around the forward pass and the loss ONLY. Backward ops run in the
+  dtype autocast chose for their forward op, and the optimizer updates float32 weights: PyTorch's AMP
+  guide keeps backward and `optimizer.step()` outside autocast;
+- `spec.make_scaler(device)`: fp16's GradScaler (starting at `init_scale`), a disabled one otherwise;
 - `spec.dataloader(dataset, batch_size)`: the batches of its padding (fixed, dynamic, bucketed, packed),
-  pinned by the DataLoader's own thread when the batches go to a GPU;
-- `spec.apply(model)`: attention implementation, FP8 linears, regional compilation, packed forward;
-- `spec.describe()`: the spec as the lines of code that reproduce it ("your stack", lesson 08).
+  in pinned memory when they go to a GPU (the DataLoader pins them; with no worker processes it does so
+  inside `next()`, on the loop's own thread);
+- `spec.apply(model)`: attention implementation (varlen included), activation checkpointing, FP8 linears,
+  regional compilation, packed forward;
+- `spec.check(device)`: a ValueError naming the switch when `device` cannot run one of them;
+- `spec.describe()`: the spec as the lines of code that reproduce it ("your stack", lesson 08);
+- `add_spec_arguments` / `spec_from_arguments`: a script's flags for the switches, nested back into a spec.
 
 `helpers.train.train(model, batches, cfg, spec=spec)` trains with it; `TrainConfig` keeps what is not a
 switch (steps, optimizer, schedule, accumulation, checkpoints). Lesson 08's ladder changes one field of a
-spec per rung (`dataclasses.replace`).
+spec per rung (`spec.replace`).
 
     spec = RunSpec(precision="bf16", attn="sdpa", padding="bucketed")
     model = spec.apply(model)
@@ -22,35 +30,55 @@ spec per rung (`dataclasses.replace`).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import importlib.util
+import os
+import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from helpers.data import PAD_MODES as DATA_PADDINGS  # the data layer's paddings, extended here
-from helpers.precision import PRECISIONS, autocast_context, check_precision, tf32_matmuls, uses_tf32
+from helpers.precision import (
+    PRECISIONS,
+    Precision,
+    autocast_context,
+    check_precision,
+    make_scaler,
+    tf32_matmuls,
+    uses_tf32,
+)
 
-__all__ = ["PADDINGS", "ATTNS", "RunSpec"]
+__all__ = ["Padding", "Attn", "PADDINGS", "ATTNS", "FUSED_ADAMW_DEVICES", "RunSpec",
+           "set_activation_checkpointing", "add_spec_arguments", "spec_from_arguments"]
 
-PADDINGS = (*DATA_PADDINGS, "packed")  # helpers.data's paddings, and documents packed into rows
-ATTNS = ("eager", "sdpa")  # Hugging Face attention implementations the course times
+Padding = Literal["dynamic", "fixed", "bucketed", "packed"]  # "fixed": to max_length (lesson 06)
+# Hugging Face attention: "flex" is FlexAttention, "varlen" FlashAttention over the documents of packed rows
+Attn = Literal["eager", "sdpa", "flex", "varlen"]
+PADDINGS: tuple[str, ...] = get_args(Padding)
+ATTNS: tuple[str, ...] = get_args(Attn)
+FUSED_ADAMW_DEVICES = ("cuda", "cpu", "mps", "xpu")  # devices torch has a fused AdamW kernel for
+_HF_ATTN = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention"}  # varlen: packed_model.use_varlen
+_DEFAULT_MODEL = (None, False, False, False, False)  # what `_model_switches` gives for an untouched model
 
 
 @dataclass(frozen=True)
 class RunSpec:
     """The switches of one training run (lessons 02-08); see the module docstring."""
 
-    precision: str = "fp32"  # one of helpers.precision.PRECISIONS; TF32 stays on from "tf32" up
+    precision: Precision = "fp32"  # TF32 stays on from "tf32" up; "fp16" trains with a GradScaler
     fp8: bool = False  # FP8 matmuls in the Linear layers (helpers.fp8), run under bf16 autocast
-    attn: str | None = None  # "eager" | "sdpa"; None: the model's own (a SmallTransformer has one)
+    attn: Attn | None = None  # None: the model's own (a SmallTransformer has one)
     compile: bool = False  # torch.compile each Transformer layer (regional compilation, lesson 05)
-    fused_adamw: bool = True  # the fused AdamW kernel where torch has it for the device
-    padding: str = "dynamic"  # "fixed" (to max_length) | "dynamic" | "bucketed" | "packed" (lesson 06)
+    fused_adamw: bool = True  # the fused AdamW kernel (FUSED_ADAMW_DEVICES)
+    padding: Padding = "dynamic"
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward (lesson 03)
+    init_scale: float = 2.0 ** 16  # fp16: the GradScaler's first loss scale
 
     def __post_init__(self) -> None:
         allowed = {"precision": PRECISIONS, "attn": (None, *ATTNS), "padding": PADDINGS}
@@ -58,32 +86,110 @@ class RunSpec:
             if getattr(self, name) not in choices:
                 hint = " (FP8 is its own switch: fp8=True)" if getattr(self, name) == "fp8" else ""
                 raise ValueError(f"RunSpec.{name}={getattr(self, name)!r}: use one of {choices}{hint}")
-        for name in ("fp8", "compile", "fused_adamw"):
+        for name in ("fp8", "compile", "fused_adamw", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RunSpec.{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.init_scale, bool) or not isinstance(self.init_scale, (int, float)) \
+                or not self.init_scale > 0:
+            raise ValueError(f"RunSpec.init_scale must be a positive loss scale, got {self.init_scale!r}")
+        if self.attn == "varlen" and self.padding != "packed":
+            raise ValueError(f"RunSpec.attn='varlen' attends within the documents of packed rows: use "
+                             f"padding='packed' (got {self.padding!r}), or attn='sdpa'")
+        if self.attn == "varlen" and self.autocast_precision not in ("bf16", "fp16"):
+            raise ValueError(f"RunSpec.attn='varlen' runs FlashAttention, which needs bf16 or fp16 "
+                             f"activations: use precision='bf16' (got {self.precision!r})")
 
     def replace(self, **switches: object) -> RunSpec:
         """This spec with some switches changed: one rung of lesson 08's ladder."""
         return dataclasses.replace(self, **switches)
 
     @property
-    def autocast(self) -> str:
-        """The precision autocast runs in: FP8 linears run under bf16 autocast."""
+    def autocast_precision(self) -> str:
+        """The precision autocast runs in: FP8 linears run under bf16 autocast (lessons 02, 08)."""
         return "bf16" if self.fp8 else self.precision
 
+    @property
+    def effective_precision(self) -> str:
+        """The precision a run's numbers carry: "fp8" with FP8 linears, else `precision` (lesson 08's
+        tolerances, the TF32 rule)."""
+        return "fp8" if self.fp8 else self.precision
+
+    # --- can this device run it? ---------------------------------------------------------------------
+
     def check(self, device: torch.device | str) -> None:
-        """ValueError when `device` cannot run this spec's precision (helpers.precision.check_precision)."""
-        check_precision(self.autocast, device)
+        """ValueError naming the switch when `device` cannot run it (lessons 02-08). Per field: precision
+        (helpers.precision.check_precision), fp8 (helpers.fp8.fp8_supported), attn (flex: a backward pass
+        on this device and a transformers that has it; varlen: helpers.packed_model.varlen_available), compile
+        (Triton for a GPU, a C++ compiler for a CPU), fused_adamw (FUSED_ADAMW_DEVICES). padding,
+        activation_checkpointing and init_scale run on every device (checked when the spec is made; what
+        a model supports is checked by `apply`)."""
+        device = torch.device(device)
+        check_precision(self.autocast_precision, device)
+        why = (self._fp8_problem(device) or self._attn_problem(device) or self._compile_problem(device)
+               or self._fused_problem(device))
+        if why:
+            raise ValueError(f"RunSpec.{why} (device {device})")
 
-    @contextlib.contextmanager
-    def context(self, device: torch.device | str) -> Iterator[None]:
-        """TF32 and autocast as the spec says: wrap forward, backward and optimizer step in it (lesson 02).
+    def _fp8_problem(self, device: torch.device) -> str | None:
+        if not self.fp8:
+            return None
+        from helpers.fp8 import fp8_supported
 
-        TF32 is on for "tf32" and every later precision (fp16, bf16, FP8), on every device: a device
-        without TF32 units (a CPU) computes exact float32 anyway."""
-        with tf32_matmuls(uses_tf32("fp8" if self.fp8 else self.precision)), \
-                autocast_context(self.autocast, device):
-            yield
+        ok, why = fp8_supported(device)
+        return None if ok else f"fp8=True: {why}"
+
+    def _attn_problem(self, device: torch.device) -> str | None:
+        from helpers import compat
+
+        if self.attn == "flex":
+            if "flex_attention" not in compat.bert_attn_implementations():
+                return (f"attn='flex': this transformers' BERT runs {compat.bert_attn_implementations()} "
+                        "(FlexAttention needs transformers >= 5)")
+            ok, why = compat.flex_trains(device)
+            return None if ok else f"attn='flex': {why}"
+        if self.attn == "varlen":
+            from helpers.packed_model import varlen_available
+
+            ok, why = varlen_available(device)
+            return None if ok else f"attn='varlen': {why}"
+        return None
+
+    def _compile_problem(self, device: torch.device) -> str | None:
+        if not self.compile:
+            return None
+        if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+            return "compile=True: torch.compile's GPU kernels are Triton kernels, and triton is not installed"
+        compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
+        if device.type == "cpu" and not any(c and shutil.which(c) for c in compilers):
+            return "compile=True: torch.compile's CPU kernels are C++, and no C++ compiler is on the PATH"
+        return None
+
+    def _fused_problem(self, device: torch.device) -> str | None:
+        if self.fused_adamw and device.type not in FUSED_ADAMW_DEVICES:
+            return (f"fused_adamw=True: torch has a fused AdamW for {FUSED_ADAMW_DEVICES}, not "
+                    f"{device.type!r}: use fused_adamw=False")
+        return None
+
+    # --- the step ------------------------------------------------------------------------------------
+
+    def step_context(self, device: torch.device | str) -> contextlib.AbstractContextManager:
+        """TF32 as the spec says, around the WHOLE step: forward, backward and optimizer step (lesson 02).
+
+        On for "tf32" and every later precision (fp16, bf16, FP8), on every device: a device without TF32
+        units (a CPU) computes exact float32 anyway. Restores the previous setting on exit."""
+        return tf32_matmuls(uses_tf32(self.effective_precision))
+
+    def autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager:
+        """Autocast as the spec says, around the forward pass and the loss ONLY (lesson 02): backward runs
+        outside it, in the dtypes autocast chose for the forward ops; so does the optimizer step."""
+        return autocast_context(self.autocast_precision, device)
+
+    def make_scaler(self, device: torch.device | str) -> torch.amp.GradScaler:
+        """The run's GradScaler, kept from step to step: enabled for fp16 only, starting at `init_scale`
+        (lessons 02, 03: `train` makes it; a loop of your own passes it to `train_step`)."""
+        return make_scaler(self.precision, device, self.init_scale)
+
+    # --- the data ------------------------------------------------------------------------------------
 
     def dataloader(self, dataset: Any, batch_size: int, *, pad_token_id: int = 0,
                    max_length: int | None = None, shuffle: bool = True, seed: int = 0,
@@ -91,8 +197,9 @@ class RunSpec:
         """The DataLoader of this spec's padding over a `helpers.data.TokenizedDataset` (lessons 06, 08).
 
         `max_length`: the width of fixed padding and of packed rows (default: the longest example).
-        Batches bound for a CUDA `device` (default: CUDA when torch sees a GPU) are pinned in the
-        DataLoader's pin thread, so the loop's copy `tensor.to(device, non_blocking=True)` is async."""
+        Batches bound for a CUDA `device` (default: CUDA when torch sees a GPU) come in pinned memory, so
+        the loop's copy `tensor.to(device, non_blocking=True)` is async (with no worker processes, the
+        DataLoader pins each batch on the main thread as it makes it)."""
         from helpers.data import make_dataloader
         from helpers.packing import PackCollate
 
@@ -107,31 +214,48 @@ class RunSpec:
                           generator=torch.Generator().manual_seed(seed),
                           collate_fn=PackCollate(rows, pad_token_id))
 
+    # --- the model -----------------------------------------------------------------------------------
+
+    def _model_switches(self) -> tuple:
+        return (self.attn, self.fp8, self.compile, self.activation_checkpointing, self.padding == "packed")
+
     def apply(self, model: nn.Module) -> nn.Module:
-        """`model` with the spec's attention, FP8 linears, compiled layers and packed forward; train what
-        it returns and optimize its parameters (transformers 4.x switches attention by rebuilding the
-        model, helpers.compat) (lesson 08)."""
+        """`model` with the spec's attention, activation checkpointing, FP8 linears, compiled layers and
+        packed forward, in that order; train what it returns and optimize its parameters (transformers 4.x
+        switches attention by rebuilding the model, helpers.compat) (lessons 03, 08)."""
         from helpers.compat import set_attn_implementation
 
-        if self.attn is not None:
-            model = set_attn_implementation(model, self.attn)
+        if self.attn == "varlen":
+            from helpers.packed_model import use_varlen
+
+            model = use_varlen(model)  # checks the device; SDPA for padded batches through the same model
+        elif self.attn is not None:
+            model = set_attn_implementation(model, _HF_ATTN[self.attn])
+        if self.activation_checkpointing:
+            set_activation_checkpointing(model, True)
         if self.fp8:
             from helpers.fp8 import convert_to_float8
 
             convert_to_float8(model)
+        base = model
         if self.compile:
-            layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
-            layers = layers if layers is not None else getattr(model, "blocks", None)
-            if layers is None:
-                model = torch.compile(model)
-            else:
-                for layer in layers:  # regional compilation: the layers share one graph, compiled once
-                    layer.compile()
+            model = _compile_layers(model)
         if self.padding == "packed":
             from helpers.packed_model import PackedModel
 
             model = PackedModel(model)
+        for m in {id(base): base, id(model): model}.values():  # what `train` checks (`applied_to`)
+            m.course_spec_model_switches = self._model_switches()
         return model
+
+    def applied_to(self, model: nn.Module) -> bool:
+        """Whether `model` came out of `apply` of a spec with this spec's model switches; a spec that
+        changes no model needs no `apply` (lesson 08: `train` refuses a model the spec was not applied to)."""
+        from helpers.compat import unwrap_model
+
+        if self._model_switches() == _DEFAULT_MODEL:
+            return True
+        return getattr(unwrap_model(model), "course_spec_model_switches", None) == self._model_switches()
 
     def describe(self) -> str:
         """The spec as the code that reproduces it: "your stack" (lesson 08, benchmarks/ladder.py)."""
@@ -140,7 +264,8 @@ class RunSpec:
         pad = {"fixed": "every batch max_length wide", "dynamic": "each batch to its longest",
                "bucketed": "length buckets, each batch to its longest",
                "packed": "documents packed whole into rows"}[self.padding]
-        model = ([f"attention {self.attn or 'as loaded'}"] + ["FP8 linears"] * self.fp8
+        model = ([f"attention {self.attn or 'as loaded'}"] + ["activation checkpointing"]
+                 * self.activation_checkpointing + ["FP8 linears"] * self.fp8
                  + ["each layer compiled"] * self.compile + ["packed forward"] * (self.padding == "packed"))
         steps = [f"spec = RunSpec({', '.join(changed)})",
                  "model = spec.apply(model)  # " + ", ".join(model),
@@ -148,3 +273,57 @@ class RunSpec:
                  f"train(model, loader, TrainConfig(...), spec=spec)  # {self.precision}"
                  + (" + FP8" if self.fp8 else "") + (", fused AdamW" if self.fused_adamw else ", AdamW")]
         return "\n".join(steps)
+
+
+_CHOICES = {"precision": PRECISIONS, "attn": ATTNS, "padding": PADDINGS}
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser, fields: Sequence[str],
+                       defaults: RunSpec | None = None) -> None:
+    """A command-line flag for each named RunSpec field (`--precision`, `--compile/--no-compile`, ...),
+    choices from its Literal type; `spec_from_arguments` nests them back into one RunSpec (scripts/)."""
+    defaults = defaults if defaults is not None else RunSpec()
+    known = {f.name for f in dataclasses.fields(RunSpec)}
+    for name in fields:
+        if name not in known:
+            raise ValueError(f"{name!r} is not a RunSpec field: use one of {sorted(known)}")
+        flag, value = "--" + name.replace("_", "-"), getattr(defaults, name)
+        if isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value,
+                                help=f"RunSpec.{name} (default {value})")
+        else:
+            parser.add_argument(flag, default=value, type=type(value) if name == "init_scale" else str,
+                                choices=_CHOICES.get(name), help=f"RunSpec.{name} (default {value})")
+
+
+def spec_from_arguments(args: argparse.Namespace) -> RunSpec:
+    """The RunSpec of the flags `add_spec_arguments` added: the fields a script did not offer keep their
+    defaults (scripts/)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec) if hasattr(args, f.name)}
+    return RunSpec(**given)
+
+
+def _compile_layers(model: nn.Module) -> nn.Module:
+    """Regional compilation: each Transformer layer compiled (they share one graph, compiled once); a
+    model without a known list of layers is compiled whole (lesson 05)."""
+    layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
+    layers = layers if layers is not None else getattr(model, "blocks", None)
+    if layers is None:
+        return torch.compile(model)
+    for layer in layers:
+        layer.compile()
+    return model
+
+
+def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """Turn activation checkpointing on or off: SmallTransformer's switch, or Hugging Face's (lesson 03);
+    `RunSpec(activation_checkpointing=True).apply(model)` is the way a run turns it on."""
+    if hasattr(model, "set_activation_checkpointing"):
+        model.set_activation_checkpointing(enabled)
+    elif hasattr(model, "gradient_checkpointing_enable"):  # Hugging Face PreTrainedModel
+        from helpers.compat import hf_activation_checkpointing
+
+        hf_activation_checkpointing(model, enabled)
+    elif enabled:
+        raise ValueError(f"{type(model).__name__} has no activation-checkpointing switch: wrap its blocks "
+                         "with torch.utils.checkpoint.checkpoint, or use SmallTransformer / a HF model")

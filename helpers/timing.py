@@ -92,20 +92,22 @@ def benchmark_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int =
     return {name: best[name] for name in names}
 
 
-def time_interleaved(a: Callable[[], Any], b: Callable[[], Any], *, repeats: int = 5,
-                     device: torch.device | None = None) -> tuple[Timing, Timing]:
-    """Time `a` and `b` in alternation (ab, ba, ab, ...), so a change in the machine's load falls on both
-    arms alike; (timing of a, timing of b) (lesson 08's greedy rule)."""
-    times: dict[int, list[float]] = {0: [], 1: []}
-    fns = (a, b)
+def time_interleaved(*fns: Callable[[], Any], repeats: int = 5,
+                     device: torch.device | None = None) -> tuple[Timing, ...]:
+    """Time the callables in alternation, forward then backward (ab, ba, ab, ... or abc, cba, abc, ...), so
+    a change in the machine's load falls on every arm alike; one timing per callable, in order (lesson 08's
+    greedy rule)."""
+    if len(fns) < 2 or repeats < 1:
+        raise ValueError(f"need two callables or more and repeats >= 1, got {len(fns)} and {repeats}")
+    times: list[list[float]] = [[] for _ in fns]
     for r in range(repeats):
-        for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+        for k in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
             synchronize(device)
             t = time.perf_counter()
             fns[k]()
             synchronize(device)
             times[k].append(time.perf_counter() - t)
-    return timing_from(times[0]), timing_from(times[1])
+    return tuple(timing_from(ts) for ts in times)
 
 
 def timing_from(times: list[float], name: str = "") -> Timing:

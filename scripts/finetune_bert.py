@@ -34,10 +34,11 @@ import torch
 
 from helpers.data import load_text_classification, padding_fraction, tokenize
 from helpers.distributed import setup, teardown
+from helpers.evaluation import evaluate
 from helpers.flops import executed_flops, mfu
 from helpers.models import load_bert
 from helpers.runspec import RunSpec
-from helpers.train import LR_SCHEDULES, TrainConfig, evaluate, train
+from helpers.train import LR_SCHEDULES, TrainConfig, train
 
 # The run's switches when no flag changes them: fp32, SDPA, fused AdamW, each batch padded to its longest.
 RECIPE_SPEC = RunSpec(attn="sdpa")
@@ -132,7 +133,7 @@ def tfidf_baseline(splits: Any) -> float:
 def executed_flops_per_s(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],
                          step_times_s: list[float]) -> float:
     """FLOP/s the hardware executed in steps 1.. (step 0 is warm-up), padding included
-    (`helpers.flops.executed_flops`); MFU counts real tokens only (`helpers.train.TrainResult`)."""
+    (`helpers.flops.executed_flops`); MFU counts real tokens only (`helpers.meter.TrainResult`)."""
     if len(step_times_s) < 2:
         return 0.0
     return executed_flops(model, batches[1:len(step_times_s)]) / sum(step_times_s[1:])

@@ -15,12 +15,15 @@ The data is a learnable synthetic task from a seeded generator (arithmetic seque
 this token + a per-sequence stride, mod vocab), so runs are exactly repeatable and need no download.
 On start, the script resumes from the newest checkpoint in `--ckpt-dir` (`helpers.checkpoint`: DDP, one
 file rank 0 writes atomically; FSDP, a `torch.distributed.checkpoint` folder of every rank's shards).
-Parallelism is applied to the unchanged model by `helpers.distributed.apply_ddp` / `apply_fsdp`.
+The run's switches are one `helpers.runspec.RunSpec` (`--precision`, `--compile`, `--fused-adamw`,
+`--activation-checkpointing`: its flags, `args.spec`), applied to the model before parallelism; parallelism
+is applied to the prepared model by `helpers.distributed.apply_ddp` / `apply_fsdp`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -38,7 +41,7 @@ from helpers.checkpoint import is_due, resume_latest, save_step
 from helpers.distributed import DistEnv, apply_ddp, apply_fsdp, grad_sync, print0, setup, teardown
 from helpers.memory import peak_rss_bytes
 from helpers.models import SmallTransformer, TransformerConfig
-from helpers.runspec import RunSpec
+from helpers.runspec import RunSpec, add_spec_arguments, spec_from_arguments
 from helpers.train import make_optimizer
 
 FAULT_ENV = "COURSE_FAULT_AT_STEP"  # test hook: rank 1 SIGKILLs itself in this step, first attempt only
@@ -66,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync-every-micro-step", action="store_true",
                    help="all-reduce after every micro-step (turns off no_sync), for comparison")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
-    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32")
+    add_spec_arguments(p, ("precision", "compile", "fused_adamw", "activation_checkpointing"))
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--ckpt-dir", default="", help="resume from / save checkpoints here ('' = none)")
     p.add_argument("--ckpt-every", type=int, default=0, help="save every N steps and the last (0: never)")
@@ -80,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("steps, global-batch, seq-len, vocab and keep must be positive, micro-batch >= 0")
     if args.ckpt_every < 0:
         p.error("--ckpt-every must be >= 0 (0: never)")
+    if args.precision == "fp16":
+        p.error("--precision fp16 needs a GradScaler, which this script does not run: use bf16")
+    args.spec = spec_from_arguments(args)  # the switches, nested: one RunSpec
     return args
 
 
@@ -116,8 +122,9 @@ class Batches:
 
 # --- optimizer ------------------------------------------------------------------------
 
-def build_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW (helpers.train.make_optimizer: no decay on biases and norms, fused where supported), or SGD.
+def build_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float,
+                    spec: RunSpec) -> torch.optim.Optimizer:
+    """AdamW (helpers.train.make_optimizer: no decay on biases and norms, fused as the spec says), or SGD.
 
     AdamW divides each gradient by its own running RMS: a weight whose true gradient is zero (the key
     bias: adding a constant to every score of a query leaves softmax unchanged) sees only rounding
@@ -127,7 +134,7 @@ def build_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float)
     """
     if kind == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
-    return make_optimizer(model, lr, weight_decay)
+    return make_optimizer(model, lr, weight_decay, fused=spec.fused_adamw)
 
 
 # --- measurements ------------------------------------------------------------------------------------
@@ -171,16 +178,18 @@ def median(xs: list[float] | list[int]) -> float | None:
 
 def one_step(model: nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor], spec: RunSpec,
              env: DistEnv, *, no_sync: bool, crash_in: int = 0) -> torch.Tensor:
-    """One optimizer step over the micro-batches `xs`, inside `spec.context` (forward, backward and step);
-    with `no_sync` gradients are averaged over ranks once, on the last micro-batch. Returns the summed
-    loss (a device tensor). `crash_in` > 0: the test hook, this process SIGKILLs itself (step number)."""
+    """One optimizer step over the micro-batches `xs`: TF32 (`spec.step_context`) around all of it, autocast
+    (`spec.autocast`) around each forward pass and loss only; with `no_sync` gradients are averaged over
+    ranks once, on the last micro-batch. Returns the summed loss (a device tensor). `crash_in` > 0: the
+    test hook, this process SIGKILLs itself (step number)."""
     accum = len(xs)
     loss_sum = torch.zeros((), device=env.device)
-    with spec.context(env.device):
+    with spec.step_context(env.device):
         for m, x in enumerate(xs):  # x: (micro, T)
             last = m == accum - 1
             with grad_sync(model, last or not no_sync):
-                loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
+                with spec.autocast(env.device):  # forward and loss; backward in the dtypes chosen here
+                    loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
                 if crash_in and last:
                     print(f"rank {env.rank}: simulated crash in step {crash_in} (SIGKILL)", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -200,11 +209,13 @@ def mean_over_ranks(x: torch.Tensor, env: DistEnv) -> torch.Tensor:
 
 def build(args: argparse.Namespace,
           env: DistEnv) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, int]]:
-    """(model, optimizer, all-reduce stats): the small Transformer, wrapped in DDP or FSDP2 as asked."""
+    """(model, optimizer, all-reduce stats): the small Transformer with the spec's switches, wrapped in DDP or
+    FSDP2 as asked."""
+    args.spec.check(env.device)
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     cfg = TransformerConfig(vocab_size=args.vocab, max_len=args.seq_len, d_model=args.d_model,
                             n_heads=args.n_heads, n_layers=args.n_layers, causal=True)
-    model: nn.Module = SmallTransformer(cfg).to(env.device)
+    model: nn.Module = args.spec.apply(SmallTransformer(cfg).to(env.device))  # compile, checkpointing
     stats = {"allreduce_calls": 0, "allreduce_bytes": 0}
     if args.fsdp:
         if not env.distributed:
@@ -212,7 +223,7 @@ def build(args: argparse.Namespace,
         model = apply_fsdp(model, env)
     elif env.distributed:
         model = apply_ddp(model, env, bucket_cap_mb=args.bucket_cap_mb, stats=stats)
-    return model, build_optimizer(model, args.optimizer, args.lr, args.weight_decay), stats
+    return model, build_optimizer(model, args.optimizer, args.lr, args.weight_decay, args.spec), stats
 
 
 def resume(args: argparse.Namespace, model: nn.Module, opt: torch.optim.Optimizer) -> int:
@@ -244,7 +255,7 @@ def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: t
                 stats: dict[str, int], start_step: int, *, micro: int, accum: int, n: int,
                 attempt: int) -> dict[str, Any]:
     """Steps start_step..args.steps; what they measured: losses, step times, bytes written, state bytes."""
-    spec = RunSpec(precision=args.precision)  # TF32 and autocast for every step (helpers.runspec)
+    spec = args.spec  # TF32 for every step, autocast for forward + loss
     data = make_dataset(n, args.seq_len, args.vocab, args.seed).to(env.device)
     batches = Batches(n, env, micro, accum, args.seed)
     fault_at = int(os.environ.get(FAULT_ENV, "0") or 0)
@@ -299,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mode = "fsdp" if args.fsdp else ("ddp" if env.distributed else "single")
     no_sync = not args.sync_every_micro_step
     print0(f"start: mode {mode} world {world} params {n_params:,} global_batch {args.global_batch} "
-           f"micro_batch {micro} accum {accum} no_sync {no_sync} precision {args.precision} "
+           f"micro_batch {micro} accum {accum} no_sync {no_sync} precision {args.spec.precision} "
            f"steps {start_step}->{args.steps} attempt {attempt}")
     run = train_steps(args, env, model, opt, stats, start_step, micro=micro, accum=accum, n=n,
                       attempt=attempt)
@@ -320,7 +331,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tokens_per_step = args.global_batch * args.seq_len
         summary = {
             "mode": mode, "world_size": world, "optimizer": args.optimizer, "accum": accum,
-            "micro_batch": micro, "no_sync": no_sync, "precision": args.precision,
+            "micro_batch": micro, "no_sync": no_sync, "precision": args.spec.precision,
+            "spec": dataclasses.asdict(args.spec),
             "global_batch": args.global_batch, "seq_len": args.seq_len, "params": n_params,
             "threads_per_process": torch.get_num_threads(), "device": str(env.device),
             "attempt": attempt, "resumed_from": start_step, "first_step": start_step + 1,

@@ -278,7 +278,8 @@ def test_under_ddp_every_rank_hears_that_rank_0_ran_out_of_space(tmp_path):
 
 
 def test_helpers_train_stops_at_a_full_disk_with_the_clear_error(tmp_path, monkeypatch):
-    from helpers.train import TrainConfig, synthetic_batch_fn, train
+    from helpers.synthetic import synthetic_batch_fn
+    from helpers.train import TrainConfig, train
 
     real_save, calls = torch.save, []
 

@@ -1,19 +1,26 @@
-"""helpers.ladder (lesson 08, benchmarks/ladder.py): rungs checked before timing, the greedy rule, MFU on
-useful FLOPs, device-specific explanations, results written with their stamp."""
+"""helpers.ladder, helpers.ladder_report and benchmarks/ladder.py (lesson 08): rungs checked before timing
+(helpers.agreement), the greedy rule, one timing session per row, MFU on useful FLOPs, device-specific
+explanations, results written with their stamp, and lesson 08's checks of a climb on planted bugs."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import device, ladder, models
+from helpers import agreement, device, ladder, ladder_report, models
 from helpers.precision import tf32_enabled
 from helpers.runspec import PADDINGS, RunSpec
 from helpers.timing import Timing, time_interleaved
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("ladder_benchmark", ROOT / "benchmarks" / "ladder.py")
+bench = importlib.util.module_from_spec(_spec)  # the published run: run_ladder, to_markdown, targets
+_spec.loader.exec_module(bench)
 
 # BERT-shaped but small, with a small vocabulary: the embedding table would dominate a tiny model's step
 TEST_SIZE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
@@ -57,11 +64,11 @@ def test_batches_hold_the_same_samples_whatever_the_padding():
 
 def test_agree_uses_the_tolerance_of_the_looser_precision():
     ref = torch.tensor([1.0, -2.0])
-    assert ladder.agree(ref + 1e-3, ref, "bf16").ok
-    assert not ladder.agree(ref + 1e-3, ref, "fp32").ok
-    assert ladder.looser("fp32", "bf16") == "bf16" and ladder.looser("tf32", "fp32") == "tf32"
+    assert agreement.agree(ref + 1e-3, ref, "bf16").ok
+    assert not agreement.agree(ref + 1e-3, ref, "fp32").ok
+    assert agreement.looser("fp32", "bf16") == "bf16" and agreement.looser("tf32", "fp32") == "tf32"
     with pytest.raises(ValueError, match="unknown precision"):
-        ladder.looser("fp64", "fp32")
+        agreement.looser("fp64", "fp32")
 
 
 def test_greedy_rule_keeps_only_what_is_faster_beyond_the_spread():
@@ -81,7 +88,7 @@ def _fake_measure(seconds: dict[str, float], iqr: float = 0.01):
         for rung in ladder.RUNGS:
             on = getattr(stack, rung.switch) == rung.value
             if rung.switch in ("precision", "padding"):  # ladders of their own: bf16 includes TF32,
-                order = ladder.PRECISION_ORDER if rung.switch == "precision" else PADDINGS  # packing
+                order = agreement.PRECISION_ORDER if rung.switch == "precision" else PADDINGS  # packing
                 on = order.index(getattr(stack, rung.switch)) >= order.index(rung.value)  # removes more
             if on:
                 t *= seconds.get(rung.name, 1.0)
@@ -92,7 +99,7 @@ def _fake_measure(seconds: dict[str, float], iqr: float = 0.01):
 def test_greedy_stack_leaves_out_what_is_slower_here_and_keeps_what_pays():
     # as on this CPU: bf16 and compile slower, TF32 the same math, fused AdamW and padding faster
     cpu_like = {"+ bf16 autocast": 3.0, "+ torch.compile": 1.2, "+ fused AdamW": 0.7,
-                "+ dynamic padding": 0.6}
+                "+ length bucketing": 0.6}
     _, steps, stack = ladder.climb(ladder.RUNGS, _fake_measure(cpu_like), greedy=True, log=lambda s: None)
     assert stack == ladder.BASELINE.replace(fused_adamw=True, padding="bucketed")
     assert [s.decision.keep for s in steps] == [False, False, False, False, True, True, False, False]
@@ -134,7 +141,8 @@ def test_tf32_agreement_check_runs_with_tf32_on():
     _, check = _batches()
     before = torch.get_float32_matmul_precision()
     for precision in ("fp32", "tf32", "bf16"):
-        with RunSpec(precision=precision).context("cpu"):
+        spec = RunSpec(precision=precision)
+        with spec.step_context("cpu"), spec.autocast("cpu"):
             model(**check["fixed"])
     assert seen == ["highest", "high", "high"]  # TF32 stays on for what runs in fp32 after its rung
     assert torch.get_float32_matmul_precision() == before  # restored
@@ -143,16 +151,16 @@ def test_tf32_agreement_check_runs_with_tf32_on():
 def test_fused_adamw_is_checked_by_one_optimizer_step():
     w = torch.nn.Parameter(torch.randn(50))
     w.grad = torch.randn(50)
-    same = ladder.optimizer_step_agreement([w], lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=False),
+    same = agreement.optimizer_step_agreement([w], lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=False),
                                            lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True))
     assert same.ok
-    planted = ladder.optimizer_step_agreement([w], lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+    planted = agreement.optimizer_step_agreement([w], lambda ps: torch.optim.AdamW(ps, lr=1e-3),
                                               lambda ps: torch.optim.AdamW(ps, lr=1.1e-3))
     assert not planted.ok  # a different update is caught, which a forward-logits check never sees
 
 
 def test_every_rung_is_checked_then_timed():
-    result = ladder.run_ladder(**SMALL, rungs=NO_COMPILE, log=lambda *a: None)
+    result = bench.run_ladder(**SMALL, rungs=NO_COMPILE, log=lambda *a: None)
     rows = result["rows"]
     assert [r["name"] for r in rows[1:]] == [r.name for r in NO_COMPILE]
     timed = [r for r in rows[1:] if r["name"] != "+ FP8"]  # FP8 needs compute capability 8.9
@@ -162,7 +170,7 @@ def test_every_rung_is_checked_then_timed():
     assert rows[0]["speedup"] == 1.0
     assert all(r["samples_per_s"] > 0 and r["mfu"] > 0 for r in [rows[0], *timed])
     by = {r["name"]: r for r in rows}
-    bucketed, packed = by["+ dynamic padding"], by["+ packing"]
+    bucketed, packed = by["+ length bucketing"], by["+ packing"]
     assert packed["padded_fraction"] <= bucketed["padded_fraction"] < rows[0]["padded_fraction"]
     assert "padding" in bucketed["why"]
     # MFU on useful FLOPs: the same samples padded, bucketed or packed do the same useful work, so
@@ -174,9 +182,9 @@ def test_every_rung_is_checked_then_timed():
 
 def test_a_rung_that_disagrees_is_neither_timed_nor_kept(monkeypatch):
     # SDPA in fp32 differs from eager attention by rounding only; with a zero tolerance that must fail
-    monkeypatch.setitem(ladder.TOLERANCES, "fp32", (0.0, 0.0))
+    monkeypatch.setitem(agreement.TOLERANCES, "fp32", (0.0, 0.0))
     sdpa = next(r for r in ladder.RUNGS if r.switch == "attn")
-    result = ladder.run_ladder(**SMALL, rungs=(sdpa,), greedy=True, log=lambda *a: None)
+    result = bench.run_ladder(**SMALL, rungs=(sdpa,), greedy=True, log=lambda *a: None)
     row = result["rows"][1]
     assert "disagrees" in row["why"] and "samples_per_s" not in row and not row["kept"]
     assert result["your_stack"]["attn"] == "eager"
@@ -185,34 +193,58 @@ def test_a_rung_that_disagrees_is_neither_timed_nor_kept(monkeypatch):
 def test_why_notes_describe_the_device_that_ran(monkeypatch):
     tf32, bf16 = ladder.RUNGS[0], ladder.RUNGS[1]
     cpu = torch.device("cpu")
-    assert "CPU" in ladder.explain(tf32, ladder.Decision(False, 1.0, 1.1), cpu)
+    assert "CPU" in ladder_report.explain(tf32, ladder.Decision(False, 1.0, 1.1), cpu)
     h200 = {"type": "cuda", "cap": (9, 0), "name": "NVIDIA H200"}
     monkeypatch.setattr(device, "device_facts", lambda d: h200)
     kept = ladder.Decision(True, 1.8, 1.1)
-    on_gpu = ladder.explain(tf32, kept, cpu), ladder.explain(bf16, kept, cpu)
+    on_gpu = ladder_report.explain(tf32, kept, cpu), ladder_report.explain(bf16, kept, cpu)
     assert all("CPU" not in note for note in on_gpu) and "tensor cores" in on_gpu[0]
     assert "pays" in on_gpu[1]
     # the verdict follows the rule: faster, but within the noise, is not called a gain
-    noisy = ladder.explain(bf16, ladder.Decision(False, 1.3, 1.5), cpu)
+    noisy = ladder_report.explain(bf16, ladder.Decision(False, 1.3, 1.5), cpu)
     assert "pays here" not in noisy and "less than the noise" in noisy
     # a CPU is described by its own instruction sets: AVX512-BF16 is not "no bf16 units"
     monkeypatch.setattr(device, "device_facts", lambda d: {"type": "cpu", "cpu_capability": "AVX512",
                                                            "amx": False, "avx512_bf16": True})
-    assert "AVX512-BF16" in ladder.explain(bf16, kept, cpu)
+    assert "AVX512-BF16" in ladder_report.explain(bf16, kept, cpu)
 
 
 def test_results_are_written_with_their_stamp(tmp_path):
     from helpers.results import write_results
 
-    result = ladder.run_ladder(**SMALL, rungs=NO_COMPILE[:2], greedy=True, log=lambda *a: None)
+    result = bench.run_ladder(**SMALL, rungs=NO_COMPILE[:2], greedy=True, log=lambda *a: None)
     import matplotlib.pyplot as plt
 
-    paths = write_results("ladder", result, ladder.to_markdown(result), fig=plt.figure(), out_dir=tmp_path)
+    paths = write_results("ladder", result, bench.to_markdown(result), fig=plt.figure(), out_dir=tmp_path)
     data = json.loads(paths["json"].read_text())
     assert data["stamp"]["device_type"] == "cpu" and data["stamp"]["torch"] == torch.__version__
     md = paths["md"].read_text()
     assert data["stamp"]["date"] in md and "| fp32 eager (baseline) |" in md and "RunSpec(" in md
     assert paths["png"].stat().st_size > 0 and paths["json"].name == "ladder-cpu.json"
+
+
+def test_a_run_stopped_after_its_first_rung_leaves_a_file_with_that_rung(tmp_path, monkeypatch):
+    # the benchmark writes its results after each rung: a run killed at a time limit keeps what it finished
+    # (a benchmark that writes only at the end leaves no file here)
+    calls = []
+    real = ladder.measure_stack
+
+    def measure(stack, *args, **kwargs):
+        calls.append(stack)
+        if len(calls) == 3:  # the baseline, the first rung, then the run is stopped
+            raise KeyboardInterrupt
+        return real(stack, *args, **kwargs)
+
+    monkeypatch.setattr(ladder, "measure_stack", measure)
+    monkeypatch.setattr(bench, "corpus_lengths", lambda *a, **k: (LENGTHS, "test lengths"))
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--model", "test", "--seq-len", "32", "--batch-size", "4", "--batches", "2", "--repeats",
+                    "2", "--device", "cpu", "--greedy", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "ladder-cpu-greedy.json").read_text())
+    assert [r["name"] for r in data["rows"]] == ["fp32 eager (baseline)", ladder.RUNGS[0].name]
+    assert "samples_per_s" in data["rows"][1] and data["rows"][1]["kept"] in (True, False)
+    assert data["partial"] == f"1 of {len(ladder.RUNGS)} rungs done"
+    assert "Partial result: 1 of" in (tmp_path / "ladder-cpu-greedy.md").read_text()
 
 
 def test_bad_arguments_are_rejected():
@@ -225,7 +257,7 @@ def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="need 8 samples"):
         ladder.sample_batches(LENGTHS[:3], batch_size=4, n_batches=2, seq_len=32, vocab=2000, n_classes=5)
     with pytest.raises(ValueError, match="seq_len 4"):
-        ladder.run_ladder(**{**SMALL, "seq_len": 4})
+        bench.run_ladder(**{**SMALL, "seq_len": 4})
 
 
 def test_your_stack_is_described_as_the_code_of_its_spec():
@@ -290,6 +322,16 @@ def test_capstone_charts_carry_titles_labels_and_units():
     assert [t.get_text() for t in bars.texts] == ["1.00×", "0.50×"]  # the side-by-side speed-ups, as given
     with pytest.raises(ValueError, match="no speed"):
         ladder_chart({"a": 1.0}, title="t", accuracy={"b": 0.5})
+    # the greedy chart answers its question: kept and dropped rungs look different, and a legend says which
+    fig = ladder_chart({"fp32 eager": 1.0, "+ TF32": 0.97, "+ SDPA": 1.05}, title="greedy",
+                       kept={"fp32 eager": True, "+ TF32": False, "+ SDPA": True})
+    ax = fig.axes[0]
+    looks = [(b.get_facecolor(), b.get_hatch()) for b in ax.patches]
+    assert looks[0] == looks[2] != looks[1]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["kept in your stack",
+                                                                   "dropped: not faster beyond the noise"]
+    with pytest.raises(ValueError, match="no speed"):
+        ladder_chart({"a": 1.0}, title="t", kept={"b": True})
     fig2 = confusion_matrix_chart([[3, 1], [0, 4]], ["x", "y"], title="cm")
     assert fig2.axes[0].get_xlabel() == "predicted class"
     assert [t.get_text() for t in fig2.axes[0].texts] == ["3", "1", "0", "4"]
@@ -299,31 +341,61 @@ def test_capstone_charts_carry_titles_labels_and_units():
 
 
 def test_arms_are_timed_in_alternation():
-    # a load change must fall on both arms: the candidate and the best stack alternate, ab, ba, ab
+    # a load change must fall on every arm: the candidate, the best stack (and the baseline) alternate
     calls = []
     ta, tb = time_interleaved(lambda: calls.append("a"), lambda: calls.append("b"), repeats=3)
     assert calls == ["a", "b", "b", "a", "a", "b"] and ta.runs == tb.runs == 3
+    calls.clear()
+    assert len(time_interleaved(*(lambda k=k: calls.append(k) for k in "abc"), repeats=2)) == 3
+    assert calls == ["a", "b", "c", "c", "b", "a"]
 
 
-def test_speed_ups_come_from_side_by_side_timings_only():
-    # issue 18: a rung's speed-up divided its late timing by the baseline's early one, and the fastest
-    # stack could be a dropped rung; now each speed-up chains side-by-side ratios, and your stack is timed
-    # again in alternation with the baseline
-    calls = []
-    counts = {"samples_per_s": 1.0, "documents_per_pass": 1, "real_tokens_per_pass": 1,
-              "useful_flops_per_pass": 1}
-    base = ladder.Arm(ladder.BASELINE, _t(1.0, 0.0), None, counts, run=lambda: calls.append("base"))
+class _Clock:
+    """A virtual clock for helpers.timing: a pass advances it by its stack's seconds, so timings are exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _clocked_measure(seconds: dict[RunSpec, float], calls: list[str], clock: _Clock):
+    """A measure whose passes take `seconds[stack]` on `clock`; its own timing says 10x faster than the
+    session will (a quieter machine earlier), so a number taken from it shows up."""
+    counts = {"documents_per_pass": 4, "real_tokens_per_pass": 100, "useful_flops_per_pass": 1e6}
+
+    def measure(stack, ref):
+        def run():
+            calls.append(f"{stack.attn}/{stack.fused_adamw}")
+            clock.now += seconds[stack]
+        early = seconds[stack] / 10
+        return ladder.Arm(stack, Timing("t", early, 0.0, 3, 1), None,
+                          {**counts, "samples_per_s": 4 / early, "pass_median_s": early}, run=run)
+    return measure
+
+
+def test_every_number_of_a_row_comes_from_one_timing_session(monkeypatch):
+    # issue 24 A12: the greedy file showed TF32 at 32.2 samples/s beside a baseline of 31.6, yet 0.97x: each
+    # arm's samples/s came from its own timing, the speed-up from side-by-side ones. Now a candidate is timed
+    # in alternation with the stack below AND the baseline, and its whole row comes from that session.
     sdpa = ladder.BASELINE.replace(attn="sdpa")
-    # measured later, on a quieter machine: 10x the baseline's early samples/s, but 2x side by side
-    arm = ladder.Arm(sdpa, _t(0.1, 0.0), None, {**counts, "samples_per_s": 10.0},
-                     run=lambda: calls.append("sdpa"))
-    rung = next(r for r in ladder.RUNGS if r.switch == "attn")
-    steps = [ladder.Step(rung, sdpa, arm, ladder.BASELINE, ladder.Decision(True, 2.0, 1.1))]
-    rows = ladder.ladder_rows(base, steps, torch.device("cpu"), greedy=True)
-    assert rows[1]["speedup"] == pytest.approx(2.0)
-    yours = ladder.side_by_side(base, steps, sdpa, repeats=2)
-    assert calls == ["base", "sdpa", "sdpa", "base"] and yours["name"] == "+ SDPA"
-    assert yours["speedup"] == pytest.approx(yours["baseline_median_s"] / yours["median_s"])
+    fused = sdpa.replace(fused_adamw=True)
+    calls, clock = [], _Clock()
+    monkeypatch.setattr("helpers.timing.time", clock)
+    measure = _clocked_measure({ladder.BASELINE: 0.006, sdpa: 0.002, fused: 0.003}, calls, clock)
+    rungs = [r for r in ladder.RUNGS if r.switch in ("attn", "fused_adamw")]
+    base, steps, final = ladder.climb(rungs, measure, greedy=False, repeats=3, log=lambda s: None)
+    # SDPA beside the baseline (ab, ba, ab); fused AdamW beside SDPA and the baseline (abc, cba, abc)
+    b, s, f = "eager/False", "sdpa/False", "sdpa/True"
+    assert calls == [s, b, b, s, s, b, f, s, b, b, s, f, f, s, b]
+    rows = ladder_report.ladder_rows(base, steps, torch.device("cpu"), greedy=False)
+    for r in rows[1:]:
+        assert r["samples_per_s"] / r["baseline_samples_per_s"] == pytest.approx(r["speedup"], rel=1e-9)
+        assert r["samples_per_s"] / r["below_samples_per_s"] == pytest.approx(r["vs_below"], rel=1e-9)
+        assert r["pass_median_s"] >= 0.002  # the session's timing, not the early one (a tenth of it)
+    yours = ladder_report.your_stack(rows, final)
+    assert final == fused and yours["name"] == "+ fused AdamW" and yours["speedup"] == rows[-1]["speedup"]
 
 
 def test_timed_passes_train_the_model_the_stack_returns(monkeypatch):
@@ -349,3 +421,61 @@ def test_timed_passes_train_the_model_the_stack_returns(monkeypatch):
                          device=torch.device("cpu"), repeats=1)
     before = make_model().classifier.weight
     assert not torch.equal(runs[0].classifier.weight, before), "the optimizer stepped another model"
+
+
+# --- lesson 08's checks of a climb (cell 12): each fails on its planted bug ------------------------------
+
+NOTEBOOK = ROOT / "notebooks" / "08_bert_finetuning.ipynb"
+CHECK_CELL = "dce37a73"  # the cell id of lesson 08's checks of the climb
+
+
+def _lesson_check_climb(device: torch.device):
+    """check_climb as lesson 08 defines it, with the names it reads from the lesson."""
+    import ast
+    import math
+
+    from helpers.fp8 import fp8_supported
+
+    cell = next(c for c in json.loads(NOTEBOOK.read_text())["cells"] if c.get("id") == CHECK_CELL)
+    tree = ast.parse("".join(cell["source"]))
+    fn = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check_climb"]
+    ns = {"ladder": ladder, "math": math, "fp8_supported": fp8_supported, "device": device}
+    exec(compile(ast.Module(body=fn, type_ignores=[]), str(NOTEBOOK), "exec"), ns)
+    return ns["check_climb"]
+
+
+def test_the_lessons_checks_of_a_climb_fail_on_planted_bugs(monkeypatch):
+    import copy
+
+    sdpa = ladder.BASELINE.replace(attn="sdpa")
+    seconds = {ladder.BASELINE: 0.006, sdpa: 0.002, sdpa.replace(fused_adamw=True): 0.004,
+               ladder.BASELINE.replace(fused_adamw=True): 0.004}
+    rungs = [r for r in ladder.RUNGS if r.switch in ("attn", "fused_adamw", "fp8")]
+    cpu = torch.device("cpu")
+    clock = _Clock()
+    monkeypatch.setattr("helpers.timing.time", clock)
+
+    def cannot_run(stack):  # as on this CPU: the last rung's switch is one the device lacks
+        return "not run on this device" if stack.fp8 else None
+
+    base, steps, final = ladder.climb(rungs, _clocked_measure(seconds, [], clock), greedy=True,
+                                      skip=cannot_run, log=lambda s: None)
+    rows = ladder_report.ladder_rows(base, steps, cpu, greedy=True)
+    check = _lesson_check_climb(cpu)
+    assert [r["kept"] for r in rows[1:]] == [True, False, False] and final == sdpa
+    check(rows, final)  # the climb as it happened passes
+    planted = {
+        # A12: a row's samples/s from the arm's own early timing, its speed-up from the side-by-side session
+        "two timings in a row": lambda r: r[1].update(samples_per_s=4 / (r[1]["pass_median_s"] / 10)),
+        "a dropped rung reported kept": lambda r: r[2].update(kept=True),
+        "a rung that failed its check": lambda r: r[1].update(why="failed its check, not timed") or
+        [r[1].pop(k) for k in list(r[1]) if k == "samples_per_s"],
+    }
+    for name, plant in planted.items():
+        bad = copy.deepcopy(rows)
+        plant(bad)
+        with pytest.raises(AssertionError):
+            check(bad, final)
+            pytest.fail(f"lesson 08's checks missed {name}")
+    with pytest.raises(AssertionError, match="not the baseline plus the kept rungs"):
+        check(rows, sdpa.replace(fused_adamw=True))  # your stack with a dropped rung's switch in it

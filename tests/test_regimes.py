@@ -30,8 +30,9 @@ from helpers.regimes import (
     why_it_paid,
 )
 from helpers.roofline import Roofline
+from helpers.synthetic import synthetic_batch_fn
 from helpers.timing import Timing
-from helpers.train import make_optimizer, synthetic_batch_fn
+from helpers.train import make_optimizer
 
 # A made-up machine: 100 GFLOP/s, 10 GB/s (ridge at 10 FLOP/byte), 5 µs per call.
 ROOF = Roofline("test machine", {"fp32": 100e9}, 10e9, 512, 2**20)

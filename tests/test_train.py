@@ -13,12 +13,8 @@ from helpers.checkpoint import latest_checkpoint
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.precision import autocast_context, check_precision
 from helpers.runspec import RunSpec
-from helpers.train import (
-    TrainConfig,
-    count_tokens,
-    synthetic_batch_fn,
-    train,
-)
+from helpers.synthetic import synthetic_batch_fn
+from helpers.train import TrainConfig, count_tokens, train
 
 VOCAB, BATCH, SEQ = 64, 4, 16
 
@@ -135,9 +131,12 @@ def test_gradient_accumulation_gives_the_big_batch_gradient():
 def test_activation_checkpointing_does_not_change_the_losses():
     batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=4)
     plain = train(tiny_model(), batch_fn, quiet(steps=3))
-    ckpt_model = tiny_model()
-    ckpt = train(ckpt_model, batch_fn, quiet(steps=3, activation_checkpointing=True))
+    spec = RunSpec(activation_checkpointing=True)
+    ckpt_model = spec.apply(tiny_model())
+    ckpt = train(ckpt_model, batch_fn, quiet(steps=3), spec=spec)
     assert ckpt_model.activation_checkpointing
+    with pytest.raises(ValueError, match=r"spec.apply\(model\)"):  # the spec's switch was never applied
+        train(tiny_model(), batch_fn, quiet(steps=1), spec=spec)
     torch.testing.assert_close(torch.tensor(ckpt.losses), torch.tensor(plain.losses), rtol=1e-5, atol=1e-6)
 
 
@@ -215,8 +214,9 @@ def test_a_hugging_face_model_trains_with_the_same_loop():
             attention_probs_dropout_prob=0.0))
 
     plain = train(bert(), batch_fn, quiet(steps=3))
-    model = bert()
-    ckpt = train(model, batch_fn, quiet(steps=3, activation_checkpointing=True))
+    spec = RunSpec(activation_checkpointing=True)
+    model = spec.apply(bert())
+    ckpt = train(model, batch_fn, quiet(steps=3), spec=spec)
     assert getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing")
     torch.testing.assert_close(torch.tensor(ckpt.losses), torch.tensor(plain.losses), rtol=1e-5, atol=1e-6)
     assert plain.flops_per_token > 0  # sizes read from the Hugging Face config
@@ -404,7 +404,7 @@ def test_on_a_gpu_the_loop_reads_back_at_log_points_only():
 
 
 def test_evaluate_maps_predictions_back_to_the_dataset_order():
-    from helpers.train import evaluate
+    from helpers.evaluation import evaluate
 
     class Docs:  # a tokenised dataset as helpers.data.tokenize makes it
         lengths = [5, 2, 7, 3, 6, 4]
@@ -448,9 +448,10 @@ def test_the_linear_schedule_is_transformers_one():
     assert lrs["ours"] == pytest.approx(lrs["transformers"], abs=1e-12)
 
 
-def test_batches_are_not_pinned_on_the_main_thread(monkeypatch):
-    # issue 18: t.pin_memory().to(dev, non_blocking=True) on the main thread is a blocking copy plus a copy;
-    # the DataLoader's pin thread pins (RunSpec.dataloader), the loop only queues the copy
+def test_the_loop_does_not_pin_batches_itself(monkeypatch):
+    # issue 18: t.pin_memory().to(dev, non_blocking=True) in the loop is a blocking copy plus a copy; the
+    # DataLoader pins (RunSpec.dataloader: with num_workers=0 inside next(), on the same thread), the loop
+    # only queues the copy
     import helpers.train as loop
 
     pinned, copies = [], []
@@ -489,3 +490,25 @@ def test_accumulation_under_ddp_all_reduces_once_per_step(tmp_path):
         assert per_step >= 1 and all_reduces(4) == 2 * per_step  # 4 micro-batches, still one per step
     finally:
         dist.destroy_process_group()
+
+
+def test_a_damaged_saved_roofline_is_said_and_other_errors_are_not_swallowed(monkeypatch, capsys):
+    # issue 25: the peak lookup caught every exception; now only what reading lesson 00's file can raise
+    import json
+
+    import helpers.roofline as hw
+    from helpers.meter import run_peak
+
+    def damaged():
+        raise json.JSONDecodeError("Expecting value", "", 0)  # a half-written file
+
+    monkeypatch.setattr(hw, "load_roofline", damaged)
+    peak, source = run_peak(torch.device("cpu"))  # no saved roofline on a CPU: no peak, and it says why
+    assert "could not be read" in capsys.readouterr().out and (peak is None) == (source.startswith("no peak"))
+
+    def broken():
+        raise RuntimeError("a bug, not a damaged file")
+
+    monkeypatch.setattr(hw, "load_roofline", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_peak(torch.device("cpu"))

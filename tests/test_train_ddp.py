@@ -205,3 +205,18 @@ def test_slurm_script_is_valid_bash_and_passes_known_flags() -> None:
                                timeout=120, check=True).stdout
     parser_flags = set(re.findall(r"(--[a-z][a-z-]*)", help_text))
     assert flags and flags <= parser_flags, f"unknown flags for train_ddp.py: {flags - parser_flags}"
+
+
+def test_the_switches_are_one_nested_run_spec() -> None:
+    # the script nests a RunSpec (its flags come from helpers.runspec, choices from its Literal types)
+    sys.path.insert(0, str(SCRIPT.parent))
+    from train_ddp import parse_args  # noqa: E402 - the script's module, imported without running it
+
+    from helpers.runspec import RunSpec
+
+    args = parse_args(["--precision", "bf16", "--compile", "--no-fused-adamw", "--activation-checkpointing"])
+    assert args.spec == RunSpec(precision="bf16", compile=True, fused_adamw=False,
+                                activation_checkpointing=True)
+    assert parse_args([]).spec == RunSpec()
+    with pytest.raises(SystemExit):
+        parse_args(["--precision", "fp16"])  # no GradScaler in this script: refused with the fix
