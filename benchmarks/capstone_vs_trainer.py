@@ -52,9 +52,9 @@ import torch
 
 from helpers.data import padding_fraction
 from helpers.device import get_device
+from helpers.evaluation import evaluate
 from helpers.results import stamp, write_results
 from helpers.runspec import RunSpec
-from helpers.train import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("course", "trainer")

@@ -37,7 +37,7 @@ from helpers.distributed import setup, teardown
 from helpers.evaluation import evaluate
 from helpers.flops import executed_flops, mfu
 from helpers.models import load_bert
-from helpers.runspec import RunSpec
+from helpers.runspec import RunSpec, add_spec_arguments, spec_from_arguments
 from helpers.train import LR_SCHEDULES, TrainConfig, train
 
 # The run's switches when no flag changes them: fp32, SDPA, fused AdamW, each batch padded to its longest.
@@ -227,7 +227,8 @@ def _choices(hint: Any) -> tuple[str, ...] | None:
 
 
 def _add_flags(parser: Any, defaults: Any, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field of the dataclass instance `defaults`: --field-name, its value the default."""
+    """One flag per field of the dataclass instance `defaults`: --field-name, its value the default (the
+    RunSpec's own flags come from `helpers.runspec.add_spec_arguments`)."""
     hints = typing.get_type_hints(type(defaults))
     for f in fields(defaults):
         if f.name in skip:
@@ -247,8 +248,8 @@ def _parser() -> argparse.ArgumentParser:
     clash = {f.name for f in fields(RunSpec)} & {f.name for f in fields(FinetuneConfig)}
     assert not clash, f"FinetuneConfig repeats RunSpec's fields {clash}: they belong in cfg.spec"
     _add_flags(p, defaults, skip=("spec",))
-    _add_flags(p.add_argument_group("the run's switches (helpers.runspec.RunSpec, FinetuneConfig.spec)"),
-               defaults.spec)
+    switches = p.add_argument_group("the run's switches (helpers.runspec.RunSpec, FinetuneConfig.spec)")
+    add_spec_arguments(switches, [f.name for f in fields(RunSpec)], defaults=defaults.spec)
     p.add_argument("--results-json", default="", help="write the result here (rank 0)")
     return p
 
@@ -258,9 +259,10 @@ def config_from_args(argv: list[str] | None = None) -> tuple[FinetuneConfig, str
     parser = _parser()
     args = vars(parser.parse_args(argv))
     out = args.pop("results_json")
-    switches = {f.name: args.pop(f.name) for f in fields(RunSpec)}
     try:
-        return FinetuneConfig(spec=RunSpec(**switches), **args), out
+        spec = spec_from_arguments(argparse.Namespace(**args))
+        own = {k: v for k, v in args.items() if k not in {f.name for f in fields(RunSpec)}}
+        return FinetuneConfig(spec=spec, **own), out
     except ValueError as err:  # a switch RunSpec or FinetuneConfig refuses: usage and the reason
         parser.error(str(err))
 

@@ -102,7 +102,7 @@ def test_bad_switches_are_rejected():
 
 
 # A value other than the default for each RunSpec switch that is not a bool (bools are flipped).
-OTHER = {"precision": "bf16", "attn": "eager", "padding": "bucketed"}
+OTHER = {"precision": "bf16", "attn": "eager", "padding": "bucketed", "init_scale": "1024"}
 
 
 def _flag_for(field: dataclasses.Field, default: object) -> list[str]:
