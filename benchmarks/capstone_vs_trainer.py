@@ -2,7 +2,7 @@
 
 Two arms fine-tune the same pretrained checkpoint (for a seed, the same weights and the same new classifier
 head) on the same train/val/test split at the same max_length for the same epochs, in one process with the
-same threads, and are scored by the same function (`helpers.train.evaluate`):
+same threads, and are scored by the same function (`helpers.evaluation.evaluate`):
 
 - **course**: `scripts/finetune_bert.py` with its defaults, through its own `finetune` function (what
   `python scripts/finetune_bert.py --seed S` runs);

@@ -19,7 +19,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | measure | `results` | benchmarks | `stamp`, `slug`, `write_results` |
 | measure | `opcount` | 04 (05) | `count_ops`, `labelled_step`, `op_class` |
 | measure | `optime` | 04 (05) | `time_ops`, `per_call_overhead`, `busy_time`, `cuda_graphed` |
-| measure | `regimes` | 04 (05, 08) | `profile_step`, `check_regimes`, `fusion_report`, `why_it_paid` |
+| measure | `regimes` | 04 (05) | `profile_step`, `check_regimes`, `fusion_report`, `why_it_paid` |
 | measure | `predictions` | 04 | `blank_predictions`, `effect`, `score_predictions` |
 | measure | `agreement` | 08 | `agree`, `optimizer_step_agreement`, `TOLERANCES` |
 | model/data | `attention` | 01 | `naive_attention`, `tiled_attention`, `sdpa_attention` |

@@ -1,8 +1,8 @@
 """Where the time of a training step goes (lesson 04): every op of one step, counted (`helpers.opcount`) and
 timed (`helpers.optime`), placed on the measured roofline, and the step's time split by regime:
 compute-bound, memory-bound, overhead-bound, and communication where a process group is up. Also the checks
-of such a table, what compiling fused (lesson 05) and why a rung paid (lesson 08); scoring a learner's
-predictions is `helpers.predictions`.
+of such a table, what compiling fused and why it paid or not (lesson 05); scoring a learner's predictions is
+`helpers.predictions`.
 
 How an op is placed (the lesson says the same next to its tables):
 
@@ -298,7 +298,7 @@ def fusion_report(eager: OpTable, compiled: OpTimes, *, title: str = "") -> Tabl
     return t
 
 
-# --- lesson 08: why a rung paid --------------------------------------------------------------------------
+# --- lessons 04, 05: why an optimisation paid ------------------------------------------------------------
 
 # Which regime's time each optimisation removes: the answer key of lesson 04's predict-then-measure.
 OPTIMISATION_TARGETS: dict[str, tuple[str, ...]] = {
@@ -312,7 +312,7 @@ OPTIMISATION_TARGETS: dict[str, tuple[str, ...]] = {
     "cuda graphs": ("overhead",),  # one launch for the whole step
     "bigger batch": ("overhead",),  # the same fixed costs spread over more samples
 }
-# lesson 08's rungs are RunSpec switches (helpers.runspec); "precision" names its value ("tf32", "bf16")
+# the ladder's rungs (lesson 08) are RunSpec switches (helpers.runspec); "precision" names its value ("tf32", "bf16")
 _SWITCHES = ("precision", "compile", "fused_adamw", "attn", "padding", "fp8")
 
 
@@ -325,8 +325,8 @@ def amdahl_bound(share: float) -> float:
 
 def why_it_paid(optimisation: str, breakdown: Mapping[str, float], *, speedup: float, paid: bool,
                 value: Any = None) -> str:
-    """One sentence for a rung: which regimes of the step (lesson 04's `OpTable.breakdown()`, measured before
-    the rung) it targets, their share, the most it could gain, and whether it paid (lesson 08).
+    """One sentence for an optimisation: which regimes of the step (lesson 04's `OpTable.breakdown()`,
+    measured before it) it targets, their share, the most it could gain, and whether it paid (lessons 04, 05).
 
     `optimisation`: a key of OPTIMISATION_TARGETS or a RunSpec switch; for "precision", `value` is the
     precision ("tf32", "bf16")."""
