@@ -312,7 +312,8 @@ OPTIMISATION_TARGETS: dict[str, tuple[str, ...]] = {
     "cuda graphs": ("overhead",),  # one launch for the whole step
     "bigger batch": ("overhead",),  # the same fixed costs spread over more samples
 }
-# the ladder's rungs (lesson 08) are RunSpec switches (helpers.runspec); "precision" names its value ("tf32", "bf16")
+# the ladder's rungs (lesson 08) are RunSpec switches (helpers.runspec); "precision" names its value
+# ("tf32", "bf16")
 _SWITCHES = ("precision", "compile", "fused_adamw", "attn", "padding", "fp8")
 
 
