@@ -11,7 +11,8 @@ serves both.
 
 `apply_ddp`, `apply_fsdp` and `grad_sync` are the small functions `scripts/train_ddp.py` applies to an
 unchanged model, in this order: the model, then DDP or FSDP (then `torch.compile`, if at all, around the
-wrapped model, as PyTorch advises for DDP).
+wrapped model, as PyTorch advises for DDP). About 410 lines: `launch` (the process handling that a notebook
+needs: live output, timeouts, no orphans) is half of it, and it serves the same job, running distributed.
 """
 
 from __future__ import annotations
