@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
         title = (f"BERT training ladder ({result['mode']}), {result['stamp']['device']}\n"
                  f"({args.model}, seq {args.seq_len}, {result['stamp']['date'][:10]})")
         fig = ladder_chart({r["name"]: r["speedup"] for r in measured}, title=title,
-                           kept={r["name"]: r["kept"] for r in measured} if args.greedy else None)
+                           kept={r["name"]: r["kept"] for r in measured} if args.greedy else None,
+                           vs_below={r["name"]: r["vs_below"] for r in measured if r.get("vs_below")})
         # the greedy ladder is written next to the cumulative one: ladder-<device>-greedy.*
         paths = write_results("ladder", result, to_markdown(result), fig=fig, out_dir=args.out,
                               variant="greedy" if args.greedy else "")

@@ -298,16 +298,18 @@ def step_breakdown_chart(phases_s: Mapping[str, float], *, title: str) -> Figure
 # --- capstone (lesson 08) ---------------------------------------------------------------------------
 
 def ladder_chart(speedups: Mapping[str, float], *, title: str, accuracy: Mapping[str, float] | None = None,
-                 kept: Mapping[str, bool] | None = None) -> Figure:
+                 kept: Mapping[str, bool] | None = None,
+                 vs_below: Mapping[str, float] | None = None) -> Figure:
     """The speed ladder: each stack's speed-up over the baseline, timed beside it (never a late timing over
     an early one), written on its bar; with `kept` (the greedy ladder) the rungs kept in your stack solid
-    and the dropped ones pale and hatched, with a legend; with `accuracy`, each rung's validation accuracy
-    as dots on a second axis (no speed bought with accuracy) (lesson 08)."""
+    and the dropped ones pale and hatched, with a legend; with `vs_below`, each rung's ratio to the stack
+    below it (the keep rule's number, from the same session) written inside its bar; with `accuracy`, each
+    rung's validation accuracy as dots on a second axis (no speed bought with accuracy) (lesson 08)."""
     from matplotlib.patches import Patch
 
     if not speedups:
         raise ValueError("ladder_chart needs at least one rung")
-    for name, given in (("accuracy", accuracy), ("kept", kept)):
+    for name, given in (("accuracy", accuracy), ("kept", kept), ("vs_below", vs_below)):
         if given is not None and set(given) - set(speedups):
             raise ValueError(f"{name} names rungs that have no speed: {sorted(set(given) - set(speedups))}")
     fig = bar_chart(speedups, title=title, ylabel="speed-up over the baseline [×]", xlabel="rung",
@@ -321,6 +323,14 @@ def ladder_chart(speedups: Mapping[str, float], *, title: str, accuracy: Mapping
         ax.legend(handles=[Patch(facecolor="tab:blue", label="kept in your stack"),
                            Patch(facecolor="#d9d9d9", edgecolor="dimgray", hatch="//",
                                  label="dropped: not faster beyond the noise")], loc="upper left", fontsize=8)
+    if vs_below:
+        # each session times a rung beside its own stack below: a dropped bar can stand taller than a kept
+        # one timed in another session; the ratio inside the bar is what the keep rule judged
+        for bar, name in zip(ax.patches, speedups):
+            if vs_below.get(name):
+                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() / 2,
+                        f"{vs_below[name]:.2f}×\nthe stack\nbelow", ha="center", va="center", fontsize=7,
+                        bbox=dict(facecolor="white", alpha=0.85, lw=0, pad=1))
     if accuracy:
         acc_ax = ax.twinx()
         names = list(speedups)

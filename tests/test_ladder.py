@@ -332,6 +332,15 @@ def test_capstone_charts_carry_titles_labels_and_units():
                                                                    "dropped: not faster beyond the noise"]
     with pytest.raises(ValueError, match="no speed"):
         ladder_chart({"a": 1.0}, title="t", kept={"b": True})
+    # a dropped rung can stand taller than a kept one timed in another session: its ratio to the stack below
+    # (what the keep rule judged) is written inside its bar
+    fig = ladder_chart({"fp32 eager": 1.0, "+ fused": 1.98, "+ packing": 2.11}, title="greedy",
+                       kept={"fp32 eager": True, "+ fused": True, "+ packing": False},
+                       vs_below={"+ fused": 1.77, "+ packing": 0.93})
+    inside = [t.get_text() for t in fig.axes[0].texts if "below" in t.get_text()]
+    assert inside == ["1.77×\nthe stack\nbelow", "0.93×\nthe stack\nbelow"]
+    with pytest.raises(ValueError, match="no speed"):
+        ladder_chart({"a": 1.0}, title="t", vs_below={"b": 1.1})
     fig2 = confusion_matrix_chart([[3, 1], [0, 4]], ["x", "y"], title="cm")
     assert fig2.axes[0].get_xlabel() == "predicted class"
     assert [t.get_text() for t in fig2.axes[0].texts] == ["3", "1", "0", "4"]
