@@ -395,21 +395,30 @@ def where_time_goes_chart(roofline, points: Mapping[str, Sequence[Mapping[str, f
     ax.loglog(x, np.minimum(peak, bw * x) / scale, color="black", lw=1.5,
               label=f"roof: {precision} matmul {peak / scale:.3g} {unit}, copy {bw / 1e9:.3g} GB/s")
     ax.axvline(ridge, color="dimgray", ls="--", lw=1)
-    ax.annotate(f"ridge {ridge:.3g} FLOP/byte", (ridge, peak / scale), textcoords="offset points",
-                xytext=(4, -12), fontsize=8, color="dimgray")
+    # the ridge's label runs up the dashed line from the bottom, clear of the ops that crowd near the roof
+    ax.annotate(f"ridge {ridge:.3g} FLOP/byte", (ridge, 0.03), xycoords=("data", "axes fraction"),
+                textcoords="offset points", xytext=(-3, 0), rotation=90, ha="right", va="bottom", fontsize=8,
+                color="dimgray")
     markers = "osD^v<>"
     for i, (model, ps) in enumerate(points.items()):
         for p in ps:
             ax.scatter(p["intensity"], p["flops_per_s"] / scale, s=20 + 600 * p["share"],
                        color=REGIME_COLORS[p["regime"]], marker=markers[i % len(markers)], alpha=0.7,
                        edgecolor="black", linewidth=0.4)
-        for p in sorted(ps, key=lambda p: -p["share"])[:label_top]:
-            ax.annotate(p["label"].replace("aten::", ""), (p["intensity"], p["flops_per_s"] / scale),
-                        textcoords="offset points", xytext=(5, 3), fontsize=7)
         ax.scatter([], [], marker=markers[i % len(markers)], color="white", edgecolor="black", label=model)
+    # each model's `label_top` largest ops are named, an op that two models share once (at its larger point;
+    # "bernoulli" and its in-place "bernoulli_" count as one)
+    top = [p for ps in points.values() for p in sorted(ps, key=lambda p: -p["share"])[:label_top]]
+    named: set[str] = set()
+    for p in sorted(top, key=lambda p: -p["share"]):
+        name = p["label"].replace("aten::", "")
+        if name.strip("_") not in named:
+            named.add(name.strip("_"))
+            ax.annotate(name, (p["intensity"], p["flops_per_s"] / scale), textcoords="offset points",
+                        xytext=(5, 3), fontsize=7)
     for regime in REGIMES[:3]:
         ax.scatter([], [], color=REGIME_COLORS[regime], label=f"{regime}-bound")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")  # above the roof: no op can be there
     label_axes(ax, "Ops on the measured roofline (area: share of the step)",
                "arithmetic intensity [FLOP/byte]", f"achieved [{unit}]")
     names = list(breakdowns)

@@ -351,6 +351,11 @@ def test_the_chart_draws_both_panels(step_table):
     left, right = fig.axes
     assert "FLOP/byte" in left.get_xlabel() and left.get_xscale() == "log"
     assert "ms" in right.get_xlabel()
+    # the same ops in two models: each op is named once, so the labels do not print over each other
+    fig2 = where_time_goes_chart(ROOF, {"a": table.points(), "b": table.points()},
+                                 {"a": table.breakdown(), "b": table.breakdown()})
+    names = [t.get_text().strip("_") for t in fig2.axes[0].texts if "ridge" not in t.get_text()]
+    assert names and len(names) == len(set(names)), names
     with pytest.raises(ValueError, match="regime"):
         where_time_goes_chart(ROOF, {}, {"small": {"python": 1.0}})
     with contextlib.suppress(Exception):
