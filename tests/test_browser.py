@@ -3,10 +3,12 @@
 - every notebook present in notebooks/ opens in Lab with the course's kernel (`python3`, which is the
   interpreter running these tests) and runs its parameters cell there in the smoke profile; the browser
   leaves the notebook file unchanged;
-- the notebooks that hold widgets (their code imports `ipywidgets` or `helpers.widgets`) run cell by
-  cell in the browser under the smoke profile: no cell shows an error, every figure is rendered, every
-  widget is drawn, and moving the explorer's "layer" slider changes its figure (required of the
-  attention lesson; done for any notebook with such a slider);
+- the first notebook (in lesson order) to draw each widget (a `helpers.widgets` class, or widget code of its
+  own through `ipywidgets`) runs cell by cell in the browser under the smoke profile: no cell shows an error,
+  every figure is rendered, every widget is drawn, and moving the explorer's "layer" slider changes its
+  figure (required of the attention lesson; done for any notebook with such a slider). A later lesson that
+  draws the same widget (lesson 08's AttentionExplorer) opens and runs its parameters cell only: nbval runs
+  its cells, and running it again in Chromium would add ~2.5 minutes to CI and no check;
 - Lab in the browser asks for the token when the URL has none;
 - a learner's round trip through a checked exercise (lesson 01's): the untouched skeleton's check says
   "not attempted yet"; a wrong answer typed into the skeleton cell gets the hint naming its mistake; the
@@ -16,7 +18,8 @@ Screenshots go to build/screenshots/. Without Chromium or Playwright the browser
 (`make browser`, i.e. scripts/install_browser.sh, installs Debian's chromium).
 
 Environment: BROWSER_NOTEBOOK_DIR serves another folder of notebooks (e.g. a scratch one);
-BROWSER_RUN_ALL picks the notebooks run in the browser: "widgets" (default), "none", or notebook stems
+BROWSER_RUN_ALL picks the notebooks run in the browser: "widgets" (default: the first to draw each widget),
+"none", or notebook stems
 separated by commas (e.g. 01_attention); COURSE_CHROMIUM names the Chromium executable;
 BROWSER_CELL_TIMEOUT_S / BROWSER_NOTEBOOK_TIMEOUT_S bound one cell / one notebook (1200 s / 1800 s).
 """
@@ -83,8 +86,32 @@ def _has_outputs(nb: nbformat.NotebookNode) -> bool:
     return any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code")
 
 
-def _holds_widgets(nb: nbformat.NotebookNode) -> bool:
-    return bool(WIDGET_IMPORT.search(_code(nb)))
+HELPER_WIDGETS = re.compile(r"from[ \t]+helpers\.widgets[ \t]+import[ \t]+(\([^)]*\)|[^\n#]+)")
+
+
+def _widgets(path: Path, nb: nbformat.NotebookNode) -> set[str]:
+    """The widgets a notebook draws: the helpers.widgets classes it imports; any other widget code (ipywidgets
+    itself, `helpers.widgets` used as a module) counts as the notebook's own."""
+    code = _code(nb)
+    names = {n.split(" as ")[0].strip() for m in HELPER_WIDGETS.finditer(code)
+             for n in m.group(1).strip("()").replace("\n", " ").split(",") if n.strip()}
+    own = WIDGET_IMPORT.search(HELPER_WIDGETS.sub("", code))  # ipywidgets, or helpers.widgets as a module
+    return names | ({f"{path.stem}'s own"} if own else set())
+
+
+def _first_of_each_widget(paths: list[Path]) -> set[str]:
+    """The notebooks run cell by cell under BROWSER_RUN_ALL=widgets: the first (in lesson order) to draw each
+    widget. A later lesson drawing the same widget class adds no browser check that nbval lacks (its cells
+    run under nbval; the widget is drawn and driven in the first), and a run of lesson 08 in Chromium costs
+    CI about 2.5 minutes."""
+    seen: set[str] = set()
+    first = set()
+    for path in paths:
+        new = _widgets(path, nbformat.read(path, as_version=4)) - seen
+        if new:
+            first.add(path.stem)
+            seen |= new
+    return first
 
 
 def _gpu_count() -> int:
@@ -380,7 +407,7 @@ def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) ->
 def _runs_here(path: Path, nb: nbformat.NotebookNode) -> bool:
     """Whether to run all cells of `path` in the browser (BROWSER_RUN_ALL: widgets | none | stems)."""
     if RUN_ALL == "widgets":
-        return _holds_widgets(nb)
+        return path.stem in _first_of_each_widget(NOTEBOOKS)
     return path.stem in {s.strip() for s in RUN_ALL.split(",")}
 
 
@@ -425,6 +452,19 @@ def test_notebook_in_browser(path: Path, lab: LabServer, page: object) -> None:
         assert not _has_outputs(nbformat.read(path, as_version=4)), (
             f"{path.name}: Lab saved outputs into the file"
         )
+
+
+def test_each_widget_is_run_in_the_browser_by_its_first_lesson(tmp_path: Path) -> None:
+    """BROWSER_RUN_ALL=widgets: the first notebook to draw each widget runs cell by cell, not the repeats."""
+    code = {"a": "from helpers.widgets import AttentionExplorer\nAttentionExplorer(maps)",
+            "b": "from helpers.widgets import (AttentionExplorer,)  # the same explorer again",
+            "c": "import ipywidgets as w\nw.IntSlider()", "d": "print('no widget')"}
+    for stem, src in code.items():
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(src)]
+        nbformat.write(nb, tmp_path / f"{stem}.ipynb")
+    assert _first_of_each_widget(sorted(tmp_path.glob("*.ipynb"))) == {"a", "c"}
+    assert {"01_attention"} <= _first_of_each_widget(NOTEBOOKS)  # the attention lesson drives the slider
 
 
 # ------------------------------------------------------------------------------ a checked exercise, by hand
