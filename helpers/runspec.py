@@ -36,6 +36,7 @@ import dataclasses
 import importlib.util
 import os
 import shutil
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -55,7 +56,8 @@ from helpers.precision import (
 )
 
 __all__ = ["Padding", "Attn", "PADDINGS", "ATTNS", "FUSED_ADAMW_DEVICES", "RunSpec",
-           "set_activation_checkpointing", "add_spec_arguments", "spec_from_arguments"]
+           "set_activation_checkpointing", "add_dataclass_arguments", "add_spec_arguments",
+           "spec_from_arguments"]
 
 Padding = Literal["dynamic", "fixed", "bucketed", "packed"]  # "fixed": to max_length (lesson 06)
 # Hugging Face attention: "flex" is FlexAttention, "varlen" FlashAttention over the documents of packed rows
@@ -275,25 +277,38 @@ class RunSpec:
         return "\n".join(steps)
 
 
-_CHOICES = {"precision": PRECISIONS, "attn": ATTNS, "padding": PADDINGS}
+def _literal_choices(hint: Any) -> tuple[Any, ...] | None:
+    """The values a `Literal[...]` annotation (or `Literal[...] | None`) allows; None for any other type."""
+    if typing.get_origin(hint) is Literal:
+        return tuple(get_args(hint))
+    inner = [_literal_choices(h) for h in get_args(hint) if h is not type(None)]
+    return inner[0] if len(inner) == 1 else None
+
+
+def add_dataclass_arguments(parser: Any, defaults: Any, fields: Sequence[str] | None = None) -> None:
+    """A command-line flag per field of the dataclass instance `defaults` (or the named `fields`): --name
+    with its value as the default, --name/--no-name for a bool, a Literal's values as the choices; a None
+    default ("as the model has it") stays None unless the flag is given (scripts/)."""
+    known = [f.name for f in dataclasses.fields(defaults)]
+    for name in fields or ():
+        if name not in known:
+            raise ValueError(f"{name!r} is not a {type(defaults).__name__} field: use one of {sorted(known)}")
+    hints = typing.get_type_hints(type(defaults))
+    for name in (fields if fields is not None else known):
+        flag, value = "--" + name.replace("_", "-"), getattr(defaults, name)
+        what = f"{type(defaults).__name__}.{name} (default {value})"
+        if isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value, help=what)
+        else:
+            parser.add_argument(flag, type=type(value) if value is not None else str, default=value,
+                                choices=_literal_choices(hints[name]), help=what)
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser, fields: Sequence[str],
                        defaults: RunSpec | None = None) -> None:
     """A command-line flag for each named RunSpec field (`--precision`, `--compile/--no-compile`, ...),
     choices from its Literal type; `spec_from_arguments` nests them back into one RunSpec (scripts/)."""
-    defaults = defaults if defaults is not None else RunSpec()
-    known = {f.name for f in dataclasses.fields(RunSpec)}
-    for name in fields:
-        if name not in known:
-            raise ValueError(f"{name!r} is not a RunSpec field: use one of {sorted(known)}")
-        flag, value = "--" + name.replace("_", "-"), getattr(defaults, name)
-        if isinstance(value, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value,
-                                help=f"RunSpec.{name} (default {value})")
-        else:
-            parser.add_argument(flag, default=value, type=type(value) if name == "init_scale" else str,
-                                choices=_CHOICES.get(name), help=f"RunSpec.{name} (default {value})")
+    add_dataclass_arguments(parser, defaults if defaults is not None else RunSpec(), list(fields))
 
 
 def spec_from_arguments(args: argparse.Namespace) -> RunSpec:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from helpers.distributed import setup, teardown
 from helpers.evaluation import evaluate
 from helpers.flops import executed_flops, mfu
 from helpers.models import load_bert
-from helpers.runspec import RunSpec, add_spec_arguments, spec_from_arguments
+from helpers.runspec import RunSpec, add_dataclass_arguments, add_spec_arguments, spec_from_arguments
 from helpers.train import LR_SCHEDULES, TrainConfig, train
 
 # The run's switches when no flag changes them: fp32, SDPA, fused AdamW, each batch padded to its longest.
@@ -218,36 +217,13 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
         teardown()
 
 
-def _choices(hint: Any) -> tuple[str, ...] | None:
-    """The values a `Literal[...]` annotation (or `Literal[...] | None`) allows; None for any other type."""
-    if typing.get_origin(hint) is typing.Literal:
-        return tuple(typing.get_args(hint))
-    inner = [_choices(h) for h in typing.get_args(hint) if h is not type(None)]
-    return inner[0] if len(inner) == 1 else None
-
-
-def _add_flags(parser: Any, defaults: Any, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field of the dataclass instance `defaults`: --field-name, its value the default (the
-    RunSpec's own flags come from `helpers.runspec.add_spec_arguments`)."""
-    hints = typing.get_type_hints(type(defaults))
-    for f in fields(defaults):
-        if f.name in skip:
-            continue
-        flag, value = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
-        if isinstance(value, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
-        else:  # None (a RunSpec "as the model has it") stays None unless the flag is given
-            parser.add_argument(flag, type=type(value) if value is not None else str, default=value,
-                                choices=_choices(hints[f.name]))
-
-
 def _parser() -> argparse.ArgumentParser:
     """The command line: one flag per FinetuneConfig field, and one per field of its RunSpec."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = FinetuneConfig()
     clash = {f.name for f in fields(RunSpec)} & {f.name for f in fields(FinetuneConfig)}
     assert not clash, f"FinetuneConfig repeats RunSpec's fields {clash}: they belong in cfg.spec"
-    _add_flags(p, defaults, skip=("spec",))
+    add_dataclass_arguments(p, defaults, [f.name for f in fields(FinetuneConfig) if f.name != "spec"])
     switches = p.add_argument_group("the run's switches (helpers.runspec.RunSpec, FinetuneConfig.spec)")
     add_spec_arguments(switches, [f.name for f in fields(RunSpec)], defaults=defaults.spec)
     p.add_argument("--results-json", default="", help="write the result here (rank 0)")
