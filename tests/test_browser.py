@@ -385,12 +385,15 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> None:
 
 
 def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) -> int | None:
-    """Run the first code cell (`parameters`: profile and sizes) -> its index; checks the smoke profile."""
-    index = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), None)
+    """Run the code cells up to the `parameters` cell (set-up, profile and sizes) -> its index; checks the
+    smoke profile."""
+    index = next((i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), None)
     if index is None:
         return None
     seen = len(page.kernel_errors)
-    _run_cell(page, index, f"{path.name} cell {index}")
+    for i in range(index + 1):
+        if nb.cells[i].cell_type == "code":
+            _run_cell(page, i, f"{path.name} cell {i}")
     time.sleep(0.3)
     assert not page.kernel_errors[seen:], (
         f"{path.name}: the parameters cell failed: {page.kernel_errors[seen:]}"

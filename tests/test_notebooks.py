@@ -27,10 +27,12 @@ def test_committed_without_outputs(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_follows_the_lesson_skeleton(path):
     cells = _cells(path)
-    first_code = next(c for c in cells if c["cell_type"] == "code")
-    assert "parameters" in first_code.get("metadata", {}).get("tags", []), \
-        f"{path.name}: the first code cell must carry the `parameters` tag"
-    assert "get_profile" in "".join(first_code["source"]), \
+    code = [c for c in cells if c["cell_type"] == "code"]
+    assert "bootstrap" in code[0].get("metadata", {}).get("tags", []), \
+        f"{path.name}: the first code cell is set-up (tag `bootstrap`), before any import of helpers"
+    assert "parameters" in code[1].get("metadata", {}).get("tags", []), \
+        f"{path.name}: the second code cell must carry the `parameters` tag"
+    assert "get_profile" in "".join(code[1]["source"]), \
         f"{path.name}: the parameters cell reads the profile"
     first_md = "".join(next(c for c in cells if c["cell_type"] == "markdown")["source"])
     assert "**Time:**" in first_md, \
