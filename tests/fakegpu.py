@@ -1,0 +1,109 @@
+"""A faked CUDA GPU for the tests: `torch.cuda` reports a named GPU class, on a CPU-only machine.
+
+    from fakegpu import GPU_CLASSES, fake_gpu   # tests/ is on sys.path under pytest
+
+    def test_something(monkeypatch):
+        fake_gpu(monkeypatch, "T4")             # torch.cuda.is_available() is True from here on
+        ...
+
+What is faked is what the course's *decisions* read: availability, device count, name, compute capability,
+`get_device_properties` (total memory, SM count, L2 cache), `is_bf16_supported` (with its emulation
+argument, as torch answers it: native bf16 from compute capability 8.0; emulation on anything CUDA),
+`mem_get_info`, `current_device` and `torch.version.cuda`. Nothing can be allocated on the fake device: a
+tensor on "cuda" still fails (this torch has no CUDA), so decision code that allocates is caught.
+
+The figures are what each board reports to torch (name string, capability, SMs, L2) and its memory as torch
+reports it (a little under the marketing figure: the driver keeps some). They are rounded: exact to the
+byte they are not, and no test may depend on the last megabyte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+__all__ = ["GPUClass", "GPU_CLASSES", "fake_gpu", "gpu_class"]
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class GPUClass:
+    """One GPU class as torch sees it."""
+
+    key: str
+    name: str  # torch.cuda.get_device_name(), which is nvidia-smi's name
+    capability: tuple[int, int]
+    total_memory: int  # bytes, torch.cuda.get_device_properties().total_memory
+    sms: int  # multi_processor_count
+    l2_bytes: int
+    count: int = 1  # GPUs in the box
+    cuda: str = "12.6"  # torch.version.cuda of the build the box runs
+
+
+GPU_CLASSES: dict[str, GPUClass] = {g.key: g for g in (
+    GPUClass("T4", "Tesla T4", (7, 5), int(14.75 * GiB), 40, 4 * 2**20),  # Colab / Kaggle free tier
+    GPUClass("2xT4", "Tesla T4", (7, 5), int(14.75 * GiB), 40, 4 * 2**20, count=2),  # Kaggle's 2-GPU box
+    GPUClass("V100-16", "Tesla V100-SXM2-16GB", (7, 0), int(15.77 * GiB), 80, 6 * 2**20),
+    GPUClass("RTX3090", "NVIDIA GeForce RTX 3090", (8, 6), int(23.69 * GiB), 82, 6 * 2**20),
+    GPUClass("RTX4090", "NVIDIA GeForce RTX 4090", (8, 9), int(23.65 * GiB), 128, 72 * 2**20),
+    GPUClass("L4", "NVIDIA L4", (8, 9), int(22.05 * GiB), 58, 48 * 2**20),
+    GPUClass("A100-40", "NVIDIA A100-SXM4-40GB", (8, 0), int(39.39 * GiB), 108, 40 * 2**20),
+    GPUClass("A100-80", "NVIDIA A100-SXM4-80GB", (8, 0), int(79.15 * GiB), 108, 40 * 2**20),
+    GPUClass("H100", "NVIDIA H100 80GB HBM3", (9, 0), int(79.11 * GiB), 132, 50 * 2**20),
+    GPUClass("H200", "NVIDIA H200", (9, 0), int(139.8 * GiB), 132, 60 * 2**20, cuda="13.0"),
+)}
+
+
+def gpu_class(key: str, **changes: object) -> GPUClass:
+    """The named class, with `changes` (e.g. `count=4`) applied."""
+    if key not in GPU_CLASSES:
+        raise ValueError(f"unknown GPU class {key!r}: use one of {', '.join(GPU_CLASSES)}")
+    return replace(GPU_CLASSES[key], **changes)
+
+
+def _index(device: object = None) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"Expected a cuda device, but got: {device}")
+    return device.index or 0
+
+
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, gpu: str | GPUClass) -> GPUClass:
+    """Make `torch.cuda` report `gpu` (a key of GPU_CLASSES or a GPUClass) until the test ends."""
+    g = gpu_class(gpu) if isinstance(gpu, str) else gpu
+
+    def checked(device: object = None) -> int:
+        i = _index(device)
+        if not 0 <= i < g.count:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {i} (the fake box has {g.count})")
+        return i
+
+    def properties(device: object = None) -> SimpleNamespace:
+        checked(device)
+        return SimpleNamespace(name=g.name, major=g.capability[0], minor=g.capability[1],
+                               total_memory=g.total_memory, multi_processor_count=g.sms,
+                               L2_cache_size=g.l2_bytes, is_integrated=0, is_multi_gpu_board=0)
+
+    def bf16(including_emulation: bool = True) -> bool:  # torch asks the *current* device
+        return g.capability >= (8, 0) or including_emulation
+
+    free = g.total_memory - 400 * 2**20  # the CUDA context's share, roughly
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "device_count", lambda: g.count)
+    monkeypatch.setattr(cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cuda, "get_device_name", lambda device=None: (checked(device), g.name)[1])
+    monkeypatch.setattr(cuda, "get_device_capability", lambda device=None: (checked(device), g.capability)[1])
+    monkeypatch.setattr(cuda, "get_device_properties", properties)
+    monkeypatch.setattr(cuda, "is_bf16_supported", bf16)
+    monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (checked(device), (free, g.total_memory))[1])
+    monkeypatch.setattr(torch.version, "cuda", g.cuda)
+    return g
