@@ -104,6 +104,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, gpu: str | GPUClass) -> GPUClass:
     monkeypatch.setattr(cuda, "get_device_capability", lambda device=None: (checked(device), g.capability)[1])
     monkeypatch.setattr(cuda, "get_device_properties", properties)
     monkeypatch.setattr(cuda, "is_bf16_supported", bf16)
-    monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (checked(device), (free, g.total_memory))[1])
+    monkeypatch.setattr(cuda, "mem_get_info",
+                        lambda device=None: (checked(device), (free, g.total_memory))[1])
     monkeypatch.setattr(torch.version, "cuda", g.cuda)
     return g
