@@ -1,6 +1,6 @@
-"""The course profile (smoke, fit or full), seeding, sizes picked per profile, whether the Hugging Face hub may
-be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 08), and where the
-BERT the course uses without the hub lies (its folder: $COURSE_BERT_PATH, else an installed package)."""
+"""The course profile (smoke, fit or full), seeding, sizes picked per profile, whether the Hugging Face hub
+may be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 08), and where
+the BERT the course uses without the hub lies (its folder: $COURSE_BERT_PATH, else an installed package)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import socket
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["PROFILES", "PROFILE_ENV", "get_profile", "pick", "seed_everything", "hub_offline", "hub_reachable",
-           "OFFLINE_PACKAGE", "BERT_PATH_ENV", "offline_bert_path", "env_bert_path"]
+__all__ = ["PROFILES", "PROFILE_ENV", "get_profile", "pick", "seed_everything", "hub_offline",
+           "hub_reachable", "OFFLINE_PACKAGE", "BERT_PATH_ENV", "offline_bert_path", "env_bert_path"]
 
 # smoke: tiny sizes, for CI and CPUs. fit: each lesson's full sizes, scaled down until its steps fit this
 # device's memory (helpers.sizing; the default on a GPU). full: the H100/H200-class sizes, by name, refused
@@ -35,8 +35,8 @@ def get_profile(value: str | None = None) -> str:
     value = value.lower()
     if value not in PROFILES:
         raise ValueError(f"unknown course profile {value!r}: use one of {', '.join(PROFILES)} "
-                         f"(set PROFILE in the lesson's parameters cell or {PROFILE_ENV}, or leave both unset "
-                         "for the default)")
+                         f"(set PROFILE in the lesson's parameters cell or {PROFILE_ENV}, or leave both "
+                         "unset for the default)")
     return value
 
 

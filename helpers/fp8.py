@@ -44,7 +44,8 @@ from torch import nn
 
 from helpers import compat
 
-__all__ = ["RECIPES", "BACKENDS", "E4M3", "E5M2", "FP8_CAPABILITY", "fp8_capable", "fp8_supported", "torchao_available", "quantize",
+__all__ = ["RECIPES", "BACKENDS", "E4M3", "E5M2", "FP8_CAPABILITY", "fp8_capable", "fp8_supported",
+           "torchao_available", "quantize",
            "fp8_matmul", "FP8Linear", "default_skip", "convert_to_float8"]
 
 RECIPES = ("tensorwise", "rowwise")

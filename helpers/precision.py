@@ -36,8 +36,8 @@ import torch
 
 from helpers import compat
 
-__all__ = ["Precision", "PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision", "precision_runs",
-           "training_precision",
+__all__ = ["Precision", "PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision",
+           "precision_runs", "training_precision",
            "autocast_context", "uses_tf32", "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]  # the training precisions, in the order of the ladder
@@ -95,12 +95,12 @@ def precision_runs(precision: str, device: torch.device | str) -> bool:
 
 def training_precision(device: torch.device | str) -> tuple[str, str]:
     """The precision a lesson trains in on `device`, and why, from its compute capability alone (nothing is
-    allocated; lessons 01-08): bf16 where the GPU has bf16 tensor cores (8.0+), fp16 with a GradScaler where it
-    has fp16 ones only (7.0, 7.5), fp32 on older GPUs and on a CPU (16-bit autocast is slower there without
-    bf16 units: lesson 02 measures it)."""
+    allocated; lessons 01-08): bf16 where the GPU has bf16 tensor cores (8.0+), fp16 with a GradScaler where
+    it has fp16 ones only (7.0, 7.5), fp32 on older GPUs and on a CPU (16-bit autocast is slower there
+    without bf16 units: lesson 02 measures it)."""
     device = torch.device(device)
     if device.type != "cuda":
-        return "fp32", f"fp32 (a {device.type.upper()}: 16-bit autocast is slower without bf16 units, lesson 02)"
+        return "fp32", f"fp32 (a {device.type.upper()}: 16-bit autocast is slower without bf16 units)"
     if not torch.cuda.is_available():
         raise ValueError(f"{device} was asked for, but torch sees no CUDA GPU: use device='cpu'")
     cap = torch.cuda.get_device_capability(device)

@@ -17,7 +17,6 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -192,9 +191,9 @@ GPU_PEAK_FLOPS: tuple[DatasheetPeaks, ...] = (
     DatasheetPeaks("RTX 4090", r"rtx 4090", _peaks(82.6, 82.6, 165.2, 165.2, 330.3),
                    f"NVIDIA Ada GPU architecture whitepaper, appendix table for the RTX 4090 ({FP32_ACC})"),
     DatasheetPeaks("RTX 4090 Laptop", r"rtx 4090 laptop gpu", _peaks(39.7, 39.7, 79.4, 79.4, 158.8),
-                   "derived, an upper bound: the Ada whitepaper's per-SM rates (FP32 256, FP16/BF16 tensor with "
-                   "FP32 accumulate 512, FP8 1,024 FLOP per clock per SM) x the laptop GPU's 76 SMs at its "
-                   "highest listed boost clock, 2,040 MHz (NVIDIA's laptop spec page; the clock a laptop "
+                   "derived, an upper bound: the Ada whitepaper's per-SM rates (FP32 256, FP16/BF16 tensor "
+                   "with FP32 accumulate 512, FP8 1,024 FLOP per clock per SM) x the laptop GPU's 76 SMs at "
+                   "its highest listed boost clock, 2,040 MHz (NVIDIA's laptop spec page; the clock a laptop "
                    "reaches depends on its maker's power limit)"),
     DatasheetPeaks("L4", r"l4", _peaks(30.3, 60.0, 121.0, 121.0, 242.5),
                    f"NVIDIA L4 Tensor Core GPU datasheet ({HALVED})"),

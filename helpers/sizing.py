@@ -146,7 +146,8 @@ class Fit:
                    f"{self.memory.usable_bytes / GiB:.1f} usable")
         else:
             why = f"full sizes; largest step {max(self.peaks.values(), default=0) / GiB:.1f} GiB"
-        return "; ".join([f"{self.profile} profile on {where}: {sizes} ({why})", self.precision_why, *self.notes])
+        head = f"{self.profile} profile on {where}: {sizes} ({why})"
+        return "; ".join([head, self.precision_why, *self.notes])
 
     @property
     def peaks_at_full(self) -> dict[str, int]:
@@ -172,13 +173,44 @@ def _needs(peaks: Mapping[str, int]) -> str:
     return ", ".join(f"{name} {b / GiB:.1f} GiB" for name, b in peaks.items())
 
 
-def fit_sizes(sizes: Mapping[str, Size], steps: Mapping[str, Estimate], *, shrink: Sequence[str],
-              profile: str | None = None, device: torch.device | str = "cpu", margin: float = MARGIN,
-              notes: Sequence[str] = ()) -> Fit:
-    """The lesson's sizes for `profile` on `device` (see the module's docstring): `sizes` by variable name,
-    `steps` name -> estimate(sizes) in bytes, `shrink` the names in the order they may shrink; `notes` are
-    added to the line (other choices, e.g. what is skipped). Every lesson's sizes cell."""
-    profile = get_profile(profile)
+class _Estimates:
+    """Every step's estimate at a set of sizes, each set computed once."""
+
+    def __init__(self, steps: Mapping[str, Estimate], usable: int) -> None:
+        self.steps, self.usable, self.seen = steps, usable, {}
+
+    def peaks(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        key = tuple(sorted(sizes.items()))
+        if key not in self.seen:
+            self.seen[key] = _peaks(self.steps, sizes)
+        return self.seen[key]
+
+    def too_big(self, sizes: Mapping[str, int]) -> list[str]:
+        return _too_big(self.peaks(sizes), self.usable)
+
+
+def _shrink(sizes: Mapping[str, Size], order: Sequence[str], est: _Estimates) -> dict[str, int]:
+    """Halve each size in `order`, down to its floor, until every step fits; then double the ones shrunk
+    before the last back up, first-shrunk first, as far as the later cuts made room for."""
+    chosen, touched = {k: s.full for k, s in sizes.items()}, []
+    for name in order:
+        while est.too_big(chosen) and chosen[name] > sizes[name].floor:
+            chosen[name] = max(sizes[name].floor, chosen[name] // 2)
+            touched += [name] if name not in touched else []
+        if not est.too_big(chosen):
+            break
+    if est.too_big(chosen):
+        return chosen  # the caller reports what still does not fit
+    for name in touched[:-1]:
+        while chosen[name] < sizes[name].full:
+            trial = {**chosen, name: min(sizes[name].full, chosen[name] * 2)}
+            if est.too_big(trial):
+                break
+            chosen = trial
+    return chosen
+
+
+def _check(sizes: Mapping[str, Size], steps: Mapping[str, Estimate], shrink: Sequence[str]) -> None:
     unknown = [name for name in shrink if name not in sizes]
     if unknown:
         raise ValueError(f"shrink names {unknown}, which are not among the sizes {sorted(sizes)}")
@@ -186,7 +218,21 @@ def fit_sizes(sizes: Mapping[str, Size], steps: Mapping[str, Estimate], *, shrin
         raise ValueError(f"shrink names a size twice: {list(shrink)}")
     if not steps:
         raise ValueError("give at least one step's peak-memory estimate")
-    precision, why = training_precision(device)
+
+
+def fit_sizes(sizes: Mapping[str, Size], steps: Mapping[str, Estimate], *, shrink: Sequence[str],
+              profile: str | None = None, device: torch.device | str = "cpu", margin: float = MARGIN,
+              precision: str | None = None, notes: Sequence[str] = ()) -> Fit:
+    """The lesson's sizes for `profile` on `device` (see the module's docstring): `sizes` by variable name,
+    `steps` name -> estimate(sizes) in bytes, `shrink` the names in the order they may shrink; `precision`:
+    the one a lesson fixes (e.g. "fp32"), else the device's (`training_precision`); `notes` are added to the
+    line (other choices, e.g. what is skipped). Every lesson's sizes cell."""
+    profile = get_profile(profile)
+    _check(sizes, steps, shrink)
+    if precision is None:
+        precision, why = training_precision(device)
+    else:
+        why = f"{precision} (this lesson's precision on every device)"
     full = {k: s.full for k, s in sizes.items()}
     memory = device_memory(device, margin)
     common = dict(full=full, memory=memory, precision=precision, precision_why=why, steps=dict(steps),
@@ -194,43 +240,21 @@ def fit_sizes(sizes: Mapping[str, Size], steps: Mapping[str, Estimate], *, shrin
     if profile == "smoke":
         chosen = {k: s.smoke for k, s in sizes.items()}
         return Fit("smoke", chosen, peaks=_peaks(steps, chosen), **common)
-    peaks = _peaks(steps, full)
-    if memory is None or not _too_big(peaks, memory.usable_bytes):
-        return Fit(profile, dict(full), peaks=peaks, **common)
-    usable = memory.usable_bytes
-    binding = max(_too_big(peaks, usable), key=peaks.get)
+    est = _Estimates(steps, memory.usable_bytes if memory else 0)
+    if memory is None or not est.too_big(full):
+        return Fit(profile, dict(full), peaks=est.peaks(full), **common)
+    usable, at_full = memory.usable_bytes, est.peaks(full)
     if profile == "full":
         raise SizingError(
             f"the full profile does not fit {memory.describe()} ({usable / GiB:.1f} GiB usable with a "
-            f"{margin:.0%} margin): at full size {_needs({k: b for k, b in peaks.items() if b > usable})}. "
+            f"{margin:.0%} margin): at full size {_needs({k: at_full[k] for k in est.too_big(full)})}. "
             "Leave PROFILE unset (or set it to 'fit') to scale the sizes to this device")
-    seen: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
-
-    def peaks_at(at: Mapping[str, int]) -> dict[str, int]:  # each set of sizes estimated once
-        key = tuple(sorted(at.items()))
-        if key not in seen:
-            seen[key] = _peaks(steps, at)
-        return seen[key]
-
-    chosen, touched = dict(full), []
-    for name in shrink:  # halve each size in turn, down to its floor, until every step fits
-        while _too_big(peaks_at(chosen), usable) and chosen[name] > sizes[name].floor:
-            chosen[name] = max(sizes[name].floor, chosen[name] // 2)
-            if name not in touched:
-                touched.append(name)
-        if not _too_big(peaks_at(chosen), usable):
-            break
-    left = _too_big(peaks_at(chosen), usable)
+    chosen = _shrink(sizes, shrink, est)
+    left = est.too_big(chosen)
     if left:
-        floors = peaks_at(chosen)
         raise SizingError(
-            f"this lesson does not fit {memory.describe()} ({usable / GiB:.1f} GiB usable) even at its smallest "
-            f"sizes {chosen}: {_needs({k: floors[k] for k in left})}. Run it on a larger GPU, or with "
-            "PROFILE = 'smoke'")
-    for name in touched[:-1]:  # give back what the later cuts made room for, first-shrunk first
-        while chosen[name] < full[name]:
-            trial = {**chosen, name: min(full[name], chosen[name] * 2)}
-            if _too_big(peaks_at(trial), usable):
-                break
-            chosen = trial
-    return Fit("fit", chosen, peaks=peaks_at(chosen), binding=binding, **common)
+            f"this lesson does not fit {memory.describe()} ({usable / GiB:.1f} GiB usable) even at its "
+            f"smallest sizes {chosen}: {_needs({k: est.peaks(chosen)[k] for k in left})}. Run it on a larger "
+            "GPU, or with PROFILE = 'smoke'")
+    binding = max(est.too_big(full), key=at_full.get)
+    return Fit("fit", chosen, peaks=est.peaks(chosen), binding=binding, **common)

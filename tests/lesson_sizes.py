@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fakegpu import fake_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 LESSONS = tuple(p.stem for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")))
-# what a cell may set in the process environment (os.environ.setdefault, os.environ[...] = ...): restored after
+# what a cell may set in the process environment (os.environ.setdefault, os.environ[...] = ...): put back
 ENV_TOUCHED = ("TRITON_INTERPRET", "TORCHINDUCTOR_CACHE_DIR", "TOKENIZERS_PARALLELISM", "COURSE_PROFILE")
 
 
@@ -44,7 +43,7 @@ def decision_cells(lesson: str) -> tuple[str, str]:
     code = [c for c in cells if c["cell_type"] == "code"]
     at = next((i for i, c in enumerate(code) if "parameters" in _tags(c)), None)
     if at is None or at + 1 >= len(code) or "sizes" not in _tags(code[at + 1]):
-        raise AssertionError(f"{lesson}: the code cell after the `parameters` cell must carry the tag `sizes`")
+        raise AssertionError(f"{lesson}: the code cell after the `parameters` cell must be tagged `sizes`")
     return "".join(code[at]["source"]), "".join(code[at + 1]["source"])
 
 
@@ -61,7 +60,7 @@ def run_cells(lesson: str, *, profile: str | None = None, edit: tuple[str, str] 
     out = io.StringIO()
     saved = {k: os.environ.get(k) for k in ENV_TOUCHED}
     old_tmp = tempfile.tempdir
-    tempfile.tempdir = str(tmp) if tmp is not None else old_tmp  # mkdtemp in a cell lands in the test's folder
+    tempfile.tempdir = str(tmp) if tmp is not None else old_tmp  # a cell's mkdtemp: in the test's folder
     try:
         with contextlib.redirect_stdout(out):
             exec(compile(params, f"{lesson}.ipynb:parameters", "exec"), ns)
