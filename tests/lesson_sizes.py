@@ -53,15 +53,16 @@ def decision_cells(lesson: str) -> tuple[str, str]:
 Edit = Sequence[tuple[str, str]]  # (old, new) replacements in the sizes cell: a planted bug
 
 
-def run_cells(lesson: str, *, profile: str | None = None, edit: Edit = (), tmp: Path | None = None
-              ) -> dict[str, Any]:
-    """Execute `lesson`'s parameters and sizes cells in a fresh namespace (a kernel's globals); `profile`
-    plays papermill's injected `PROFILE = ...`. The printed line is in ns["_printed"]."""
+def run_cells(lesson: str, *, profile: str | None = None, edit: Edit = (), tmp: Path | None = None,
+              ns: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Execute `lesson`'s parameters and sizes cells in a fresh namespace (a kernel's globals), or in `ns`
+    (a second Run All in the same kernel); `profile` plays papermill's injected `PROFILE = ...`. The
+    printed line is in ns["_printed"]."""
     params, sizes = decision_cells(lesson)
     for old, new in edit:
         assert old in sizes, f"{lesson}: the sizes cell has no {old!r} to plant a bug in"
         sizes = sizes.replace(old, new)
-    ns: dict[str, Any] = {"__name__": "__main__"}
+    ns = ns if ns is not None else {"__name__": "__main__"}
     out = io.StringIO()
     saved = {k: os.environ.get(k) for k in ENV_TOUCHED}
     old_tmp = tempfile.tempdir

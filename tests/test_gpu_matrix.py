@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from fakegpu import GPU_CLASSES, fake_gpu
-from lesson_sizes import DOC, LESSONS, decide, decisions, ladder_plan, plan, render_gpus_doc
+from lesson_sizes import DOC, LESSONS, decide, decisions, ladder_plan, plan, render_gpus_doc, run_cells
 
 from helpers import ladder, roofline
 from helpers.precision import precision_runs
@@ -78,6 +78,15 @@ def test_the_estimates_see_what_does_not_fit_a_t4_and_the_h200_runs_full_sizes()
         check_shrinks_on_a_t4(lesson, decisions(lesson, "T4"))
     for lesson in LESSONS:
         assert not decisions(lesson, "H200")["FIT"].shrunk(), f"{lesson}: shrunk on an H200"
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_a_second_run_all_decides_the_same(lesson: str, monkeypatch, tmp_path) -> None:
+    # in one kernel, as Run All twice does: the sizes cell rebinds PROFILE, the parameters cell resets it
+    first = decide(lesson, "T4", monkeypatch, tmp=tmp_path)
+    sizes, printed = dict(first["FIT"].sizes), first["_printed"]
+    again = run_cells(lesson, tmp=tmp_path, ns=first)
+    assert again["FIT"].sizes == sizes and again["_printed"] == printed
 
 
 def test_full_profile_is_refused_where_it_does_not_fit(monkeypatch, tmp_path) -> None:
