@@ -6,6 +6,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | layer | module | lesson | main entry points |
 |---|---|---|---|
 | base | `config` | all | `get_profile`, `pick`, `seed_everything`, `hub_offline` |
+| base | `sizing` | all | `fit_sizes`, `Size`, `device_memory`, `MARGIN` |
 | base | `compat` | all | `require`, `at_least`, `set_attn_implementation`, `unwrap_model` |
 | base | `tables` | all | `Table` |
 | base | `timing` | 00-06 | `benchmark`, `time_once`, `compare`, `cold_start` |
@@ -56,6 +57,7 @@ from typing import Any
 LAYERS = {
     "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "device": 0, "diagnosis": 0,
     "verdicts": 0,
+    "sizing": 0,
     "roofline": 1, "flops": 1, "memory": 1, "results": 1, "opcount": 1, "optime": 1, "regimes": 1,
     "predictions": 1, "agreement": 1,
     "attention": 2, "kernels": 2, "models": 2, "corpus": 2, "data": 2, "packing": 2, "packed_model": 2,

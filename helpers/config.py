@@ -1,6 +1,6 @@
-"""The course profile (smoke or full), seeding, sizes picked per profile, whether the Hugging Face hub may
-be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 08), and where the
-BERT the course uses without the hub lies (its folder: $COURSE_BERT_PATH, else an installed package)."""
+"""The course profile (smoke, fit or full), seeding, sizes picked per profile, whether the Hugging Face hub
+may be used (the one reader of HF_HUB_OFFLINE and the one reachability probe; lessons 01 and 08), and where
+the BERT the course uses without the hub lies (its folder: $COURSE_BERT_PATH, else an installed package)."""
 
 from __future__ import annotations
 
@@ -11,30 +11,38 @@ import socket
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["PROFILES", "get_profile", "pick", "seed_everything", "hub_offline", "hub_reachable",
-           "OFFLINE_PACKAGE", "BERT_PATH_ENV", "offline_bert_path", "env_bert_path"]
+__all__ = ["PROFILES", "PROFILE_ENV", "get_profile", "pick", "seed_everything", "hub_offline",
+           "hub_reachable", "OFFLINE_PACKAGE", "BERT_PATH_ENV", "offline_bert_path", "env_bert_path"]
 
-PROFILES = ("smoke", "full")  # smoke: tiny sizes, CI and CPUs; full: the real sizes, for a GPU
+# smoke: tiny sizes, for CI and CPUs. fit: each lesson's full sizes, scaled down until its steps fit this
+# device's memory (helpers.sizing; the default on a GPU). full: the H100/H200-class sizes, by name, refused
+# where they do not fit.
+PROFILES = ("smoke", "fit", "full")
+PROFILE_ENV = "COURSE_PROFILE"
 T = TypeVar("T")
 
 
 def get_profile(value: str | None = None) -> str:
-    """The profile: `value`, else $COURSE_PROFILE, else "full" on a CUDA machine and "smoke" elsewhere
-    (every lesson's setup)."""
-    value = value if value is not None else os.environ.get("COURSE_PROFILE", "").strip()
+    """The profile: `value` (a lesson's PROFILE), else $COURSE_PROFILE, else "fit" on a CUDA machine and
+    "smoke" elsewhere (every lesson's sizes cell)."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"PROFILE must be one of {', '.join(PROFILES)} or None (the default), got {value!r}")
+    value = (value or "").strip() or os.environ.get(PROFILE_ENV, "").strip()
     if not value:
         import torch
 
-        return "full" if torch.cuda.is_available() else "smoke"
+        return "fit" if torch.cuda.is_available() else "smoke"
     value = value.lower()
     if value not in PROFILES:
         raise ValueError(f"unknown course profile {value!r}: use one of {', '.join(PROFILES)} "
-                         "(set COURSE_PROFILE, or leave it unset for the default)")
+                         f"(set PROFILE in the lesson's parameters cell or {PROFILE_ENV}, or leave both "
+                         "unset for the default)")
     return value
 
 
 def pick(profile: str, *, smoke: T, full: T) -> T:
-    """The value for `profile`: one code path, only the sizes differ (every lesson's setup)."""
+    """The value for `profile`: `smoke`'s, else `full`'s (the fit profile starts from the full sizes and
+    helpers.sizing scales the ones memory depends on) (every lesson's sizes cell)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown course profile {profile!r}: use one of {', '.join(PROFILES)}")
     return smoke if profile == "smoke" else full

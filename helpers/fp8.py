@@ -44,7 +44,8 @@ from torch import nn
 
 from helpers import compat
 
-__all__ = ["RECIPES", "BACKENDS", "E4M3", "E5M2", "fp8_supported", "torchao_available", "quantize",
+__all__ = ["RECIPES", "BACKENDS", "E4M3", "E5M2", "FP8_CAPABILITY", "fp8_capable", "fp8_supported",
+           "torchao_available", "quantize",
            "fp8_matmul", "FP8Linear", "default_skip", "convert_to_float8"]
 
 RECIPES = ("tensorwise", "rowwise")
@@ -54,19 +55,30 @@ E5M2 = torch.float8_e5m2  # gradients (tensorwise recipe)
 HEAD_NAMES = ("classifier", "head", "lm_head", "score")  # output layers kept in high precision
 
 
-def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
-    """Whether FP8 matmuls run fast on `device` (CUDA, compute capability >= 8.9), and why not (lesson 08)."""
+FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
+
+
+def fp8_capable(device: torch.device | str) -> tuple[bool, str]:
+    """Whether `device` has FP8 tensor cores (CUDA, compute capability >= 8.9), from its capability alone,
+    allocating nothing, and why not (lesson 08's plan, the sizes cells)."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return False, f"FP8 tensor cores are a GPU feature (compute capability >= 8.9); this is {device.type}"
     major, minor = torch.cuda.get_device_capability(device)
     name = torch.cuda.get_device_name(device)
-    if (major, minor) < (8, 9):
+    if (major, minor) < FP8_CAPABILITY:
         return False, f"{name} has compute capability {major}.{minor}; FP8 needs >= 8.9 (Ada, Hopper)"
-    ok, why = compat.scaled_mm_supports(str(device), False)  # this torch's FP8 matmul, tried once
+    return True, f"{name} (compute capability {major}.{minor}) has FP8 tensor cores"
+
+
+def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
+    """Whether FP8 matmuls run fast on `device`: FP8 tensor cores (`fp8_capable`) and a torch whose FP8 matmul
+    runs there (one tiny matmul on the device decides), and why not (lesson 08)."""
+    ok, why = fp8_capable(device)
     if not ok:
         return False, why
-    return True, f"{name} (compute capability {major}.{minor}) has FP8 tensor cores"
+    ok, probe = compat.scaled_mm_supports(str(torch.device(device)), False)  # this torch's FP8 matmul, once
+    return (True, why) if ok else (False, probe)
 
 
 def torchao_available() -> bool:

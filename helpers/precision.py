@@ -37,6 +37,7 @@ import torch
 from helpers import compat
 
 __all__ = ["Precision", "PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision",
+           "precision_runs", "training_precision",
            "autocast_context", "uses_tf32", "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]  # the training precisions, in the order of the ladder
@@ -73,13 +74,41 @@ def check_precision(precision: str, device: torch.device | str) -> None:
                          "use fp32")
     if device.type != "cuda":
         return
+    # `device`'s own capability (torch.cuda.is_bf16_supported asks the current device, which may be another)
     name, cap = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
-    if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+    if precision == "bf16" and cap < (8, 0):
         raise ValueError(f"bf16 needs a GPU of compute capability 8.0 or newer (Ampere); "
                          f"{name} is {cap[0]}.{cap[1]}: use fp16")
     if precision == "fp16" and cap < (5, 3):
         raise ValueError(f"fp16 needs a GPU of compute capability 5.3 or newer; {name} is "
                          f"{cap[0]}.{cap[1]}: use fp32")
+
+
+def precision_runs(precision: str, device: torch.device | str) -> bool:
+    """Whether `device` can run `precision` (check_precision without the error) (lessons 02, 08)."""
+    try:
+        check_precision(precision, device)
+    except ValueError:
+        return False
+    return True
+
+
+def training_precision(device: torch.device | str) -> tuple[str, str]:
+    """The precision a lesson trains in on `device`, and why, from its compute capability alone (nothing is
+    allocated; lessons 01-08): bf16 where the GPU has bf16 tensor cores (8.0+), fp16 with a GradScaler where
+    it has fp16 ones only (7.0, 7.5), fp32 on older GPUs and on a CPU (16-bit autocast is slower there
+    without bf16 units: lesson 02 measures it)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "fp32", f"fp32 (a {device.type.upper()}: 16-bit autocast is slower without bf16 units)"
+    if not torch.cuda.is_available():
+        raise ValueError(f"{device} was asked for, but torch sees no CUDA GPU: use device='cpu'")
+    cap = torch.cuda.get_device_capability(device)
+    if cap >= (8, 0):
+        return "bf16", f"bf16 (sm_{cap[0]}{cap[1]}: bf16 tensor cores)"
+    if cap >= (7, 0):
+        return "fp16", f"fp16 (sm_{cap[0]}{cap[1]}: fp16 tensor cores, no bf16 ones)"
+    return "fp32", f"fp32 (sm_{cap[0]}{cap[1]}: no tensor cores)"
 
 
 def autocast_context(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:

@@ -17,7 +17,6 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -25,8 +24,8 @@ from helpers.device import device_name, get_device
 from helpers.precision import PRECISION_DTYPE, PRECISIONS, tf32_matmuls
 from helpers.tables import Table
 
-__all__ = ["Roofline", "measure_roofline", "load_roofline", "GPU_PEAK_FLOPS", "PeakFlops", "peak_flops",
-           "MFU_PRECISIONS", "mfu_peak"]
+__all__ = ["Roofline", "measure_roofline", "load_roofline", "GPU_PEAK_FLOPS", "DatasheetPeaks",
+           "normalise_gpu_name", "datasheet_peaks", "PeakFlops", "peak_flops", "MFU_PRECISIONS", "mfu_peak"]
 
 # Names of the dtype vocabulary rooflines used before the course settled on one; read, never written.
 _LEGACY_NAMES = {"float32": "fp32", "tfloat32": "tf32", "float16": "fp16", "bfloat16": "bf16"}
@@ -132,52 +131,108 @@ def measure_roofline(device: torch.device | str | None = None, precisions: list[
 
 TFLOPS = 1e12
 
-# Dense peak FLOP/s per precision ("fp16"/"bf16"/"fp8": tensor cores with fp32 accumulation, which is
-# what mixed-precision training uses). Datasheets print the 2× "with sparsity" figures: they are halved
-# back to dense here. Patterns are matched, in order, as whole words against the lower-case device name
-# ("l4" is not "l40s"; "h100 nvl" and "h100 pcie" before "h100"). A precision a GPU has no units for
-# is left out.
-# Hopper's two dense tables (FLOP/s): SXM parts (H100 SXM5, H200) and NVL parts (H100 NVL per GPU, H200 NVL)
-# H100 whitepaper / H200 datasheet, SXM: TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS "with sparsity"
-_HOPPER_SXM = dict(fp32=67.0 * TFLOPS, tf32=494.7 * TFLOPS, fp16=989.4 * TFLOPS, bf16=989.4 * TFLOPS,
-                   fp8=1978.9 * TFLOPS)
-# H100 NVL (per GPU) and H200 NVL datasheets: TF32 835, BF16/FP16 1,671, FP8 3,341 TFLOPS with sparsity
-_HOPPER_NVL = dict(fp32=60.0 * TFLOPS, tf32=417.5 * TFLOPS, fp16=835.5 * TFLOPS, bf16=835.5 * TFLOPS,
-                   fp8=1670.5 * TFLOPS)
-GPU_PEAK_FLOPS: dict[str, dict[str, Any]] = {
-    "h200 nvl": dict(_HOPPER_NVL, source="NVIDIA H200 NVL datasheet (dense = half the sparsity figures)"),
-    "h200": dict(_HOPPER_SXM,
-                 source="NVIDIA H200 Tensor Core GPU datasheet (SXM; dense = half the sparsity figures)"),
-    "h100 nvl": dict(_HOPPER_NVL,
-                     source="NVIDIA H100 NVL datasheet (per GPU; dense = half the sparsity figures)"),
-    # H100 whitepaper, PCIe: TF32 378, BF16/FP16 756, FP8 1,513 TFLOPS dense
-    "h100 pcie": dict(fp32=51.0 * TFLOPS, tf32=378.0 * TFLOPS, fp16=756.0 * TFLOPS, bf16=756.0 * TFLOPS,
-                      fp8=1513.0 * TFLOPS,
-                      source="NVIDIA H100 Tensor Core GPU datasheet (PCIe; dense figures)"),
-    "h100": dict(_HOPPER_SXM,
-                 source="NVIDIA H100 Tensor Core GPU datasheet (SXM; dense = half the sparsity figures)"),
-    "a100": dict(fp32=19.5 * TFLOPS, tf32=156.0 * TFLOPS, fp16=312.0 * TFLOPS, bf16=312.0 * TFLOPS,
-                 source="NVIDIA A100 Tensor Core GPU datasheet (dense figures)"),
-    # L4 datasheet: FP8 485 TFLOPS with sparsity
-    "l4": dict(fp32=30.3 * TFLOPS, tf32=60.0 * TFLOPS, fp16=121.0 * TFLOPS, bf16=121.0 * TFLOPS,
-               fp8=242.5 * TFLOPS,
-               source="NVIDIA L4 Tensor Core GPU datasheet (dense = half the sparsity figures)"),
-    "a10": dict(fp32=31.2 * TFLOPS, tf32=62.5 * TFLOPS, fp16=125.0 * TFLOPS, bf16=125.0 * TFLOPS,
-                source="NVIDIA A10 Tensor Core GPU datasheet (dense figures)"),
-    "t4": dict(fp32=8.1 * TFLOPS, fp16=65.0 * TFLOPS,  # Turing: no TF32, no bf16 units
-               source="NVIDIA T4 Tensor Core GPU datasheet (mixed-precision FP16/FP32 figure)"),
-    "v100": dict(fp32=15.7 * TFLOPS, fp16=125.0 * TFLOPS,  # Volta: no TF32, no bf16 units
-                 source="NVIDIA V100 Tensor Core GPU datasheet (SXM2)"),
-    # Ada whitepaper, RTX 4090: FP8 tensor with FP32 accumulate 330.3 dense
-    "rtx 4090": dict(fp32=82.6 * TFLOPS, tf32=82.6 * TFLOPS, fp16=165.2 * TFLOPS, bf16=165.2 * TFLOPS,
-                     fp8=330.3 * TFLOPS,
-                     source="NVIDIA Ada GPU architecture whitepaper, appendix table for the RTX 4090 "
-                            "(tensor with FP32 accumulate, dense)"),
-    "rtx 3090": dict(fp32=35.6 * TFLOPS, tf32=35.6 * TFLOPS, fp16=71.0 * TFLOPS, bf16=71.0 * TFLOPS,
-                     source="NVIDIA Ampere GA102 GPU architecture whitepaper, table for the RTX 3090 "
-                            "(FP16/BF16 tensor with FP32 accumulate, dense)"),
-}
+
+@dataclass(frozen=True)
+class DatasheetPeaks:
+    """One GPU model's dense peak FLOP/s per precision, the nvidia-smi names it answers to, and where the
+    figures come from (lesson 00)."""
+
+    gpu: str  # the model, as the course names it in tables
+    names: str  # a regex matched against the WHOLE normalised nvidia-smi name (`normalise_gpu_name`)
+    flops: dict[str, float]  # precision -> dense FLOP/s; a precision the GPU has no units for is absent
+    source: str
+
+    def __post_init__(self) -> None:
+        bad = set(self.flops) - set(PEAK_PRECISIONS)
+        if bad:
+            raise ValueError(f"{self.gpu}: unknown precision(s) {sorted(bad)}: use {PEAK_PRECISIONS}")
+
+
+def _peaks(fp32: float, tf32: float | None = None, fp16: float | None = None, bf16: float | None = None,
+           fp8: float | None = None) -> dict[str, float]:
+    """TFLOPS -> FLOP/s, leaving out the precisions a GPU has no units for."""
+    given = dict(fp32=fp32, tf32=tf32, fp16=fp16, bf16=bf16, fp8=fp8)
+    return {k: v * TFLOPS for k, v in given.items() if v is not None}
+
+
+HALVED = "dense = half the 'with sparsity' figures"
+FP32_ACC = "tensor with FP32 accumulate, dense"
+# Dense peak FLOP/s per precision ("fp16"/"bf16"/"fp8": tensor cores with fp32 accumulation, which is what
+# mixed-precision training uses; "fp32": the CUDA cores, no tensor cores; "tf32": TF32 tensor cores).
+# Datasheets print 2x "with sparsity" figures for Ampere and later: they are halved back to dense here.
+# GeForce boards run fp16/bf16 tensor math with fp32 accumulation at half the fp16-accumulate rate: the
+# whitepapers' "with FP32 accumulate" rows are used. Each row matches exact nvidia-smi names only (desktop
+# vs Laptop, Ti, PCIe vs SXM vs NVL are different rows or unknown): an unknown GPU gets the measured roofline.
 PEAK_PRECISIONS = tuple(PRECISION_DTYPE)  # helpers.precision's names: the training precisions and fp8
+GPU_PEAK_FLOPS: tuple[DatasheetPeaks, ...] = (
+    DatasheetPeaks("T4", r"t4", _peaks(8.1, fp16=65.0),  # Turing: no TF32, no bf16 units
+                   "NVIDIA T4 Tensor Core GPU datasheet (FP32 8.1; mixed-precision FP16/FP32 65 TFLOPS)"),
+    DatasheetPeaks("V100 SXM2", r"v100 sxm2 (16|32)gb", _peaks(15.7, fp16=125.0),  # Volta: no TF32/bf16
+                   "NVIDIA V100 Tensor Core GPU datasheet (V100 SXM2: FP32 15.7, tensor 125 TFLOPS)"),
+    DatasheetPeaks("V100 PCIe", r"v100 pcie (16|32)gb", _peaks(14.0, fp16=112.0),
+                   "NVIDIA V100 Tensor Core GPU datasheet (V100 PCIe: FP32 14, tensor 112 TFLOPS)"),
+    DatasheetPeaks("RTX 3090", r"rtx 3090", _peaks(35.6, 35.6, 71.0, 71.0),
+                   f"NVIDIA Ampere GA102 GPU architecture whitepaper, RTX 3090 column ({FP32_ACC})"),
+    DatasheetPeaks("RTX 3090 Ti", r"rtx 3090 ti", _peaks(40.0, 40.0, 80.0, 80.0),
+                   "derived: the GA102 whitepaper's per-SM rates (FP32 256, FP16/BF16 tensor with FP32 "
+                   "accumulate 512 FLOP per clock per SM) x the RTX 3090 Ti's 84 SMs at its 1,860 MHz boost "
+                   "clock (NVIDIA's product page)"),
+    DatasheetPeaks("RTX A6000", r"rtx a6000", _peaks(38.7, 77.4, 154.8, 154.8),
+                   f"NVIDIA Ampere GA102 GPU architecture whitepaper, RTX A6000 column ({FP32_ACC}; "
+                   "the datasheet's 309.7 TFLOPS is with sparsity)"),
+    DatasheetPeaks("A10", r"a10", _peaks(31.2, 62.5, 125.0, 125.0),
+                   f"NVIDIA A10 Tensor Core GPU datasheet ({HALVED})"),
+    DatasheetPeaks("A10G", r"a10g", _peaks(35.0, 35.0, 70.0, 70.0),
+                   "NVIDIA publishes no A10G datasheet: Baseten's A10 vs A10G spec table (FP32 35, TF32 35, "
+                   "FP16/BF16 70 TFLOPS dense), which is GA102's per-SM rates x 80 SMs at 1,710 MHz"),
+    DatasheetPeaks("A100", r"a100 (sxm4 (40|80)gb|pcie (40|80)gb|80gb pcie)",
+                   _peaks(19.5, 156.0, 312.0, 312.0),
+                   "NVIDIA A100 Tensor Core GPU datasheet (SXM4 and PCIe: the same dense figures)"),
+    DatasheetPeaks("RTX 4090", r"rtx 4090", _peaks(82.6, 82.6, 165.2, 165.2, 330.3),
+                   f"NVIDIA Ada GPU architecture whitepaper, appendix table for the RTX 4090 ({FP32_ACC})"),
+    DatasheetPeaks("RTX 4090 Laptop", r"rtx 4090 laptop gpu", _peaks(39.7, 39.7, 79.4, 79.4, 158.8),
+                   "derived, an upper bound: the Ada whitepaper's per-SM rates (FP32 256, FP16/BF16 tensor "
+                   "with FP32 accumulate 512, FP8 1,024 FLOP per clock per SM) x the laptop GPU's 76 SMs at "
+                   "its highest listed boost clock, 2,040 MHz (NVIDIA's laptop spec page; the clock a laptop "
+                   "reaches depends on its maker's power limit)"),
+    DatasheetPeaks("L4", r"l4", _peaks(30.3, 60.0, 121.0, 121.0, 242.5),
+                   f"NVIDIA L4 Tensor Core GPU datasheet ({HALVED})"),
+    DatasheetPeaks("L40S", r"l40s", _peaks(91.6, 183.0, 366.5, 366.5, 733.0),
+                   f"NVIDIA L40S GPU datasheet ({HALVED})"),
+    DatasheetPeaks("H100 SXM", r"h100 (80gb hbm3|sxm5 80gb)", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
+                   f"NVIDIA H100 Tensor Core GPU datasheet, H100 SXM ({HALVED})"),
+    DatasheetPeaks("H100 PCIe", r"h100 pcie", _peaks(51.0, 378.0, 756.0, 756.0, 1513.0),
+                   f"NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe ({HALVED})"),
+    DatasheetPeaks("H100 NVL", r"h100 nvl", _peaks(60.0, 417.5, 835.5, 835.5, 1670.5),
+                   f"NVIDIA H100 NVL datasheet, per GPU ({HALVED})"),
+    DatasheetPeaks("H200", r"h200", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
+                   f"NVIDIA H200 Tensor Core GPU datasheet, H200 SXM ({HALVED})"),
+    DatasheetPeaks("H200 NVL", r"h200 nvl", _peaks(60.0, 417.5, 835.5, 835.5, 1670.5),
+                   f"NVIDIA H200 Tensor Core GPU datasheet, H200 NVL ({HALVED})"),
+    DatasheetPeaks("GH200", r"gh200( \S+)*", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
+                   f"NVIDIA GH200 Grace Hopper Superchip datasheet, the GPU's figures ({HALVED})"),
+    DatasheetPeaks("B200", r"b200", _peaks(75.0, 1100.0, 2250.0, 2250.0, 4500.0),
+                   f"NVIDIA HGX B200 datasheet, per GPU at 1,000 W ({HALVED})"),
+    DatasheetPeaks("RTX 5090", r"rtx 5090", _peaks(104.8, 104.8, 209.5, 209.5, 419.0),
+                   f"NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090 column ({FP32_ACC})"),
+)
+_DROPPED_WORDS = ("nvidia", "geforce", "tesla")  # vendor and brand words: "Tesla T4" is a "t4"
+
+
+def normalise_gpu_name(name: str) -> str:
+    """nvidia-smi's name, lower case, '-' and '_' as spaces, without "NVIDIA", "GeForce" and "Tesla":
+    "NVIDIA A100-SXM4-80GB" -> "a100 sxm4 80gb" (lesson 00)."""
+    words = re.sub(r"[-_\s]+", " ", name.lower()).split()
+    return " ".join(w for w in words if w not in _DROPPED_WORDS)
+
+
+def datasheet_peaks(name: str) -> DatasheetPeaks | None:
+    """The datasheet row whose names match all of `name` (an nvidia-smi name), or None: an unknown GPU,
+    a laptop or Ti variant without its own row, a MIG slice (lesson 00)."""
+    key = normalise_gpu_name(name)
+    found = [row for row in GPU_PEAK_FLOPS if re.fullmatch(row.names, key)]
+    assert len(found) <= 1, f"{name!r} matches several datasheet rows: {[r.gpu for r in found]}"
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -209,15 +264,13 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
     dev = get_device(str(device) if device is not None else ("cuda" if gpu_name is None and
                                                              torch.cuda.is_available() else "cpu"))
     name = gpu_name or (torch.cuda.get_device_name(dev) if dev.type == "cuda" else None)
-    if name:
-        low = name.lower()
-        for pattern, row in GPU_PEAK_FLOPS.items():
-            if re.search(rf"\b{re.escape(pattern)}\b", low):
-                if precision in row:
-                    return PeakFlops(row[precision], precision, row["source"])
-                if precision == "tf32" and "fp32" in row:  # no TF32 units: tf32 runs as fp32
-                    return PeakFlops(row["fp32"], "fp32", row["source"] + "; no TF32 units: the fp32 peak")
-                break  # a known GPU without units for this precision: try the measurement
+    row = datasheet_peaks(name) if name else None
+    if row is not None:
+        if precision in row.flops:
+            return PeakFlops(row.flops[precision], precision, row.source)
+        if precision == "tf32":  # no TF32 units: tf32 runs as fp32
+            return PeakFlops(row.flops["fp32"], "fp32", row.source + "; no TF32 units: the fp32 peak")
+        # a known GPU without units for this precision: try the measurement
     no_tf32 = gpu_name is None and not _has_tf32_units(dev)
     key = "fp32" if precision == "tf32" and no_tf32 else precision
     if roofline is None and measure and key in PRECISIONS:
@@ -228,20 +281,25 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
             key = precision
         if measured.get(key):
             note = "" if key == precision else "; no TF32 units: the fp32 matmul"
+            unknown = f" ({name} is not in the datasheet table)" if name and row is None else ""
             return PeakFlops(float(measured[key]), key,
-                             f"measured matmul roofline on {roofline.device_name}{note}")
+                             f"measured matmul roofline on {roofline.device_name}{note}{unknown}")
     return None
 
 
-MFU_PRECISIONS = ("fp32", "bf16")  # the dense rates MFU's one peak is chosen from (TF32, fp16: never faster)
+# the dense rates MFU's one peak is chosen from: every training precision's but TF32's (never above fp16's
+# where a GPU has it, fp32's where it has not). fp16 counts: a T4 or V100 has fp16 tensor cores and no bf16
+# ones, and its fp16 run divided by its fp32 peak would show an MFU of up to 800 %.
+MFU_PRECISIONS = ("fp32", "bf16", "fp16")  # on a tie (fp16 = bf16 on Ampere and later) bf16 is named
 
 
 def mfu_peak(device: torch.device | str | None = None, *, roofline: Roofline | None = None,
              measure: bool = False) -> PeakFlops | None:
     """The one peak every MFU in the course divides by (lessons 02, 08): the device's fastest dense rate
-    among the training precisions, FP8 aside. A GPU's datasheet bf16 peak; on a CPU the faster of the
-    fp32 and bf16 matmul rooflines (`roofline`, or with `measure` measured now: same threads, same load),
-    so that a CPU with bf16 units never shows an MFU above 100 %. None when no peak is known."""
+    among the training precisions (MFU_PRECISIONS), FP8 aside, so that no run in fp32, TF32, fp16 or bf16
+    shows an MFU above 100 %. A known GPU's datasheet figure (bf16 from Ampere on, fp16 on a T4 or V100);
+    an unknown GPU's or a CPU's fastest measured matmul (`roofline`, or with `measure` measured now: same
+    threads, same load; the source says so). None when no peak is known."""
     peaks = (peak_flops(device, name, roofline=roofline, measure=measure) for name in MFU_PRECISIONS)
     found = [p for p in peaks if p is not None]
     return max(found, key=lambda p: p.flops) if found else None

@@ -5,6 +5,7 @@
     def test_something(monkeypatch):
         fake_gpu(monkeypatch, "T4")             # torch.cuda.is_available() is True from here on
         ...
+        fake_gpu(monkeypatch, ("A100-40", "T4"))  # a mixed box: cuda:0 an A100, cuda:1 a T4
 
 What is faked is what the course's *decisions* read: availability, device count, name, compute capability,
 `get_device_properties` (total memory, SM count, L2 cache), `is_bf16_supported` (with its emulation
@@ -76,35 +77,45 @@ def _index(device: object = None) -> int:
     return device.index or 0
 
 
-def fake_gpu(monkeypatch: pytest.MonkeyPatch, gpu: str | GPUClass) -> GPUClass:
-    """Make `torch.cuda` report `gpu` (a key of GPU_CLASSES or a GPUClass) until the test ends."""
-    g = gpu_class(gpu) if isinstance(gpu, str) else gpu
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, gpu: str | GPUClass | tuple[str | GPUClass, ...]) -> GPUClass:
+    """Make `torch.cuda` report `gpu` (a key of GPU_CLASSES or a GPUClass; a tuple of them is a mixed box,
+    one GPU each, cuda:0 first) until the test ends; returns the class of cuda:0."""
+    if isinstance(gpu, tuple):
+        board = tuple(gpu_class(g) if isinstance(g, str) else g for g in gpu)
+        if not board:
+            raise ValueError("a mixed box needs at least one GPU class")
+    else:
+        g = gpu_class(gpu) if isinstance(gpu, str) else gpu
+        board = (g,) * g.count
+    g = board[0]
 
-    def checked(device: object = None) -> int:
+    def checked(device: object = None) -> GPUClass:
         i = _index(device)
-        if not 0 <= i < g.count:
-            raise RuntimeError(f"CUDA error: invalid device ordinal {i} (the fake box has {g.count})")
-        return i
+        if not 0 <= i < len(board):
+            raise RuntimeError(f"CUDA error: invalid device ordinal {i} (the fake box has {len(board)})")
+        return board[i]
 
     def properties(device: object = None) -> SimpleNamespace:
-        checked(device)
-        return SimpleNamespace(name=g.name, major=g.capability[0], minor=g.capability[1],
-                               total_memory=g.total_memory, multi_processor_count=g.sms,
-                               L2_cache_size=g.l2_bytes, is_integrated=0, is_multi_gpu_board=0)
+        d = checked(device)
+        return SimpleNamespace(name=d.name, major=d.capability[0], minor=d.capability[1],
+                               total_memory=d.total_memory, multi_processor_count=d.sms,
+                               L2_cache_size=d.l2_bytes, is_integrated=0, is_multi_gpu_board=0)
 
-    def bf16(including_emulation: bool = True) -> bool:  # torch asks the *current* device
+    def bf16(including_emulation: bool = True) -> bool:  # torch asks the *current* device: cuda:0
         return g.capability >= (8, 0) or including_emulation
 
-    free = g.total_memory - 400 * 2**20  # the CUDA context's share, roughly
+    def memory(device: object = None) -> tuple[int, int]:
+        d = checked(device)
+        return d.total_memory - 400 * 2**20, d.total_memory  # (free, total): less the CUDA context, roughly
+
     cuda = torch.cuda
     monkeypatch.setattr(cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda, "device_count", lambda: g.count)
+    monkeypatch.setattr(cuda, "device_count", lambda: len(board))
     monkeypatch.setattr(cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(cuda, "get_device_name", lambda device=None: (checked(device), g.name)[1])
-    monkeypatch.setattr(cuda, "get_device_capability", lambda device=None: (checked(device), g.capability)[1])
+    monkeypatch.setattr(cuda, "get_device_name", lambda device=None: checked(device).name)
+    monkeypatch.setattr(cuda, "get_device_capability", lambda device=None: checked(device).capability)
     monkeypatch.setattr(cuda, "get_device_properties", properties)
     monkeypatch.setattr(cuda, "is_bf16_supported", bf16)
-    monkeypatch.setattr(cuda, "mem_get_info",
-                        lambda device=None: (checked(device), (free, g.total_memory))[1])
+    monkeypatch.setattr(cuda, "mem_get_info", memory)
     monkeypatch.setattr(torch.version, "cuda", g.cuda)
     return g

@@ -3,6 +3,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from fakegpu import fake_gpu
 
 from helpers.config import PROFILES, get_profile, pick, seed_everything
 
@@ -16,7 +17,18 @@ def test_profile_from_environment(monkeypatch):
 
 def test_unset_profile_follows_the_hardware(monkeypatch):
     monkeypatch.delenv("COURSE_PROFILE", raising=False)
-    assert get_profile() == ("full" if torch.cuda.is_available() else "smoke")
+    assert get_profile() == ("fit" if torch.cuda.is_available() else "smoke")
+    assert get_profile("") == get_profile(None) == get_profile()
+    fake_gpu(monkeypatch, "T4")
+    assert get_profile() == "fit"  # a GPU's default: the full sizes fitted to it (helpers.sizing)
+
+
+def test_a_lesson_s_profile_wins_over_the_environment(monkeypatch):
+    # papermill's `-p PROFILE full` sets the parameters cell's value: the environment must not override it
+    monkeypatch.setenv("COURSE_PROFILE", "smoke")
+    assert get_profile("full") == "full" and get_profile(" FIT ") == "fit" and get_profile(None) == "smoke"
+    with pytest.raises(ValueError, match="PROFILE must be one of"):
+        get_profile(3)
 
 
 def test_unknown_profile_lists_the_valid_ones(monkeypatch):
@@ -29,6 +41,7 @@ def test_unknown_profile_lists_the_valid_ones(monkeypatch):
 def test_pick():
     assert pick("smoke", smoke=1, full=2) == 1
     assert pick("full", smoke=1, full=2) == 2
+    assert pick("fit", smoke=1, full=2) == 2  # the fit profile starts from the full sizes
     with pytest.raises(ValueError, match="medium"):
         pick("medium", smoke=1, full=2)
 

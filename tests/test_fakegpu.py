@@ -23,3 +23,13 @@ def test_fake_gpu_allocates_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_gpu(monkeypatch, "T4")
     with pytest.raises((AssertionError, RuntimeError)):  # this torch has no CUDA: allocation fails loudly
         torch.zeros(1, device="cuda")
+
+
+def test_a_mixed_box_reports_each_gpu_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = fake_gpu(monkeypatch, ("A100-40", "T4"))  # an A100 as cuda:0, a T4 beside it
+    assert first.key == "A100-40" and torch.cuda.device_count() == 2
+    assert torch.cuda.get_device_capability("cuda:1") == (7, 5)
+    assert torch.cuda.get_device_capability() == (8, 0)
+    assert torch.cuda.get_device_properties(1).total_memory == GPU_CLASSES["T4"].total_memory
+    assert torch.cuda.mem_get_info(1)[1] == GPU_CLASSES["T4"].total_memory
+    assert torch.cuda.is_bf16_supported(including_emulation=False)  # torch asks cuda:0, the A100

@@ -2,14 +2,17 @@
 
 import pytest
 import torch
+from fakegpu import GPUClass, fake_gpu
 
 from helpers.device import device_name
 from helpers.roofline import (
     GPU_PEAK_FLOPS,
     PeakFlops,
     Roofline,
+    datasheet_peaks,
     measure_roofline,
     mfu_peak,
+    normalise_gpu_name,
     peak_flops,
 )
 
@@ -33,29 +36,72 @@ def test_roofline_saved_with_old_dtype_names_loads_as_precisions(tmp_path):
         r.ridge_point("fp16")
 
 
+# real `nvidia-smi` / torch.cuda.get_device_name() strings, each with a dense figure from its row's source
 @pytest.mark.parametrize("name, precision, tflops", [
     ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "bf16", 756.0),
-    ("NVIDIA H200", "bf16", 989.4), ("NVIDIA H200", "fp8", 1978.9), ("NVIDIA H100 80GB HBM3", "fp8", 1978.9),
-    ("NVIDIA H100 NVL", "bf16", 835.5), ("NVIDIA A100-SXM4-40GB", "tf32", 156.0),
-    ("NVIDIA L4", "fp16", 121.0), ("Tesla T4", "fp16", 65.0), ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
-    ("NVIDIA GeForce RTX 3090", "fp32", 35.6), ("Tesla V100-SXM2-16GB", "tf32", 15.7),  # no TF32 units
+    ("NVIDIA H200", "bf16", 989.4), ("NVIDIA H200", "fp8", 1978.9),
+    ("NVIDIA H100 80GB HBM3", "fp8", 1978.9), ("NVIDIA H100 NVL", "bf16", 835.5),
+    ("NVIDIA H200 NVL", "bf16", 835.5), ("NVIDIA A100-SXM4-40GB", "tf32", 156.0),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0), ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
+    ("NVIDIA A100-PCIE-40GB", "fp32", 19.5), ("NVIDIA L4", "fp16", 121.0),
+    ("NVIDIA L40S", "bf16", 366.5), ("NVIDIA L40S", "fp8", 733.0),
+    ("Tesla T4", "fp16", 65.0), ("Tesla T4", "fp32", 8.1),
+    ("NVIDIA GeForce RTX 4090", "bf16", 165.2), ("NVIDIA GeForce RTX 4090 Laptop GPU", "bf16", 79.4),
+    ("NVIDIA GeForce RTX 3090", "fp32", 35.6), ("NVIDIA GeForce RTX 3090 Ti", "bf16", 80.0),
+    ("NVIDIA GeForce RTX 5090", "bf16", 209.5), ("NVIDIA RTX A6000", "bf16", 154.8),
+    ("NVIDIA A10", "bf16", 125.0), ("NVIDIA A10G", "bf16", 70.0),
+    ("NVIDIA GH200 480GB", "bf16", 989.4), ("NVIDIA GH200 144G HBM3e", "fp8", 1978.9),
+    ("NVIDIA B200", "bf16", 2250.0), ("Tesla V100-SXM2-16GB", "fp16", 125.0),
+    ("Tesla V100-PCIE-32GB", "fp16", 112.0),
+    ("Tesla V100-SXM2-16GB", "tf32", 15.7),  # no TF32 units: the fp32 peak
 ])
 def test_peak_table_lookup(name, precision, tflops):
     peak = peak_flops(precision=precision, gpu_name=name)
     assert peak.flops == pytest.approx(tflops * 1e12) and peak.source
 
 
-def test_every_gpu_row_names_its_source_and_unknown_gpus_have_no_datasheet_peak():
-    assert all(row["source"] for row in GPU_PEAK_FLOPS.values())
-    vocabulary = {"fp32", "tf32", "fp16", "bf16", "fp8", "source"}
-    assert all(set(row) <= vocabulary for row in GPU_PEAK_FLOPS.values())
-    assert peak_flops(precision="bf16", gpu_name="NVIDIA L40S") is None  # not an L4
+@pytest.mark.parametrize("name, gpu", [
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("NVIDIA GeForce RTX 4090 Laptop GPU", "RTX 4090 Laptop"),
+    ("NVIDIA GeForce RTX 3090 Ti", "RTX 3090 Ti"), ("Tesla V100-PCIE-16GB", "V100 PCIe"),
+    ("Tesla V100-SXM2-32GB", "V100 SXM2"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA H200", "H200"),
+    ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"), ("NVIDIA A10", "A10"), ("NVIDIA A10G", "A10G"),
+    ("NVIDIA A100-SXM4-80GB", "A100"),
+    # not a row: another model, a MIG slice, a variant without datasheet figures here
+    ("NVIDIA L40", None), ("NVIDIA GeForce RTX 5090 Laptop GPU", None), ("NVIDIA GeForce RTX 4080", None),
+    ("Tesla V100S-PCIE-32GB", None), ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA H800", None),
+    ("NVIDIA RTX 6000 Ada Generation", None), ("NVIDIA A40", None),
+])
+def test_names_match_exactly_laptop_ti_pcie_sxm_nvl_apart(name, gpu):
+    row = datasheet_peaks(name)
+    assert (row.gpu if row else None) == gpu
+
+
+def test_every_row_has_its_source_dense_fp32_and_only_the_units_it_has():
+    gpus = {row.gpu for row in GPU_PEAK_FLOPS}
+    # the fake matrix's classes (tests/fakegpu.py) and the other GPUs learners rent
+    assert {"T4", "V100 SXM2", "RTX 3090", "RTX 4090", "L4", "A100", "H100 SXM", "H200", "L40S", "RTX A6000",
+            "A10G", "GH200", "B200", "RTX 5090"} <= gpus
+    for row in GPU_PEAK_FLOPS:
+        assert row.source and "fp32" in row.flops, row
+        assert set(row.flops) <= {"fp32", "tf32", "fp16", "bf16", "fp8"}, row
+        assert all(row.flops["fp32"] <= v for v in row.flops.values()), f"{row.gpu}: a tensor rate below fp32"
     assert peak_flops(precision="bf16", gpu_name="Tesla T4") is None  # no bf16 units, no roofline
     assert peak_flops(precision="fp8", gpu_name="NVIDIA A100-SXM4-80GB") is None  # no FP8 units
+    assert normalise_gpu_name("NVIDIA A100-SXM4-80GB") == "a100 sxm4 80gb"
     with pytest.raises(ValueError, match="unknown precision"):
         peak_flops(precision="fp64")
     with pytest.raises(ValueError, match="unknown precision"):
         peak_flops(precision="tfloat32")  # one vocabulary
+
+
+def test_an_unknown_gpu_gets_the_measured_roofline_and_says_so(monkeypatch):
+    fake_gpu(monkeypatch, GPUClass("mystery", "NVIDIA Mystery GPU", (8, 0), 40 * 2**30, 100, 2**25))
+    assert peak_flops("cuda", "bf16") is None  # nothing known, nothing measured
+    roof = Roofline("NVIDIA Mystery GPU", {"fp32": 2e13, "bf16": 2e14, "fp16": 2.1e14}, 2e12, 8192, 2**30)
+    got = mfu_peak("cuda", roofline=roof)
+    assert got.flops == 2.1e14 and got.precision == "fp16"
+    assert "measured matmul roofline" in got.source and "not in the datasheet table" in got.source
 
 
 def test_peak_falls_back_to_the_measured_roofline():
