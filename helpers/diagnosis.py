@@ -23,7 +23,7 @@ from helpers.compat import version_tuple
 from helpers.device import driver_cuda_version, nvidia_driver, nvidia_smi
 from helpers.tables import Table
 
-__all__ = ["Finding", "KNOWN_ERRORS", "MIN_DRIVER", "explain_error", "Compilers", "SetupFacts",
+__all__ = ["Finding", "KNOWN_ERRORS", "MIN_DRIVER", "explain_error", "OOMReport", "Compilers", "SetupFacts",
            "driver_runs", "compiler_fix", "diagnose", "findings_table"]
 
 # CUDA major -> the oldest Linux driver that runs every build of that major (minor-version compatibility)
@@ -81,6 +81,50 @@ def explain_error(message: str) -> str | None:
         if re.search(pattern, message, flags=re.IGNORECASE):
             return f"{cause}. Fix: {fix}"
     return None
+
+
+_SIZE = r"([\d.]+) (GiB|MiB|KiB|bytes|B)\b"
+_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "bytes": 1, "B": 1}
+
+
+def _bytes(match: re.Match | None) -> int | None:
+    return None if match is None else int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+@dataclass(frozen=True)
+class OOMReport:
+    """What an out-of-memory error asked for and what the device held then, read from torch's message
+    (CUDA's caching allocator, or the CPU allocator's) (lesson 00; the benchmarks report a rung that OOMs)."""
+
+    device: str  # "cuda:0", "cpu"
+    asked_bytes: int | None  # the allocation that failed
+    total_bytes: int | None  # the device's capacity
+    free_bytes: int | None  # free on the device when it failed
+    allocated_bytes: int | None  # held by PyTorch's tensors then
+
+    @classmethod
+    def parse(cls, err: BaseException) -> "OOMReport | None":
+        """The report of `err`, or None when it is not an out-of-memory error."""
+        msg = str(err)
+        cuda = isinstance(err, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in msg
+        cpu = isinstance(err, RuntimeError) and re.search(r"out of memory|can't allocate|not enough mem", msg)
+        if not (cuda or cpu):
+            return None
+        gpu = re.search(rf"GPU (\d+) has a total capacity of {_SIZE} of which {_SIZE} is free", msg)
+        asked = re.search(rf"(?i)tried to allocate {_SIZE}", msg)
+        return cls(device=f"cuda:{gpu.group(1)}" if gpu else "cuda" if cuda else "cpu",
+                   asked_bytes=_bytes(asked),
+                   total_bytes=int(float(gpu.group(2)) * _UNITS[gpu.group(3)]) if gpu else None,
+                   free_bytes=int(float(gpu.group(4)) * _UNITS[gpu.group(5)]) if gpu else None,
+                   allocated_bytes=_bytes(re.search(rf"memory {_SIZE} is allocated by PyTorch", msg)))
+
+    def __str__(self) -> str:
+        def gib(n: int | None) -> str:
+            return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+        held = (f"; {gib(self.allocated_bytes)} held by PyTorch, {gib(self.free_bytes)} free of "
+                f"{gib(self.total_bytes)}" if self.total_bytes else "")
+        return f"out of memory on {self.device}: asked for {gib(self.asked_bytes)}{held}"
 
 
 @dataclass(frozen=True)

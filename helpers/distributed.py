@@ -214,8 +214,9 @@ def grad_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
 class Overlap:
     """How a profiled step's gradient all-reduces sat against its backward pass (lesson 07)."""
 
-    allreduces: int  # all-reduce calls in the step (DDP: one per bucket)
-    overlapped: int  # of them, ran at least in part while backward was computing
+    allreduces: int  # all-reduces run in the step (DDP: one per bucket)
+    launched_in_backward: int  # all-reduce calls made (c10d::allreduce_) before backward's last op ended
+    overlapped: int  # all-reduces that ran at least in part while backward was computing
     comm_s: float  # time at least one all-reduce was running (the union of their intervals)
     hidden_s: float  # of that time, while backward was computing too
 
@@ -244,7 +245,9 @@ def comm_overlap(events: Sequence[object]) -> Overlap:
     (lesson 07). On gloo the communication is the `gloo:all_reduce` events of gloo's worker threads and the
     computation the autograd engine's `evaluate_function` events (backward's ops); on a GPU, NCCL's all-reduce
     kernels against every other kernel (they run on streams of their own; DDP's optimizer step waits for the
-    last all-reduce, so what runs beside one is backward). Times in the events are µs."""
+    last all-reduce, so what runs beside one is backward). The calls (`c10d::allreduce_`, made on the thread
+    that runs backward) are judged against backward's ops on both: when DDP asks, not when the bytes move.
+    Times in the events are µs."""
     def span(e: object) -> tuple[float, float]:
         return e.time_range.start, e.time_range.end  # type: ignore[attr-defined]
 
@@ -262,7 +265,10 @@ def comm_overlap(events: Sequence[object]) -> Overlap:
         comm = [e for e in events if name(e) == "gloo:all_reduce"]
         compute = [e for e in events if name(e).startswith("autograd::engine::evaluate_function")]
     compute_u = _union([span(e) for e in compute])
-    return Overlap(allreduces=len(comm),
+    backward_end = max((span(e)[1] for e in events
+                        if name(e).startswith("autograd::engine::evaluate_function")), default=float("-inf"))
+    calls = [e for e in events if name(e) == "c10d::allreduce_"]
+    return Overlap(allreduces=len(comm), launched_in_backward=sum(span(e)[0] < backward_end for e in calls),
                    overlapped=sum(_intersection([span(e)], compute_u) > 0 for e in comm),
                    comm_s=sum(b - a for a, b in _union([span(e) for e in comm])) / 1e6,
                    hidden_s=_intersection(_union([span(e) for e in comm]), compute_u) / 1e6)
