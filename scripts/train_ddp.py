@@ -212,8 +212,8 @@ def _plant_overflow_in_shard(model: nn.Module) -> None:
             return
 
 
-def one_step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-             xs: list[torch.Tensor], spec: RunSpec, env: DistEnv, *, no_sync: bool, crash_in: int = 0,
+def one_step(model: nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor], spec: RunSpec,
+             env: DistEnv, *, no_sync: bool, scaler: torch.amp.GradScaler | None = None, crash_in: int = 0,
              overflow: bool = False, fsdp: bool = False) -> torch.Tensor:
     """One optimizer step over the micro-batches `xs`: TF32 (`spec.step_context`) around all of it, autocast
     (`spec.autocast`) around each forward pass and loss only; with `no_sync` gradients are averaged over
@@ -221,6 +221,7 @@ def one_step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.Gra
     and skips the step when a gradient overflowed (a disabled scaler does neither). Returns the summed loss
     (a device tensor). `crash_in` > 0: the test hook, this process SIGKILLs itself (step number);
     `overflow`: the overflow test hook on this rank."""
+    scaler = scaler if scaler is not None else torch.amp.GradScaler(env.device.type, enabled=False)
     accum = len(xs)
     loss_sum = torch.zeros((), device=env.device)
     with spec.step_context(env.device):
@@ -330,9 +331,9 @@ def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: t
         xs = [data[batches(step, m)] for m in range(accum)]
         scale_before = scaler.get_scale()
         with prof:
-            loss_sum = one_step(model, opt, scaler, xs, spec, env, no_sync=not args.sync_every_micro_step,
-                                crash_in=crash, overflow=overflow_at == step + 1 and env.rank == 1,
-                                fsdp=args.fsdp)
+            loss_sum = one_step(model, opt, xs, spec, env, no_sync=not args.sync_every_micro_step,
+                                scaler=scaler, crash_in=crash,
+                                overflow=overflow_at == step + 1 and env.rank == 1, fsdp=args.fsdp)
             if env.device.type == "cuda":
                 torch.cuda.synchronize(env.device)  # the profile holds the step's kernels to their end
         if step == start_step:  # gradients exist between backward and zero_grad: measure here
