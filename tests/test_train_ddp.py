@@ -267,5 +267,6 @@ def test_the_switches_are_one_nested_run_spec() -> None:
     assert args.spec == RunSpec(precision="bf16", compile=True, fused_adamw=False,
                                 activation_checkpointing=True)
     assert parse_args([]).spec == RunSpec()
+    assert parse_args(["--precision", "fp16"]).spec.precision == "fp16"  # trained with a GradScaler
     with pytest.raises(SystemExit):
-        parse_args(["--precision", "fp16"])  # no GradScaler in this script: refused with the fix
+        parse_args(["--steps", "4", "--profile-step", "5"])  # a step the run does not have
