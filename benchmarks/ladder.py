@@ -11,12 +11,21 @@ rung (marked partial until the last), so a run stopped at a time limit keeps the
     python benchmarks/ladder.py                                               # BERT mini, seq 512: a CPU
     python benchmarks/ladder.py --greedy                                      # keep only what pays here
     python benchmarks/ladder.py --gpu-target --time-budget 420                # BERT-base, seq 512 (GPU)
+    python benchmarks/ladder.py --gpu-target --batch-size 8                   # the same on a 15 GB T4
+
+Out of memory: a stack that runs out of memory is reported with the memory it asked for and what the GPU
+held (`helpers.diagnosis.OOMReport`), in the files and in one line, and its memory is handed back. The rungs
+after it are measured where `helpers.ladder.climb` reports an out-of-memory rung as skipped; where it does not
+(and for the fp32 baseline, which every rung is timed against) the run stops there, keeps what it finished,
+and exits with status 3, naming a smaller batch as the next try.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +37,7 @@ from transformers import BertForSequenceClassification
 from helpers.agreement import TOLERANCES
 from helpers.corpus import corpus_lengths
 from helpers.device import get_device
+from helpers.diagnosis import OOMReport
 from helpers.ladder import RULE, RUNGS, Rung, climb_stacks, sample_batches
 from helpers.ladder_report import ladder_table
 from helpers.models import MODEL_SIZES, bert_config
@@ -151,13 +161,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default="mini", choices=sorted(MODEL_SIZES),
                    help="BERT shapes (base = BertConfig())")
     p.add_argument("--seq-len", type=int, default=512, help="longest sequence (tokens)")
-    p.add_argument("--batch-size", type=int, default=4, help="samples per step")
+    p.add_argument("--batch-size", type=int, default=None, help="samples per step (4; 32 with --gpu-target)")
     p.add_argument("--batches", type=int, default=2, help="steps per timed pass")
     p.add_argument("--repeats", type=int, default=5, help="timed passes per stack (median and IQR)")
     p.add_argument("--greedy", action="store_true",
                    help="add each rung to the best stack so far, keep it only when faster beyond the spread")
     p.add_argument("--gpu-target", action="store_true",
-                   help="the GPU targets' shapes: BERT-base, seq 512, batch 32, 4 batches per pass")
+                   help="the GPU targets' shapes: BERT-base, seq 512, batch 32 (unless --batch-size), "
+                        "4 batches per pass")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="stop measuring new rungs after this many seconds (the rest are reported as skipped)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -165,7 +176,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="benchmarks/results", help="folder for the results")
     args = p.parse_args(argv)
     if args.gpu_target:
-        args.model, args.seq_len, args.batch_size, args.batches = "base", 512, 32, 4
+        args.model, args.seq_len, args.batches = "base", 512, 4
+    args.batch_size = args.batch_size or (32 if args.gpu_target else 4)
 
     def save(result: dict[str, Any]) -> dict[str, Any]:
         if args.note:
@@ -182,14 +194,56 @@ def main(argv: list[str] | None = None) -> dict:
         plt.close(fig)
         return paths
 
+    last: dict[str, Any] = {}  # the newest partial result: what a run stopped by an error keeps
+
+    def save_partial(result: dict[str, Any]) -> dict[str, Any]:
+        last.clear()
+        last.update(result)
+        return save(result)
+
     # written after each rung too: a run stopped at a time limit keeps the rungs it finished
-    result = run_ladder(model=args.model, seq_len=args.seq_len, batch_size=args.batch_size,
-                        n_batches=args.batches, repeats=args.repeats, greedy=args.greedy, device=args.device,
-                        time_budget_s=args.time_budget, on_rung=save)
+    oom = None
+    try:
+        result = run_ladder(model=args.model, seq_len=args.seq_len, batch_size=args.batch_size,
+                            n_batches=args.batches, repeats=args.repeats, greedy=args.greedy,
+                            device=args.device, time_budget_s=args.time_budget, on_rung=save_partial)
+    except Exception as err:  # noqa: BLE001 - out-of-memory is reported below, anything else raised
+        oom = OOMReport.parse(err)
+        if oom is None:
+            raise
+    if oom is not None:  # outside the except block, so the error's frames (and their tensors) can go
+        return _stopped_by_oom(args, oom, last, save)
     paths = save(result)
     print(to_markdown(result))
     print("wrote", ", ".join(str(p) for p in paths.values()))
     return result
+
+
+def _stopped_by_oom(args: argparse.Namespace, oom: OOMReport, last: dict[str, Any],
+                    save: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Report a run that ran out of memory: which stack, the memory it asked, what was kept; exit status 3."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # hand the failed stack's cached blocks back
+    done = len(last.get("rows", [])) - 1  # rungs finished after the baseline
+    where = ("the fp32 eager baseline" if not last else
+             f"rung {done + 1} ({RUNGS[done].name})" if done < len(RUNGS) else "the final comparison")
+    line = (f"{where} ran out of memory at BERT {args.model!r}, seq {args.seq_len}, batch "
+            f"{args.batch_size}: {oom}; try --batch-size {max(1, args.batch_size // 2)}")
+    print(line, flush=True)
+    if last:  # the rungs finished before it, marked as stopped
+        last["partial"] = f"stopped: {line}"
+        last["oom"] = dataclasses.asdict(oom)
+        paths = save(last)
+        print(to_markdown(last))
+    else:
+        dev = get_device(args.device)
+        payload = {"stamp": stamp(dev), "stopped": line, "oom": dataclasses.asdict(oom),
+                   "setup": {"model": args.model, "seq_len": args.seq_len, "batch_size": args.batch_size}}
+        paths = write_results("ladder", payload, f"# Ladder on {payload['stamp']['device']}\n\n{line}.\n",
+                              out_dir=args.out, variant="greedy" if args.greedy else "")
+    print("wrote", ", ".join(str(p) for p in paths.values()))
+    raise SystemExit(3)
 
 
 if __name__ == "__main__":

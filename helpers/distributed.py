@@ -42,7 +42,7 @@ from helpers.device import get_device
 
 __all__ = ["DistEnv", "backend_for", "setup", "teardown", "apply_ddp", "apply_fsdp", "grad_sync", "is_main",
            "print0", "get_logger", "free_port", "torchrun_command", "launch", "LaunchResult", "LaunchError",
-           "RANK_PREFIX"]
+           "RANK_PREFIX", "Overlap", "comm_overlap"]
 
 RANK_PREFIX = "[rank{rank}]:"  # how `launch` prefixes each line a worker prints (its global rank)
 _PREFIX_RE = re.compile(r"^\[rank(\d+)\]:")
@@ -206,6 +206,72 @@ def grad_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
     if not sync and hasattr(model, "no_sync"):  # DDP
         return model.no_sync()
     return nullcontext()
+
+
+# --- communication against computation, from a profile --------------------------------------------------
+
+@dataclass(frozen=True)
+class Overlap:
+    """How a profiled step's gradient all-reduces sat against its backward pass (lesson 07)."""
+
+    allreduces: int  # all-reduces run in the step (DDP: one per bucket)
+    launched_in_backward: int  # all-reduce calls made (c10d::allreduce_) before backward's last op ended
+    overlapped: int  # all-reduces that ran at least in part while backward was computing
+    comm_s: float  # time at least one all-reduce was running (the union of their intervals)
+    hidden_s: float  # of that time, while backward was computing too
+
+    @property
+    def hidden_fraction(self) -> float:
+        """The share of the communication time hidden behind backward (0 when there was none)."""
+        return self.hidden_s / self.comm_s if self.comm_s > 0 else 0.0
+
+
+def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _intersection(xs: Sequence[tuple[float, float]], ys: Sequence[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(b, d) - max(a, c)) for a, b in xs for c, d in ys)  # ys disjoint (a union)
+
+
+def comm_overlap(events: Sequence[object]) -> Overlap:
+    """The overlap of all-reduces with backward in a profiled step (`torch.profiler.profile(...).events()`)
+    (lesson 07). On gloo the communication is the `gloo:all_reduce` events of gloo's worker threads and the
+    computation the autograd engine's `evaluate_function` events (backward's ops); on a GPU, NCCL's all-reduce
+    kernels against every other kernel (they run on streams of their own; DDP's optimizer step waits for the
+    last all-reduce, so what runs beside one is backward). The calls (`c10d::allreduce_`, made on the thread
+    that runs backward) are judged against backward's ops on both: when DDP asks, not when the bytes move.
+    Times in the events are µs."""
+    def span(e: object) -> tuple[float, float]:
+        return e.time_range.start, e.time_range.end  # type: ignore[attr-defined]
+
+    def on_gpu(e: object) -> bool:
+        return "cuda" in str(getattr(e, "device_type", "")).lower()
+
+    def name(e: object) -> str:
+        return str(getattr(e, "name", "")).lower()
+
+    gpu = [e for e in events if on_gpu(e)]
+    comm = [e for e in gpu if "nccl" in name(e) and "allreduce" in name(e).replace("_", "")]
+    if comm:
+        compute = [e for e in gpu if "nccl" not in name(e)]
+    else:
+        comm = [e for e in events if name(e) == "gloo:all_reduce"]
+        compute = [e for e in events if name(e).startswith("autograd::engine::evaluate_function")]
+    compute_u = _union([span(e) for e in compute])
+    backward_end = max((span(e)[1] for e in events
+                        if name(e).startswith("autograd::engine::evaluate_function")), default=float("-inf"))
+    calls = [e for e in events if name(e) == "c10d::allreduce_"]
+    return Overlap(allreduces=len(comm), launched_in_backward=sum(span(e)[0] < backward_end for e in calls),
+                   overlapped=sum(_intersection([span(e)], compute_u) > 0 for e in comm),
+                   comm_s=sum(b - a for a, b in _union([span(e) for e in comm])) / 1e6,
+                   hidden_s=_intersection(_union([span(e) for e in comm]), compute_u) / 1e6)
 
 
 # --- rank 0 ---------------------------------------------------------------------------------------------

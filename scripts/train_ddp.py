@@ -18,11 +18,25 @@ file rank 0 writes atomically; FSDP, a `torch.distributed.checkpoint` folder of 
 The run's switches are one `helpers.runspec.RunSpec` (`--precision`, `--compile`, `--fused-adamw`,
 `--activation-checkpointing`: its flags, `args.spec`), applied to the model before parallelism; parallelism
 is applied to the prepared model by `helpers.distributed.apply_ddp` / `apply_fsdp`.
+
+`--precision fp16` (a T4, Kaggle's 2xT4: fp16 tensor cores, no bf16 ones) trains with a GradScaler
+(`spec.make_scaler`, `torch.amp.GradScaler`), for DDP and FSDP2 alike: under DDP every rank unscales the same
+averaged gradients, so all skip an overflowed step together; under FSDP2 the gradients are DTensor shards and
+DTensor's handler of the unscale op all-reduces the overflow flag over the mesh (torch >= 2.5,
+torch/distributed/tensor/_dispatch.py `found_inf_reduce_handler`; torch's own FSDP2 scaler test uses
+`torch.amp.GradScaler`). `ShardedGradScaler` is FSDP1's, for its flat plain-tensor shards. The test hook
+COURSE_OVERFLOW_AT_STEP=k plants an overflow on rank 1 in step k (DDP: in its loss, before the all-reduce
+spreads it; FSDP: in its own gradient shard, after the reduce-scatter): every rank must skip that step.
+
+`--profile-step k` records step k with `torch.profiler` on every rank and reports how much of the gradient
+all-reduce ran while backward was still computing (`helpers.distributed.comm_overlap`); `--trace-dir` keeps
+each rank's trace (chrome://tracing, Perfetto).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,13 +52,23 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from helpers.checkpoint import is_due, resume_latest, save_step
-from helpers.distributed import DistEnv, apply_ddp, apply_fsdp, grad_sync, print0, setup, teardown
+from helpers.distributed import (
+    DistEnv,
+    apply_ddp,
+    apply_fsdp,
+    comm_overlap,
+    grad_sync,
+    print0,
+    setup,
+    teardown,
+)
 from helpers.memory import peak_rss_bytes
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.runspec import RunSpec, add_spec_arguments, spec_from_arguments
 from helpers.train import make_optimizer
 
 FAULT_ENV = "COURSE_FAULT_AT_STEP"  # test hook: rank 1 SIGKILLs itself in this step, first attempt only
+OVERFLOW_ENV = "COURSE_OVERFLOW_AT_STEP"  # test hook: rank 1's gradients overflow in this step (fp16)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,13 +102,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput")
     p.add_argument("--out", default="", help="rank 0 writes a JSON summary here")
     p.add_argument("--save-params", default="", help="rank 0 saves the final full state_dict here")
+    p.add_argument("--profile-step", type=int, default=0,
+                   help="profile this step (1-based) and report the all-reduce's overlap with backward")
+    p.add_argument("--trace-dir", default="", help="with --profile-step: each rank's trace goes here")
     args = p.parse_args(argv)
     if min(args.steps, args.global_batch, args.seq_len, args.vocab, args.keep) < 1 or args.micro_batch < 0:
         p.error("steps, global-batch, seq-len, vocab and keep must be positive, micro-batch >= 0")
     if args.ckpt_every < 0:
         p.error("--ckpt-every must be >= 0 (0: never)")
-    if args.precision == "fp16":
-        p.error("--precision fp16 needs a GradScaler, which this script does not run: use bf16")
+    if args.profile_step < 0 or args.profile_step > args.steps:
+        p.error(f"--profile-step must be 0 (off) or a step 1..{args.steps}")
     args.spec = spec_from_arguments(args)  # the switches, nested: one RunSpec
     return args
 
@@ -176,12 +203,25 @@ def median(xs: list[float] | list[int]) -> float | None:
 
 # --- training ------------------------------------------------------------------------------------------
 
+def _plant_overflow_in_shard(model: nn.Module) -> None:
+    """The test hook's FSDP half: an inf in this rank's own shard of the first gradient (a DTensor)."""
+    for p in model.parameters():
+        grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        if grad is not None and grad.numel():
+            grad.view(-1)[0] = float("inf")
+            return
+
+
 def one_step(model: nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor], spec: RunSpec,
-             env: DistEnv, *, no_sync: bool, crash_in: int = 0) -> torch.Tensor:
+             env: DistEnv, *, no_sync: bool, scaler: torch.amp.GradScaler | None = None, crash_in: int = 0,
+             overflow: bool = False, fsdp: bool = False) -> torch.Tensor:
     """One optimizer step over the micro-batches `xs`: TF32 (`spec.step_context`) around all of it, autocast
     (`spec.autocast`) around each forward pass and loss only; with `no_sync` gradients are averaged over
-    ranks once, on the last micro-batch. Returns the summed loss (a device tensor). `crash_in` > 0: the
-    test hook, this process SIGKILLs itself (step number)."""
+    ranks once, on the last micro-batch. fp16: the loss is scaled before backward, and `scaler.step` unscales
+    and skips the step when a gradient overflowed (a disabled scaler does neither). Returns the summed loss
+    (a device tensor). `crash_in` > 0: the test hook, this process SIGKILLs itself (step number);
+    `overflow`: the overflow test hook on this rank."""
+    scaler = scaler if scaler is not None else torch.amp.GradScaler(env.device.type, enabled=False)
     accum = len(xs)
     loss_sum = torch.zeros((), device=env.device)
     with spec.step_context(env.device):
@@ -193,9 +233,14 @@ def one_step(model: nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor
                 if crash_in and last:
                     print(f"rank {env.rank}: simulated crash in step {crash_in} (SIGKILL)", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
-                loss.backward()  # the last micro-step's backward also averages gradients over ranks
+                if overflow and last and not fsdp:
+                    loss = loss * float("inf")  # DDP's all-reduce spreads it to every rank
+                scaler.scale(loss).backward()  # the last micro-step's backward also averages over ranks
             loss_sum += loss.detach()
-        opt.step()
+        if overflow and fsdp:
+            _plant_overflow_in_shard(model)  # only this rank's shard: the scaler must tell the others
+        scaler.step(opt)  # fp16: unscale, then step unless a gradient is inf/NaN on any rank
+        scaler.update()
     return loss_sum
 
 
@@ -208,9 +253,9 @@ def mean_over_ranks(x: torch.Tensor, env: DistEnv) -> torch.Tensor:
 
 
 def build(args: argparse.Namespace,
-          env: DistEnv) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, int]]:
-    """(model, optimizer, all-reduce stats): the small Transformer with the spec's switches, wrapped in DDP or
-    FSDP2 as asked."""
+          env: DistEnv) -> tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler, dict[str, int]]:
+    """(model, optimizer, scaler, all-reduce stats): the small Transformer with the spec's switches, wrapped
+    in DDP or FSDP2 as asked; the scaler is enabled for fp16 only (`RunSpec.make_scaler`)."""
     args.spec.check(env.device)
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     cfg = TransformerConfig(vocab_size=args.vocab, max_len=args.seq_len, d_model=args.d_model,
@@ -223,17 +268,23 @@ def build(args: argparse.Namespace,
         model = apply_fsdp(model, env)
     elif env.distributed:
         model = apply_ddp(model, env, bucket_cap_mb=args.bucket_cap_mb, stats=stats)
-    return model, build_optimizer(model, args.optimizer, args.lr, args.weight_decay, args.spec), stats
+    opt = build_optimizer(model, args.optimizer, args.lr, args.weight_decay, args.spec)
+    return model, opt, args.spec.make_scaler(env.device), stats
 
 
-def resume(args: argparse.Namespace, model: nn.Module, opt: torch.optim.Optimizer) -> int:
-    """The step to start from: the newest checkpoint's in --ckpt-dir, else 0."""
+def resume(args: argparse.Namespace, model: nn.Module, opt: torch.optim.Optimizer,
+           scaler: torch.amp.GradScaler) -> int:
+    """The step to start from: the newest checkpoint's in --ckpt-dir, else 0 (fp16: the scale comes back
+    too: in the file for DDP, in the sharded folder's extra for FSDP)."""
     if not args.ckpt_dir:
         return 0
     Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
-    state = resume_latest(args.ckpt_dir, model, opt, sharded=args.fsdp, restore_rng=False, log=print0)
+    state = resume_latest(args.ckpt_dir, model, opt, scaler=scaler, sharded=args.fsdp, restore_rng=False,
+                          log=print0)
     if state is None:
         return 0
+    if args.fsdp and scaler.is_enabled() and state["extra"].get("scaler"):
+        scaler.load_state_dict(state["extra"]["scaler"])
     print0(f"resumed from {state['path'].name}: step {state['step']}")
     return state["step"]
 
@@ -251,22 +302,40 @@ def split(args: argparse.Namespace, env: DistEnv) -> tuple[int, int, int]:
     return micro, args.global_batch // (micro * world), n
 
 
+def _profiler(device: torch.device) -> Any:
+    """torch.profiler over one step: CPU ops (backward, gloo's all-reduce threads) and, on a GPU, kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=acts)
+
+
 def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: torch.optim.Optimizer,
-                stats: dict[str, int], start_step: int, *, micro: int, accum: int, n: int,
-                attempt: int) -> dict[str, Any]:
-    """Steps start_step..args.steps; what they measured: losses, step times, bytes written, state bytes."""
+                scaler: torch.amp.GradScaler, stats: dict[str, int], start_step: int, *, micro: int,
+                accum: int, n: int, attempt: int) -> dict[str, Any]:
+    """Steps start_step..args.steps; what they measured: losses, step times, bytes written, state bytes, the
+    GradScaler's scale after each step and the steps it skipped, the profiled step's overlap."""
     spec = args.spec  # TF32 for every step, autocast for forward + loss
     data = make_dataset(n, args.seq_len, args.vocab, args.seed).to(env.device)
     batches = Batches(n, env, micro, accum, args.seed)
     fault_at = int(os.environ.get(FAULT_ENV, "0") or 0)
-    out: dict[str, Any] = {"losses": [], "step_s": [], "wire": [], "mem": {}}
+    overflow_at = int(os.environ.get(OVERFLOW_ENV, "0") or 0)
+    out: dict[str, Any] = {"losses": [], "step_s": [], "wire": [], "mem": {}, "scales": [], "skipped": [],
+                           "overlap": None}
     model.train()
     for step in range(start_step, args.steps):
+        prof = _profiler(env.device) if step + 1 == args.profile_step else contextlib.nullcontext()
         t0, w0 = time.perf_counter(), bytes_written()
         calls_before, bytes_before = stats["allreduce_calls"], stats["allreduce_bytes"]
         crash = step + 1 if fault_at == step + 1 and env.rank == 1 and attempt == 0 else 0
         xs = [data[batches(step, m)] for m in range(accum)]
-        loss_sum = one_step(model, opt, xs, spec, env, no_sync=not args.sync_every_micro_step, crash_in=crash)
+        scale_before = scaler.get_scale()
+        with prof:
+            loss_sum = one_step(model, opt, xs, spec, env, no_sync=not args.sync_every_micro_step,
+                                scaler=scaler, crash_in=crash,
+                                overflow=overflow_at == step + 1 and env.rank == 1, fsdp=args.fsdp)
+            if env.device.type == "cuda":
+                torch.cuda.synchronize(env.device)  # the profile holds the step's kernels to their end
         if step == start_step:  # gradients exist between backward and zero_grad: measure here
             out["mem"] = model_state_bytes(model, opt)
             stats["calls_per_step"] = stats["allreduce_calls"] - calls_before
@@ -274,6 +343,16 @@ def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: t
         opt.zero_grad(set_to_none=True)
         out["losses"].append(mean_over_ranks(loss_sum, env).item())  # .item() waits: the step is done
         out["step_s"].append(time.perf_counter() - t0)
+        out["scales"].append(scaler.get_scale())  # fp16: halved when the step was skipped; else 1.0
+        if out["scales"][-1] < scale_before:
+            out["skipped"].append(step + 1)
+            print0(f"step {step + 1}: a gradient overflowed (inf/NaN), the GradScaler skipped the step and "
+                   f"halved its scale to {out['scales'][-1]:g}")
+        if step + 1 == args.profile_step:
+            out["overlap"] = dataclasses.asdict(comm_overlap(prof.events()))
+            if args.trace_dir:
+                Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+                prof.export_chrome_trace(str(Path(args.trace_dir) / f"rank{env.rank}.json"))
         w1 = bytes_written()
         if w0 is not None and w1 is not None:
             out["wire"].append(w1 - w0)
@@ -283,7 +362,9 @@ def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: t
             print0(f"step {done}/{args.steps} loss {out['losses'][-1]:.6f} step_ms {last * 1e3:.1f} "
                    f"tok/s {args.global_batch * args.seq_len / last:,.0f}")
         if args.ckpt_dir and is_due(done, args.ckpt_every, args.steps):
-            path = save_step(args.ckpt_dir, done, model, opt, sharded=args.fsdp, keep=args.keep)
+            extra = {"scaler": scaler.state_dict()} if args.fsdp and scaler.is_enabled() else None
+            path = save_step(args.ckpt_dir, done, model, opt, scaler=scaler, extra=extra, sharded=args.fsdp,
+                             keep=args.keep)
             print0(f"checkpoint saved: {path.name} (step {done})")
     return out
 
@@ -304,15 +385,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     micro, accum, n = split(args, env)
     print(f"rank {env.rank}/{world} pid {os.getpid()} device {env.device} backend {env.backend} "
           f"threads {torch.get_num_threads()} attempt {attempt}", flush=True)
-    model, opt, stats = build(args, env)
+    model, opt, scaler, stats = build(args, env)
     n_params = sum(p.numel() for p in model.parameters())
-    start_step = resume(args, model, opt)
+    start_step = resume(args, model, opt, scaler)
     mode = "fsdp" if args.fsdp else ("ddp" if env.distributed else "single")
     no_sync = not args.sync_every_micro_step
     print0(f"start: mode {mode} world {world} params {n_params:,} global_batch {args.global_batch} "
            f"micro_batch {micro} accum {accum} no_sync {no_sync} precision {args.spec.precision} "
            f"steps {start_step}->{args.steps} attempt {attempt}")
-    run = train_steps(args, env, model, opt, stats, start_step, micro=micro, accum=accum, n=n,
+    run = train_steps(args, env, model, opt, scaler, stats, start_step, micro=micro, accum=accum, n=n,
                       attempt=attempt)
     losses, step_s = run["losses"], run["step_s"]
 
@@ -320,7 +401,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     median_step = median(step_s[args.warmup_steps:] or step_s)
     mine = {"rank": env.rank, "model_state_bytes": run["mem"],
             "peak_memory_bytes": peak_memory_bytes(env.device), "median_step_s": median_step,
-            "wire_bytes_per_step": median(run["wire"][args.warmup_steps:] or run["wire"])}
+            "wire_bytes_per_step": median(run["wire"][args.warmup_steps:] or run["wire"]),
+            "scales": run["scales"], "skipped_steps": run["skipped"], "overlap": run["overlap"]}
     per_rank = [mine]
     if env.distributed:
         per_rank = [None] * world  # type: ignore[list-item]
@@ -342,9 +424,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "allreduce_calls_per_step": stats.get("calls_per_step"),
             "allreduce_bytes_per_step": stats.get("bytes_per_step"),
             "grad_bytes": n_params * 4, "per_rank": per_rank,
+            "skipped_steps": run["skipped"], "scales": run["scales"], "overlap": run["overlap"],
+            "bucket_cap_mb": args.bucket_cap_mb,
         }
         write_summary(args, env, summary, per_rank, full_sd)
-    del model, opt, full_sd  # teardown collects them while the process group is still alive
+    del model, opt, scaler, full_sd  # teardown collects them while the process group is still alive
     teardown()
     return summary
 

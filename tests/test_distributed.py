@@ -252,3 +252,43 @@ def test_fsdp_on_gloo_gives_one_process_s_parameters(tmp_path: Path) -> None:
     for name, want in model.named_parameters():
         err = float((got[name].detach() - want.detach()).abs().max())
         assert err < FSDP_TOL, f"{name}: FSDP on 2 ranks differs from one process by {err:.2e} (a sum?)"
+
+
+def _ev(name: str, start: float, end: float, device: str = "DeviceType.CPU") -> object:
+    """A profiler event as comm_overlap reads it (times in µs)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_type=device)
+
+
+BW = "autograd::engine::evaluate_function: MmBackward0"
+
+
+def test_comm_overlap_on_gloo_counts_what_runs_beside_backward() -> None:
+    events = [_ev(BW, 0, 100), _ev("autograd::engine::evaluate_function: AddBackward0", 20, 40),  # nested
+              _ev(BW, 110, 200),
+              _ev("c10d::allreduce_", 48, 49), _ev("c10d::allreduce_", 188, 189),  # the calls, in backward
+              _ev("c10d::allreduce_", 205, 206),  # after backward's last op
+              _ev("gloo:all_reduce", 50, 130),  # 50-100 and 110-130 beside backward, 100-110 not
+              _ev("gloo:all_reduce", 190, 250),  # 190-200 beside backward
+              _ev("gloo:all_reduce", 210, 260)]  # after backward: exposed
+    o = hd.comm_overlap(events)
+    assert (o.allreduces, o.launched_in_backward, o.overlapped) == (3, 2, 2)
+    assert o.comm_s == pytest.approx(((130 - 50) + (260 - 190)) * 1e-6)  # the union, 250-260 counted once
+    assert o.hidden_s == pytest.approx((50 + 20 + 10) * 1e-6)
+    assert o.hidden_fraction == pytest.approx(80 / 150)
+    late = hd.comm_overlap([_ev(BW, 0, 100), _ev("c10d::allreduce_", 100, 101),
+                            _ev("gloo:all_reduce", 100, 180)])  # one bucket, called at the very end
+    assert (late.launched_in_backward, late.overlapped, late.hidden_s, late.hidden_fraction) == (0, 0, 0, 0)
+    assert hd.comm_overlap([_ev(BW, 0, 100)]).hidden_fraction == 0.0  # no communication at all
+
+
+def test_comm_overlap_on_a_gpu_reads_the_kernels() -> None:
+    cuda = "DeviceType.CUDA"
+    events = [_ev(BW, 0, 30), _ev("c10d::allreduce_", 25, 26),  # CPU side: launches, ahead of the GPU
+              _ev("ampere_sgemm_128x64_nn", 10, 60, cuda), _ev("ampere_sgemm_64x64_tn", 60, 90, cuda),
+              _ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40, 120, cuda),
+              _ev("gloo:all_reduce", 0, 1000)]  # ignored when NCCL kernels are present
+    o = hd.comm_overlap(events)
+    assert (o.allreduces, o.launched_in_backward, o.overlapped) == (1, 1, 1)
+    assert o.comm_s == pytest.approx(80e-6) and o.hidden_s == pytest.approx(50e-6)

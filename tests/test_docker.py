@@ -1,10 +1,11 @@
 """The container image's promises (docker/), checked without Docker, which cannot run on the CPU machines.
 
 The GPU workflow (.github/workflows/docker.yml) builds the image and runs the tests inside it; here the
-Dockerfile is parsed and the entrypoint is run in its dry-run mode: an official PyTorch CUDA runtime base
-image pinned by tag, the course installed on the image's torch, a non-root user, Jupyter Lab with a token
-that is never empty, bound to 0.0.0.0 inside the container and published on the host's 127.0.0.1 only,
-notebooks and data mounted from the host, and optional SSH with keys only.
+Dockerfile is parsed and the entrypoint is run in its dry-run mode: an official PyTorch CUDA base image
+pinned by tag, a C and C++ compiler in it (torch.compile and Triton build code at run time) with the reason
+stated and proven at build time, the course installed on the image's torch, a non-root user, Jupyter Lab
+with a token that is never empty, bound to 0.0.0.0 inside the container and published on the host's
+127.0.0.1 only, notebooks and data mounted from the host, and optional SSH with keys only.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ DOCKERFILE = DOCKER / "Dockerfile"
 ENTRYPOINT = DOCKER / "entrypoint.sh"
 SSHD_CONFIG = DOCKER / "sshd_config"
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "docker.yml"
-BASE_IMAGE = re.compile(r"^pytorch/pytorch:(\d+)\.(\d+)\.(\d+)-cuda\d+(\.\d+)*-cudnn\d+-runtime$")
+BASE_IMAGE = re.compile(r"^pytorch/pytorch:(\d+)\.(\d+)\.(\d+)-cuda\d+(\.\d+)*-cudnn\d+-(runtime|devel)$")
 # Ways of handing Jupyter an empty token (which switches authentication off) or a password.
 EMPTY_TOKEN = re.compile(
     r"""(token|JUPYTER_TOKEN)\s*=\s*(''|""|\s|$)|--no-token|\.password\s*=""", re.IGNORECASE | re.MULTILINE
@@ -102,13 +103,56 @@ def test_dockerfile_parses() -> None:
     assert not unknown, f"unexpected instructions {unknown}: a continuation line was probably broken"
 
 
-def test_base_image_is_pinned_official_pytorch_cuda_runtime() -> None:
+def test_base_image_is_pinned_official_pytorch_cuda() -> None:
     image = _final_stage()[0][1].split()[0]
     assert "$" not in image, f"FROM {image}: pin the base image literally, not through a build argument"
     assert BASE_IMAGE.match(image), (
-        f"FROM {image}: use an official PyTorch CUDA runtime image pinned by tag, "
+        f"FROM {image}: use an official PyTorch CUDA image pinned by tag, "
         "e.g. pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime (never :latest)"
     )
+
+
+def _apt_packages(stage: list[tuple[str, str]]) -> set[str]:
+    """Every package an `apt-get install` of the stage names."""
+    runs = " ".join(args for word, args in stage if word == "RUN")
+    found: set[str] = set()
+    for m in re.finditer(r"apt-get install ((?:-\S+ )*)([^&;|]+)", runs):
+        found |= {w for w in m.group(2).split() if not w.startswith("-")}
+    return found
+
+
+def test_the_image_can_compile() -> None:
+    """torch.compile writes C++ for the CPU, Triton builds a C launcher per GPU kernel: a -devel image has a
+    compiler; a runtime image must install one. The Dockerfile says why, and proves it at build time."""
+    stage = _final_stage()
+    flavour = BASE_IMAGE.match(stage[0][1].split()[0]).group(5)
+    packages = _apt_packages(stage)
+    if flavour == "runtime":
+        assert "build-essential" in packages or {"gcc", "g++"} <= packages, (
+            f"a -runtime image has no C/C++ compiler: apt-get install build-essential "
+            f"(got {sorted(packages)})"
+        )
+    text = DOCKERFILE.read_text()
+    before_from = text[: text.index("\nFROM ")]
+    assert re.search(r"torch\.compile", before_from) and "Triton" in before_from, (
+        "say why the image needs a compiler")
+    assert re.search(r"-devel", before_from) and re.search(r"\bsize", before_from), (
+        "say what the choice between -devel and runtime + compiler costs in image size"
+    )
+    runs = " ".join(args for word, args in stage if word == "RUN")
+    assert re.search(r"python -c \"[^\"]*torch\.compile\(", runs), (
+        "prove at build time that the image compiles: run a torch.compile'd function once"
+    )
+
+
+def test_the_image_without_a_compiler_is_caught(monkeypatch, tmp_path) -> None:
+    """The planted error: the former Dockerfile (runtime image, no compiler) fails the check above."""
+    text = DOCKERFILE.read_text().replace(" build-essential", "")
+    planted = tmp_path / "Dockerfile"
+    planted.write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "DOCKERFILE", planted)
+    with pytest.raises(AssertionError, match=r"no C/C\+\+ compiler"):
+        test_the_image_can_compile()
 
 
 def test_base_image_torch_satisfies_the_course() -> None:

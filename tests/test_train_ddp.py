@@ -117,6 +117,55 @@ def test_fsdp_matches_one_process_and_shards_the_state(runs: dict[str, dict]) ->
     assert sum(s["optimizer"] for s in shards) == full["optimizer"]  # SGD momentum: one buffer
 
 
+@pytest.fixture(scope="module")
+def fp16_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """DDP and FSDP2 in fp16 with a GradScaler, rank 1's gradients overflowing in step 2 (the script's test
+    hook: DDP in its loss, spread by the all-reduce; FSDP in its own shard only). The DDP run also has small
+    buckets and profiles step 3, for the overlap of its all-reduces with backward."""
+    tmp = tmp_path_factory.mktemp("train_ddp_fp16")
+    env = {"COURSE_OVERFLOW_AT_STEP": "2"}
+    fp16 = [*TWO_RANKS, "--precision", "fp16"]
+    return {"ddp": _train(tmp, "ddp16", [*fp16, "--bucket-cap-mb", "0.05", "--profile-step", "3",
+                                         "--trace-dir", str(tmp / "traces")], env=env),
+            "fsdp": _train(tmp, "fsdp16", [*fp16, "--fsdp"], env=env),
+            "traces": tmp / "traces"}
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_fp16_skips_an_overflowed_step_on_every_rank(fp16_runs: dict, runs: dict[str, dict],
+                                                     mode: str) -> None:
+    """The planted check behind it, made once by hand: with DTensor's handler of the unscale op removed (as on
+    a torch without it), FSDP's rank 0 did not skip step 2 and kept its scale while rank 1 halved its own."""
+    s = fp16_runs[mode]
+    assert s["precision"] == "fp16" and s["mode"] == mode
+    assert s["skipped_steps"] == [2], s["skipped_steps"]
+    assert s["scales"][:2] == [2.0 ** 16, 2.0 ** 15]  # halved by the skip, and no further
+    for r in s["per_rank"]:  # every rank skipped the same step and holds the same scale
+        assert (r["skipped_steps"], r["scales"]) == (s["skipped_steps"], s["scales"]), r["rank"]
+    # fp16 rounding, not an error: the first loss within 1e-3 of fp32's; and it trains
+    assert s["losses"][0] == pytest.approx(runs["single"]["losses"][0], rel=1e-3)
+    assert s["losses"][-1] < s["losses"][0]
+
+
+def test_fp16_ddp_and_fsdp_train_alike(fp16_runs: dict) -> None:
+    ddp, fsdp = fp16_runs["ddp"], fp16_runs["fsdp"]
+    kept = [i for i in range(STEPS) if i + 1 not in ddp["skipped_steps"]]  # DDP's skipped loss is inf
+    assert [ddp["losses"][i] for i in kept] == pytest.approx([fsdp["losses"][i] for i in kept], rel=1e-5)
+    for k in ddp["params_sd"]:
+        torch.testing.assert_close(ddp["params_sd"][k], fsdp["params_sd"][k], rtol=1e-3, atol=1e-5)
+
+
+def test_ddp_all_reduces_overlap_backward(fp16_runs: dict) -> None:
+    ddp = fp16_runs["ddp"]
+    for r in ddp["per_rank"]:
+        o = r["overlap"]
+        assert o["allreduces"] >= 3, o  # 0.05 MB buckets: several for this model's ~0.5 MB of gradients
+        assert o["launched_in_backward"] >= 1, o  # DDP asks for the first buckets during backward
+        assert o["overlapped"] >= 1, o  # and they run while backward still computes
+        assert 0 < o["hidden_s"] < o["comm_s"], o  # and the last one finishes after it
+    assert sorted(p.name for p in fp16_runs["traces"].iterdir()) == ["rank0.json", "rank1.json"]
+
+
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])  # DDP: one file from rank 0; FSDP: a DCP folder of shards
 def test_killed_rank_restarts_and_resumes_from_last_checkpoint(runs: dict[str, dict], tmp_path: Path,
                                                                mode: str) -> None:
@@ -218,5 +267,6 @@ def test_the_switches_are_one_nested_run_spec() -> None:
     assert args.spec == RunSpec(precision="bf16", compile=True, fused_adamw=False,
                                 activation_checkpointing=True)
     assert parse_args([]).spec == RunSpec()
+    assert parse_args(["--precision", "fp16"]).spec.precision == "fp16"  # trained with a GradScaler
     with pytest.raises(SystemExit):
-        parse_args(["--precision", "fp16"])  # no GradScaler in this script: refused with the fix
+        parse_args(["--steps", "4", "--profile-step", "5"])  # a step the run does not have
