@@ -1,0 +1,92 @@
+"""Compile the course's Triton kernels ahead of time for GPUs this machine does not have (no GPU needed).
+
+    python tests/tritoncompile.py < requests.json > results.json
+
+Each request names a kernel of helpers/kernels (`attn_fwd`, `attn_bwd_dkdv`, `attn_bwd_dq`), a target
+(compute capability as 75, 80, ...), an element type, the head dim, the tile configuration and the
+switches; each result gives the shared memory one program needs (`metadata.shared`, what Triton checks a
+launch against), how many tensor-core and FMA instructions its PTX has, and the seconds the compile took.
+
+Run as its own process by tests/test_triton_targets.py: a process that has imported triton with
+TRITON_INTERPRET=1 (as the other kernel tests do) interprets kernels and cannot compile them. Only triton
+is imported (the kernel files are loaded by path, not through `helpers`), so this runs with any installed
+Triton the course supports: `triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda",
+cc, 32), options=...)`, with constexprs keyed by the argument's position, as triton 3.3 to 3.9 take them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parents[1] / "helpers" / "kernels"
+FILES = {"attn_fwd": "_triton_fwd.py", "attn_bwd_dkdv": "_triton_bwd.py", "attn_bwd_dq": "_triton_bwd.py"}
+CONSTEXPR = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "HAS_MASK", "EVEN_N")
+INTS = ("H", "TQ", "TK", "CAUSAL_OFFSET")
+FP32_POINTERS = ("L", "D")  # the row statistics
+# A tensor-core instruction: mma.sync (sm_80 on), wgmma.mma_async (sm_90); an FMA on the CUDA cores.
+MMA = re.compile(r"^\s*(?:@%p\d+\s+)?(?:mma\.sync|wgmma\.mma_async)\b", re.M)
+FMA = re.compile(r"^\s*(?:@%p\d+\s+)?fma\.rn\.f32\b", re.M)
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_course_{name}", KERNEL_DIR / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _signature(names: list[str], dtype: str) -> dict[str, str]:
+    def kind(n: str) -> str:
+        if n in CONSTEXPR:
+            return "constexpr"
+        if n == "Mask":
+            return "*i8"
+        if n == "sm_scale":
+            return "fp32"
+        if n in FP32_POINTERS:
+            return "*fp32"
+        if n in INTS or n.startswith("stride"):
+            return "i32"
+        return "*" + dtype  # q, k, v, the output and the gradients
+    return {n: kind(n) for n in names}
+
+
+def compile_one(request: dict, modules: dict) -> dict:
+    """One compile: request keys kernel, cc, dtype, head_dim, block_m, block_n, num_warps, num_stages, causal,
+    has_mask, even_n (forward only)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    raw = getattr(modules[FILES[request["kernel"]]], request["kernel"])
+    fn = triton.runtime.jit.JITFunction(raw)
+    names = fn.arg_names
+    const = dict(HEAD_DIM=request["head_dim"], BLOCK_M=request["block_m"], BLOCK_N=request["block_n"],
+                 CAUSAL=request["causal"], HAS_MASK=request["has_mask"])
+    if "EVEN_N" in names:
+        const["EVEN_N"] = request["even_n"]
+    src = ASTSource(fn=fn, signature=_signature(names, request["dtype"]),
+                    constexprs={(names.index(k),): v for k, v in const.items()})
+    start = time.perf_counter()
+    kernel = triton.compile(src, target=GPUTarget("cuda", request["cc"], 32),
+                            options={"num_warps": request["num_warps"], "num_stages": request["num_stages"]})
+    seconds = time.perf_counter() - start
+    ptx = kernel.asm["ptx"]
+    return dict(request, shared=kernel.metadata.shared, mma=len(MMA.findall(ptx)), fma=len(FMA.findall(ptx)),
+                seconds=seconds, triton=triton.__version__)
+
+
+def main() -> int:
+    requests = json.load(sys.stdin)
+    modules = {name: _load(name) for name in set(FILES.values())}
+    json.dump([compile_one(r, modules) for r in requests], sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
