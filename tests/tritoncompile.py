@@ -5,7 +5,8 @@
 Each request names a kernel of helpers/kernels (`attn_fwd`, `attn_bwd_dkdv`, `attn_bwd_dq`), a target
 (compute capability as 75, 80, ...), an element type, the head dim, the tile configuration and the
 switches; each result gives the shared memory one program needs (`metadata.shared`, what Triton checks a
-launch against), how many tensor-core and FMA instructions its PTX has, and the seconds the compile took.
+launch against), how many tensor-core and FMA instructions its PTX has, and the seconds the compile took;
+or, where the compile fails, the error.
 
 Run as its own process by tests/test_triton_targets.py: a process that has imported triton with
 TRITON_INTERPRET=1 (as the other kernel tests do) interprets kernels and cannot compile them. Only triton
@@ -73,8 +74,12 @@ def compile_one(request: dict, modules: dict) -> dict:
     src = ASTSource(fn=fn, signature=_signature(names, request["dtype"]),
                     constexprs={(names.index(k),): v for k, v in const.items()})
     start = time.perf_counter()
-    kernel = triton.compile(src, target=GPUTarget("cuda", request["cc"], 32),
-                            options={"num_warps": request["num_warps"], "num_stages": request["num_stages"]})
+    try:
+        options = {"num_warps": request["num_warps"], "num_stages": request["num_stages"]}
+        kernel = triton.compile(src, target=GPUTarget("cuda", request["cc"], 32), options=options)
+    except Exception as err:  # a compile that fails is a result too: the test names it
+        return dict(request, error=f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}",
+                    seconds=time.perf_counter() - start, triton=triton.__version__)
     seconds = time.perf_counter() - start
     ptx = kernel.asm["ptx"]
     return dict(request, shared=kernel.metadata.shared, mma=len(MMA.findall(ptx)), fma=len(FMA.findall(ptx)),
