@@ -181,3 +181,23 @@ def test_the_launch_uses_the_planned_configs(monkeypatch: pytest.MonkeyPatch) ->
                 planned = tiles.tile_configs(name, capability, d)[0]
                 got = tiles.TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"], kw["num_stages"])
                 assert got == planned, (name, capability, d)
+
+
+def test_the_plan_follows_the_per_block_limit_and_refuses_what_it_does_not_plan() -> None:
+    """The 96 KB forward tile is offered only where a block may have 160 KB or more; Turing gets its own
+    smaller tiles; an sm_80+ GPU the table does not list gets the smallest listed limit; below sm_75 and
+    outside the planned head dims there is no plan."""
+    big = tiles.TileConfig(128, 128, 8, 3)
+    for cc, offered in (((8, 0), True), ((9, 0), True), ((8, 6), False), ((8, 9), False)):
+        assert (big in tiles.tile_configs("attn_fwd", cc, 128)) == offered, cc
+    assert tiles.tile_configs("attn_bwd_dq", (7, 5), 128) != tiles.tile_configs("attn_bwd_dq", (8, 0), 128)
+    assert tiles.shared_memory_per_block((13, 0)) == 99 * KiB
+    assert tiles.tile_configs("attn_fwd", (13, 0), 128) == tiles.tile_configs("attn_fwd", (8, 6), 128)
+    with pytest.raises(ValueError, match="sm_75 and newer"):
+        tiles.tile_configs("attn_fwd", (7, 0), 64)
+    with pytest.raises(ValueError, match="head dim 32"):
+        tiles.tile_configs("attn_fwd", (8, 0), 32)
+    with pytest.raises(ValueError, match="no kernel named"):
+        tiles.tile_configs("attn_bwd", (8, 0), 64)
+    with pytest.raises(ValueError, match=r"\(major, minor\)"):
+        tiles.tile_configs("attn_fwd", 80, 64)

@@ -17,6 +17,10 @@ room above what it needs, so that a later Triton needing a little more still fit
 test_triton_targets.py` compiles every configuration offered here, ahead of time, for sm_75, 80, 86, 89
 and 90, and checks what each needs against that architecture's limit.
 
+Triton versions: the same configurations compile, needing the same shared memory, with triton 3.4 to 3.9.
+triton 3.3 (torch 2.7's) compiles every sm_80-90 one but no fp16 `tl.dot` for sm_75 ("Unsupported
+conversion from f16 to f16", triton-lang/triton#6698, fixed in 3.4): on a T4 the kernel needs triton 3.4+.
+
 What the compiled kernels are planned for: head dims 64 and 128 in fp16 or bf16, on sm_75 and newer.
 Refused on a GPU, with the reason (`gpu_refusal`): other head dims (16 and 32 run in the interpreter),
 fp32 inputs (their tiles need twice the shared memory; none of these plans is compiled for them), and

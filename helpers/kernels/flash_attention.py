@@ -110,7 +110,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     q (B, H, Tq, d); k, v (B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real token; causal is
     aligned bottom-right, as in `helpers.attention`. On a GPU the block sizes are autotuned over
     the configurations planned for its architecture (`helpers.kernels.configs`) unless given; under the
-    interpreter (CPU tensors) they default to 16. Differentiable: the backward pass is two more Triton
+    interpreter (CPU tensors) they default to 16. On a GPU it takes fp16 or bf16 at head dims 64 and 128
+    (`kernel_refusal` says why anything else is refused). Differentiable: the backward pass is two more Triton
     kernels that recompute the probabilities tile by tile.
     Lesson 01.
     """
