@@ -2,9 +2,17 @@
 
 Implementations: the naive formula (materialises the (N, N) scores), each SDPA backend (math, flash,
 memory-efficient, cuDNN; one the device lacks is reported with torch's reason, not crashed on),
-FlexAttention (compiled; its compile time is reported apart) and the course's Triton kernel
-(`helpers.kernels.flash_attention`; on a CPU it runs through Triton's interpreter, so it is checked
-there but not timed: interpreter times say nothing about the kernel).
+FlexAttention (compiled; its compile time is reported apart; not run below sm_80, where it is reported
+broken: `helpers.attention.flex_refusal`) and the course's Triton kernel (`helpers.kernels.flash_attention`,
+with the tile configurations planned for this GPU's architecture, `helpers.kernels.configs`, which the
+results record; on a CPU it runs through Triton's interpreter, so it is checked there but not timed:
+interpreter times say nothing about the kernel).
+
+On a GPU, a case whose estimated memory (`case_bytes`: the naive formula's two N×N matrices, the math
+backend's fp32 ones, the fp32 reference it is checked against) does not fit in 90 % of the GPU's free
+memory is reported "not run" with what it needs, not attempted: on a 15 GB T4 the naive formula stops at
+N=4096 of the --gpu-target sizes. The GPU's precision follows its capability: bf16 from sm_80, fp16 below
+(a T4 has no bf16 units).
 
 Correct before fast: at every length each implementation is first compared with the math backend in
 fp32 on a (1, 2, N, d) slice of the same inputs (tolerance per dtype in TOLERANCE); one that disagrees
@@ -19,9 +27,9 @@ At every length the Triton kernel runs first (with --gpu-target, the target leng
 (the point of --gpu-target); cases left are reported as "not run", never guessed.
 
     python benchmarks/attention_sweep.py                # this device's default sweep (small on a CPU)
-    python benchmarks/attention_sweep.py --gpu-target   # the lesson's GPU target, one call: bf16, d=128,
-                                                        # N up to 8192, non-causal and causal, TFLOP/s vs the
-                                                        # bf16 matmul peak, Triton vs best SDPA at 4096
+    python benchmarks/attention_sweep.py --gpu-target   # the lesson's GPU target, one call: bf16 (fp16 below
+                                                        # sm_80), d=128, N up to 8192, non-causal and causal,
+                                                        # TFLOP/s vs the matmul peak, Triton vs best SDPA
 """
 
 from __future__ import annotations
@@ -49,6 +57,34 @@ TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}
 OLD_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 INTERPRETER_MAX_LEN = 512  # longest N the Triton interpreter is asked to check (it runs in Python)
 TARGET = dict(seq_len=4096, head_dim=128, dtype="bf16", ratio=1.3)  # the issue's performance target
+FREE_SHARE = 0.9  # a case runs only if its estimate fits in this share of the GPU's free memory
+FUSED = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "triton")  # tiles: no (N, N) matrix stored
+
+
+def gpu_dtype(device: torch.device) -> str:
+    """The sweep's precision on a GPU: bf16 where it has bf16 tensor cores (sm_80+), else fp16."""
+    return "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
+
+
+def case_bytes(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, dtype: str,
+               total_memory: int) -> int:
+    """Estimated peak memory of one case on a GPU with `total_memory` bytes: q, k, v and the output, the
+    check against the fp32 math backend (on the full inputs or a (1, 2, N, d) slice, as `run_case` picks),
+    and the implementation's own buffers."""
+    from helpers.attention import naive_attention_bytes
+
+    size = PRECISION_DTYPE[dtype].itemsize
+    tensors = 4 * batch * heads * seq_len * head_dim * size
+    full = batch * heads * seq_len**2 * 4 <= total_memory // 6
+    b, h = (batch, heads) if full else (1, 2)
+    check = 3 * b * h * seq_len**2 * 4  # fp32 math backend: about 2.5 fp32 N×N matrices (measured on a CPU)
+    if impl == "naive":
+        own = naive_attention_bytes(batch, heads, seq_len, seq_len, head_dim, PRECISION_DTYPE[dtype])
+    elif impl == "sdpa-math":  # upcasts 16-bit inputs to fp32 (torch's default): fp32 matrices
+        own = 3 * batch * heads * seq_len**2 * 4
+    else:  # fused: the output and a row statistic
+        own = batch * heads * seq_len * (head_dim * size + 4)
+    return tensors + max(check, own)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -93,6 +129,20 @@ def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, 
 
     row: dict[str, Any] = dict(impl=impl, seq_len=seq_len, status="ok", reason="", median_s=None, iqr_s=None,
                                peak_bytes=None, tflops=None, max_abs_err=None, first_call_s=None)
+    if device.type == "cuda":  # fits, or is not attempted
+        free, total = torch.cuda.mem_get_info(device)
+        need = case_bytes(impl, seq_len, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
+                          total_memory=total)
+        if need > FREE_SHARE * free:
+            row.update(status="not run", reason=f"needs ~{need / 2**30:.1f} GiB (estimate), the GPU has "
+                                                f"{free / 2**30:.1f} GiB free")
+            return row
+        if impl == "flex":
+            from helpers.attention import flex_refusal
+
+            if why := flex_refusal(device):
+                row.update(status="unavailable", reason=why)
+                return row
     gen = torch.Generator(device=device).manual_seed(seq_len)
     q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=PRECISION_DTYPE[dtype],
                            generator=gen) for _ in range(3))
@@ -163,7 +213,8 @@ def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head
                          f"got {bad or impls}, {dtype!r}")
     rows: list[dict[str, Any]] = []
     config = dict(seq_lens=sorted(seq_lens), batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
-                  causal=causal, min_run_time=min_run_time, tolerance=TOLERANCE[dtype])
+                  causal=causal, min_run_time=min_run_time, tolerance=TOLERANCE[dtype],
+                  triton_tiles=triton_tiles(device, head_dim))
     # stamped again at the end: the load average then covers the sweep
     result: dict[str, Any] = {"stamp": stamp(device), "config": config, "rows": rows}
     first = sorted(impls, key=lambda i: i != "triton")  # Triton's cold compile first: a budget cut spares it
@@ -187,6 +238,20 @@ def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head
             on_row(result)
     result["stamp"] = stamp(device)
     return result
+
+
+def triton_tiles(device: torch.device, head_dim: int) -> dict[str, list[str]] | str:
+    """The tile configurations the Triton kernel launches with on this GPU at `head_dim`, per kernel (the
+    forward autotunes over its list), or why there are none."""
+    from helpers.kernels import configs
+
+    if device.type != "cuda":
+        return "no GPU: the interpreter runs 16x16 tiles"
+    cc = tuple(torch.cuda.get_device_capability(device))
+    try:
+        return {k: [str(c) for c in configs.tile_configs(k, cc, head_dim)] for k in configs.KERNELS}
+    except ValueError as err:
+        return str(err)
 
 
 def _impl_order(rows: list[dict[str, Any]]) -> list[str]:
@@ -241,6 +306,10 @@ def to_markdown(result: dict[str, Any]) -> str:
              f"B={c['batch']}, H={c['heads']}, d={c['head_dim']}, {c['dtype']}, "
              f"{'causal' if c['causal'] else 'non-causal'}; checked against the fp32 math backend "
              f"(tolerance {c['tolerance']:g}) before timing; median of timed runs after warm-up.", ""]
+    tiles = c.get("triton_tiles")
+    if isinstance(tiles, dict):
+        lines += ["Triton tiles planned for this GPU: " + "; ".join(f"{k} {', '.join(v)}"
+                                                                   for k, v in tiles.items()), ""]
     cell = {(r["seq_len"], r["impl"]): r for r in rows}
     for title, key, fmt in (("Median time (ms)", "median_s", lambda v: f"{v * 1e3:.3f}"),
                             ("Throughput (TFLOP/s, attention matmuls)", "tflops", lambda v: f"{v:.3g}"),
@@ -326,8 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--impls", nargs="+", default=list(IMPLS), help=f"some of {IMPLS}")
     p.add_argument("--min-run-time", type=float, default=None, help="seconds of timed runs per case")
     p.add_argument("--gpu-target", action="store_true",
-                   help="CUDA: bf16, d=128, B=4, H=16, N=4096 first then 1024..8192, non-causal then causal; "
-                        "Triton vs best SDPA at N=4096 and TFLOP/s against the bf16 matmul peak")
+                   help="CUDA: bf16 (fp16 below sm_80), d=128, B=4, H=16, N=4096 first then 1024..8192, "
+                        "non-causal then causal; Triton vs best SDPA at N=4096 and TFLOP/s against the "
+                        "matmul peak; cases that do not fit the GPU's memory are reported, not run")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds for the sweep's cases: no case starts after it (default: none; 70 with "
                         "--gpu-target, whose non-causal pass may start cases until 2/3 of it, and whose "
@@ -348,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         seq_lens = [TARGET["seq_len"]] + [n for n in seq_lens if n != TARGET["seq_len"]]
     sizes = dict(batch=args.batch or (4 if gpu else 1), heads=args.heads or (16 if gpu else 4),
                  head_dim=args.head_dim or (TARGET["head_dim"] if gpu else 64),
-                 dtype=args.dtype or (TARGET["dtype"] if gpu else "fp32"),
+                 dtype=args.dtype or (gpu_dtype(device) if gpu else "fp32"),
                  min_run_time=args.min_run_time or 0.3, impls=args.impls, device=device)
     peak = measure_peaks(device, sizes["dtype"]) if args.gpu_target else None
     budget = args.time_budget if args.time_budget is not None else (70.0 if args.gpu_target else None)

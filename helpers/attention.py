@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -20,8 +21,9 @@ import torch.nn.functional as F
 
 __all__ = ["check_qkv", "AGREEMENT_TOL", "agreement_tolerance", "attention_agreement", "check_padding_mask",
            "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
+           "expected_sdpa_backends", "expected_sdpa_default", "sdpa_backend_used", "flex_refusal",
            "flex_attention_fn", "padding_mask_mod", "sliding_window_mask_mod", "AttentionMaps",
-           "capture_attention_maps", "attention_flops"]
+           "capture_attention_maps", "attention_flops", "naive_attention_bytes"]
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -196,19 +198,142 @@ def _sdpa_kernel(name: str) -> Any:
 def probe_sdpa_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                         causal: bool = False) -> dict[str, str | None]:
     """For each SDPA backend: None if it runs these inputs on this device, else the reason it refused
-    (lesson 01)."""
+    (lesson 01). Torch raises only "No available kernel" and gives its reasons as warnings ("Flash
+    attention only supports gpu architectures in the range [sm80, sm121]..."): those are the reason."""
     result: dict[str, str | None] = {}
     for name in SDPA_BACKENDS:
-        try:
-            sdpa_attention(q, k, v, causal=causal, backend=name)
-            result[name] = None
-        except RuntimeError as err:  # "No available kernel..." and friends: reported, not raised
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            result[name] = first[:160]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                sdpa_attention(q, k, v, causal=causal, backend=name)
+                result[name] = None
+                continue
+            except RuntimeError as err:  # "No available kernel..." and friends: reported, not raised
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reasons = [str(w.message).strip() for w in caught if "because" not in str(w.message)]
+        result[name] = "; ".join(dict.fromkeys([*reasons, first]))[:300]
     return result
 
 
+# What torch's dispatcher checks before it runs a backend on a GPU (pytorch/pytorch, file
+# aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: check_flash_attention_hardware_support,
+# check_dtypes_flash_attention, check_for_attn_mask, check_mem_efficient_hardware_support, the dtypes of
+# can_use_mem_efficient_attention, check_cudnn_hardware_support, check_cudnn_tensor_shapes) and on a CPU
+# (sdp_utils_cpp.cpp: flash, then math; no other backend).
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def expected_sdpa_backends(device: torch.device | str, dtype: torch.dtype, head_dim: int, *,
+                           masked: bool = False, capability: tuple[int, int] | None = None,
+                           cudnn_version: int | None = None) -> dict[str, str | None]:
+    """Which SDPA backends should run inputs of `dtype` and `head_dim` (with a boolean mask if `masked`) on
+    `device`, by torch's own rules: None for "should run", else the rule that refuses it (lesson 01).
+    `capability` and `cudnn_version` default to the device's and the installed torch's."""
+    device = torch.device(device)
+    out: dict[str, str | None] = {"math": None}
+    if device.type != "cuda":
+        cpu_flash = (torch.float32, torch.float64, *_HALF)
+        out["flash"] = (None if dtype in cpu_flash else
+                        f"torch's CPU flash kernel takes fp32, fp64, fp16, bf16: not {dtype}")
+        out["efficient"] = "torch has no memory-efficient kernel for a CPU (CUDA GPUs only)"
+        out["cudnn"] = "cuDNN attention runs on CUDA GPUs only"
+        return out
+    cc = capability or tuple(torch.cuda.get_device_capability(device))
+    sm = f"sm_{cc[0]}{cc[1]}"
+    flash = []
+    if not (8, 0) <= cc <= (12, 1):
+        flash.append(f"FlashAttention needs sm_80 to sm_121, this GPU is {sm}")
+    if dtype not in _HALF:
+        flash.append(f"it takes fp16 or bf16, not {dtype}")
+    if masked:
+        flash.append("it takes no attn_mask (a padding mask)")
+    if head_dim > 256:
+        flash.append(f"it takes head dims up to 256, not {head_dim}")
+    out["flash"] = "; ".join(flash) or None
+    efficient = []
+    if cc < (5, 0):
+        efficient.append(f"memory-efficient attention needs sm_50 or newer, this GPU is {sm}")
+    allowed = (torch.float16, torch.float32) + ((torch.bfloat16,) if cc >= (8, 0) else ())
+    if dtype not in allowed:
+        efficient.append(f"on {sm} it takes {', '.join(str(t).removeprefix('torch.') for t in allowed)}, "
+                         f"not {dtype} (bf16 from sm_80)")
+    align = 8 if dtype in _HALF else (4 if cc >= (8, 0) else 1)
+    if head_dim % align:
+        efficient.append(f"it needs a head dim divisible by {align}, not {head_dim}")
+    out["efficient"] = "; ".join(efficient) or None
+    if cudnn_version is None:
+        cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cudnn = []
+    if not (8, 0) <= cc <= (12, 1):
+        cudnn.append(f"cuDNN attention needs sm_80 to sm_121, this GPU is {sm}")
+    if dtype not in _HALF:
+        cudnn.append(f"it takes fp16 or bf16, not {dtype}")
+    if head_dim > 128 or head_dim % 8:
+        cudnn.append(f"it takes head dims that are multiples of 8 up to 128 (256 on sm_90 with a recent "
+                     f"cuDNN), not {head_dim}")
+    if not cudnn_version or cudnn_version < 90000:
+        cudnn.append(f"it needs torch built with cuDNN 9 or newer (here: {cudnn_version or 'no cuDNN'})")
+    out["cudnn"] = "; ".join(cudnn) or None
+    return out
+
+
+def expected_sdpa_default(device: torch.device | str, dtype: torch.dtype, head_dim: int, *,
+                          masked: bool = False, capability: tuple[int, int] | None = None,
+                          cudnn_version: int | None = None) -> tuple[str, ...]:
+    """The backends plain `F.scaled_dot_product_attention` may pick for these inputs, by torch's priority
+    order (lesson 01): flash, then memory-efficient, then math; on sm_90 and sm_100 recent torch builds put
+    cuDNN first (sdp_utils.cpp's check_prefer_cudnn_attention: cuDNN newer than 9.15; torch 2.10 and later),
+    so there both cuDNN and flash are expected."""
+    runs = expected_sdpa_backends(device, dtype, head_dim, masked=masked, capability=capability,
+                                  cudnn_version=cudnn_version)
+    device = torch.device(device)
+    cc = (capability or tuple(torch.cuda.get_device_capability(device))) if device.type == "cuda" else None
+    first = next(name for name in ("flash", "efficient", "math") if runs[name] is None)
+    if cc is not None and cc[0] in (9, 10) and runs["cudnn"] is None:
+        return ("cudnn", first)
+    return (first,)
+
+
+# the aten op each backend's call records, as the profiler names it (CPU and CUDA)
+_BACKEND_OPS = {"flash": ("aten::_scaled_dot_product_flash_attention",
+                          "aten::_scaled_dot_product_flash_attention_for_cpu"),
+                "efficient": ("aten::_scaled_dot_product_efficient_attention",),
+                "cudnn": ("aten::_scaled_dot_product_cudnn_attention",),
+                "math": ("aten::_scaled_dot_product_attention_math",)}
+
+
+def sdpa_backend_used(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                      key_padding_mask: torch.Tensor | None = None) -> str:
+    """The backend plain SDPA ran for these inputs on this device, read from the operator the profiler
+    records ("flash", "efficient", "cudnn" or "math") (lesson 01)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        sdpa_attention(q, k, v, key_padding_mask=key_padding_mask)
+    names = {e.key for e in prof.key_averages()}
+    found = [name for name, ops in _BACKEND_OPS.items() if names & set(ops)]
+    if len(found) != 1:
+        raise RuntimeError(f"could not tell which SDPA backend ran: the profiler recorded "
+                           f"{sorted(n for n in names if 'attention' in n)}")
+    return found[0]
+
+
 # --- FlexAttention -----------------------------------------------------------------------------------
+
+def flex_refusal(device: torch.device | str, capability: tuple[int, int] | None = None) -> str | None:
+    """Why FlexAttention is not run on `device`, or None where the course runs it (lesson 01): GPUs below
+    sm_80, where its compile is reported to fail (pytorch/pytorch#164813: an RTX 2080 Ti, sm_75, torch 2.7,
+    triton 3.3; open) and which Triton's README does not list as supported (compute capability 8.0+)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    cc = capability or tuple(torch.cuda.get_device_capability(device))
+    if cc < (8, 0):
+        return (f"FlexAttention is reported broken below sm_80 (its Triton kernels fail to compile on an "
+                f"sm_75 RTX 2080 Ti: pytorch/pytorch#164813) and this GPU is sm_{cc[0]}{cc[1]}: use SDPA "
+                "with a dense mask here")
+    return None
+
 
 @functools.cache
 def flex_attention_fn(device: str | None = None) -> Callable[..., torch.Tensor]:
@@ -251,6 +376,13 @@ def sliding_window_mask_mod(window: int, causal: bool = True) -> Callable[..., t
     return mask_mod
 
 
+
+
+def naive_attention_bytes(batch: int, heads: int, tq: int, tk: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Peak memory of `naive_attention` above its inputs, bytes: two (B, H, Tq, Tk) score matrices alive at
+    once (the scores and their softmax, or the masked copy) and the output (lesson 01; measured in tests)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return (2 * batch * heads * tq * tk + batch * heads * tq * head_dim) * size
 
 
 def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, causal: bool = False) -> float:

@@ -9,9 +9,14 @@ from helpers.attention import (
     AttentionMaps,
     attention_flops,
     capture_attention_maps,
+    expected_sdpa_backends,
+    expected_sdpa_default,
+    flex_refusal,
     naive_attention,
+    naive_attention_bytes,
     probe_sdpa_backends,
     sdpa_attention,
+    sdpa_backend_used,
     tiled_attention,
 )
 from helpers.memory import peak_increase_bytes
@@ -78,6 +83,63 @@ def test_probe_reports_instead_of_raising() -> None:
         assert isinstance(result["cudnn"], str) and result["cudnn"]  # cuDNN needs a GPU: a reason, no crash
 
 
+def test_expected_backends_are_what_runs_on_this_cpu() -> None:
+    """torch's rules as helpers.attention states them agree with what torch does here, for each backend."""
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(1, 2, 16, 64, dtype=dtype)
+        ran = {name: reason is None for name, reason in probe_sdpa_backends(q, q, q).items()}
+        expected = {name: reason is None for name, reason in expected_sdpa_backends("cpu", dtype, 64).items()}
+        assert ran == expected, dtype
+        assert sdpa_backend_used(q, q, q) == expected_sdpa_default("cpu", dtype, 64)[0] == "flash"
+
+
+def test_the_backend_used_is_read_from_what_ran() -> None:
+    """With flash switched off, a plain call runs math, and sdpa_backend_used says so (not a fixed answer)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 16, 32)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert sdpa_backend_used(q, q, q) == "math"
+
+
+@pytest.mark.parametrize("gpu,dtype,masked,default", [
+    ((7, 5), torch.float16, False, ("efficient",)),  # a T4: no flash, no cuDNN below sm_80
+    ((7, 5), torch.bfloat16, False, ("math",)),  # a T4 in bf16: the memory-efficient kernel refuses it too
+    ((8, 0), torch.bfloat16, False, ("flash",)),
+    ((8, 0), torch.bfloat16, True, ("efficient",)),  # flash takes no mask
+    ((8, 6), torch.float32, False, ("efficient",)),  # flash takes no fp32
+    ((9, 0), torch.bfloat16, False, ("cudnn", "flash")),  # recent torch builds try cuDNN first on sm_90
+])
+def test_expected_sdpa_kernel_per_capability(gpu, dtype, masked, default) -> None:
+    """The lesson's claim per GPU class, from torch's sdp_utils.cpp rules (cuDNN 9.10 assumed)."""
+    got = expected_sdpa_default("cuda", dtype, 128, masked=masked, capability=gpu, cudnn_version=91000)
+    assert got == default
+    rules = expected_sdpa_backends("cuda", dtype, 128, masked=masked, capability=gpu, cudnn_version=91000)
+    if gpu < (8, 0):
+        assert "sm_80" in rules["flash"] and "sm_75" in rules["flash"] and "sm_80" in rules["cudnn"]
+    assert rules["cudnn"] is not None or expected_sdpa_backends(
+        "cuda", dtype, 128, capability=gpu, cudnn_version=None)["cudnn"] is not None  # no cuDNN: refused
+
+
+def test_flex_is_refused_below_sm80_with_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakegpu import fake_gpu
+
+    assert flex_refusal("cpu") is None
+    fake_gpu(monkeypatch, "T4")
+    assert "pytorch/pytorch#164813" in flex_refusal("cuda") and "sm_75" in flex_refusal("cuda")
+    fake_gpu(monkeypatch, "L4")
+    assert flex_refusal("cuda") is None
+
+
+def test_naive_attention_bytes_is_what_the_naive_call_takes() -> None:
+    """The estimate the benchmark sizes its GPU runs by, against the peak measured here (CPU allocator)."""
+    for dtype, causal in ((torch.float32, False), (torch.bfloat16, True)):
+        q = torch.randn(1, 4, 384, 32, dtype=dtype)
+        measured = peak_increase_bytes(lambda: naive_attention(q, q, q, causal=causal), "cpu")
+        estimate = naive_attention_bytes(1, 4, 384, 384, 32, dtype)
+        assert 0.9 <= measured / estimate <= 1.1, (dtype, measured, estimate)
+
+
 def test_naive_memory_grows_with_the_score_matrix() -> None:
     """Measured with the profiler's allocation records: the naive call holds (B, H, N, N) fp32 scores."""
     b, h, n, d = 1, 4, 512, 32
@@ -123,14 +185,8 @@ def test_maps_token_count_must_match() -> None:
 def test_sweep_script_checks_then_times_and_writes_stamped_results(tmp_path) -> None:
     """benchmarks/attention_sweep.py at tiny sizes: rows for every implementation, files stamped by device."""
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    try:
-        import attention_sweep as bench
-    finally:
-        sys.path.pop(0)
+    bench = _sweep_module()
     result = bench.sweep([32, 64], impls=["naive", "sdpa-math", "sdpa-cudnn"], batch=1, heads=2, head_dim=16,
                          dtype="float32", causal=False, device=torch.device("cpu"), min_run_time=0.01,
                          verbose=False)
@@ -146,6 +202,44 @@ def test_sweep_script_checks_then_times_and_writes_stamped_results(tmp_path) -> 
     stamp = json.loads(paths[0].read_text())["stamp"]
     assert stamp["torch"] == torch.__version__ and stamp["date"] and stamp["device"]
     assert "| 64 |" in paths[1].read_text()
+
+
+def _sweep_module():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import attention_sweep
+    finally:
+        sys.path.pop(0)
+    return attention_sweep
+
+
+def test_sweep_on_a_15_gb_t4_skips_what_cannot_fit_and_runs_fp16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The --gpu-target sizes (B=4, H=16, d=128) on a faked T4: the naive formula at N=8192 needs ~17 GB and
+    is reported "not run" with that need, before anything is allocated; what fits is attempted. Planted: the
+    same case on a faked 80 GB A100 is attempted (and fails here, where nothing can be allocated on it)."""
+    from fakegpu import fake_gpu
+
+    bench = _sweep_module()
+    sizes = dict(batch=4, heads=16, head_dim=128, causal=False, min_run_time=0.01)
+    t4 = fake_gpu(monkeypatch, "T4")
+    assert bench.gpu_dtype(torch.device("cuda")) == "fp16"
+    row = bench.run_case("naive", 8192, dtype="fp16", device=torch.device("cuda"), **sizes)
+    assert row["status"] == "not run" and "needs ~16.6 GiB" in row["reason"], row
+    need = {(impl, n): bench.case_bytes(impl, n, batch=4, heads=16, head_dim=128, dtype="fp16",
+                                        total_memory=t4.total_memory)
+            for impl in bench.IMPLS for n in (4096, 8192, 16384)}
+    fits = {key for key, bytes_ in need.items() if bytes_ <= 0.9 * t4.total_memory}
+    assert {(impl, n) for impl in bench.FUSED for n in (4096, 8192, 16384)} <= fits
+    assert ("naive", 4096) in fits and ("naive", 8192) not in fits and ("sdpa-math", 8192) not in fits
+    tiles = bench.triton_tiles(torch.device("cuda"), 128)
+    assert tiles["attn_bwd_dkdv"] == ["16x32, 4 warps, 2 stages"]
+    fake_gpu(monkeypatch, "A100-80")
+    assert bench.gpu_dtype(torch.device("cuda")) == "bf16"
+    with pytest.raises(RuntimeError, match="CUDA"):  # attempted: this torch cannot allocate on the fake GPU
+        bench.run_case("naive", 8192, dtype="bf16", device=torch.device("cuda"), **sizes)
 
 
 @pytest.fixture(scope="module")

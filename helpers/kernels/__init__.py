@@ -11,8 +11,9 @@ and otherwise raises an error that says to restart with the variable set (lesson
 the tests set it first, on machines without CUDA).
 
 `flash_attention` is differentiable: its backward pass is two more Triton kernels (`_triton_bwd.py`) that
-recompute the attention probabilities tile by tile from the row log-sum-exp the forward kept. Only the
-forward is autotuned; the backward uses fixed 64×64 tiles on a GPU.
+recompute the attention probabilities tile by tile from the row log-sum-exp the forward kept. On a GPU the
+tiles follow its architecture (`helpers.kernels.configs`: what fits its shared memory per block); only the
+forward is autotuned, each backward kernel launches one configuration.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from helpers.kernels.flash_attention import (
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
     flash_attention,
+    kernel_refusal,
     kernel_source,
     triton_available,
     uses_interpreter,
 )
 
-__all__ = ["flash_attention", "triton_available", "uses_interpreter", "kernel_source", "SUPPORTED_HEAD_DIMS",
-           "SUPPORTED_DTYPES"]
+__all__ = ["flash_attention", "triton_available", "uses_interpreter", "kernel_source", "kernel_refusal",
+           "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]

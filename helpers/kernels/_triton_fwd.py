@@ -77,28 +77,22 @@ def attn_fwd(Q, K, V, O, L, Mask, sm_scale,  # noqa: E741 - O is the output, nam
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < TQ)
 
 
-# Configurations tried on a GPU (BLOCK_M, BLOCK_N, warps, pipeline stages); those that do not fit
-# in shared memory are discarded by the autotuner.
-GPU_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
-                         (128, 32, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 128, 4, 3)]
-]
-
-
 def _even_n(args):
     return args["TK"] % args["BLOCK_N"] == 0
 
 
-def build(interpret, autotune):
-    """The kernel for one mode: Triton's interpreter (CPU tensors) or compiled, optionally autotuned."""
+def build(interpret, configs=None):
+    """The kernel for one mode: Triton's interpreter (CPU tensors), compiled, or compiled and autotuned over
+    `configs` (`helpers.kernels.configs.TileConfig`s, chosen for one GPU architecture and head dim)."""
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
 
         return InterpretedFunction(attn_fwd)
     kernel = triton.jit(attn_fwd)
-    if autotune:
+    if configs:
         kernel = triton.heuristics({"EVEN_N": _even_n})(kernel)
+        tried = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps,
+                               num_stages=c.num_stages) for c in configs]
         keys = ["TQ", "TK", "HEAD_DIM", "CAUSAL", "HAS_MASK"]  # a new tuning run for each new value of these
-        kernel = triton.autotune(configs=GPU_CONFIGS, key=keys)(kernel)
+        kernel = triton.autotune(configs=tried, key=keys)(kernel)
     return kernel

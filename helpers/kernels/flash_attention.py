@@ -1,6 +1,7 @@
 """Host side of the Triton FlashAttention kernels: checks the inputs, picks compiled or interpreted
 Triton, launches one program per (query block, batch·head) forward and per key or query block backward,
-and ties forward and backward together with `torch.autograd.Function`."""
+with the tile configuration `helpers.kernels.configs.tile_configs` chose for the GPU's architecture, and
+ties forward and backward together with `torch.autograd.Function`."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["flash_attention", "triton_available", "uses_interpreter", "kernel_source", "SUPPORTED_HEAD_DIMS",
-           "SUPPORTED_DTYPES"]
+from helpers.kernels import configs as tiles
 
+__all__ = ["flash_attention", "triton_available", "uses_interpreter", "kernel_source", "kernel_refusal",
+           "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
+
+# What the kernel takes at all; on a GPU only `configs.GPU_HEAD_DIMS` in fp16/bf16 (`configs.gpu_refusal`)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)  # powers of two that tl.dot tiles; 64 and 128 are the usual ones
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32 on a GPU uses TF32 matmuls
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32 in the interpreter only
 INTERPRETER_BLOCK = 16  # tile edge under the interpreter: small tiles keep the NumPy work small
 
 
@@ -41,6 +45,28 @@ def kernel_source(name: str = "attn_fwd") -> str:
         source = f.read()
     node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
     return ast.get_source_segment(source, node) or ""
+
+
+def kernel_refusal(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why `flash_attention` cannot run inputs of `dtype` and `head_dim` on `device` here, in one line, or
+    None when it can: triton missing (it is built for Linux only), a device Triton has no backend for, or a
+    GPU, dtype or head dim the compiled kernel is not planned for (lesson 01)."""
+    device = torch.device(device)
+    if not triton_available():
+        return "needs the triton package, which is built for Linux only (pip install triton on Linux)"
+    if device.type not in ("cpu", "cuda"):
+        return f"Triton has no backend for {device.type!r}: it runs CUDA tensors, or CPU tensors interpreted"
+    if head_dim not in SUPPORTED_HEAD_DIMS or dtype not in SUPPORTED_DTYPES:
+        return (f"the kernel takes head dims {SUPPORTED_HEAD_DIMS} in fp16, bf16 or fp32, got {head_dim}, "
+                f"{dtype}")
+    if uses_interpreter(device):
+        return None
+    return tiles.gpu_refusal(_capability(device), dtype, head_dim)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability of a CUDA device, as a tuple (the tests fake it)."""
+    return tuple(torch.cuda.get_device_capability(device))
 
 
 def uses_interpreter(device: torch.device | str) -> bool:
@@ -68,10 +94,12 @@ def _ensure_interpreter() -> None:
 
 
 @functools.cache
-def _kernel(interpret: bool, autotune: bool) -> Any:
+def _fwd_kernel(interpret: bool, configs: tuple[tiles.TileConfig, ...] | None) -> Any:
+    """The forward kernel: interpreted, compiled, or compiled and autotuned over `configs` (one autotuner
+    per architecture and head dim, each with its own list)."""
     from helpers.kernels import _triton_fwd
 
-    return _triton_fwd.build(interpret, autotune)
+    return _triton_fwd.build(interpret, configs)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -80,9 +108,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     """FlashAttention in Triton: softmax(Q Kᵀ·scale) V without forming the (Tq, Tk) matrix.
 
     q (B, H, Tq, d); k, v (B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real token; causal is
-    aligned bottom-right, as in `helpers.attention`. On a GPU the block sizes are autotuned unless
-    given; under the interpreter (CPU tensors) they default to 16. Differentiable: the backward pass
-    is two more Triton kernels that recompute the probabilities tile by tile.
+    aligned bottom-right, as in `helpers.attention`. On a GPU the block sizes are autotuned over
+    the configurations planned for its architecture (`helpers.kernels.configs`) unless given; under the
+    interpreter (CPU tensors) they default to 16. On a GPU it takes fp16 or bf16 at head dims 64 and 128
+    (`kernel_refusal` says why anything else is refused). Differentiable: the backward pass is two more Triton
+    kernels that recompute the probabilities tile by tile.
     Lesson 01.
     """
     from helpers.attention import check_qkv
@@ -109,6 +139,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     interpret = uses_interpreter(q.device)
     if interpret:
         _ensure_interpreter()
+    else:
+        refusal = tiles.gpu_refusal(_capability(q.device), q.dtype, d)
+        if refusal:
+            raise ValueError(f"flash_attention on {q.device} (q {tuple(q.shape)}, {q.dtype}): {refusal}")
 
     if key_padding_mask is not None:
         mask = key_padding_mask.to(device=q.device, dtype=torch.int8).contiguous()  # (B, Tk), 1 = real
@@ -129,16 +163,20 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
     mask_arg, mask_strides = (mask, (mask.stride(0), mask.stride(1))) if mask is not None else (lse, (0, 0))
     args = (q, k, v, out, lse, mask_arg, scale, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             *mask_strides, h, tq, tk, tk - tq)
-    autotune = not interpret and block_m is None and block_n is None
-    kernel = _kernel(interpret, autotune)
-    if autotune:
+    flags = dict(HEAD_DIM=d, CAUSAL=causal, HAS_MASK=mask is not None)
+    if interpret:
+        bm, bn = block_m or INTERPRETER_BLOCK, block_n or INTERPRETER_BLOCK
+        _fwd_kernel(True, None)[(math.ceil(tq / bm), b * h)](*args, BLOCK_M=bm, BLOCK_N=bn,
+                                                             EVEN_N=tk % bn == 0, **flags)
+    elif block_m is None and block_n is None:  # autotuned over this architecture's plan
+        planned = tiles.tile_configs("attn_fwd", _capability(q.device), d)
         grid = lambda meta: (math.ceil(tq / meta["BLOCK_M"]), b * h)  # noqa: E731
-        kernel[grid](*args, HEAD_DIM=d, CAUSAL=causal, HAS_MASK=mask is not None)
-    else:
-        bm = block_m or (INTERPRETER_BLOCK if interpret else 64)
-        bn = block_n or (INTERPRETER_BLOCK if interpret else 64)
-        kernel[(math.ceil(tq / bm), b * h)](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-                                            HAS_MASK=mask is not None, EVEN_N=tk % bn == 0)
+        _fwd_kernel(False, planned)[grid](*args, **flags)
+    else:  # the caller's block sizes (the other one 64), with the explicit launch's warps and stages
+        cfg = tiles.explicit_config(_capability(q.device), d, block_m or 64, block_n or 64)
+        _fwd_kernel(False, None)[(math.ceil(tq / cfg.block_m), b * h)](
+            *args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=tk % cfg.block_n == 0,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags)
     return out, lse
 
 
@@ -158,15 +196,22 @@ def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     tk = k.shape[2]
     delta = (do.float() * out.float()).sum(-1).reshape(b * h, tq)  # D = rowsum(dO ∘ O), (B·H, Tq)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    bm = bn = INTERPRETER_BLOCK if interpret else 64
-    launch = {} if interpret else dict(num_warps=4 if d <= 64 else 8, num_stages=2)
-    common = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_MASK=mask is not None, **launch)
+    flags = dict(HEAD_DIM=d, CAUSAL=causal, HAS_MASK=mask is not None)
     mask_arg = mask if mask is not None else lse
     dkdv, dq_kernel = _bwd_kernels(interpret)
-    dkdv[(math.ceil(tk / bn), b * h)](q, k, v, do, lse, delta, dk, dv, mask_arg, scale, h, tq, tk, tk - tq,
-                                      **common)
-    dq_kernel[(math.ceil(tq / bm), b * h)](q, k, v, do, lse, delta, dq, mask_arg, scale, h, tq, tk, tk - tq,
-                                           **common)
+    launches = {}
+    for name in ("attn_bwd_dkdv", "attn_bwd_dq"):
+        if interpret:
+            launches[name] = dict(BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK)
+        else:  # the first configuration planned for this architecture and head dim
+            cfg = tiles.tile_configs(name, _capability(q.device), d)[0]
+            launches[name] = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                                  num_stages=cfg.num_stages)
+    kv, qs = launches["attn_bwd_dkdv"], launches["attn_bwd_dq"]
+    dkdv[(math.ceil(tk / kv["BLOCK_N"]), b * h)](q, k, v, do, lse, delta, dk, dv, mask_arg, scale, h, tq, tk,
+                                                 tk - tq, **flags, **kv)  # one program per block of keys
+    dq_kernel[(math.ceil(tq / qs["BLOCK_M"]), b * h)](q, k, v, do, lse, delta, dq, mask_arg, scale, h, tq, tk,
+                                                      tk - tq, **flags, **qs)  # one per block of queries
     return dq, dk, dv
 
 
