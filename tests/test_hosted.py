@@ -33,6 +33,8 @@ LESSONS = ("00_setup", "07_distributed")
 OLD_ROOT = ('ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] '
             'if (p / "scripts" / "train_ddp.py").is_file())')  # lesson 07's line before helpers.paths
 EXECUTED = REPO_ROOT / "build" / "hosted"  # the executed lessons, kept (test_site.py builds a page from one)
+INJECTED = "injected-solution"  # tag of the solution cells added here (site/build.py leaves them out)
+PROFILE = os.environ.get("COURSE_PROFILE", "smoke")  # make test's TEST_PROFILE
 
 
 def _gpus() -> int:
@@ -59,7 +61,7 @@ def as_nbval_runs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         out.cells.append(cell)
         if inject and "exercise-check" in tags:
             source = conftest._exercise_solution_source(cell.metadata["exercise"], cell.source)
-            out.cells.append(nbformat.v4.new_code_cell(source))
+            out.cells.append(nbformat.v4.new_code_cell(source, metadata={"tags": [INJECTED]}))
     return out
 
 
@@ -70,7 +72,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict:
     python, seconds = make_host(tmp / "host")
     source = course_source(tmp / "source.git")
     kept = {"torch": metadata.version("torch")}
-    env = {"COURSE_SOURCE": source, "COURSE_DIR": str(tmp / "clone"), "COURSE_PROFILE": "smoke",
+    env = {"COURSE_SOURCE": source, "COURSE_DIR": str(tmp / "clone"), "COURSE_PROFILE": PROFILE,
            "HF_HUB_OFFLINE": "1", "COURSE_OUTPUT_DIR": None, "COURSE_ROOT": None}  # None: not in the kernel's
     print(f"\nhosted notebook: {seconds}")
     return {"python": python, "tmp": tmp, "env": env, "clone": tmp / "clone", "kept": kept}
@@ -88,9 +90,19 @@ def run_hosted(host: dict, lesson: str) -> nbformat.NotebookNode:
     nb = nbformat.read(REPO_ROOT / "notebooks" / f"{lesson}.ipynb", as_version=4)
     nbformat.write(nb, content / f"{lesson}.ipynb")  # what the learner opened, outside the checkout
     assert REPO_ROOT not in content.resolve().parents
+    import json
+    import time
+
+    from helpers.device import get_device
+    from helpers.results import stamp
+
+    start = time.perf_counter()
     executed = run_notebook(as_nbval_runs(nb), host["python"], content, host["env"])
+    seconds = time.perf_counter() - start
     EXECUTED.mkdir(parents=True, exist_ok=True)
-    nbformat.write(executed, EXECUTED / f"{lesson}.ipynb")
+    nbformat.write(executed, EXECUTED / f"{lesson}.ipynb")  # with its stamp: what site/build.py reads
+    info = {**stamp(get_device()), "profile": PROFILE, "seconds": seconds, "where": "a simulated Colab"}
+    (EXECUTED / f"{lesson}.stamp.json").write_text(json.dumps(info, indent=1))
     return executed
 
 
