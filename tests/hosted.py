@@ -8,7 +8,7 @@ installed, Colab's ipywidgets major version, no `make`, no course.
 What the host "ships" is reached, not reinstalled: the venv has a path file (`host.pth`) naming a folder of
 links to the distributions of torch, ipykernel and pip in the interpreter running the tests, and nothing else
 (helpers and every other dependency of the course must come from the lesson's set-up cell). That keeps a host
-to seconds instead of torch's wheel. ipywidgets 7 is pip-installed into the venv, as Colab ships 7.7.
+to seconds instead of torch's wheel. ipywidgets 7.7.1, Colab's, is pip-installed into the venv.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # set-up cell installs the rest: the course (editable), its offline MiniLM and corpus packages.
 HOST_SHIPS = ("torch", "triton", "numpy", "transformers", "scikit-learn", "matplotlib", "tqdm", "ipykernel",
               "jupyterlab", "pip")
-IPYWIDGETS = "ipywidgets>=7.7,<8"  # Colab ships 7.7.1: the floor the course's widgets are tested on
+IPYWIDGETS = "ipywidgets==7.7.1"  # what Colab ships: the floor the course's widgets are tested on
 
 
 def _closure(names: tuple[str, ...]) -> list[metadata.Distribution]:

@@ -128,6 +128,39 @@ def test_lesson_runs_on_a_hosted_notebook(host: dict, lesson: str) -> None:
     assert Path(helpers_file).resolve().is_relative_to(clone), helpers_file
 
 
+WIDGET_CELL = """
+import torch
+from IPython.display import display
+import ipywidgets
+from helpers.attention import AttentionMaps
+from helpers.widgets import AttentionExplorer
+
+maps = torch.softmax(torch.randn(3, 2, 5, 5, generator=torch.Generator().manual_seed(0)), dim=-1)
+explorer = AttentionExplorer(AttentionMaps(maps=maps, tokens=[f"tok{i}" for i in range(5)]))
+before = explorer.figure
+explorer.layer.value = 2  # what the slider does in the browser
+assert explorer.figure is not before and explorer.figure.axes[0].get_title() == "layer 2, head 0"
+print("ipywidgets", ipywidgets.__version__)
+display(explorer.widget)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_the_widgets_work_with_the_hosts_ipywidgets_7(host: dict) -> None:
+    """helpers.widgets' explorer builds, redraws and shows in the host's kernel, on Colab's ipywidgets."""
+    nb = nbformat.read(REPO_ROOT / "notebooks" / "01_attention.ipynb", as_version=4)
+    boot = next(c for c in nb.cells if c.cell_type == "code")
+    nb.cells = [boot, nbformat.v4.new_code_cell(WIDGET_CELL)]
+    content = host["tmp"] / "content-widgets"
+    content.mkdir()
+    executed = run_notebook(nb, host["python"], content, host["env"])
+    outputs = executed.cells[1].outputs
+    assert any("ipywidgets 7.7" in o.get("text", "") for o in outputs), outputs
+    views = [o["data"]["application/vnd.jupyter.widget-view+json"] for o in outputs
+             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert views and views[0]["version_major"] == 2, outputs  # ipywidgets 7's view protocol
+
+
 @pytest.mark.timeout(600)
 def test_a_lesson_walking_up_from_its_folder_fails_there(host: dict) -> None:
     """Planted: lesson 07's parameters cell with its old line, which looks for scripts/ above the working
