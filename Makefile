@@ -1,11 +1,14 @@
 # The course's two commands (see README.md):
-#   make lab    set everything up, then open Jupyter Lab on notebooks/ (127.0.0.1, token auth on)
+#   make lab    set everything up, copy the lessons into my-lessons/ (yours, ignored by git), then open Jupyter
+#               Lab there (127.0.0.1, token auth on)
 #   make test   set everything up, then run every test (unit, scripts, nbval over every notebook); it
 #               prints the 25 slowest tests, so that what a new lesson or exercise costs is seen
-# and `make course`, which executes every notebook headless into build/ (executed copies + HTML).
+# and `make course`, which executes every notebook headless into build/ (executed copies + HTML), and
+# `make site`, the whole course as a static site of a real run on this machine (build/site/index.html).
 # On a GPU box (air-gapped is fine): `make gpu-check` (see docs/gpu-check.md), after `make gpu-wheels` here.
 #
-# Set-up is idempotent: .venv is created once and re-installed only when pyproject.toml changes.
+# Set-up is idempotent: .venv is created once and re-installed only when pyproject.toml changes. It checks the
+# Python first (PYTHON=python3.12 names another) and repairs a .venv that a failed first set-up left half-made.
 # COURSE_TORCH=cpu|cuda|keep overrides the torch build (default: cuda where nvidia-smi sees a GPU).
 
 PYTHON   ?= python3
@@ -14,30 +17,39 @@ PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.course-installed
 LAB_PORT ?= 8888
 LAB_ARGS ?=
+# your copy of the lessons, where your edits live (in .gitignore); make lab copies new lessons into it
+LESSONS  ?= my-lessons
+# lessons tests/test_hosted.py runs as on Colab instead of nbval (the same checks; not run twice)
+HOSTED_LESSONS := 00_setup 07_distributed
 PYTEST_ARGS ?=
 # `make test TEST_PROFILE=full` on a GPU runs the notebooks with their real sizes
 TEST_PROFILE ?= smoke
 
-.PHONY: setup lab test lint course browser clean gpu-check gpu-wheels test-matrix
+.PHONY: setup lab test lint course site browser clean gpu-check gpu-wheels test-matrix
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install_torch.sh
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(STAMP): pyproject.toml scripts/install_torch.sh scripts/make_venv.sh
+	@bash scripts/make_venv.sh "$(PYTHON)" "$(VENV)"
 	bash scripts/install_torch.sh $(PY)
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[course,test]"
 	@touch $@
 
 lab: $(STAMP)
+	@$(PY) scripts/copy_lessons.py notebooks "$(LESSONS)"
 	# Token authentication stays on; Jupyter prints the URL with the token. Remote box: see README (SSH tunnel).
 	@# Root is the usual user in containers and on cloud GPU boxes, and Jupyter refuses it without --allow-root.
 	@root=; if [ "$$(id -u)" = 0 ]; then root=--allow-root; \
 	  echo "make lab: running as root (usual in containers and on cloud GPU boxes): adding --allow-root"; fi; \
-	exec $(PY) -m jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+	exec $(PY) -m jupyter lab --notebook-dir="$(LESSONS)" --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 	  $$root $(LAB_ARGS)
 
+# What lessons write goes to build/outputs/ (not notebooks/outputs/); lessons in HOSTED_LESSONS run in
+# tests/test_hosted.py (a simulated Colab, with nbval's checks) and nbval leaves them out.
 test: $(STAMP) browser lint
-	COURSE_PROFILE=$(TEST_PROFILE) HF_HUB_OFFLINE=1 $(PY) -m pytest --nbval-lax --nbval-current-env --durations=25 $(PYTEST_ARGS) tests notebooks
+	COURSE_PROFILE=$(TEST_PROFILE) HF_HUB_OFFLINE=1 COURSE_OUTPUT_DIR=$(CURDIR)/build/outputs \
+	  $(PY) -m pytest --nbval-lax --nbval-current-env --durations=25 \
+	  $(foreach l,$(HOSTED_LESSONS),--ignore=notebooks/$(l).ipynb) $(PYTEST_ARGS) tests notebooks
 
 # The suite on one tested version set, in its own venv (.venv-floor / .venv-box, built once from
 # ci/constraints-$(SET).txt): SET=floor (default; torch 2.7.1, transformers 4.52, Python 3.11) or SET=box
@@ -55,6 +67,15 @@ course: $(STAMP)
 	mkdir -p build
 	$(PY) -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=-1 --output-dir build notebooks/*.ipynb
 	$(PY) -m jupyter nbconvert --to html --output-dir build build/*.ipynb
+
+# The whole course as a static site (Sphinx + MyST-NB, the pydata/book theme installed by pip, nothing fetched):
+# every lesson executed here first, every page stamped with this machine and the profile. SITE_PROFILE=full on
+# a GPU; SITE_LESSONS=00,04 builds some lessons only. Opens as build/site/index.html.
+SITE_PROFILE ?=
+SITE_LESSONS ?=
+site: $(STAMP)
+	$(if $(SITE_PROFILE),COURSE_PROFILE=$(SITE_PROFILE)) $(PY) site/build.py --out build/site \
+	  $(if $(SITE_LESSONS),--lessons $(SITE_LESSONS))
 
 # The browser test needs Debian's chromium; installing it is best effort (the test skips, saying why, without it).
 browser:

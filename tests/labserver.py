@@ -4,8 +4,9 @@
     with lab_server(env={"COURSE_PROFILE": "smoke"}) as lab:
         requests_get(lab.url + "api/status", headers={"Authorization": f"token {lab.token}"})
 
-`lab_server()` runs `make -s lab LAB_PORT=<free port> LAB_ARGS="--no-browser ..."` from the repository
-root with a fresh random `JUPYTER_TOKEN` in the environment, waits until the server answers, yields a
+`lab_server()` runs `make -s lab LAB_PORT=<free port> LAB_ARGS="--no-browser ..." LESSONS=<folder>` from the
+repository root (LESSONS: the folder Lab serves, notebooks/ by default, which `make lab` then copies nothing
+into) with a fresh random `JUPYTER_TOKEN` in the environment, waits until the server answers, yields a
 `LabServer` (base URL, token, port, log file) and, on exit, asks the server to shut down (which stops
 its kernels) and then ends the process group it started, children included.
 
@@ -66,14 +67,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def lab_command(port: int, extra_args: Sequence[str] = ()) -> list[str]:
-    """The `make lab` command line for `port`: no browser opened, set-up stamp not rebuilt."""
+def lab_command(port: int, extra_args: Sequence[str] = (), lessons: str | os.PathLike[str] | None = None
+                ) -> list[str]:
+    """The `make lab` command line for `port`: no browser opened, set-up stamp not rebuilt; `lessons` is the
+    folder make lab copies the lessons into and serves (its default, my-lessons/, when None)."""
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
     lab_args = " ".join(["--no-browser", *extra_args])  # as root, `make lab` adds --allow-root itself
     venv = Path(sys.executable).parent.parent  # $(VENV): the stamp make must leave alone is inside it
     return ["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "-o", str(venv / STAMP), "lab",
-            f"VENV={venv}", f"PY={sys.executable}", f"LAB_PORT={port}", f"LAB_ARGS={lab_args}"]
+            f"VENV={venv}", f"PY={sys.executable}", f"LAB_PORT={port}", f"LAB_ARGS={lab_args}",
+            *([f"LESSONS={Path(lessons).resolve()}"] if lessons is not None else [])]
 
 
 def api_request(url: str, token: str | None = None, method: str = "GET",
@@ -151,7 +155,7 @@ def lab_server(
 ) -> Iterator[LabServer]:
     """Run Jupyter Lab via `make lab` on a free port of 127.0.0.1 with a random token; stop it on exit.
 
-    notebook_dir: serve this folder instead of notebooks/ (e.g. a scratch folder in a test);
+    notebook_dir: serve this folder instead of notebooks/ (e.g. a scratch folder in a test), as it is;
     env: extra environment for the server and its kernels (e.g. COURSE_PROFILE=smoke; a None value removes
          the variable, e.g. MPLBACKEND, so kernels draw inline figures); JUPYTERLAB_SETTINGS_DIR may be given;
     extra_args: more Jupyter options, appended to LAB_ARGS; timeout_s: how long to wait for it to answer.
@@ -171,16 +175,12 @@ def lab_server(
         }
         # None in `env` removes a variable
         server_env = {k: v for k, v in server_env.items() if v is not None}
-        cwd = REPO_ROOT
-        if notebook_dir is not None:
-            # The recipe serves the relative path `notebooks` and Jupyter takes one root dir only: run make
-            # from a folder whose `notebooks` links to the requested one.
-            cwd = tmp_path / "cwd"
-            cwd.mkdir()
-            (cwd / "notebooks").symlink_to(Path(notebook_dir).resolve(), target_is_directory=True)
+        # served as it is: `make lab` copies the lessons into LESSONS only when it is another folder
+        lessons = Path(notebook_dir) if notebook_dir is not None else REPO_ROOT / "notebooks"
         log_path = tmp_path / "server.log"
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(lab_command(port, extra_args), cwd=cwd, env=server_env, stdout=log,
+            proc = subprocess.Popen(lab_command(port, extra_args, lessons), cwd=REPO_ROOT, env=server_env,
+                                    stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         server = LabServer(url=f"http://127.0.0.1:{port}/", token=token, port=port, pid=proc.pid,

@@ -1,9 +1,10 @@
 """`make lab`, the README's first command, run as a user runs it: also as root (issue 13).
 
 The test starts `make lab` itself (tests/labserver.py's command line: a free port, no browser, the set-up
-stamp left alone) WITHOUT choosing a token, reads the URL Jupyter prints, checks the token it carries is
-required, and ends the whole process group. As root (the usual user in containers and on cloud GPU boxes),
-Jupyter refuses to start without --allow-root: before the fix, `make lab` exited at once here.
+stamp left alone, the learner's copy of the lessons in a temporary folder) WITHOUT choosing a token, reads
+the URL Jupyter prints, checks the token it carries is required, that the lessons were copied into the
+learner's folder and said so, and ends the whole process group. As root (the usual user in containers and on
+cloud GPU boxes), Jupyter refuses to start without --allow-root: before the fix, `make lab` exited at once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from labserver import REPO_ROOT, api_request, free_port, lab_command, stop_lab  
 
 URL = re.compile(r"(http://127\.0\.0\.1:(\d+)/)lab\?token=([0-9a-f]+)")
 ROOT_LINE = "make lab: running as root"
+COPY_LINE = "make lab: your copy of the lessons is "
 
 
 def test_make_lab_starts_for_this_user_with_token_auth_on_loopback():
@@ -29,7 +31,8 @@ def test_make_lab_starts_for_this_user_with_token_auth_on_loopback():
                    JUPYTER_RUNTIME_DIR=f"{tmp}/runtime")
         log_path = Path(tmp) / "lab.log"
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(lab_command(port), cwd=REPO_ROOT, env=env, stdout=log,
+            lessons = Path(tmp) / "my-lessons"
+            proc = subprocess.Popen(lab_command(port, lessons=lessons), cwd=REPO_ROOT, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         try:
@@ -44,6 +47,9 @@ def test_make_lab_starts_for_this_user_with_token_auth_on_loopback():
             assert url_port == port
             is_root = os.geteuid() == 0
             assert (ROOT_LINE in output) == is_root, output  # said once, and only as root
+            assert f"{COPY_LINE}{lessons}/" in output and "copied 00_setup.ipynb" in output, output
+            committed = sorted(p.name for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
+            assert sorted(p.name for p in lessons.glob("*.ipynb")) == committed
             status, body = 0, None
             for _ in range(40):  # the URL is printed just before the server answers
                 try:

@@ -13,15 +13,44 @@ def _norm(req: str) -> str:
     return re.sub(r"\s+", "", req).lower()
 
 
+def _environment() -> tuple[list, list[str]]:
+    """environment.yml's conda dependencies and its pip section."""
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    return conda, pip_section
+
+
 def test_environment_yml_matches_pyproject():
+    """Every requirement of pyproject.toml (dependencies, test extra) is in environment.yml with the same
+    specifier: torch as conda-forge's `pytorch` (CPU build where there is no GPU), the rest by pip."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {_norm(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
-    env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    conda, pip_section = _environment()
     listed = {_norm(r) for r in pip_section if r.strip() != "-e ."}
+    torch_req = next(r for r in wanted if re.match(r"torch\b", r))
+    assert _norm("py" + torch_req) in {_norm(c) for c in conda}, (
+        f"environment.yml must take {torch_req} from conda-forge as pytorch (a pip torch is the CUDA wheel)")
+    assert not any(re.match(r"torch\b", r) for r in listed), "torch must not come from pip in environment.yml"
+    listed.add(torch_req)
     assert listed == wanted, (f"only in pyproject.toml: {sorted(wanted - listed)}; "
                               f"only in environment.yml: {sorted(listed - wanted)}")
     assert "-e ." in pip_section, "environment.yml must install the course itself (-e .)"
+    assert "cpuonly" not in conda, "cpuonly does not change a pip torch, and conda-forge's pytorch needs none"
+
+
+def test_python_range_is_the_same_everywhere():
+    """pyproject.toml's floor, environment.yml's pin and the set-up check (scripts/make_venv.sh) agree."""
+    floor = re.fullmatch(r">=(3\.\d+)", tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "requires-python"].split("#")[0].strip())[1]
+    script = (ROOT / "scripts" / "make_venv.sh").read_text()
+    low = re.search(r"^MIN=(\S+)", script, re.M)[1]
+    high = re.search(r"^TESTED_MAX=(\S+)", script, re.M)[1]
+    conda, _ = _environment()
+    python = next(c for c in conda if c.startswith("python"))
+    assert low == floor, (low, floor)
+    minor = int(high.split(".")[1])
+    assert _norm(python) == f"python>={floor},<3.{minor + 1}", python
 
 
 def test_torch_is_a_range_not_a_pin():
@@ -41,6 +70,7 @@ def test_lab_binds_loopback_and_keeps_the_token():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+    assert "environment.yml" in (ROOT / "README.md").read_text(), "the README names the conda route"
 
 
 def test_readme_shows_the_latest_ladder_results():

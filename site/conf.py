@@ -1,0 +1,21 @@
+"""Sphinx configuration of the course's static site (`make site`; site/build.py writes the pages it reads).
+
+MyST-NB renders the executed lessons (nothing is executed here: build.py ran them), sphinx-book-theme lays
+them out with the lessons in order in the sidebar and previous/next links; both are pip packages, and nothing
+is fetched while building.
+"""
+
+project = "Fast Transformer training with PyTorch"
+author = "the course's authors"
+extensions = ["myst_nb"]
+html_theme = "sphinx_book_theme"
+html_title = project
+html_theme_options = {"show_navbar_depth": 1, "home_page_in_toc": True}
+html_static_path: list[str] = []
+nb_execution_mode = "off"  # the pages hold the outputs of build.py's run on this machine
+nb_render_markdown_format = "gfm"  # tables printed by the lessons (helpers.tables) are GitHub-flavoured
+myst_enable_extensions = ["dollarmath"]
+exclude_patterns = ["**.ipynb_checkpoints"]
+# A lesson links to the course's files (../docs/claims.md, ../solutions/): those live in the repository, not
+# in the site; leave such links as they are instead of warning for each.
+suppress_warnings = ["myst.xref_missing", "myst.header", "misc.highlighting_failure"]

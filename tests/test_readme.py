@@ -1,0 +1,80 @@
+"""Every command the README shows runs as written (issue 31): `make` targets that exist, the venv's
+interpreter (`.venv/bin/python`, never a bare `python` that assumes an activated venv), paths that exist,
+and a clone of the repository pyproject.toml names, entered by its folder name."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BARE = ("python", "python3", "pip", "pip3", "torchrun", "jupyter", "pytest")  # need an activated venv
+TOP = ("scripts", "benchmarks", "docker", "notebooks", "docs", "helpers", "data", "ci", "site", "tests",
+       "solutions")
+GENERATED = re.compile(r"<!-- results:begin.*?<!-- results:end -->", re.S)  # benchmarks/update_readme.py's
+
+
+def _targets(makefile: str) -> set[str]:
+    return {m for line in makefile.splitlines() for m in re.findall(r"^([A-Za-z][\w.-]*)\s*:(?!=)", line)}
+
+
+def _commands(text: str) -> list[str]:
+    """Shell commands of the README: each line of its bash blocks (continuations joined), and each inline
+    code span that starts like a command."""
+    text = GENERATED.sub("", text)
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        found += [line for line in block.replace("\\\n", " ").splitlines()
+                  if line.strip() and not line.lstrip().startswith("#")]
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)?)`(?!`)", prose):
+        span = " ".join(span.split())
+        if re.match(r"(\w+=\S+ )*(make( |$)|\.venv/bin/|python3? |torchrun |git clone |sbatch |bash )", span):
+            found.append(span)
+    return found
+
+
+def problems(readme: str, root: Path = ROOT) -> list[str]:
+    """What in `readme`'s commands names a missing target or path, or runs a bare interpreter."""
+    targets = _targets((root / "Makefile").read_text())
+    repo = tomllib.loads((root / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    out = []
+    for line in _commands(readme):
+        for command in re.split(r"\s*(?:&&|;|\|)\s*", line.split(" #")[0]):
+            try:
+                words = shlex.split(command)
+            except ValueError:
+                words = command.split()
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                words = words[1:]  # VAR=value before the command
+            if not words:
+                continue
+            if words[0] in BARE:
+                out.append(f"{command!r}: a bare {words[0]} needs an activated venv: .venv/bin/{words[0]}")
+            if words[0] == "make":
+                out += [f"{command!r}: no make target {w!r}" for w in words[1:]
+                        if not w.startswith(("-", "[")) and "=" not in w and w not in targets]
+            if words[:2] == ["git", "clone"] and words[2] != repo + ".git":
+                out.append(f"{command!r}: the repository is {repo}.git (pyproject.toml)")
+            if words[0] == "cd" and "clone" in line and words[1] != repo.rsplit("/", 1)[1]:
+                out.append(f"{command!r}: the clone's folder is {repo.rsplit('/', 1)[1]}")
+            for word in words:
+                path = word.split("=", 1)[-1].rstrip(".,:;)")
+                if path.split("/")[0] in TOP and "<" not in path and "*" not in path \
+                        and not (root / path).exists():
+                    out.append(f"{command!r}: {path} does not exist")
+    return out
+
+
+def test_every_readme_command_names_what_exists():
+    assert problems((ROOT / "README.md").read_text()) == []
+
+
+def test_a_missing_target_path_or_a_bare_python_is_found():
+    planted = ("```bash\nmake lab\nmake nosuch-target\n.venv/bin/python scripts/no_such_script.py\n```\n"
+               "then `python benchmarks/ladder.py --greedy` and `make test PYTEST_ARGS=-x`\n")
+    found = problems(planted)
+    assert len(found) == 3, found
+    assert "nosuch-target" in found[0] and "no_such_script.py" in found[1] and "bare python" in found[2]
