@@ -1,0 +1,515 @@
+"""Answers learners write to the checked exercises, for tests/test_exercises.py: for each exercise, WRONG
+answers (each a mistake, keyed by the mistake its check must name) and RIGHT ones (other valid ways, which must
+pass). Each is written from scratch as a learner would write it, not as an edit of the solution: a check is only
+as good as the wrong answers it has been shown to reject. A key may carry a suffix after "#" when two answers
+make the same mistake in different code ("no-tiling#sdpa-free").
+"""
+
+from __future__ import annotations
+
+WRONG: dict[str, dict[str, str]] = {}
+RIGHT: dict[str, dict[str, str]] = {}
+
+# --- 00-roofline: intensity_and_regime(op, n, roof) -------------------------------------------------------
+
+WRONG["00-roofline"] = {
+    "ridge-fastest": '''
+def intensity_and_regime(op, n, roof):
+    sizes = {"matmul": (2 * n**3, 3 * n * n), "add": (n, 3 * n), "matvec": (2 * n * n, n * n + 2 * n)}
+    flops, elements = sizes[op]
+    nbytes = 4 * elements
+    ridge = max(roof.matmul_flops.values()) / roof.bandwidth  # the best the device can do
+    ai = flops / nbytes
+    return flops, nbytes, ai, "compute-bound" if ai >= ridge else "memory-bound"
+''',
+    "ridge-first-precision": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":
+        f, b = 2 * n ** 3, 12 * n ** 2
+    elif op == "add":
+        f, b = n, 12 * n
+    else:
+        f, b = 2 * n ** 2, 4 * (n ** 2 + 2 * n)
+    peak = list(roof.matmul_flops.values())[0]
+    return f, b, f / b, ("compute-bound" if f / b >= peak / roof.bandwidth else "memory-bound")
+''',
+    "flops-multiply-add": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":
+        flops = n ** 3  # n² outputs, n multiply-adds each
+        moved = 3 * n * n * 4
+    elif op == "add":
+        flops = n
+        moved = 3 * n * 4
+    else:
+        flops = n * n
+        moved = (n * n + 2 * n) * 4
+    intensity = flops / moved
+    ridge = roof.ridge_point("fp32")
+    return flops, moved, intensity, "compute-bound" if intensity >= ridge else "memory-bound"
+''',
+    "flops-add-doubled": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": 2 * n, "matvec": 2 * n ** 2}[op]  # two FLOPs per element
+    moved = {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op] * 4
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, moved, flops / moved, "compute-bound" if flops / moved >= ridge else "memory-bound"
+''',
+    "bytes-missing-tensor": '''
+def intensity_and_regime(op, n, roof):
+    # bytes: what the op reads
+    if op == "matmul":
+        flops, nbytes = 2 * n ** 3, 2 * n * n * 4
+    elif op == "add":
+        flops, nbytes = n, 2 * n * 4
+    else:
+        flops, nbytes = 2 * n * n, (n * n + n) * 4
+    i = flops / nbytes
+    return flops, nbytes, i, "compute-bound" if i >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+''',
+    "bytes-missing-tensor#like-x-plus-x": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    if op == "add":
+        nbytes = 8 * n  # as in the lesson: 8 bytes per element
+    elif op == "matmul":
+        nbytes = 12 * n * n
+    else:
+        nbytes = 4 * (n * n + 2 * n)
+    ai = flops / nbytes
+    return flops, nbytes, ai, "compute-bound" if ai >= roof.ridge_point() else "memory-bound"
+''',
+    "bytes-no-reuse": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":  # every multiply-add reads one element of A and one of B; C written once
+        flops, nbytes = 2 * n ** 3, (2 * n ** 3 + n ** 2) * 4
+    elif op == "add":
+        flops, nbytes = n, 12 * n
+    else:
+        flops, nbytes = 2 * n ** 2, (n * n + 2 * n) * 4
+    ai = flops / nbytes
+    return flops, nbytes, ai, "compute-bound" if ai >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+''',
+    "bytes-per-element": '''
+def intensity_and_regime(op, n, roof):
+    el = {"matmul": 3 * n * n, "add": 3 * n, "matvec": n * n + 2 * n}[op]
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n * n}[op]
+    nbytes = el * 8  # float
+    r = flops / nbytes
+    return flops, nbytes, r, "compute-bound" if r >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+''',
+    "bytes-in-elements": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":
+        return _out(2 * n ** 3, 3 * n * n, roof)
+    if op == "add":
+        return _out(n, 3 * n, roof)
+    return _out(2 * n * n, n * n + 2 * n, roof)
+
+
+def _out(flops, moved, roof):
+    ai = flops / moved
+    return flops, moved, ai, "compute-bound" if ai >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+''',
+    "intensity-inverted": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = nbytes / flops  # bytes per FLOP
+    return flops, nbytes, intensity, "compute-bound" if intensity < 1 else "memory-bound"
+''',
+    "ridge-not-a-ratio": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    return flops, nbytes, intensity, "compute-bound" if intensity >= roof.matmul_flops["fp32"] else "memory-bound"
+''',
+    "regime-inverted": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    # above the ridge the op needs more bytes than the memory gives
+    return flops, nbytes, intensity, "memory-bound" if intensity >= ridge else "compute-bound"
+''',
+    "regime-name": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    return flops, nbytes, intensity, "compute" if intensity >= roof.ridge_point("fp32") else "memory"
+''',
+    "return-shape": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    return intensity, "compute-bound" if intensity >= roof.ridge_point("fp32") else "memory-bound"
+''',
+}
+RIGHT["00-roofline"] = {
+    "ridge_point-and-strict-comparison": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    elements = {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    nbytes = elements * 4
+    ridge = roof.ridge_point("fp32")
+    return flops, nbytes, flops / nbytes, "memory-bound" if flops / nbytes < ridge else "compute-bound"
+''',
+    "element-size-from-torch": '''
+import torch
+
+
+def intensity_and_regime(op, n, roof):
+    size = torch.finfo(torch.float32).bits // 8
+    shapes = {"matmul": ([(n, n), (n, n)], (n, n), 2 * n ** 3),
+              "add": ([(n,), (n,)], (n,), n),
+              "matvec": ([(n, n), (n,)], (n,), 2 * n * n)}
+    ins, out, flops = shapes[op]
+    count = sum(torch.Size(s).numel() for s in ins) + torch.Size(out).numel()
+    nbytes = count * size
+    peak = roof.matmul_flops["fp32"]
+    regime = "compute-bound" if flops / nbytes * roof.bandwidth >= peak else "memory-bound"
+    return flops, nbytes, flops / nbytes, regime
+''',
+}
+
+# --- 01-flash-forward: flash_forward(q, k, v, block_k) ---------------------------------------------------
+
+WRONG["01-flash-forward"] = {
+    "block-size-ignored": '''
+import torch
+BLOCK = 16
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], BLOCK):
+        s = q @ k[:, :, start:start + BLOCK].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:start + BLOCK]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "input-changed": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    q *= q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1)
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "keys-from-q": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    B, H, N, d = q.shape
+    m = torch.full((B, H, N), float("-inf"))
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    for start in range(0, N, block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) / d ** 0.5
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "last-partial-block": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    n_blocks = k.shape[2] // block_k
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for i in range(n_blocks):
+        kb = k[:, :, i * block_k:(i + 1) * block_k]
+        vb = v[:, :, i * block_k:(i + 1) * block_k]
+        s = q @ kb.transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ vb
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "lse-is-max": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], m
+''',
+    "lse-without-max": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], torch.log(l)
+''',
+    "missing-rescale": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    B, H, N, d = q.shape
+    m = torch.full((B, H, N), float("-inf"))
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) / d ** 0.5
+        m = torch.maximum(m, s.max(dim=-1).values)
+        p = torch.exp(s - m.unsqueeze(-1))
+        l = l + p.sum(-1)
+        acc = acc + p @ v[:, :, j:j + block_k]
+    return acc / l.unsqueeze(-1), m + torch.log(l)
+''',
+    "missing-scale": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1)
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "whole-score-matrix": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+''',
+    "not-normalised": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    o = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = (q @ k[:, :, j:j + block_k].transpose(2, 3)) * scale
+        m2 = torch.maximum(m, s.amax(3))
+        c = torch.exp(m - m2)
+        p = torch.exp(s - m2[..., None])
+        l = l * c + p.sum(3)
+        o = o * c[..., None] + p @ v[:, :, j:j + block_k]
+        m = m2
+    return o, m + torch.log(l)
+''',
+    "whole-score-rows": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    outs, lses = [], []
+    for i in range(0, q.shape[2], block_k):
+        s = q[:, :, i:i + block_k] @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        outs.append(torch.softmax(s, -1) @ v)
+        lses.append(torch.logsumexp(s, -1))
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+''',
+    "rescale-acc-only": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = 1 / q.shape[-1] ** 0.5
+    m = torch.full(q.shape[:-1], -float("inf"))
+    l = torch.zeros(q.shape[:-1])
+    acc = torch.zeros_like(q)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].mT * scale
+        new_m = torch.max(m, s.amax(-1))
+        acc = acc * torch.exp(m - new_m)[..., None]
+        p = torch.exp(s - new_m[..., None])
+        l = l + p.sum(-1)
+        acc = acc + p @ v[:, :, j:j + block_k]
+        m = new_m
+    return acc / l[..., None], m + l.log()
+''',
+    "slice-off-by-one": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], block_k):
+        end = start + block_k - 1
+        s = q @ k[:, :, start:end].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:end]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "uses-course-code": '''
+import torch
+from helpers.attention import tiled_attention
+def flash_forward(q, k, v, block_k=16):
+    o = tiled_attention(q, k, v, block_k=block_k)
+    lse = torch.logsumexp(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, -1)
+    return o, lse
+''',
+    "uses-sdpa": '''
+import torch
+import torch.nn.functional as F
+def flash_forward(q, k, v, block_k=16):
+    o = F.scaled_dot_product_attention(q, k, v)
+    lse = torch.logsumexp(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)
+    return o, lse
+''',
+    "wrong-shape": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3] + (1,), float("-inf"))
+    l = torch.zeros(q.shape[:3] + (1,))
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new)
+        l = l * a + p.sum(-1, keepdim=True)
+        acc = acc * a + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l, m + torch.log(l)
+''',
+}
+RIGHT["01-flash-forward"] = {
+    "exp2": '''
+import math
+import torch
+def flash_forward(q, k, v, block_k=16):
+    c = q.shape[-1] ** -0.5 * math.log2(math.e)  # scores in base 2: exp(x) = 2 ** (x · log2 e)
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = (q @ k[:, :, j:j + block_k].transpose(-2, -1)) * c
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp2(m - m_new)
+        p = torch.exp2(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], (m + torch.log2(l)) * math.log(2)
+''',
+    "float64-accumulation": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"), dtype=torch.float64)
+    l = torch.zeros(q.shape[:3], dtype=torch.float64)
+    acc = torch.zeros(q.shape, dtype=torch.float64)
+    for j in range(0, k.shape[2], block_k):
+        s = q64 @ k64[:, :, j:j + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v64[:, :, j:j + block_k]
+        m = m_new
+    return (acc / l[..., None]).to(q.dtype), (m + torch.log(l)).to(q.dtype)
+''',
+    "log-domain": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    # keep the running logsumexp L itself, and acc already normalised by it
+    scale = q.shape[-1] ** -0.5
+    L = torch.full(q.shape[:3], float("-inf"))
+    o = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) * scale
+        lb = torch.logsumexp(s, -1)
+        L_new = torch.logaddexp(L, lb)
+        o = o * torch.exp(L - L_new)[..., None] + torch.exp(s - L_new[..., None]) @ v[:, :, j:j + block_k]
+        L = L_new
+    return o, L
+''',
+    "transposed-tiles": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    # tiles as (keys, queries): kb @ qᵀ
+    scale = q.shape[-1] ** -0.5
+    qt = q.transpose(-2, -1)
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        st = (k[:, :, j:j + block_k] @ qt) * scale  # (B, H, block, N_q)
+        m_new = torch.maximum(m, st.amax(-2))
+        a = torch.exp(m - m_new)
+        pt = torch.exp(st - m_new[:, :, None, :])
+        l = l * a + pt.sum(-2)
+        acc = acc * a[..., None] + pt.transpose(-2, -1) @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "two-level": '''
+import torch
+def flash_forward(q, k, v, block_k=16, block_q=8):
+    scale = q.shape[-1] ** -0.5
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3])
+    for i in range(0, q.shape[2], block_q):
+        qi = q[:, :, i:i + block_q] * scale
+        m = torch.full(qi.shape[:3], float("-inf"))
+        l = torch.zeros(qi.shape[:3])
+        acc = torch.zeros_like(qi)
+        for j in range(0, k.shape[2], block_k):
+            s = qi @ k[:, :, j:j + block_k].transpose(-2, -1)
+            m_new = torch.maximum(m, s.amax(-1))
+            a = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[..., None])
+            l = l * a + p.sum(-1)
+            acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+            m = m_new
+        out[:, :, i:i + block_q] = acc / l[..., None]
+        lse[:, :, i:i + block_q] = m + torch.log(l)
+    return out, lse
+''',
+}
