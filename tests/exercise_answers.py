@@ -513,3 +513,360 @@ def flash_forward(q, k, v, block_k=16, block_q=8):
     return out, lse
 ''',
 }
+
+# --- 03-largest-batch: largest_batch(step_fn, limit) --------------------------------------------------------
+
+WRONG["03-largest-batch"] = {
+    "swallowed-error": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def ok(n):
+        try:
+            step_fn(n)
+        except RuntimeError:  # CUDA's out-of-memory error is a RuntimeError
+            failed = True
+        else:
+            failed = False
+        if failed:
+            gc.collect()
+            torch.cuda.empty_cache()
+        return not failed
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        if ok(limit):
+            return limit
+        hi = limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "swallowed-error#except-exception": '''
+import gc
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except Exception:
+            pass
+        gc.collect()
+        return False
+
+    good, n = 0, 1
+    while n <= limit and fits(n):
+        good, n = n, 2 * n
+    if good == 0:
+        return 0
+    bad = min(n, limit + 1)
+    if bad == limit + 1 and (good == limit or fits(limit)):
+        return limit
+    bad = min(bad, limit)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+''',
+    "uses-course-code": '''
+from helpers.memory import find_max_batch_size
+
+
+def largest_batch(step_fn, limit):
+    return find_max_batch_size(step_fn, limit=limit, verbose=False)
+''',
+    "no-gc": '''
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return False
+        return True
+
+    lo = 0
+    n = 1
+    while n <= limit and fits(n):
+        lo = n
+        n *= 2
+    if lo == 0:
+        return 0
+    hi = n if n <= limit else limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "gc-while-error-held": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            gc.collect()  # free the failed step right away
+            return False
+
+    lo, n = 0, 1
+    while n <= limit and fits(n):
+        lo, n = n, n * 2
+    if lo == 0:
+        return 0
+    hi = n if n <= limit else limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "kept-error": '''
+import gc
+
+import torch
+
+errors = []  # what went wrong, for the log
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError as err:
+            errors.append(err)
+        gc.collect()
+        return False
+
+    lo, n = 0, 1
+    while n <= limit and fits(n):
+        lo, n = n, n * 2
+    if lo == 0:
+        return 0
+    hi = n if n <= limit else limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "no-bisect": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    best, n = 0, 1
+    while n <= limit:
+        try:
+            step_fn(n)
+        except torch.cuda.OutOfMemoryError:
+            break
+        best, n = n, n * 2
+    gc.collect()
+    return best
+''',
+    "limit-not-tried": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    good, n = 0, 1
+    while n <= limit:
+        if not fits(n):
+            break
+        good, n = n, n * 2
+    else:
+        return good  # doubled past the limit: good is the largest
+    while n - good > 1:
+        mid = (good + n) // 2
+        if fits(mid):
+            good = mid
+        else:
+            n = mid
+    return good
+''',
+    "off-by-one": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        if fits(limit):
+            return limit
+        hi = limit
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+''',
+    "linear-search": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    n = 0
+    while n < limit:
+        try:
+            step_fn(n + 1)
+        except torch.cuda.OutOfMemoryError:
+            break
+        n += 1
+    gc.collect()
+    return n
+''',
+    "beyond-limit": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    lo, hi = 0, 1
+    while fits(hi):  # double until it fails
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return min(lo, limit)
+''',
+}
+RIGHT["03-largest-batch"] = {
+    "oom-by-message": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except RuntimeError as err:  # CUDA, MPS and CPU allocators all say "out of memory"
+            if "out of memory" not in str(err).lower():
+                raise
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return False
+
+    lo, n = 0, 1
+    while n <= limit and fits(n):
+        lo, n = n, n * 2
+    if lo == 0:
+        return 0
+    hi = n if n <= limit else limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "inclusive-bounds": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        ok = True
+        try:
+            step_fn(n)
+        except torch.OutOfMemoryError:
+            ok = False
+        if not ok:
+            gc.collect()
+        return ok
+
+    size = 1
+    while size < limit and fits(size):
+        size *= 2
+    lo, hi = max(size // 2, 1), min(size, limit)  # the answer lies in [lo - 1, hi]
+    if not fits(lo):
+        return lo - 1
+    while lo < hi:  # invariant: lo fits
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+''',
+}
