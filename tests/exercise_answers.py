@@ -870,3 +870,221 @@ def largest_batch(step_fn, limit):
     return lo
 ''',
 }
+
+# --- 06-hidden-syncs: train_loop(train_step, batches) --------------------------------------------------------
+
+WRONG["06-hidden-syncs"] = {
+    "per-step-read": '''
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        loss = train_step(batch)
+        losses.append(loss.item())
+    if any(x != x or x in (float("inf"), float("-inf")) for x in losses):
+        raise FloatingPointError("a loss is not finite")
+    return losses
+''',
+    "per-step-read#if-on-a-tensor": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for i, batch in enumerate(batches):
+        loss = train_step(batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"step {i}")
+        losses.append(loss)
+    return torch.stack(losses).tolist()
+''',
+    "per-step-read#math-isfinite": '''
+import math
+
+
+def train_loop(train_step, batches):
+    out = []
+    for i, batch in enumerate(batches):
+        loss = train_step(batch)
+        if not math.isfinite(loss):  # math, not torch: no tensor op on the device
+            raise FloatingPointError(f"step {i}: {loss}")
+        out.append(loss)
+    return [float(x) for x in out]
+''',
+    "per-step-copy": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        losses.append(train_step(batch).to("cpu"))  # collect on the host
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("loss is not finite")
+    return stacked.tolist()
+''',
+    "per-step-copy#host-buffer": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = torch.zeros(len(batches))
+    for i, batch in enumerate(batches):
+        losses[i] = train_step(batch)
+    if not torch.isfinite(losses).all():
+        raise FloatingPointError("loss is not finite")
+    return losses.tolist()
+''',
+    "per-step-shape": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses, bad = [], []
+    for i, batch in enumerate(batches):
+        loss = train_step(batch)
+        losses.append(loss)
+        bad.append(torch.nonzero(~torch.isfinite(loss.reshape(1))))  # indices of a bad loss, if any
+    if torch.cat(bad).numel():
+        raise FloatingPointError("a loss is not finite")
+    return torch.stack(losses).tolist()
+''',
+    "per-step-shape#boolean-mask": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses, finite = [], []
+    for batch in batches:
+        loss = train_step(batch).reshape(1)
+        losses.append(loss)
+        finite.append(loss[torch.isfinite(loss)])  # keeps only the finite ones
+    if len(torch.cat(finite)) < len(losses):
+        raise FloatingPointError("a loss is not finite")
+    return torch.cat(losses).tolist()
+''',
+    "per-step-numpy": '''
+import numpy as np
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        losses.append(np.asarray(train_step(batch)))
+    values = np.array(losses, dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise FloatingPointError("not finite")
+    return values.tolist()
+''',
+    "per-step-print": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for step, batch in enumerate(batches):
+        loss = train_step(batch)
+        print(f"step {step}: loss {loss:.4f}")
+        losses.append(loss)
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("not finite")
+    return stacked.tolist()
+''',
+    "not-floats": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = torch.stack([train_step(b) for b in batches])
+    if not torch.isfinite(losses).all():
+        raise FloatingPointError("not finite")
+    return losses
+''',
+    "nan-unnoticed": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    return torch.stack([train_step(b) for b in batches]).tolist()
+''',
+    "wrong-error": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = torch.stack([train_step(b) for b in batches])
+    assert torch.isfinite(losses).all(), "a loss is not finite"
+    return losses.tolist()
+''',
+    "losses-differ": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = [train_step(b) for b in batches]
+    mean = torch.stack(losses).mean()  # the epoch's loss
+    if not torch.isfinite(mean):
+        raise FloatingPointError("not finite")
+    return [mean.item()]
+''',
+}
+RIGHT["06-hidden-syncs"] = {
+    "floats-after-the-loop": '''
+import math
+
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = [train_step(b) for b in batches]
+    out = []
+    for loss in losses:
+        out.append(float(loss))
+    if not all(math.isfinite(x) for x in out):
+        raise FloatingPointError("not finite")
+    return out
+''',
+    "one-copy-then-numpy": '''
+import math
+
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = [train_step(batch) for batch in batches]
+    values = torch.stack(losses).cpu().numpy()  # one copy to the host, after the loop
+    for i, x in enumerate(values.tolist()):
+        if not math.isfinite(x):
+            raise FloatingPointError(f"step {i}: the loss is {x}")
+    return values.tolist()
+''',
+    "device-buffer": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    buf = None
+    for i, batch in enumerate(batches):
+        loss = train_step(batch)
+        if buf is None:
+            buf = torch.empty(len(batches), device=loss.device)  # on the loss's device
+        buf[i] = loss
+    if not bool(torch.isfinite(buf).all()):
+        raise FloatingPointError("a loss is not finite")
+    return buf.tolist()
+''',
+    "read-each-after-the-loop": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        losses.append(train_step(batch))
+    out = [x.item() for x in losses]  # after the loop: the device has nothing left to do
+    if not all(torch.isfinite(torch.tensor(out))):
+        raise FloatingPointError("a loss is not finite")
+    return out
+''',
+}
