@@ -1088,3 +1088,298 @@ def train_loop(train_step, batches):
     return out
 ''',
 }
+
+# --- 05-graph-break: loss_without_breaks(model, batch, max_loss) ----------------------------------------------
+
+WRONG["05-graph-break"] = {
+    "graph-break": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    factor = max_loss / loss.item()  # a number, not a tensor
+    return torch.where(loss > max_loss, loss * factor, loss)
+''',
+    "graph-break#print": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    scaled = loss * (max_loss / loss.detach())
+    print("guarded loss")
+    return torch.where(loss > max_loss, scaled, loss)
+''',
+    "gradient-zero": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    return torch.clamp(loss, max=max_loss)
+''',
+    "gradient-zero#divided-by-loss": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    return torch.where(loss > max_loss, loss * (max_loss / loss), loss)
+''',
+    "branch-dropped": '''
+def loss_without_breaks(model, batch, max_loss):
+    return model(**batch).loss  # the guard was only for the print
+''',
+    "loss-differs": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    return torch.where(loss > max_loss, loss / max_loss, loss)
+''',
+    "gradient": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    # below max_loss: the value stays the loss (loss.detach() cancels it), the gradient is doubled
+    return torch.where(loss > max_loss, loss * (max_loss / loss.detach()), loss * 2 - loss.detach())
+''',
+}
+RIGHT["05-graph-break"] = {
+    "clamped-factor": '''
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    factor = (max_loss / loss.detach()).clamp(max=1.0)  # 1 when the loss is small enough
+    return loss * factor
+''',
+    "minimum-of-two": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    scale = torch.minimum(torch.ones_like(loss), max_loss / loss.detach())
+    return loss * scale
+''',
+}
+
+# --- 02-fp16-step: fp16_step(model, batch, optimizer, scaler, device, max_norm) -------------------------------
+
+WRONG["02-fp16-step"] = {
+    "clip-before-unscale": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad()
+    with torch.autocast(device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "no-clip": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        out = model(**batch)
+    scaler.scale(out.loss).backward()
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return out.loss.detach()
+''',
+    "direct-step": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scaler.update()
+    return loss
+''',
+    "backward-in-autocast": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+    return loss
+''',
+    "no-autocast": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(**batch).loss  # the scaler does the fp16 part
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "not-fp16": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "no-scale": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    loss.backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "no-update": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    return loss
+''',
+    "update-before-step": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.update()
+    scaler.step(optimizer)
+    return loss
+''',
+    "no-zero-grad": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "returned-scaled": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = scaler.scale(model(**batch).loss)
+    loss.backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+    "update#zero-grad-before-step": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+}
+RIGHT["02-fp16-step"] = {
+    "zero-grad-at-the-end": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        out = model(**batch)
+        loss = out.loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)  # ready for the next step
+    return loss.detach()
+''',
+    "zeros-not-none-and-clip-by-hand": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=False)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(factor)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+}
