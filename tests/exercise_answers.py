@@ -1383,3 +1383,317 @@ def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
     return loss
 ''',
 }
+
+# --- 07-bucketed-allreduce: attach_grad_allreduce(model, bucket_cap_bytes) -> finish ------------------------
+# (run in torchrun's worker processes, where `torch` and `dist` are defined)
+
+WRONG["07-bucketed-allreduce"] = {
+    "waited-in-backward": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    state = {"params": [], "bytes": 0}
+
+    def flush():
+        params = state["params"]
+        if not params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, async_op=True).wait()  # async, so it does not block
+        flat /= world
+        i = 0
+        for p in params:
+            p.grad.copy_(flat[i:i + p.numel()].view_as(p))
+            i += p.numel()
+        state["params"], state["bytes"] = [], 0
+
+    def hook(p):
+        state["params"].append(p)
+        state["bytes"] += p.grad.nbytes
+        if state["bytes"] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    return flush
+''',
+    "cap-ignored": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    params = [p for p in model.parameters() if p.requires_grad]
+    ready, pending = [], []
+
+    def hook(p):
+        ready.append(p)
+        if len(ready) == len(params):  # every gradient is in: send them all at once
+            flat = torch.cat([q.grad.flatten() for q in ready])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(ready)))
+            ready.clear()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for work, flat, ps in pending:
+            work.wait()
+            flat /= dist.get_world_size()
+            offset = 0
+            for q in ps:
+                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
+                offset += q.numel()
+        pending.clear()
+
+    return finish
+''',
+    "cap-in-elements": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, pending = [], []
+
+    def send():
+        if bucket:
+            flat = torch.cat([p.grad.view(-1) for p in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, bucket[:]))
+            bucket.clear()
+
+    def hook(p):
+        bucket.append(p)
+        if sum(q.numel() for q in bucket) >= bucket_cap_bytes:
+            send()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        send()
+        for work, flat, ps in pending:
+            work.wait()
+            flat.div_(dist.get_world_size())
+            for q, piece in zip(ps, flat.split([q.numel() for q in ps])):
+                q.grad.copy_(piece.view_as(q.grad))
+        pending.clear()
+
+    return finish
+''',
+    "summed": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, size, pending = [], [0], []
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+            size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for h, flat, ps in pending:
+            h.wait()  # all_reduce gives the average over the processes
+            n = 0
+            for p in ps:
+                p.grad.copy_(flat[n:n + p.numel()].view_as(p.grad))
+                n += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    "last-bucket": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, size, pending = [], [0], []
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            flat = torch.cat([q.grad.flatten() for q in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+            size[0] = 0
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for h, flat, ps in pending:
+            h.wait()
+            flat /= dist.get_world_size()
+            n = 0
+            for q in ps:
+                q.grad.copy_(flat[n:n + q.numel()].view_as(q.grad))
+                n += q.numel()
+        pending.clear()
+
+    return finish
+''',
+    "no-overlap": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    params = list(model.parameters())
+
+    def finish():  # after backward every gradient is there: reduce them in buckets
+        world = dist.get_world_size()
+        bucket, size = [], 0
+        for p in reversed(params):
+            bucket.append(p)
+            size += p.grad.numel() * 4
+            if size >= bucket_cap_bytes or p is params[0]:
+                flat = torch.cat([q.grad.flatten() for q in bucket])
+                dist.all_reduce(flat)
+                flat /= world
+                n = 0
+                for q in bucket:
+                    q.grad.copy_(flat[n:n + q.numel()].view_as(q.grad))
+                    n += q.numel()
+                bucket, size = [], 0
+
+    return finish
+''',
+    "blocking": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket = []
+
+    def reduce(ps):
+        flat = torch.cat([p.grad.flatten() for p in ps])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        n = 0
+        for p in ps:
+            p.grad.copy_(flat[n:n + p.numel()].view_as(p.grad))
+            n += p.numel()
+
+    def hook(p):
+        bucket.append(p)
+        if sum(q.grad.nbytes for q in bucket) >= bucket_cap_bytes:
+            reduce(bucket)
+            bucket.clear()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            reduce(bucket)
+            bucket.clear()
+
+    return finish
+''',
+    "not-bucketed": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    pending = []
+
+    def hook(p):
+        pending.append((dist.all_reduce(p.grad, async_op=True), p))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for work, p in pending:
+            work.wait()
+            p.grad /= dist.get_world_size()
+        pending.clear()
+
+    return finish
+''',
+    "not-written-back": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, pending = [], []
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat))
+            bucket.clear()
+
+    def hook(p):
+        bucket.append(p)
+        if sum(q.grad.numel() * q.grad.element_size() for q in bucket) >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat in pending:
+            work.wait()
+            flat /= dist.get_world_size()  # the averaged gradients
+        pending.clear()
+
+    return finish
+''',
+}
+RIGHT["07-bucketed-allreduce"] = {
+    "divide-first-and-stay-under-the-cap": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, pending = [], []
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket]) / world  # average first, then sum
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+
+    def hook(p):
+        nbytes = p.grad.numel() * p.grad.element_size()
+        if bucket and sum(q.grad.numel() * q.grad.element_size() for q in bucket) + nbytes > bucket_cap_bytes:
+            flush()  # this gradient would take the bucket over the cap
+        bucket.append(p)
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat, ps in pending:
+            work.wait()
+            for p, piece in zip(ps, flat.split([p.numel() for p in ps])):
+                p.grad.copy_(piece.view_as(p.grad))
+        pending.clear()
+
+    return finish
+''',
+    "futures": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, size, futures = [], [0], []
+
+    def launch():
+        ps = list(bucket)
+        flat = torch.cat([p.grad.flatten() for p in ps])
+        fut = dist.all_reduce(flat, async_op=True).get_future()
+
+        def write_back(f):  # runs when the bytes have arrived
+            out = f.value()[0] / world
+            for p, piece in zip(ps, out.split([p.numel() for p in ps])):
+                p.grad.copy_(piece.view_as(p.grad))
+
+        futures.append(fut.then(write_back))
+        bucket.clear()
+        size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.nbytes
+        if size[0] >= bucket_cap_bytes:
+            launch()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            launch()
+        torch.futures.wait_all(futures)
+        futures.clear()
+
+    return finish
+''',
+}
