@@ -1697,3 +1697,163 @@ def attach_grad_allreduce(model, bucket_cap_bytes):
     return finish
 ''',
 }
+
+# --- 08-greedy-climb: greedy_climb(baseline, rungs, time_side_by_side) -----------------------------------------
+
+_CLIMB = '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        c, b = time_side_by_side(cand, best)
+        keep = {rule}
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+'''
+WRONG["08-greedy-climb"] = {
+    "intervals": _CLIMB.format(rule="c.median_s + c.iqr_s < b.median_s - b.iqr_s  # no overlap"),
+    "inverted": _CLIMB.format(rule="c.median_s / b.median_s > 1 + max(c.iqr_s / c.median_s, b.iqr_s / b.median_s)"),
+    "candidate-spread-only": _CLIMB.format(rule="b.median_s / c.median_s > 1 + c.iqr_s / c.median_s"),
+    "best-spread-only": _CLIMB.format(rule="b.median_s > c.median_s * (1 + b.iqr_s / b.median_s)"),
+    "absolute-spread": _CLIMB.format(rule="b.median_s / c.median_s > 1 + max(c.iqr_s, b.iqr_s)"),
+    "no-spread": _CLIMB.format(rule="c.median_s < b.median_s"),
+    "sum-of-spreads": _CLIMB.format(rule="b.median_s / c.median_s - 1 > c.iqr_s / c.median_s + b.iqr_s / b.median_s"),
+    "min-of-spreads": _CLIMB.format(rule="b.median_s / c.median_s > 1 + min(c.iqr_s / c.median_s, b.iqr_s / b.median_s)"),
+    "cumulative": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    stack, kept = baseline, []
+    for rung in rungs:
+        new = rung.on(stack)
+        t_new, t_old = time_side_by_side(new, stack)
+        kept.append(t_old.median_s / t_new.median_s > 1 + max(t_new.iqr_s / t_new.median_s,
+                                                              t_old.iqr_s / t_old.median_s))
+        stack = new  # climb on
+    return stack, kept
+''',
+    "vs-baseline": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_base = time_side_by_side(cand, baseline)  # how much faster than where we started
+        spread = max(t_c.iqr_s / t_c.median_s, t_base.iqr_s / t_base.median_s)
+        ok = t_base.median_s / t_c.median_s > 1 + spread
+        kept.append(ok)
+        if ok:
+            best = cand
+    return best, kept
+''',
+    "from-baseline": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(baseline)  # one switch at a time
+        t_c, t_b = time_side_by_side(cand, best)
+        ok = t_b.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+        kept.append(ok)
+        if ok:
+            best = cand
+    return best, kept
+''',
+    "stale": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, best_time, kept = baseline, None, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        if best_time is None:
+            best_time = t_b  # the baseline's timing, measured once
+        ok = best_time.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s,
+                                                         best_time.iqr_s / best_time.median_s)
+        kept.append(ok)
+        if ok:
+            best, best_time = cand, t_c
+    return best, kept
+''',
+    "uses-course-code": '''
+from helpers import ladder
+
+
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        decision = ladder.keeps(*time_side_by_side(cand, best))
+        kept.append(decision.keep)
+        if decision.keep:
+            best = cand
+    return best, kept
+''',
+    "return-shape": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best = baseline
+    for rung in rungs:
+        cand = rung.on(best)
+        c, b = time_side_by_side(cand, best)
+        if b.median_s / c.median_s > 1 + max(c.iqr_s / c.median_s, b.iqr_s / b.median_s):
+            best = cand
+    return best
+''',
+}
+RIGHT["08-greedy-climb"] = {
+    "best-first-in-the-session": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    stack, decisions = baseline, []
+    for r in rungs:
+        trial = r.on(stack)
+        t_stack, t_trial = time_side_by_side(stack, trial)  # the same session, the other order
+        noise = max(t_stack.iqr_s / t_stack.median_s, t_trial.iqr_s / t_trial.median_s)
+        pays = t_stack.median_s > t_trial.median_s * (1 + noise)
+        decisions.append(pays)
+        stack = trial if pays else stack
+    return stack, tuple(decisions)
+''',
+}
+
+# --- 08-new-rung: NEW_RUNG = ladder.Rung(name, switch, value, claim) -----------------------------------------
+
+WRONG["08-new-rung"] = {
+    "duplicate": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ bf16", "precision", "bf16", "1.5-2x on tensor cores")
+''',
+    "not-a-rung": '''
+NEW_RUNG = ("+ activation checkpointing", "activation_checkpointing", True, "less memory")
+''',
+    "bad-value": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ fp8 precision", "precision", "fp8", "twice bf16 on Hopper")
+''',
+    "no-change": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ eager attention", "attn", "eager", "the attention every model has")
+''',
+    "no-effect": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ bigger loss scale", "init_scale", 2.0 ** 20, "fewer underflowing gradients")
+''',
+    "no-claim": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic", "x")
+''',
+    "cannot-run-here": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ FlexAttention", "attn", "flex", "custom masks at fused-kernel speed")
+''',
+}
+RIGHT["08-new-rung"] = {
+    "dynamic-padding": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic",
+                       "each batch padded to its own longest: fewer padded tokens than fixed padding")
+''',
+}

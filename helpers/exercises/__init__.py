@@ -81,10 +81,12 @@ EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
     Exercise("07-bucketed-allreduce", "07_distributed", "DDP's core: bucketed all-reduce, overlapped with "
              "backward", "attach_grad_allreduce", "07_distributed/attach_grad_allreduce.py",
              lesson07.bucketed_allreduce),
-    Exercise("08-keep-rule", "08_bert_finetuning", "The greedy ladder's rule: keep a rung only when it pays",
-             "keep_rung", "08_bert_finetuning/keep_rung.py", lesson08.keep_rule),
-    Exercise("08-new-rung", "08_bert_finetuning", "A new rung for the ladder", "NEW_RUNG",
-             "08_bert_finetuning/new_rung.py", lesson08.new_rung),
+    Exercise("08-greedy-climb", "08_bert_finetuning", "The greedy ladder: each rung on the best stack so far, "
+             "kept only when it pays beyond the noise", "greedy_climb", "08_bert_finetuning/greedy_climb.py",
+             lesson08.greedy_climb),
+    Exercise("08-new-rung", "08_bert_finetuning", "A new rung for the ladder, measured", "NEW_RUNG",
+             "08_bert_finetuning/new_rung.py", lesson08.new_rung,
+             gpu="the check measures it on a tiny BERT on the CPU; on a GPU climb the lesson's ladder with it"),
 )}
 
 _LAST: dict[str, Outcome] = {}  # exercise id -> the outcome of its latest check in this process
