@@ -4,20 +4,19 @@ report what each did; `helpers.exercises` launches it and reads the report.
     torchrun --standalone --nproc-per-node=2 scripts/exercise_ddp.py --candidates c.json --out r.json --seed 7
 
 c.json holds [{"name", "source", "function"}]: the source of a function `function(model, bucket_cap_bytes)`
-that registers gradient hooks on `model` and returns `finish()`. The model's widths, the bucket cap and the data
-are drawn from --seed (the same on every rank). For each candidate, every rank builds the same small model,
-attaches the candidate, and trains STEPS SGD steps on its own half of each global batch (forward, backward,
-finish(), step). Beside it, each rank trains a copy of the model on the whole global batch as one process would:
-the reference, which averaged gradients must equal. Every `dist.all_reduce` call is recorded with the phase it
-was made in (during backward, or after it in finish), whether it was async, its bytes, and the phase in which
-its handle was waited for (`wait()` on the handle or on its future); the order in which gradients became ready
-(and their bytes) is recorded by a hook registered before the candidate's.
-Rank 0 writes, per candidate, in order: status ("ok", "not attempted", "error"), the cap, all-reduce calls per
-step, how many started during backward, how many of those blocked (synchronous) and how many were waited for
-during backward, each call of the first step (phase, bytes, async, waited), the gradients' bytes in the order
-they became ready, the gradients' largest relative error and norm ratio against the reference, the parameters
-whose gradients stayed each rank's own, and the parameters' largest difference from the reference after all
-steps.
+that registers gradient hooks on `model` and returns `finish()`. The model's widths, the bucket cap and the
+data are drawn from --seed (the same on every rank). For each candidate, every rank builds the same small
+model, attaches the candidate, and trains STEPS SGD steps on its own half of each global batch (forward,
+backward, finish(), step). Beside it, each rank trains a copy of the model on the whole global batch as one
+process would: the reference, which averaged gradients must equal. Every `dist.all_reduce` call is recorded
+with the phase it was made in (during backward, or after it in finish), whether it was async, its bytes, and
+the phase in which its handle was waited for (`wait()` on the handle or on its future); the order in which
+gradients became ready (and their bytes) is recorded by a hook registered before the candidate's. Rank 0
+writes, per candidate, in order: status ("ok", "not attempted", "error"), the cap, all-reduce calls per step,
+how many started during backward, how many of those blocked (synchronous) and how many were waited for during
+backward, each call of the first step (phase, bytes, async, waited), the gradients' bytes in the order they
+became ready, the gradients' largest relative error and norm ratio against the reference, the parameters whose
+gradients stayed each rank's own, and the parameters' largest difference from the reference after all steps.
 """
 
 from __future__ import annotations
@@ -170,9 +169,12 @@ def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, worl
     widths, cap = _draw(seed)
     model, ref = _model(widths), _model(widths)
     ready: list[int] = []  # bytes of each gradient, in the order backward finished them
+    def note_ready(p: torch.Tensor) -> None:
+        if _Phase.now == "backward":
+            ready.append(p.grad.numel() * p.grad.element_size())
+
     for p in model.parameters():  # registered first: runs before the candidate's hook on each parameter
-        p.register_post_accumulate_grad_hook(
-            lambda p: ready.append(p.grad.numel() * p.grad.element_size()) if _Phase.now == "backward" else None)
+        p.register_post_accumulate_grad_hook(note_ready)
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=LR), torch.optim.SGD(ref.parameters(), lr=LR)
     finish = attach(model, cap)
     xs, ys = _data(seed, widths)
@@ -219,7 +221,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--candidates", type=Path, required=True, help="JSON list of {name, source, function}")
     p.add_argument("--out", type=Path, required=True, help="rank 0 writes the reports here (JSON)")
-    p.add_argument("--seed", type=int, default=0, help="draws the model's widths, the bucket cap and the data")
+    p.add_argument("--seed", type=int, default=0, help="draws the model's widths, the bucket cap and the "
+                                                       "data")
     args = p.parse_args()
     env = setup("cpu", timeout_s=60)
     calls: list[dict[str, Any]] = []

@@ -1,8 +1,8 @@
 """Answers learners write to the checked exercises, for tests/test_exercises.py: for each exercise, WRONG
-answers (each a mistake, keyed by the mistake its check must name) and RIGHT ones (other valid ways, which must
-pass). Each is written from scratch as a learner would write it, not as an edit of the solution: a check is only
-as good as the wrong answers it has been shown to reject. A key may carry a suffix after "#" when two answers
-make the same mistake in different code ("no-tiling#sdpa-free").
+answers (each a mistake, keyed by the mistake its check must name) and RIGHT ones (other valid ways, which
+must pass). Each is written from scratch as a learner would write it, not as an edit of the solution: a check
+is only as good as the wrong answers it has been shown to reject. A key may carry a suffix after "#" when two
+answers make the same mistake in different code ("per-step-read#if-on-a-tensor").
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 WRONG: dict[str, dict[str, str]] = {}
 RIGHT: dict[str, dict[str, str]] = {}
 
-# --- 00-roofline: intensity_and_regime(op, n, roof) -------------------------------------------------------
+# --- 00-roofline: intensity_and_regime(op, n, roof) ---------------------------------------------------------
 
 WRONG["00-roofline"] = {
     "ridge-fastest": '''
@@ -65,7 +65,8 @@ def intensity_and_regime(op, n, roof):
     else:
         flops, nbytes = 2 * n * n, (n * n + n) * 4
     i = flops / nbytes
-    return flops, nbytes, i, "compute-bound" if i >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, i, "compute-bound" if i >= ridge else "memory-bound"
 ''',
     "bytes-missing-tensor#like-x-plus-x": '''
 def intensity_and_regime(op, n, roof):
@@ -88,7 +89,8 @@ def intensity_and_regime(op, n, roof):
     else:
         flops, nbytes = 2 * n ** 2, (n * n + 2 * n) * 4
     ai = flops / nbytes
-    return flops, nbytes, ai, "compute-bound" if ai >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, ai, "compute-bound" if ai >= ridge else "memory-bound"
 ''',
     "bytes-per-element": '''
 def intensity_and_regime(op, n, roof):
@@ -96,7 +98,8 @@ def intensity_and_regime(op, n, roof):
     flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n * n}[op]
     nbytes = el * 8  # float
     r = flops / nbytes
-    return flops, nbytes, r, "compute-bound" if r >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, r, "compute-bound" if r >= ridge else "memory-bound"
 ''',
     "bytes-in-elements": '''
 def intensity_and_regime(op, n, roof):
@@ -109,7 +112,8 @@ def intensity_and_regime(op, n, roof):
 
 def _out(flops, moved, roof):
     ai = flops / moved
-    return flops, moved, ai, "compute-bound" if ai >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, moved, ai, "compute-bound" if ai >= ridge else "memory-bound"
 ''',
     "intensity-inverted": '''
 def intensity_and_regime(op, n, roof):
@@ -123,7 +127,8 @@ def intensity_and_regime(op, n, roof):
     flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
     nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
     intensity = flops / nbytes
-    return flops, nbytes, intensity, "compute-bound" if intensity >= roof.matmul_flops["fp32"] else "memory-bound"
+    peak = roof.matmul_flops["fp32"]
+    return flops, nbytes, intensity, "compute-bound" if intensity >= peak else "memory-bound"
 ''',
     "regime-inverted": '''
 def intensity_and_regime(op, n, roof):
@@ -176,7 +181,7 @@ def intensity_and_regime(op, n, roof):
 ''',
 }
 
-# --- 01-flash-forward: flash_forward(q, k, v, block_k) ---------------------------------------------------
+# --- 01-flash-forward: flash_forward(q, k, v, block_k) ------------------------------------------------------
 
 WRONG["01-flash-forward"] = {
     "block-size-ignored": '''
@@ -871,7 +876,7 @@ def largest_batch(step_fn, limit):
 ''',
 }
 
-# --- 06-hidden-syncs: train_loop(train_step, batches) --------------------------------------------------------
+# --- 06-hidden-syncs: train_loop(train_step, batches) -------------------------------------------------------
 
 WRONG["06-hidden-syncs"] = {
     "per-step-read": '''
@@ -1089,7 +1094,7 @@ def train_loop(train_step, batches):
 ''',
 }
 
-# --- 05-graph-break: loss_without_breaks(model, batch, max_loss) ----------------------------------------------
+# --- 05-graph-break: loss_without_breaks(model, batch, max_loss) --------------------------------------------
 
 WRONG["05-graph-break"] = {
     "graph-break": '''
@@ -1167,7 +1172,7 @@ def loss_without_breaks(model, batch, max_loss):
 ''',
 }
 
-# --- 02-fp16-step: fp16_step(model, batch, optimizer, scaler, device, max_norm) -------------------------------
+# --- 02-fp16-step: fp16_step(model, batch, optimizer, scaler, device, max_norm) -----------------------------
 
 WRONG["02-fp16-step"] = {
     "clip-before-unscale": '''
@@ -1698,7 +1703,7 @@ def attach_grad_allreduce(model, bucket_cap_bytes):
 ''',
 }
 
-# --- 08-greedy-climb: greedy_climb(baseline, rungs, time_side_by_side) -----------------------------------------
+# --- 08-greedy-climb: greedy_climb(baseline, rungs, time_side_by_side) --------------------------------------
 
 _CLIMB = '''
 def greedy_climb(baseline, rungs, time_side_by_side):
@@ -1714,13 +1719,16 @@ def greedy_climb(baseline, rungs, time_side_by_side):
 '''
 WRONG["08-greedy-climb"] = {
     "intervals": _CLIMB.format(rule="c.median_s + c.iqr_s < b.median_s - b.iqr_s  # no overlap"),
-    "inverted": _CLIMB.format(rule="c.median_s / b.median_s > 1 + max(c.iqr_s / c.median_s, b.iqr_s / b.median_s)"),
+    "inverted": _CLIMB.format(
+        rule="c.median_s / b.median_s > 1 + max(c.iqr_s / c.median_s, b.iqr_s / b.median_s)"),
     "candidate-spread-only": _CLIMB.format(rule="b.median_s / c.median_s > 1 + c.iqr_s / c.median_s"),
     "best-spread-only": _CLIMB.format(rule="b.median_s > c.median_s * (1 + b.iqr_s / b.median_s)"),
     "absolute-spread": _CLIMB.format(rule="b.median_s / c.median_s > 1 + max(c.iqr_s, b.iqr_s)"),
     "no-spread": _CLIMB.format(rule="c.median_s < b.median_s"),
-    "sum-of-spreads": _CLIMB.format(rule="b.median_s / c.median_s - 1 > c.iqr_s / c.median_s + b.iqr_s / b.median_s"),
-    "min-of-spreads": _CLIMB.format(rule="b.median_s / c.median_s > 1 + min(c.iqr_s / c.median_s, b.iqr_s / b.median_s)"),
+    "sum-of-spreads": _CLIMB.format(
+        rule="b.median_s / c.median_s - 1 > c.iqr_s / c.median_s + b.iqr_s / b.median_s"),
+    "min-of-spreads": _CLIMB.format(
+        rule="b.median_s / c.median_s > 1 + min(c.iqr_s / c.median_s, b.iqr_s / b.median_s)"),
     "cumulative": '''
 def greedy_climb(baseline, rungs, time_side_by_side):
     stack, kept = baseline, []
@@ -1812,7 +1820,7 @@ def greedy_climb(baseline, rungs, time_side_by_side):
 ''',
 }
 
-# --- 08-new-rung: NEW_RUNG = ladder.Rung(name, switch, value, claim) -----------------------------------------
+# --- 08-new-rung: NEW_RUNG = ladder.Rung(name, switch, value, claim) ----------------------------------------
 
 WRONG["08-new-rung"] = {
     "duplicate": '''

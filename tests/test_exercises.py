@@ -1,9 +1,9 @@
 """The checked exercises (helpers.exercises): for every exercise, its solution and every right variant pass;
-every wrong answer of `tests/exercise_answers.py` (each written from scratch, as a learner would) fails with the
-hint meant for it; the untouched skeleton, read from the notebook cell itself, reports "not attempted"; inputs
-are drawn per run from a seed that the line shows and that replays them. Also: the check cell's contract (one
-line; an AssertionError for a wrong answer; strict mode), and the cells in the notebooks (skeleton, check,
-solution link, given code).
+every wrong answer of `tests/exercise_answers.py` (each written from scratch, as a learner would) fails with
+the hint meant for it; the untouched skeleton, read from the notebook cell itself, reports "not attempted";
+inputs are drawn per run from a seed that the line shows and that replays them. Also: the check cell's
+contract (one line; an AssertionError for a wrong answer; strict mode), and the cells in the notebooks
+(skeleton, check, solution link, given code).
 
 One seed per session (COURSE_EXERCISE_SEED replays a session's inputs; every failing line names its seed).
 Lesson 07's exercise runs under torchrun: its solution and answers are checked in one launch (2 processes).
@@ -87,7 +87,7 @@ WRONG_CASES = [pytest.param(i, key, id=f"{i}:{key}") for i in LOCAL for key in W
 RIGHT_CASES = [pytest.param(i, key, id=f"{i}:{key}") for i in LOCAL for key in RIGHT[i]]
 
 
-# --- every exercise: solution, right variants, wrong answers, skeleton ------------------------------------------
+# --- every exercise: solution, right variants, wrong answers, skeleton --------------------------------------
 
 def test_every_exercise_has_answers_and_a_solution():
     assert set(WRONG) == set(RIGHT) == set(OURS)
@@ -110,16 +110,16 @@ def test_the_solution_passes(exercise_id, tmp_path):
 @pytest.mark.parametrize("exercise_id, key", RIGHT_CASES)
 def test_a_right_variant_passes(exercise_id, key, tmp_path):
     ex = EXERCISES[exercise_id]
-    outcome = evaluate(exercise_id, _load(tmp_path / "right.py", RIGHT[exercise_id][key], ex.answer), seed=SEED,
-                       **_context(ex))
+    answer = _load(tmp_path / "right.py", RIGHT[exercise_id][key], ex.answer)
+    outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
     assert outcome.status == "passed", outcome.line
 
 
 @pytest.mark.parametrize("exercise_id, key", WRONG_CASES)
 def test_a_wrong_answer_fails_with_its_hint(exercise_id, key, tmp_path, capsys):
     ex = EXERCISES[exercise_id]
-    outcome = evaluate(exercise_id, _load(tmp_path / "wrong.py", WRONG[exercise_id][key], ex.answer), seed=SEED,
-                       **_context(ex))
+    answer = _load(tmp_path / "wrong.py", WRONG[exercise_id][key], ex.answer)
+    outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
     assert (outcome.status, outcome.mistake) == ("failed", _mistake(key)), outcome.line
     assert outcome.hint and "Hint: " in outcome.line and "\n" not in outcome.line
     assert f"seed={SEED}) replays them" in outcome.line
@@ -139,7 +139,8 @@ def test_lesson_07_answers_in_one_torchrun_launch(tmp_path):
     """Lesson 07's exercise: the solution, the right variants and the wrong answers run in ONE torchrun launch
     (2 gloo processes), on this session's inputs."""
     ex = EXERCISES["07-bucketed-allreduce"]
-    answers = {("passed", "solution"): _load(tmp_path / "solution.py", ex.solution_path.read_text(), ex.answer)}
+    solution = _load(tmp_path / "solution.py", ex.solution_path.read_text(), ex.answer)
+    answers = {("passed", "solution"): solution}
     for key, source in RIGHT[ex.id].items():
         answers["passed", key] = _load(tmp_path / f"right-{key}.py", source, ex.answer)
     for key, source in WRONG[ex.id].items():
@@ -182,7 +183,8 @@ def intensity_and_regime(op, n, roof):
 """, ex.answer)
     assert evaluate(ex.id, asked, seed=SEED, roof=_roof()).status == "passed"
     known = sorted(asked.__globals__["ASKED"])
-    tailored = _load(tmp_path / "tailored.py", solution.replace("def intensity_and_regime(", "def _right(") + f"""
+    renamed = solution.replace("def intensity_and_regime(", "def _right(")
+    tailored = _load(tmp_path / "tailored.py", renamed + f"""
 KNOWN = {known!r}
 
 

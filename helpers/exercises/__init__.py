@@ -11,8 +11,8 @@ which prints one line and
 - says `not attempted yet` while the skeleton is untouched (it still raises NotImplementedError, or is `...`):
   the lesson runs on with its own version, so nobody is stuck;
 - or says what is wrong and raises `ExerciseFailed`, an AssertionError, so Run All stops at the mistake: the
-  hint names a mistake (missing rescale, clipped before unscale, ...) only when the answer's output is what that
-  mistake gives, and otherwise says what differs (which output, where, by how much).
+  hint names a mistake (missing rescale, clipped before unscale, ...) only when the answer's output is what
+  that mistake gives, and otherwise says what differs (which output, where, by how much).
 
 Each check draws its inputs (sizes and values) per run and ends its line with the seed: `check(..., seed=N)`
 or COURSE_EXERCISE_SEED=N replays them.
@@ -81,12 +81,14 @@ EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
     Exercise("07-bucketed-allreduce", "07_distributed", "DDP's core: bucketed all-reduce, overlapped with "
              "backward", "attach_grad_allreduce", "07_distributed/attach_grad_allreduce.py",
              lesson07.bucketed_allreduce),
-    Exercise("08-greedy-climb", "08_bert_finetuning", "The greedy ladder: each rung on the best stack so far, "
+    Exercise("08-greedy-climb", "08_bert_finetuning", "The greedy ladder: each rung on the best stack so "
+                                                      "far, "
              "kept only when it pays beyond the noise", "greedy_climb", "08_bert_finetuning/greedy_climb.py",
              lesson08.greedy_climb),
     Exercise("08-new-rung", "08_bert_finetuning", "A new rung for the ladder, measured", "NEW_RUNG",
              "08_bert_finetuning/new_rung.py", lesson08.new_rung,
-             gpu="the check measures it on a tiny BERT on the CPU; on a GPU climb the lesson's ladder with it"),
+             gpu="the check measures it on a tiny BERT on the CPU; on a GPU climb the lesson's ladder with "
+                 "it"),
 )}
 
 _LAST: dict[str, Outcome] = {}  # exercise id -> the outcome of its latest check in this process

@@ -11,10 +11,10 @@ rescale, clipping before unscaling, a sum instead of an average, ...); the first
 mistake. Every check runs on the CPU in about a second (the torchrun one launches once), whatever the device
 the lesson runs on.
 
-Inputs are drawn per run: a check that takes a `seed` argument gets one (`draw_seed`: a fresh one each run, or
-COURSE_EXERCISE_SEED / `check(..., seed=N)` to replay), draws its sizes and values from it, and the line it shows
-ends with the seed, so that a failure can be replayed exactly while an answer tailored to one set of inputs fails
-on the next.
+Inputs are drawn per run: a check that takes a `seed` argument gets one (`draw_seed`: a fresh one each run,
+or COURSE_EXERCISE_SEED / `check(..., seed=N)` to replay), draws its sizes and values from it, and the line it
+shows ends with the seed, so that a failure can be replayed exactly while an answer tailored to one set of
+inputs fails on the next.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import inspect
 import math
 import os
 import random
-import sys
 import textwrap
 import traceback
 import types
@@ -35,7 +34,7 @@ from typing import Any
 
 __all__ = ["Exercise", "Outcome", "Wrong", "ExerciseFailed", "ExerciseNotAttempted", "is_skeleton",
            "run_check", "strict_from_env", "learner_line", "close", "unpack", "SOLUTIONS_DIR", "STATUSES",
-           "SEED_ENV", "draw_seed", "course_code_running"]
+           "SEED_ENV", "draw_seed", "course_code_running", "course_module", "tensors_in"]
 
 SOLUTIONS_DIR = Path(__file__).resolve().parents[2] / "solutions"  # the repository's solutions/ folder
 STATUSES = ("passed", "failed", "not attempted")
@@ -228,7 +227,8 @@ def learner_line(answer: Any) -> str:
 _COURSE_MODULES: dict[str, str] = {}  # code file -> "helpers.<module>", or "" outside the course's own code
 
 
-def _course_module(filename: str) -> str:
+def course_module(filename: str) -> str:
+    """The course module ("helpers.ladder") a code file belongs to, "" for any other file or a check's own."""
     if filename not in _COURSE_MODULES:
         path = Path(filename)
         inside = _HELPERS_DIR in path.parents and _EXERCISES_DIR not in path.parents
@@ -240,15 +240,31 @@ def _course_module(filename: str) -> str:
 def course_code_running() -> str | None:
     """The course function (`helpers.<module>.<function>`) the learner's code called, if one is on the call
     stack now (outside the checks themselves); None otherwise. A check calls it from inside what it hands the
-    learner (a simulated step, an op seen by a dispatch mode) to tell "wrote it" from "called the lesson's"."""
+    learner (a simulated step, an op seen by a dispatch mode) to tell "wrote it" from "called the
+    lesson's"."""
     found = None
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
+    frame = frame.f_back if frame is not None else None
     while frame is not None:
-        module = _course_module(frame.f_code.co_filename)
+        module = course_module(frame.f_code.co_filename)
         if module:
             found = f"{module}.{frame.f_code.co_name}"  # the outermost one: what the learner called
         frame = frame.f_back
     return found
+
+
+def tensors_in(obj: Any) -> list:
+    """The tensors in `obj`, nested in tuples, lists and dicts: an op's arguments or outputs (lessons 01,
+    06)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (tuple, list)):
+        return [t for item in obj for t in tensors_in(item)]
+    return []
 
 
 def _source_line(filename: str, lineno: int) -> str:

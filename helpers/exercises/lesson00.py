@@ -1,6 +1,6 @@
 """The check of exercise 00-roofline (lesson 00, `00_setup`): FLOPs, bytes moved, arithmetic intensity and
-regime of three fp32 ops (matmul, add, matvec), at sizes drawn per run, on the lesson's measured roofline and on
-rooflines made up around each op's intensity: GPU-like ones whose bf16/fp16 rate is many times fp32's (so a
+regime of three fp32 ops (matmul, add, matvec), at sizes drawn per run, on the lesson's measured roofline and
+on rooflines made up around each op's intensity: GPU-like ones whose bf16/fp16 rate is many times fp32's (so a
 ridge taken from the fastest precision puts an fp32 op on the wrong side), CPU-like ones whose bf16 is slower
 than fp32, precisions listed in different orders. A wrong count or regime is named only when it is what a
 typical mistake gives at every size (a multiply-add counted once, the output's bytes left out, the ridge of
@@ -40,12 +40,14 @@ _BYTE_MISTAKES = {  # op -> [(key, bytes that mistake gives, what, hint)]
                 "the roofline counts the least traffic: each matrix read (or written) once, 3n² elements")],
     "matvec": [("bytes-no-reuse", lambda n: (2 * n * n + n) * _E,
                 "the vector read again for every row",
-                "the roofline counts the least traffic: the matrix and the vector read once, n² + 2n elements")],
+                "the roofline counts the least traffic: the matrix and the vector read once, n² + 2n "
+                "elements")],
     "add": [],
 }
 
 
-_MISSING_TENSOR = {  # op -> (what, hint) when one of the three tensors' bytes is left out (which one: unknown)
+# op -> (what, hint) when one of the three tensors' bytes is left out (which one cannot be told)
+_MISSING_TENSOR = {
     "matmul": ("two of the three n×n matrices counted (2n² elements)",
                "A and B are read and C is written: 3n² elements, 4 bytes each"),
     "add": ("two of the three vectors counted (8 bytes per element, as for x + x, which reads one input)",
@@ -60,8 +62,10 @@ def _bytes_generic(op: str) -> list[tuple[str, Callable[[int], float], str, str]
         return _OPS[op](n)[1]
 
     return [("bytes-missing-tensor", lambda n: (elems(n) - _OPS[op](n)[2]) * _E, *_MISSING_TENSOR[op]),
-            ("bytes-per-element", lambda n: elems(n) * 2, "2 bytes per element", "an fp32 element is 4 bytes"),
-            ("bytes-per-element", lambda n: elems(n) * 8, "8 bytes per element", "an fp32 element is 4 bytes"),
+            ("bytes-per-element", lambda n: elems(n) * 2, "2 bytes per element", "an fp32 element is 4 "
+                                                                                 "bytes"),
+            ("bytes-per-element", lambda n: elems(n) * 8, "8 bytes per element", "an fp32 element is 4 "
+                                                                                 "bytes"),
             ("bytes-in-elements", elems, "elements, not bytes", "bytes = elements × 4 for fp32")]
 
 
@@ -119,10 +123,12 @@ _REGIME_MISTAKES = {  # key -> (ridge-or-rule from (roof, intensity) -> regime, 
                       "the ridge of the slowest precision", 'these ops are fp32: roof.matmul_flops["fp32"]'),
     "ridge-not-a-ratio": (lambda r, i: _side(i, min(r.matmul_flops["fp32"], r.bandwidth)),
                           "the intensity compared with the peak FLOP/s or the bandwidth itself (every op "
-                          "memory-bound)", "compare the intensity with the ridge point, peak FLOP/s / bandwidth "
+                          "memory-bound)", "compare the intensity with the ridge point, peak FLOP/s / "
+                                           "bandwidth "
                           "(FLOP per byte)"),
     "ridge-inverted": (lambda r, i: _side(i, r.bandwidth / r.matmul_flops["fp32"]),
-                       "a ridge of bandwidth / peak", "the ridge point is peak FLOP/s / bandwidth (FLOP per byte)"),
+                       "a ridge of bandwidth / peak", "the ridge point is peak FLOP/s / bandwidth (FLOP per "
+                                                      "byte)"),
     "regime-inverted": (lambda r, i: ("memory-bound" if _side(i, r.matmul_flops["fp32"] / r.bandwidth)
                                       == "compute-bound" else "compute-bound"),
                         "the rule with the regimes swapped (compute-bound below the ridge)",
@@ -132,25 +138,28 @@ _REGIME_MISTAKES = {  # key -> (ridge-or-rule from (roof, intensity) -> regime, 
 
 
 def _made_up_roofs(rng: random.Random, intensity: float) -> list[tuple[Any, str]]:
-    """Rooflines around an op's intensity: on each side of its fp32 ridge, and with other precisions that put
-    the op on the other side when their ridge is taken."""
+    """Rooflines around an op's intensity: on each side of its fp32 ridge, and with other precisions listed
+    first or after fp32, so that the ridge of the fastest, of the slowest and of the first-listed precision
+    each put the op on the wrong side of some of them (and not of the same ones)."""
     from helpers.roofline import Roofline
 
-    def roof(label: str, fp32_ridge: float, **others: float) -> tuple[Any, str]:
+    def roof(label: str, fp32_ridge: float, order: tuple[str, ...], **others: float) -> tuple[Any, str]:
         bw = 10 ** rng.uniform(10, 12.7)  # 10 GB/s .. 5 TB/s
         flops = {k: fp32_ridge * bw * f for k, f in others.items()}
         flops["fp32"] = fp32_ridge * bw
-        order = list(flops)
-        rng.shuffle(order)  # the precisions in another order each time
         return Roofline(f"made-up {label}", {k: flops[k] for k in order}, bw, 0, 0), label
 
-    above, below = intensity / rng.uniform(2, 8), intensity * rng.uniform(2, 8)
+    def gpu() -> dict[str, float]:  # tensor cores: bf16 and fp16 12-30x fp32, TF32 6-10x
+        return {"bf16": rng.uniform(12, 30), "fp16": rng.uniform(12, 30), "tf32": rng.uniform(6, 10)}
+
+    gpu_label, cpu_label = "GPU (bf16/fp16 tensor cores 12-30x fp32)", "CPU without fast bf16 (bf16 slower)"
     return [
-        roof("fp32-only device", above),
-        roof("fp32-only device", below),
-        roof("GPU (bf16/fp16 tensor cores 16x fp32)", above * 1.5, bf16=rng.uniform(12, 30),
-             fp16=rng.uniform(12, 30), tf32=rng.uniform(6, 10)),
-        roof("CPU without fast bf16 (bf16 at 1/3 of fp32)", below / 1.5, bf16=1 / rng.uniform(2.5, 4)),
+        roof("fp32-only device", intensity / rng.uniform(2, 8), ("fp32",)),
+        roof("fp32-only device", intensity * rng.uniform(2, 8), ("fp32",)),
+        roof(gpu_label, intensity / rng.uniform(1.3, 3), ("fp32", "tf32", "bf16", "fp16"), **gpu()),
+        roof(gpu_label, intensity / rng.uniform(1.3, 3), ("bf16", "fp16", "fp32", "tf32"), **gpu()),
+        roof(cpu_label, intensity * rng.uniform(1.2, 2), ("bf16", "fp32"), bf16=1 / rng.uniform(2.5, 4)),
+        roof(cpu_label, intensity * rng.uniform(1.2, 2), ("fp32", "bf16"), bf16=1 / rng.uniform(2.5, 4)),
     ]
 
 

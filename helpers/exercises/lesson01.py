@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from helpers.exercises.core import Wrong, course_code_running, unpack
+from helpers.exercises.core import Wrong, course_code_running, tensors_in, unpack
 
 __all__ = ["flash_forward"]
 
@@ -70,21 +70,25 @@ def _online(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: range, wi
 
 
 def _o_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int) -> list[tuple[str, Any, str, str]]:
-    """(key, O that mistake gives, what, hint) for the mistakes a wrong O is compared with, on these inputs."""
+    """(key, O that mistake gives, what, hint): the mistakes a wrong O is compared with, on these inputs."""
     nq, nk, d = q.shape[2], k.shape[2], q.shape[-1]
     every = range(0, nk, b)
-    rescale_hint = ("when a block raises the running max from m to m_new, what was summed so far was computed "
+    rescale_hint = ("when a block raises the running max from m to m_new, what was summed so far was "
+                    "computed "
                     "with the old max: multiply l and acc by exp(m - m_new) before adding the block")
     out = [
         ("missing-rescale", _online(q, k, v, every, b, rescale=""),
          "O is right with one block of keys, wrong with several: it is what the online softmax gives without "
          "rescaling l and acc", rescale_hint),
         ("rescale-acc-only", _online(q, k, v, every, b, rescale="acc"),
-         "O is right with one block of keys, wrong with several: acc was rescaled by exp(m - m_new), l was not",
+         "O is right with one block of keys, wrong with several: acc was rescaled by exp(m - m_new), l was "
+         "not",
          "the running sum l was computed under the old max too: l = l * exp(m - m_new) + p.sum(-1)"),
         ("rescale-l-only", _online(q, k, v, every, b, rescale="l"),
-         "O is right with one block of keys, wrong with several: l was rescaled by exp(m - m_new), acc was not",
-         "the accumulator was computed under the old max too: acc = acc * exp(m - m_new)[..., None] + p @ vb"),
+         "O is right with one block of keys, wrong with several: l was rescaled by exp(m - m_new), acc was "
+         "not",
+         "the accumulator was computed under the old max too: acc = acc * exp(m - m_new)[..., None] + p @ "
+         "vb"),
         ("not-normalised", _online(q, k, v, every, b, normalise=False),
          "O is acc itself, the weighted sum before the division (its rows do not average v)",
          "divide by the running sum at the end: O = acc / l[..., None]"),
@@ -100,20 +104,23 @@ def _o_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int) -> li
                     f"O is softmax·v over the first {nk - nk % b} of the {nk} keys: the last, partial block "
                     f"(of {nk % b}) was left out",
                     "loop with range(0, k.shape[2], block_k): the last block may be shorter than block_k"))
+    else:  # whole blocks (with a partial one, stopping a block early drops just it: the mistake above)
+        out.append(("stops-early", _online(q, k, v, range(0, nk - b, b), b),
+                    "the keys of the last block were left out: the loop stopped one block early",
+                    "loop with range(0, k.shape[2], block_k): its last start is the last block's"))
     out += [
-        ("stops-early", _online(q, k, v, range(0, nk - b, b), b),
-         "the keys of the last block were left out: the loop stopped one block early",
-         "loop with range(0, k.shape[2], block_k): its last start is the last block's"),
         ("slice-off-by-one", _online(q, k, v, every, b - 1),
          f"each block left out its last key: blocks of {b - 1} keys, one every {b}",
          "k[:, :, start:start + block_k] holds block_k keys (the end of a slice is not included)"),
         ("slice-overlap", _online(q, k, v, every, b + 1),
-         f"the first key of each block also counted in the block before: blocks of {b + 1} keys, one every {b}",
+         f"the first key of each block also counted in the block before: blocks of {b + 1} keys, one every "
+         f"{b}",
          "k[:, :, start:start + block_k] holds block_k keys: the next block starts where this one ends"),
     ]
     if nq < nk:
         out.append(("keys-from-q", _online(q, k, v, range(0, nq, b), b),
-                    f"O attends to the first keys only: the loop ran over N_q = {nq} (q's length), not over the "
+                    f"O attends to the first keys only: the loop ran over N_q = {nq} (q's length), not over "
+                    f"the "
                     f"N_k = {nk} keys", "loop over the keys: range(0, k.shape[2], block_k)"))
     return out
 
@@ -145,8 +152,7 @@ class _Recorder:
         self.course: str | None = None
 
     def mode(self) -> Any:
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
+        from helpers.compat import TorchDispatchMode
 
         rec = self
 
@@ -158,7 +164,7 @@ class _Recorder:
                 if rec.course is None:
                     rec.course = course_code_running()
                 out = func(*args, **(kwargs or {}))
-                rec.outputs += [(name, tuple(t.shape)) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+                rec.outputs += [(name, tuple(t.shape)) for t in tensors_in(out)]
                 return out
 
         return Record()
@@ -173,7 +179,8 @@ def _run(answer: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if rec.fused is not None:
         raise Wrong("uses-sdpa", f"it calls a fused attention kernel (aten.{rec.fused})",
                     "write the loop over key blocks yourself: the fused kernels do this tiling for you "
-                    "(scaled_dot_product_attention computes the logsumexp too), which is what the exercise asks")
+                    "(scaled_dot_product_attention computes the logsumexp too), which is what the exercise "
+                    "asks")
     if rec.course is not None:
         raise Wrong("uses-course-code", f"it calls the course's {rec.course}",
                     "write the tiles yourself: the lesson's version is printed above to read, not to call")
@@ -198,7 +205,8 @@ def _run(answer: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _o_error(o: torch.Tensor, want: torch.Tensor) -> float:
     """The largest relative error of any (batch, head), ‖o − want‖ / ‖want‖ over its (N_q, d) values, as
-    `helpers.attention.attention_agreement` measures it; inf when either holds NaN/inf or want is all zeros."""
+    `helpers.attention.attention_agreement` measures it; inf when either holds NaN/inf or `want` is all
+    zeros."""
     o, want = o.double().flatten(2), want.double().flatten(2)
     norm = want.norm(dim=-1)
     if not (bool(torch.isfinite(o).all()) and bool(torch.isfinite(want).all()) and bool((norm > 0).all())):
@@ -206,22 +214,34 @@ def _o_error(o: torch.Tensor, want: torch.Tensor) -> float:
     return ((o - want).norm(dim=-1) / norm).max().item()
 
 
-def _check_values(answer: Callable, case: tuple, one_block_ok: bool | None) -> _Recorder:
+def _check_values(answer: Callable, case: tuple, one_block_ok: bool | None,
+                  other_blocks: tuple[int, ...] = ()) -> _Recorder:
     q, k, v, b = case
     o, lse, rec = _run(answer, q, k, v, b)
     want_o, want_l = _reference(q, k, v)
     if _o_error(o, want_o) > 1e-5:
-        _diagnose_o(o, q, k, v, b, one_block_ok)
+        _diagnose_o(answer, o, q, k, v, b, one_block_ok, other_blocks)
     if not torch.allclose(lse.double(), want_l, rtol=1e-5, atol=1e-4):
         _diagnose_lse(lse, q, k)
     return rec
 
 
-def _diagnose_o(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int,
-                one_block_ok: bool | None) -> None:
-    for key, (sim_o, _), what, hint in _o_mistakes(q, k, v, b):
-        if _o_error(o, sim_o) < 1e-4:
-            raise Wrong(key, what, hint)
+def _matching(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int) -> dict:
+    return {key: (what, hint) for key, (sim_o, _), what, hint in _o_mistakes(q, k, v, b)
+            if _o_error(o, sim_o) < 1e-4}
+
+
+def _diagnose_o(answer: Callable, o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int,
+                one_block_ok: bool | None, other_blocks: tuple[int, ...] = ()) -> None:
+    matched = _matching(o, q, k, v, b)
+    for other in other_blocks:  # two mistakes giving this very O: another block size tells them apart
+        if len(matched) <= 1:
+            break
+        again = _matching(_run(answer, q, k, v, other)[0], q, k, v, other)
+        matched = {key: m for key, m in matched.items() if key in again}
+    if len(matched) == 1:
+        ((key, (what, hint)),) = matched.items()
+        raise Wrong(key, what, hint)
     want = _reference(q, k, v)[0]
     nq, nk = q.shape[2], k.shape[2]
     where = f"N_q={nq} queries, N_k={nk} keys in blocks of {b}"
@@ -250,7 +270,8 @@ def _diagnose_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
     err = (lse - want).abs()
     bb, hh, row = (int(i) for i in torch.nonzero(err == err.max())[0])
     raise Wrong("lse-wrong", f"O is right; L differs from logsumexp(q·kᵀ/√d) by up to {err.max().item():.3g} "
-                f"(batch {bb}, head {hh}, query row {row}; mean difference {(lse - want).mean().item():+.3g})",
+                f"(batch {bb}, head {hh}, query row {row}; mean difference "
+                f"{(lse - want).mean().item():+.3g})",
                 "with the final running max m and running sum l of each row, L = m + log(l)")
 
 
@@ -259,8 +280,7 @@ def _diagnose_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
 def _check_tiles(rec: _Recorder, q: torch.Tensor, k: torch.Tensor, b: int) -> None:
     bsz, h, nq, d = q.shape
     nk = k.shape[2]
-    n_blocks = -(-nk // b)
-    factors = [bsz, h, nq, d, n_blocks, b]  # what a right answer's tensors are made of
+    factors = [bsz, h, nq, d, b]  # what a right answer's tensors are made of
     allowed = {math.prod(c) for r in range(len(factors) + 1) for c in itertools.combinations(factors, r)}
     relayouts = {k.numel(), q.numel()}  # k, v, q themselves cast, transposed or reshaped: no new scores
     for op, shape in rec.outputs:
@@ -270,16 +290,19 @@ def _check_tiles(rec: _Recorder, q: torch.Tensor, k: torch.Tensor, b: int) -> No
         if nk in shape:
             shown = f"`aten.{op}` made a tensor of shape {shape}"
             if nq in shape:
-                raise Wrong("whole-score-matrix", f"{shown}: the whole N_q × N_k = {nq} × {nk} matrix of scores "
+                raise Wrong("whole-score-matrix", f"{shown}: the whole N_q × N_k = {nq} × {nk} matrix of "
+                                                  f"scores "
                             f"(block_k was {b})", "loop over the keys in blocks of block_k, as step 5 does, "
                             "carrying m, l and acc from block to block: only N_q × block_k scores may exist "
                             "at a time")
             raise Wrong("whole-score-rows", f"{shown}: whole rows of all N_k = {nk} scores for a block of "
-                        f"queries (block_k was {b})", "tiling the queries bounds one side only: the keys must "
+                        f"queries (block_k was {b})", "tiling the queries bounds one side only: the keys "
+                                                      "must "
                         "come in blocks of block_k too, with the online softmax carrying m, l and acc")
         big = [n for n in shape if n > b and n > nq and n not in allowed]
         if big:
-            raise Wrong("block-size-ignored", f"`aten.{op}` made a tensor of shape {shape}: a block of {big[0]} "
+            raise Wrong("block-size-ignored", f"`aten.{op}` made a tensor of shape {shape}: a block of "
+                                              f"{big[0]} "
                         f"keys, with block_k={b}", "slice k and v in blocks of block_k, the argument, not a "
                         "block size of your own")
 
@@ -311,12 +334,15 @@ def flash_forward(answer: Callable, seed: int) -> str:
             raise
         one_block_ok = False
     for b in (small, mid):  # several blocks, the last one partial (N_k is prime)
-        rec = _check_values(answer, (q, k, v, b), one_block_ok)
+        others = tuple(x for x in (small, mid, 3, 4, nk - 1) if x != b)
+        rec = _check_values(answer, (q, k, v, b), one_block_ok, others)
         _check_tiles(rec, q, k, b)
     _check_values(answer, (q, k, v, whole), None)  # one block: the plain softmax (the error, if any)
     per, m = rng.choice((4, 5, 6)), rng.choice((3, 4, 5))  # self-attention, N = per·m keys in whole blocks
     qs, ks, vs = _draw(rng, bsz, h, per * m, per * m, d)
     _check_values(answer, (qs, ks, vs, per), True)
     return (f"O and L agree with softmax(q·kᵀ/√d)·v and its logsumexp (float64 reference, relative error "
-            f"< 1e-5) for N_q={nq} queries and N_k={nk} keys in blocks of {small}, {mid} and {whole}, and N={per * m} "
-            f"in whole blocks of {per}; no op made a tensor holding more than block_k keys; q, k, v unchanged")
+            f"< 1e-5) for N_q={nq} queries and N_k={nk} keys in blocks of {small}, {mid} and {whole}, and "
+            f"N={per * m} "
+            f"in whole blocks of {per}; no op made a tensor holding more than block_k keys; q, k, v "
+            f"unchanged")

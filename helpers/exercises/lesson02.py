@@ -113,7 +113,8 @@ def _check_fp16_order(log: _Log) -> None:
     dtypes = {e[2] for e in log if e[0] == "forward"}
     if dtypes != {torch.float16}:
         raise Wrong("not-fp16", f"the forward pass ran under {', '.join(map(str, dtypes))} autocast",
-                    "this is the fp16 step: torch.autocast(device_type=device.type, dtype=torch.float16) (bf16 "
+                    "this is the fp16 step: torch.autocast(device_type=device.type, dtype=torch.float16) "
+                    "(bf16 "
                     "needs no GradScaler)")
     if any(e[1] for e in log if e[0] == "backward"):
         raise Wrong("backward-in-autocast", "backward ran inside the autocast block",
@@ -171,7 +172,8 @@ def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_
                     "scale(loss).backward(), unscale_, clip, scaler.step, scaler.update: in that order")
     ratio = (flat.norm() / want.norm()).item()
     cosine = (flat @ want / (flat.norm() * want.norm()).clamp_min(1e-30)).item()
-    raise Wrong("update", f"the update's norm is {ratio:.3g}x that of the learning rate times the clipped true "
+    raise Wrong("update", f"the update's norm is {ratio:.3g}x that of the learning rate times the clipped "
+                          f"true "
                 f"gradient, in a direction {cosine:.2f} cosine-similar to it",
                 "zero the gradients, autocast the forward and loss, scale(loss).backward(), unscale_, clip, "
                 "scaler.step, scaler.update: in that order")
@@ -208,15 +210,18 @@ def fp16_step(answer: Callable, seed: int) -> str:
                                                                      stale_model.parameters())):
         raise Wrong("no-zero-grad", "with gradients left over from before the step (NaN, on purpose), the "
                     "step was skipped, and the clean step left its gradients in .grad", "clear the gradients "
-                    "(optimizer.zero_grad(set_to_none=True)) at the start of the step, or at its end: backward "
+                    "(optimizer.zero_grad(set_to_none=True)) at the start of the step, or at its end: "
+                    "backward "
                     "adds to whatever .grad holds")
-    inf_log, inf_model, inf_scaler, _ = _fp16_case(answer, model0, batch, max_norm, init_scale, plant_inf=True)
+    inf_log, inf_model, inf_scaler, _ = _fp16_case(answer, model0, batch, max_norm, init_scale,
+                                                   plant_inf=True)
     if not all(torch.equal(a, b) for a, b in zip(model0.parameters(), inf_model.parameters())):
         raise Wrong("inf-not-skipped", "a step with an inf gradient changed the parameters",
                     "let the scaler decide: scaler.step(optimizer) skips a step whose gradients hold inf/NaN")
     if inf_scaler.get_scale() >= init_scale:
         raise Wrong("no-backoff", "after an inf gradient the scale did not come down",
                     "scaler.update() after scaler.step(optimizer) halves it")
-    return (f"forward and loss under fp16 autocast, backward outside it, scaled (by {init_scale:g}); unscaled "
+    return (f"forward and loss under fp16 autocast, backward outside it, scaled (by {init_scale:g}); "
+            f"unscaled "
             f"before clipping to {max_norm:.3g} (the gradient's norm: {norm:.3g}); the update is the clipped "
             "gradient's; stale gradients cleared; a planted inf skipped the step and halved the scale")

@@ -141,18 +141,22 @@ def _diagnose(answer: Callable, cases: list[tuple[int, int]], got: list[Any], co
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
         (c, lim), g, w = cases[i], got[i], want[i]
         if collected == 0:
-            raise Wrong("no-gc", f"with capacity {c} it returned {g}, not {w}: after the first failure every try "
+            raise Wrong("no-gc", f"with capacity {c} it returned {g}, not {w}: after the first failure every "
+                                 f"try "
                         "failed, the failed try's memory was never released (it is right when the failed "
                         "tries hold no reference cycles)", "after an out-of-memory error, run gc.collect(): "
                         "the failed step's tensors sit in reference cycles that only the garbage collector "
                         "frees (then torch.cuda.empty_cache())")
-        raise Wrong("gc-while-error-held", f"with capacity {c} it returned {g}, not {w}: gc.collect() ran, but "
+        raise Wrong("gc-while-error-held", f"with capacity {c} it returned {g}, not {w}: gc.collect() ran, "
+                                           f"but "
                     "the failed try's memory stayed in use (it is right when the failed tries hold no "
-                    "reference cycles)", "collect after the `except` block has ended: inside it the exception "
+                    "reference cycles)", "collect after the `except` block has ended: inside it the "
+                                         "exception "
                     "(and its traceback, which holds the failed step's tensors) is still alive")
     if any(p.mem.live > 0 for p in plain):
         i = next(i for i, p in enumerate(plain) if p.mem.live > 0)
-        raise Wrong("kept-error", f"with capacity {cases[i][0]} the memory of a failed try ({plain[i].mem.live} "
+        raise Wrong("kept-error", f"with capacity {cases[i][0]} the memory of a failed try "
+                                  f"({plain[i].mem.live} "
                     "units) was still in use after the search", "do not keep the exception (`last = err`, a "
                     "list of errors): its traceback holds the failed step's tensors")
     plain_got = [p.got for p in plain]
@@ -220,13 +224,16 @@ def largest_batch(answer: Callable, seed: int) -> str:
         caught = "a ValueError propagated, so it catches RuntimeError" if value_ok else "so did a ValueError"
         raise Wrong("swallowed-error", f"a step that failed with a CUDA fault (a RuntimeError that is not "
                     f"out of memory, from batch {at} on) was treated as 'does not fit' ({caught})",
-                    "catch torch.cuda.OutOfMemoryError only (it is a RuntimeError, but not every RuntimeError "
+                    "catch torch.cuda.OutOfMemoryError only (it is a RuntimeError, but not every "
+                    "RuntimeError "
                     "is out of memory): let every other error propagate")
     if not value_ok:
-        raise Wrong("swallowed-error", f"a step that failed with a ValueError (a bug, from batch {at} on) was "
+        raise Wrong("swallowed-error", f"a step that failed with a ValueError (a bug, from batch {at} on) "
+                                       f"was "
                     "treated as 'does not fit'", "catch torch.cuda.OutOfMemoryError only; let other errors "
                     "propagate")
     tries = [len(r.mem.calls) for r in runs]
     return (f"right for {len(cases)} capacities and limits on a simulated device (in {min(tries)} to "
-            f"{max(tries)} tries), memory of failed tries released, a CUDA fault (RuntimeError) and a ValueError "
+            f"{max(tries)} tries), memory of failed tries released, a CUDA fault (RuntimeError) and a "
+            f"ValueError "
             "propagated")

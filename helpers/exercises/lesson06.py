@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.exercises.core import Wrong, close, learner_line
+from helpers.exercises.core import Wrong, close, learner_line, tensors_in
 
 __all__ = ["hidden_syncs", "train_loop_with_syncs"]
 
@@ -48,7 +48,8 @@ def train_loop_with_syncs(train_step: Callable, batches: Iterable) -> list[float
 # --- what synchronises -------------------------------------------------------------------------------------
 
 _SYNC_TAGS = {torch.Tag.data_dependent_output: "read", torch.Tag.dynamic_output_shape: "shape"}
-_READS = {"tolist": "read", "numpy": "numpy", "__array__": "numpy", "__dlpack__": "copy", "__reduce_ex__": "copy",
+_READS = {"tolist": "read", "numpy": "numpy", "__array__": "numpy", "__dlpack__": "copy",
+          "__reduce_ex__": "copy",
           "__repr__": "print", "__str__": "print", "__format__": "print", "cpu": "copy"}
 _WRITES = {"copy_", "__setitem__", "index_put_", "index_copy_", "masked_scatter_", "put_"}
 _FROM_DATA = {"tensor", "as_tensor", "asarray"}  # torch.tensor([loss, ...]) reads each element
@@ -62,12 +63,6 @@ class _Sync:
     steps_left: bool  # True: a training step came after it (a sync inside the loop)
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
-
-
 def _is_cpu_target(arg: Any) -> bool:
     return (isinstance(arg, str) and arg.split(":")[0] == "cpu") or (isinstance(arg, torch.device)
                                                                      and arg.type == "cpu")
@@ -78,7 +73,7 @@ class _Device:
 
     def __init__(self, answer: Callable) -> None:
         self.answer = answer
-        self.host: dict[int, weakref.ref] = {}  # id -> the host tensor (ids, since == on tensors is elementwise)
+        self.host: dict[int, weakref.ref] = {}  # id -> the host tensor (by id: == on tensors is elementwise)
         self.syncs: list[_Sync] = []
         self.paused = False  # True while the training step itself runs (that is the device's work)
         self.active = False  # True while a call of the learner's runs (the dispatch mode listens then)
@@ -90,7 +85,8 @@ class _Device:
 
     def modes(self) -> tuple[Any, Any]:
         from torch.overrides import TorchFunctionMode
-        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from helpers.compat import TorchDispatchMode
 
         dev = self
 
@@ -106,7 +102,7 @@ class _Device:
                 kwargs = kwargs or {}
                 if dev.active and not dev.paused:
                     kinds = [k for tag, k in _SYNC_TAGS.items() if tag in func.tags]
-                    if kinds and any(dev.on_device(t) for t in _tensors((args, kwargs))):
+                    if kinds and any(dev.on_device(t) for t in tensors_in((args, kwargs))):
                         dev.seen.append(kinds[0])
                 return func(*args, **kwargs)
 
@@ -128,7 +124,7 @@ class _Device:
         name = getattr(func, "__name__", str(func))
         owner = getattr(func, "__qualname__", name).split(".")[0]
         shown = f"Tensor.{name}" if owner in ("Tensor", "TensorBase") else f"torch.{name}"
-        inputs = _tensors((args, kwargs))
+        inputs = tensors_in((args, kwargs))
         device_in = any(self.on_device(t) for t in inputs)
         target = self._target(args, kwargs) if name == "to" else None
         direct = None
@@ -161,7 +157,7 @@ class _Device:
         else:
             host = not device_in
         if host:
-            for t in _tensors(out):
+            for t in tensors_in(out):
                 self.host[id(t)] = weakref.ref(t)
         return out
 
@@ -269,5 +265,6 @@ def hidden_syncs(answer: Callable, seed: int) -> str:
     given = [s for s in _count(train_loop_with_syncs, many, data)[1] if s.steps_left]
     after = len(syncs_many) - len(inside_many)
     return (f"same losses as the given loop; {len(inside_many)} synchronisation(s) inside the loop whether "
-            f"{few} or {many} steps, {after} after it (the given loop: {len(given)} inside for {many} steps); "
+            f"{few} or {many} steps, {after} after it (the given loop: {len(given)} inside for {many} "
+            f"steps); "
             f"a NaN planted in step {nan_at} raised FloatingPointError")

@@ -55,7 +55,8 @@ def prefetch_allreduce(answers: Iterable[Callable], seed: int, timeout_s: float 
         cands, out = Path(tmp) / "candidates.json", Path(tmp) / "results.json"
         cands.write_text(json.dumps([{"name": f"c{i}", "source": s, "function": f}
                                      for i, (s, f) in enumerate(todo.items())]))
-        launch(_SCRIPT, ["--candidates", str(cands), "--out", str(out), "--seed", str(seed)], nproc_per_node=2,
+        launch(_SCRIPT, ["--candidates", str(cands), "--out", str(out), "--seed", str(seed)],
+               nproc_per_node=2,
                env={"OMP_NUM_THREADS": "1"}, timeout_s=timeout_s, echo=False)
         results = json.loads(out.read_text())
     for source, result in zip(todo, results):
@@ -76,8 +77,10 @@ def _diagnose_allreduce(r: dict[str, Any]) -> None:
 def _diagnose_grads(r: dict[str, Any]) -> None:
     if r["unreduced"] and len(r["unreduced"]) == r["n_params"]:
         raise Wrong("not-written-back", "no gradient was averaged: each process kept its own, although "
-                    f"{r['calls_per_step']} all-reduce(s) ran", "all_reduce works on the flattened copy: after "
-                    "waiting, copy its pieces back into each param.grad (p.grad.copy_(piece.view_as(p.grad)))")
+                    f"{r['calls_per_step']} all-reduce(s) ran", "all_reduce works on the flattened copy: "
+                                                                "after "
+                    "waiting, copy its pieces back into each param.grad "
+                    "(p.grad.copy_(piece.view_as(p.grad)))")
     if r["unreduced"]:
         raise Wrong("last-bucket", f"the gradients of {', '.join(r['unreduced'])} were never averaged (each "
                     "process kept its own)", "finish() must also reduce the last bucket, the one that never "
@@ -88,7 +91,8 @@ def _diagnose_grads(r: dict[str, Any]) -> None:
     if r["max_grad_err"] > 1e-5:
         raise Wrong("grads-differ", f"the averaged gradients differ from one process's on the whole batch "
                     f"(relative error {r['max_grad_err']:.2g}; their norm is {r['grad_norm_ratio']:.3g}x)",
-                    "each bucket: flatten its gradients into one tensor, all-reduce, divide by the world size, "
+                    "each bucket: flatten its gradients into one tensor, all-reduce, divide by the world "
+                    "size, "
                     "copy the pieces back into each param.grad in the order they went in")
 
 
@@ -115,12 +119,14 @@ def _diagnose_calls(r: dict[str, Any]) -> None:
                     "(param.register_post_accumulate_grad_hook), while backward computes the earlier layers")
     if r["blocking_during_backward"]:
         raise Wrong("blocking", f"{r['blocking_during_backward']} all-reduce(s) during backward blocked it "
-                    "(async_op=False)", "dist.all_reduce(flat, async_op=True) returns a handle at once; wait for "
+                    "(async_op=False)", "dist.all_reduce(flat, async_op=True) returns a handle at once; wait "
+                                        "for "
                     "the handles in finish()")
     if r["waited_during_backward"]:
         raise Wrong("waited-in-backward", f"{r['waited_during_backward']} of the {r['during_backward']} "
                     "all-reduce(s) started during backward were waited for during backward: backward stood "
-                    "still while their bytes travelled, so nothing overlapped", "keep each handle (with its flat "
+                    "still while their bytes travelled, so nothing overlapped", "keep each handle (with its "
+                                                                                "flat "
                     "tensor and parameters) and wait for them all in finish(), after backward")
     sent = sorted(c["bytes"] for c in r["calls"])
     ready, cap = r["ready_bytes"], r["cap"]
@@ -131,10 +137,13 @@ def _diagnose_calls(r: dict[str, Any]) -> None:
     if r["calls_per_step"] >= r["n_params"]:
         raise Wrong("not-bucketed", f"{r['calls_per_step']} all-reduce calls per step for {r['n_params']} "
                     "parameters", "group gradients into buckets of bucket_cap_bytes: one call per bucket")
-    in_elements = sent in (sorted(bucket_sizes(ready, cap * 4, "reach")), sorted(bucket_sizes(ready, cap * 4, "under")))
+    in_elements = sent in (sorted(bucket_sizes(ready, cap * 4, "reach")),
+                           sorted(bucket_sizes(ready, cap * 4, "under")))
     if sent == [total] and not in_elements:
-        raise Wrong("cap-ignored", f"one all-reduce of all {total} bytes per step, with bucket_cap_bytes={cap}: "
-                    f"the gradients make {len(want)} buckets of up to the cap", "flush the bucket as soon as it "
+        raise Wrong("cap-ignored", f"one all-reduce of all {total} bytes per step, with "
+                                   f"bucket_cap_bytes={cap}: "
+                    f"the gradients make {len(want)} buckets of up to the cap", "flush the bucket as soon as "
+                                                                                "it "
                     "holds bucket_cap_bytes, from the hook that filled it, and start a new one")
     if in_elements and sent != [total]:
         raise Wrong("cap-in-elements", f"messages of {sent} bytes with bucket_cap_bytes={cap}: buckets of "
@@ -142,7 +151,8 @@ def _diagnose_calls(r: dict[str, Any]) -> None:
                     "p.grad.numel() * p.grad.element_size()")
     raise Wrong("buckets-off-cap", f"messages of {sent} bytes with bucket_cap_bytes={cap}; gradients of "
                 f"{ready} bytes, filled in the order backward finished them, make buckets of {sorted(want)} "
-                "bytes", "add each gradient's bytes to the bucket as its hook runs, and flush when the bucket "
+                "bytes", "add each gradient's bytes to the bucket as its hook runs, and flush when the "
+                         "bucket "
                 "reaches the cap (or before it would go over)")
 
 
@@ -164,5 +174,6 @@ def bucketed_allreduce(answer: Callable, seed: int) -> str:
     return (f"2 processes under torchrun: gradients equal one process's on the whole batch (relative error "
             f"{r['max_grad_err']:.1g}), {r['calls_per_step']} all-reduces per step of "
             f"{sorted(c['bytes'] for c in r['calls'])} bytes for {r['n_params']} parameters "
-            f"(bucket_cap_bytes={r['cap']}), {r['during_backward']} started during backward (async, waited for "
+            f"(bucket_cap_bytes={r['cap']}), {r['during_backward']} started during backward (async, waited "
+            f"for "
             f"in finish), parameters after {r['steps']} SGD steps equal")

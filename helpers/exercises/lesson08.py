@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from helpers.exercises.core import Wrong, _course_module
+from helpers.exercises.core import Wrong, course_module
 
 __all__ = ["greedy_climb", "new_rung"]
 
@@ -64,7 +64,8 @@ _RULE_HINTS = {
     "best-spread-only": ("its decisions are those of the best stack's spread alone",
                          "the threshold takes the larger relative spread of *both* arms"),
     "absolute-spread": ("its decisions are those of absolute spreads (IQR in seconds) added to a ratio",
-                        "the spread must be relative: IQR / median, a fraction like the ratio's excess over 1"),
+                        "the spread must be relative: IQR / median, a fraction like the ratio's excess over "
+                        "1"),
     "no-spread": ("its decisions are those of `faster at all` (ratio > 1)",
                   "faster by less than the noise is not faster: ratio > 1 + the larger relative IQR"),
     "sum-of-spreads": ("its decisions are those of the sum of the two relative spreads",
@@ -109,14 +110,17 @@ _CLIMB_HINTS = {
                    "cumulative ladder)", "greedy adds each rung to the best stack so far: a dropped rung "
                    "leaves the best stack as it was, and the next rung goes on that"),
     "vs-baseline": ("each candidate was timed beside the baseline, not beside the best stack so far",
-                    "the rule compares a rung with the stack it is added to: time_side_by_side(candidate, best)"),
+                    "the rule compares a rung with the stack it is added to: time_side_by_side(candidate, "
+                    "best)"),
     "from-baseline": ("each rung was added to the baseline, not to the best stack so far",
                       "candidate = rung.on(best): the kept rungs stay in the stack"),
     "stale": ("the best stack's timing came from an earlier session than the candidate's",
-              "the machine's load changes between sessions: compare the two timings time_side_by_side(candidate, "
+              "the machine's load changes between sessions: compare the two timings "
+              "time_side_by_side(candidate, "
               "best) returns, from one session"),
 }
-_HYPOTHESES = [("greedy", "right")] + [(h, "right") for h in _CLIMB_HINTS] + [("greedy", r) for r in _RULE_HINTS]
+_HYPOTHESES = ([("greedy", "right")] + [(h, "right") for h in _CLIMB_HINTS]
+               + [("greedy", r) for r in _RULE_HINTS])
 
 
 class _Machine:
@@ -242,7 +246,7 @@ class _CourseCalls:
 
         def profile(frame: Any, event: str, arg: Any) -> None:
             if event == "call" and self.found is None:
-                name = f"{_course_module(frame.f_code.co_filename)}.{frame.f_code.co_name}"
+                name = f"{course_module(frame.f_code.co_filename)}.{frame.f_code.co_name}"
                 if name in self.BANNED:
                     self.found = name
 
@@ -274,7 +278,8 @@ def _run_climb(answer: Callable, seed: int, rungs: list) -> tuple[Any, list, lis
                     "return the best stack itself, a RunSpec (rung.on(stack) makes one)")
     kept = list(kept) if isinstance(kept, (list, tuple)) else kept
     if not isinstance(kept, list) or len(kept) != len(rungs):
-        raise Wrong("return-shape", f"kept is {kept!r}, not one True/False for each of the {len(rungs)} rungs",
+        raise Wrong("return-shape", f"kept is {kept!r}, not one True/False for each of the {len(rungs)} "
+                                    f"rungs",
                     "append the rule's decision for every rung, in order")
     return stack, [bool(k) for k in kept], m.calls
 
@@ -289,14 +294,16 @@ def _first_difference(answer_run: tuple, right_run: tuple, seed: int, rungs: lis
     for i, rung in enumerate(rungs):
         if i >= len(calls) or _pair(calls[i]) != _pair(r_calls[i]):
             shown = "nothing" if i >= len(calls) else f"{_shown(calls[i][0])} beside {_shown(calls[i][1])}"
-            return (f"at rung {rung.name!r} it timed {shown}; the greedy ladder times that rung on the best stack "
+            return (f"at rung {rung.name!r} it timed {shown}; the greedy ladder times that rung on the best "
+                    f"stack "
                     f"so far beside that stack: {_shown(r_calls[i][0])} beside {_shown(r_calls[i][1])}")
         t_c, t_b = m.time_pair(*r_calls[i])
         if kept[i] != r_kept[i]:
             ratio, threshold = t_b.median_s / t_c.median_s, 1 + max(t_c.iqr_s / t_c.median_s,
                                                                     t_b.iqr_s / t_b.median_s)
             return (f"at rung {rung.name!r}: candidate {t_c.median_s:.4g} s (IQR {t_c.iqr_s:.2g}), best "
-                    f"{t_b.median_s:.4g} s (IQR {t_b.iqr_s:.2g}) in one session: ratio {ratio:.3f} vs threshold "
+                    f"{t_b.median_s:.4g} s (IQR {t_b.iqr_s:.2g}) in one session: ratio {ratio:.3f} vs "
+                    f"threshold "
                     f"{threshold:.3f}, so {'keep' if r_kept[i] else 'drop'}; it said "
                     f"{'keep' if kept[i] else 'drop'}")
     if len(calls) != len(r_calls):
@@ -323,7 +330,8 @@ def greedy_climb(answer: Callable, seed: int) -> str:
     if all(same(a, r) for a, r in zip(runs, rights)):
         n_kept = sum(sum(r[1]) for r in rights)
         n_rungs = sum(len(r[1]) for r in rights)
-        return (f"the same stacks, timings and decisions as the greedy ladder in {len(climbs)} simulated climbs "
+        return (f"the same stacks, timings and decisions as the greedy ladder in {len(climbs)} simulated "
+                f"climbs "
                 f"({n_rungs} rungs, {n_kept} kept; the machine's load changing between sessions), keep rule "
                 "included")
     matched = []
@@ -344,7 +352,8 @@ def greedy_climb(answer: Callable, seed: int) -> str:
         raise Wrong(key, f"{what}, in all {len(climbs)} simulated climbs", hint)
     i = next(i for i, (a, r) in enumerate(zip(runs, rights)) if not same(a, r))
     raise Wrong("climb", _first_difference(runs[i], rights[i], *climbs[i]),
-                "for each rung: candidate = rung.on(best); t_c, t_b = time_side_by_side(candidate, best); keep "
+                "for each rung: candidate = rung.on(best); t_c, t_b = time_side_by_side(candidate, best); "
+                "keep "
                 "when t_b.median_s / t_c.median_s > 1 + the larger relative IQR, and then best = candidate")
 
 
@@ -377,9 +386,11 @@ def _form(answer: Any) -> Any:
                     "a rung changes one switch away from the baseline")
     if answer.switch in _NO_EFFECT and _NO_EFFECT[answer.switch][0](ladder.BASELINE):
         raise Wrong("no-effect", f"RunSpec.{answer.switch}={answer.value!r} changes nothing on the baseline: "
-                    f"{_NO_EFFECT[answer.switch][1]}", "pick a switch that changes what the step computes or how")
+                    f"{_NO_EFFECT[answer.switch][1]}", "pick a switch that changes what the step computes or "
+                                                       "how")
     if len(answer.claim.split()) < 2:
-        raise Wrong("no-claim", f"its claim is {answer.claim!r}", "say what is commonly claimed for it, in a few "
+        raise Wrong("no-claim", f"its claim is {answer.claim!r}", "say what is commonly claimed for it, in a "
+                                                                  "few "
                     "words: the ladder prints it next to what this machine measured")
     return stack
 
@@ -429,8 +440,8 @@ def _repadded(batch: dict, padding: str, seq: int) -> dict:
 
 
 def new_rung(answer: Any, seed: int) -> str:
-    """08-new-rung: answer is a helpers.ladder.Rung the ladder does not have yet; it is measured on a tiny BERT
-    (checked against the baseline, timed beside it, judged by the keep rule)."""
+    """08-new-rung: answer is a helpers.ladder.Rung the ladder does not have yet; it is measured on a tiny
+    BERT (checked against the baseline, timed beside it, judged by the keep rule)."""
     import torch
 
     from helpers import ladder
@@ -444,8 +455,8 @@ def new_rung(answer: Any, seed: int) -> str:
     transformers.logging.set_verbosity_error()  # its notes on switches (checkpointing sets use_cache=False)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            climbed = ladder.climb_stacks(make_model, batches, check, device=torch.device("cpu"), rungs=(answer,),
-                                          repeats=3, log=quiet.append)
+            climbed = ladder.climb_stacks(make_model, batches, check, device=torch.device("cpu"),
+                                          rungs=(answer,), repeats=3, log=quiet.append)
     except Exception as err:  # noqa: BLE001 - the ladder could not measure this switch value here
         raise Wrong("not-measured", f"the ladder could not measure {stack.describe()!r} here: "
                     f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
@@ -456,12 +467,16 @@ def new_rung(answer: Any, seed: int) -> str:
     if "samples_per_s" not in row:
         why = row.get("why", "")
         if "failed its check" in why:
-            raise Wrong("disagrees", f"it was not timed: {why}", "a faster rung must compute what the baseline "
+            raise Wrong("disagrees", f"it was not timed: {why}", "a faster rung must compute what the "
+                                                                 "baseline "
                         "does, within the looser precision's tolerance (helpers.agreement)")
-        raise Wrong("cannot-run-here", f"it was not timed: {why}", "pick a switch value this device can run; on "
+        raise Wrong("cannot-run-here", f"it was not timed: {why}", "pick a switch value this device can run; "
+                                                                   "on "
                     "a GPU the rung may run: try it in the lesson")
     verdict = "kept" if row["kept"] else "dropped"
     return (f"{answer.name!r} (RunSpec.{answer.switch}={answer.value!r}) ran on a tiny BERT, agreed with the "
-            f"baseline (logits {row.get('check_logits', 'checked')}), and was timed beside it: {row['vs_below']:.2f}x "
-            f"its speed, {verdict} by the keep rule here; on the lesson's model: ladder.climb_stacks(make_model, "
+            f"baseline (logits {row.get('check_logits', 'checked')}), and was timed beside it: "
+            f"{row['vs_below']:.2f}x "
+            f"its speed, {verdict} by the keep rule here; on the lesson's model: "
+            f"ladder.climb_stacks(make_model, "
             "batches, check, device=device, rungs=(*ladder.RUNGS, NEW_RUNG), ...)")
