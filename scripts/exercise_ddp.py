@@ -1,18 +1,22 @@
 """Run learners' bucketed all-reduce functions (lesson 07's exercise) in every process of a torchrun job, and
 report what each did; `helpers.exercises` launches it and reads the report.
 
-    torchrun --standalone --nproc-per-node=2 scripts/exercise_ddp.py --candidates c.json --out r.json
+    torchrun --standalone --nproc-per-node=2 scripts/exercise_ddp.py --candidates c.json --out r.json --seed 7
 
 c.json holds [{"name", "source", "function"}]: the source of a function `function(model, bucket_cap_bytes)`
-that registers gradient hooks on `model` and returns `finish()`. For each candidate, every rank builds the
-same small model, attaches the candidate, and trains STEPS SGD steps on its own half of each global batch
-(forward, backward, finish(), step). Beside it, each rank trains a copy of the model on the whole global batch
-as one process would: the reference, which averaged gradients must equal. Every `dist.all_reduce` call is
-recorded with the phase it was made in (during backward, or after it in finish) and whether it was async.
-Rank 0 writes, per candidate, in order: status ("ok", "not attempted", "error"), all-reduce calls per step,
-how many started during backward and how many of those blocked, the gradients' largest relative error and
-norm ratio against the reference, the parameters whose gradients stayed each rank's own, and the parameters'
-largest difference from the reference after all steps.
+that registers gradient hooks on `model` and returns `finish()`. The model's widths, the bucket cap and the
+data are drawn from --seed (the same on every rank). For each candidate, every rank builds the same small
+model, attaches the candidate, and trains STEPS SGD steps on its own half of each global batch (forward,
+backward, finish(), step). Beside it, each rank trains a copy of the model on the whole global batch as one
+process would: the reference, which averaged gradients must equal. Every `dist.all_reduce` call is recorded
+with the phase it was made in (during backward, or after it in finish), whether it was async, its bytes, and
+the phase in which its handle was waited for (`wait()` on the handle or on its future); the order in which
+gradients became ready (and their bytes) is recorded by a hook registered before the candidate's. Rank 0
+writes, per candidate, in order: status ("ok", "not attempted", "error"), the cap, all-reduce calls per step,
+how many started during backward, how many of those blocked (synchronous) and how many were waited for during
+backward, each call of the first step (phase, bytes, async, waited), the gradients' bytes in the order they
+became ready, the gradients' largest relative error and norm ratio against the reference, the parameters whose
+gradients stayed each rank's own, and the parameters' largest difference from the reference after all steps.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import copy
 import json
 import math
+import random
 import traceback
 from pathlib import Path
 from typing import Any
@@ -31,15 +36,48 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.distributed import setup, teardown
+from helpers.exercises.lesson07 import bucket_sizes
 
 STEPS = 2  # SGD steps per candidate
 GLOBAL_BATCH = 8  # rows per step over all ranks
-BUCKET_CAP_BYTES = 600  # with the model below: two buckets per step, the first full during backward
 LR = 0.1
 
 
 class _Phase:
     now = "setup"  # "forward" | "backward" | "finish" | "setup"
+
+
+class _Handle:
+    """What dist.all_reduce(..., async_op=True) returned, with a note of when it was waited for."""
+
+    def __init__(self, work: Any, call: dict[str, Any]) -> None:
+        self._work, self._call = work, call
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._call.setdefault("waited", _Phase.now)
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self) -> Any:
+        return _Future(self._work.get_future(), self._call)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+class _Future:
+    def __init__(self, future: Any, call: dict[str, Any]) -> None:
+        self._future, self._call = future, call
+
+    def wait(self) -> Any:
+        self._call.setdefault("waited", _Phase.now)
+        return self._future.wait()
+
+    def value(self) -> Any:
+        self._call.setdefault("waited", _Phase.now)
+        return self._future.value()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._future, name)
 
 
 def _record_all_reduce(calls: list[dict[str, Any]]) -> None:
@@ -48,20 +86,57 @@ def _record_all_reduce(calls: list[dict[str, Any]]) -> None:
 
     def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         is_async = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
-        calls.append({"phase": _Phase.now, "async": is_async, "numel": tensor.numel()})
-        return original(tensor, *args, **kwargs)
+        call = {"phase": _Phase.now, "async": is_async, "bytes": tensor.numel() * tensor.element_size()}
+        calls.append(call)
+        work = original(tensor, *args, **kwargs)
+        return _Handle(work, call) if is_async and work is not None else work
 
     dist.all_reduce = all_reduce
 
 
-def _model() -> nn.Module:
+def _ready_bytes(widths: list[int]) -> list[int]:
+    """The gradients' bytes in the order backward finishes them, from one backward pass of the model."""
+    model, ready = _model(widths), []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: ready.append(p.grad.numel() * p.grad.element_size()))
+    model(torch.zeros(1, widths[0])).sum().backward()
+    return ready
+
+
+def _separates(ready: list[int], cap: int) -> bool:
+    """Whether this cap tells the mistakes apart: several buckets under both flush rules, a last one left for
+    finish(), some bucket of two gradients or more, and other buckets if the cap were counted in elements."""
+    reach, under = bucket_sizes(ready, cap, "reach"), bucket_sizes(ready, cap, "under")
+    in_elements = [sorted(bucket_sizes(ready, cap * 4, r)) for r in ("reach", "under")]
+    return (min(len(reach), len(under)) >= 3 and reach[-1] < cap and max(len(reach), len(under)) < len(ready)
+            and all(len(e) >= 2 and e not in (sorted(reach), sorted(under)) for e in in_elements))
+
+
+def _draw(seed: int) -> tuple[list[int], int]:
+    """The model's widths and the bucket cap: several buckets per step, some filled during backward, the last
+    one not full, and caps that tell the flush rules from the mistakes."""
+    rng = random.Random(seed)
+    while True:
+        widths = [8] + [rng.choice((8, 12, 16, 20)) for _ in range(rng.randrange(3, 5))] + [4]
+        ready = _ready_bytes(widths)
+        for _ in range(40):
+            cap = int(sum(ready) * rng.uniform(0.08, 0.35)) | 1  # odd: never a sum of fp32 gradients' bytes
+            if _separates(ready, cap):
+                return widths, cap
+
+
+def _model(widths: list[int]) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
 
 
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(STEPS, GLOBAL_BATCH, 8, generator=g), torch.randn(STEPS, GLOBAL_BATCH, 4, generator=g)
+def _data(seed: int, widths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(STEPS, GLOBAL_BATCH, widths[0], generator=g),
+            torch.randn(STEPS, GLOBAL_BATCH, widths[-1], generator=g))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -84,17 +159,25 @@ def _step_report(model: nn.Module, ref: nn.Module, local: nn.Module) -> dict[str
             "grad_norm_ratio": math.sqrt(norms[0] / max(norms[1], 1e-30))}
 
 
-def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, world: int,
+def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, world: int, seed: int,
          report: dict[str, Any]) -> None:
     """Train with the candidate's hooks, filling `report` as it goes (step 0's findings outlive an error)."""
     namespace: dict[str, Any] = {"torch": torch, "dist": dist, "nn": nn, "math": math,
                                  "__name__": "candidate"}
     exec(compile(candidate["source"], f"<{candidate['function']}>", "exec"), namespace)
     attach = namespace[candidate["function"]]
-    model, ref = _model(), _model()
+    widths, cap = _draw(seed)
+    model, ref = _model(widths), _model(widths)
+    ready: list[int] = []  # bytes of each gradient, in the order backward finished them
+    def note_ready(p: torch.Tensor) -> None:
+        if _Phase.now == "backward":
+            ready.append(p.grad.numel() * p.grad.element_size())
+
+    for p in model.parameters():  # registered first: runs before the candidate's hook on each parameter
+        p.register_post_accumulate_grad_hook(note_ready)
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=LR), torch.optim.SGD(ref.parameters(), lr=LR)
-    finish = attach(model, BUCKET_CAP_BYTES)
-    xs, ys = _data()
+    finish = attach(model, cap)
+    xs, ys = _data(seed, widths)
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
     for step in range(STEPS):
         local = copy.deepcopy(model)  # this rank's own gradients, for telling unreduced ones apart
@@ -114,8 +197,9 @@ def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, worl
             mine = calls[first:]
             during = [c for c in mine if c["phase"] == "backward"]
             report.update(_step_report(model, ref, local), calls_per_step=len(mine),
-                          during_backward=len(during),
-                          blocking_during_backward=sum(not c["async"] for c in during))
+                          during_backward=len(during), cap=cap, ready_bytes=list(ready), calls=mine,
+                          blocking_during_backward=sum(not c["async"] for c in during),
+                          waited_during_backward=sum(c.get("waited") == "backward" for c in during))
         opt.step()
         ref_opt.step()
     report["max_param_err"] = max(_rel(p.detach(), r.detach()) for p, r in zip(model.parameters(),
@@ -137,16 +221,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--candidates", type=Path, required=True, help="JSON list of {name, source, function}")
     p.add_argument("--out", type=Path, required=True, help="rank 0 writes the reports here (JSON)")
+    p.add_argument("--seed", type=int, default=0, help="draws the model's widths, the bucket cap and the "
+                                                       "data")
     args = p.parse_args()
     env = setup("cpu", timeout_s=60)
     calls: list[dict[str, Any]] = []
     _record_all_reduce(calls)
     reports = []
     for candidate in json.loads(args.candidates.read_text()):
-        base = {"name": candidate["name"], "world_size": env.world_size, "steps": STEPS,
-                "n_params": len(list(_model().parameters()))}
+        base = {"name": candidate["name"], "world_size": env.world_size, "steps": STEPS, "seed": args.seed,
+                "n_params": len(list(_model(_draw(args.seed)[0]).parameters()))}
         try:
-            _run(candidate, calls, env.rank, env.world_size, base)
+            _run(candidate, calls, env.rank, env.world_size, args.seed, base)
             base["status"] = "ok"
         except NotImplementedError:
             base["status"] = "not attempted"

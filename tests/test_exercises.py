@@ -1,11 +1,14 @@
-"""The checked exercises (helpers.exercises): for every exercise, its solution passes; its untouched
-skeleton, read from the notebook cell itself, reports "not attempted"; and mutants of the solution, the
-mistakes learners make, fail with the hint meant for them. Also: the check cell's contract (one line; an
-AssertionError for a wrong answer; strict mode), and the cells in the notebooks (skeleton, check, solution
-link, given code).
+"""The checked exercises (helpers.exercises): for every exercise, its solution and every right variant pass;
+every wrong answer of `tests/exercise_answers.py` (each written from scratch, as a learner would) fails with
+the hint meant for it; the untouched skeleton, read from the notebook cell itself, reports "not attempted";
+inputs are drawn per run from a seed that the line shows and that replays them. Also: the check cell's
+contract (one line; an AssertionError for a wrong answer; strict mode), and the cells in the notebooks
+(skeleton, check, solution link, given code).
 
-Lesson 07's exercise runs under torchrun: its solution and mutants are checked in one launch (2 processes).
+One seed per session (COURSE_EXERCISE_SEED replays a session's inputs; every failing line names its seed).
+Lesson 07's exercise runs under torchrun: its solution and answers are checked in one launch (2 processes).
 The notebooks themselves run every exercise's solution strictly in CI (conftest.py: _add_exercise_solutions).
+04-predict-time belongs to lesson 04's own tests (tests/test_exercise04.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import runpy
 from pathlib import Path
 
 import pytest
+from exercise_answers import RIGHT, WRONG  # tests/exercise_answers.py
 
 import helpers.exercises as exercises
 from helpers.exercises import (
@@ -30,85 +34,17 @@ from helpers.exercises import (
     lesson06,
     lesson07,
 )
+from helpers.exercises.core import draw_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-
-# Mutants: (the mistake the check must name, [(text of the solution, replaced by)]). Each is a mistake
-# learners make; each replaced text occurs exactly once in the solution, so mutants follow its edits.
-MUTANTS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
-    "00-roofline": [
-        ("flops-multiply-add", [("flops, elements = 2 * n ** 3,", "flops, elements = n ** 3,")]),
-        ("bytes-output", [("flops, elements = n, 3 * n", "flops, elements = n, 2 * n")]),
-        ("ridge", [(" / roof.bandwidth  # FLOP per byte", "  # FLOP per byte")]),
-    ],
-    "01-flash-forward": [
-        ("missing-rescale", [("alpha = torch.exp(m - m_new)", "alpha = torch.ones_like(m_new)")]),
-        ("not-normalised", [("return acc / l[..., None], m", "return acc, m")]),
-        ("lse-is-max", [("m + torch.log(l)", "m")]),
-        ("missing-scale", [("scale = q.shape[-1] ** -0.5", "scale = 1.0")]),
-    ],
-    "02-fp16-step": [
-        ("clip-before-unscale", [("    scaler.unscale_(optimizer)", "    pass")]),
-        ("direct-step", [("    scaler.step(optimizer)", "    optimizer.step()")]),
-        ("backward-in-autocast", [("        loss = model(**batch).loss  # forward and loss only\n    scaler",
-                                   "        loss = model(**batch).loss\n        scaler")]),
-        ("no-clip", [("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)", "    pass")]),
-    ],
-    "03-largest-batch": [
-        ("no-gc", [("        gc.collect()", "        pass")]),
-        ("no-bisect", [("    while bad - good > 1:", "    while False:")]),
-        ("swallowed-error", [("except torch.cuda.OutOfMemoryError:", "except Exception:")]),
-        ("kept-error", [("except torch.cuda.OutOfMemoryError:\n            pass",
-                         "except torch.cuda.OutOfMemoryError as err:\n            KEPT.append(err)"),
-                        ("import gc\n", "import gc\n\nKEPT = []\n")]),
-    ],
-    "04-predict-time": [
-        ("sum", [("return regime, times[regime]", "return regime, sum(times.values())")]),
-        ("no-overhead", [('"overhead": overhead_s}', "}")]),
-        ("units", [("flops / peak_flops", "flops / bandwidth"),
-                   ("bytes_moved / bandwidth", "bytes_moved / peak_flops")]),
-    ],
-    "05-graph-break": [
-        ("graph-break", [("max_loss / loss.detach()", "max_loss / loss.item()")]),
-        ("gradient", [("max_loss / loss.detach()", "max_loss / loss")]),
-        ("branch-dropped", [("return torch.where(loss > max_loss, loss * (max_loss / loss.detach()), loss)",
-                             "return loss")]),
-    ],
-    "06-hidden-syncs": [
-        ("per-step-sync", [("    losses = [train_step(batch) for batch in batches]",
-                            "    losses = []\n    for batch in batches:\n"
-                            "        loss = train_step(batch)\n"
-                            "        if not torch.isfinite(loss):\n"
-                            "            raise FloatingPointError(loss)\n"
-                            "        losses.append(loss)")]),
-        ("not-floats", [("return stacked.tolist()", "return losses")]),
-        ("nan-unnoticed", [("    if bad.any():", "    if False:")]),
-    ],
-    "07-bucketed-allreduce": [
-        ("summed", [("            flat /= world", "            pass")]),
-        ("last-bucket", [("        flush()  # the last bucket", "        pass  # the last bucket")]),
-        ("no-overlap", [("        if size >= bucket_cap_bytes:\n            flush()", "        pass")]),
-    ],
-    "08-keep-rule": [
-        ("inverted", [("best.median_s / candidate.median_s", "candidate.median_s / best.median_s")]),
-        ("candidate-spread-only", [("max(candidate.iqr_s / candidate.median_s, best.iqr_s / best.median_s)",
-                                    "candidate.iqr_s / candidate.median_s")]),
-        ("absolute-spread", [("max(candidate.iqr_s / candidate.median_s, best.iqr_s / best.median_s)",
-                              "max(candidate.iqr_s, best.iqr_s)")]),
-    ],
-    "08-new-rung": [
-        ("duplicate", [('"precision", "fp16"', '"precision", "bf16"')]),
-        ("not-a-rung", [("NEW_RUNG = ladder.Rung(", "NEW_RUNG = (")]),
-        ("no-claim", [('"like bf16 on Volta+ GPUs, but needs a GradScaler (lesson 02)"', '""')]),
-    ],
-}
+SEED = draw_seed()  # this session's inputs; every outcome line names it
 
 
 def _roof():
     from helpers.roofline import Roofline
 
-    return Roofline("a test CPU", {"fp32": 5e10}, 1e10, 512, 64 * 2 ** 20)  # ridge: 5 FLOP per byte
+    return Roofline("a test CPU", {"fp32": 5e10, "bf16": 2e10}, 1e10, 512, 64 * 2 ** 20)  # ridge: 5 FLOP/byte
 
 
 def _context(ex) -> dict:
@@ -119,13 +55,6 @@ def _load(path: Path, source: str, name: str):
     """The answer `name` defined by `source`, run from a file (its source can be read, as a cell's can)."""
     path.write_text(source, encoding="utf-8")
     return runpy.run_path(str(path))[name]
-
-
-def _mutate(source: str, edits: list[tuple[str, str]]) -> str:
-    for old, new in edits:
-        assert source.count(old) == 1, f"the mutant's text {old!r} is not in the solution exactly once"
-        source = source.replace(old, new)
-    return source
 
 
 def _cells(lesson: str) -> list[dict]:
@@ -146,37 +75,54 @@ def _exercise_cells(ex) -> dict[str, dict]:
     return found
 
 
+def _mistake(key: str) -> str:
+    return key.split("#")[0]  # "whole-score-matrix#sdpa": the same mistake in other code
+
+
 IDS = sorted(EXERCISES)
-LOCAL = [i for i in IDS if i != "07-bucketed-allreduce"]  # lesson 07's runs under torchrun: its own test
-MUTANT_CASES = [pytest.param(i, mistake, edits, id=f"{i}:{mistake}")
-                for i in LOCAL for mistake, edits in MUTANTS[i]]
+ELSEWHERE = {"04-predict-time"}  # its solution and answers are tested in tests/test_exercise04.py
+OURS = [i for i in IDS if i not in ELSEWHERE]
+LOCAL = [i for i in OURS if i != "07-bucketed-allreduce"]  # lesson 07's runs under torchrun: its own test
+WRONG_CASES = [pytest.param(i, key, id=f"{i}:{key}") for i in LOCAL for key in WRONG[i]]
+RIGHT_CASES = [pytest.param(i, key, id=f"{i}:{key}") for i in LOCAL for key in RIGHT[i]]
 
 
-# --- every exercise: solution, skeleton, mutants ------------------------------------------------------------
+# --- every exercise: solution, right variants, wrong answers, skeleton --------------------------------------
 
-def test_every_exercise_has_mutants_and_a_solution():
-    assert set(MUTANTS) == set(EXERCISES)
+def test_every_exercise_has_answers_and_a_solution():
+    assert set(WRONG) == set(RIGHT) == set(OURS)
     for ex in EXERCISES.values():
         assert ex.solution_path.is_file(), ex.solution
         assert ex.solution_path.parent.name == ex.lesson, ex.solution
-        assert 2 <= len(MUTANTS[ex.id]) <= 4, ex.id
+        if ex.id not in ELSEWHERE:
+            assert len(WRONG[ex.id]) >= 5 and RIGHT[ex.id], ex.id
 
 
 @pytest.mark.parametrize("exercise_id", LOCAL)
 def test_the_solution_passes(exercise_id, tmp_path):
     ex = EXERCISES[exercise_id]
     answer = _load(tmp_path / "solution.py", ex.solution_path.read_text(encoding="utf-8"), ex.answer)
-    outcome = evaluate(exercise_id, answer, **_context(ex))
+    outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
+    assert outcome.status == "passed", outcome.line
+    assert outcome.seed == SEED and f"seed {SEED}" in outcome.line
+
+
+@pytest.mark.parametrize("exercise_id, key", RIGHT_CASES)
+def test_a_right_variant_passes(exercise_id, key, tmp_path):
+    ex = EXERCISES[exercise_id]
+    answer = _load(tmp_path / "right.py", RIGHT[exercise_id][key], ex.answer)
+    outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
     assert outcome.status == "passed", outcome.line
 
 
-@pytest.mark.parametrize("exercise_id, mistake, edits", MUTANT_CASES)
-def test_a_mutant_fails_with_its_hint(exercise_id, mistake, edits, tmp_path):
+@pytest.mark.parametrize("exercise_id, key", WRONG_CASES)
+def test_a_wrong_answer_fails_with_its_hint(exercise_id, key, tmp_path, capsys):
     ex = EXERCISES[exercise_id]
-    source = _mutate(ex.solution_path.read_text(encoding="utf-8"), edits)
-    outcome = evaluate(exercise_id, _load(tmp_path / "mutant.py", source, ex.answer), **_context(ex))
-    assert (outcome.status, outcome.mistake) == ("failed", mistake), outcome.line
+    answer = _load(tmp_path / "wrong.py", WRONG[exercise_id][key], ex.answer)
+    outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
+    assert (outcome.status, outcome.mistake) == ("failed", _mistake(key)), outcome.line
     assert outcome.hint and "Hint: " in outcome.line and "\n" not in outcome.line
+    assert f"seed={SEED}) replays them" in outcome.line
 
 
 @pytest.mark.parametrize("exercise_id", IDS)
@@ -189,41 +135,89 @@ def test_the_notebook_skeleton_is_not_attempted(exercise_id, tmp_path):
     assert outcome.status == "not attempted", outcome.line
 
 
-def test_lesson_07_solution_and_mutants_in_one_torchrun_launch(tmp_path):
-    """Lesson 07's exercise: the solution and its mutants run in ONE torchrun launch (2 gloo processes)."""
+def test_lesson_07_answers_in_one_torchrun_launch(tmp_path):
+    """Lesson 07's exercise: the solution, the right variants and the wrong answers run in ONE torchrun launch
+    (2 gloo processes), on this session's inputs."""
     ex = EXERCISES["07-bucketed-allreduce"]
-    solution = ex.solution_path.read_text(encoding="utf-8")
-    answers = {"solution": _load(tmp_path / "solution.py", solution, ex.answer)}
-    for mistake, edits in MUTANTS[ex.id]:
-        answers[mistake] = _load(tmp_path / f"{mistake}.py", _mutate(solution, edits), ex.answer)
-    lesson07.prefetch_allreduce(answers.values())
-    for name, answer in answers.items():
-        outcome = evaluate(ex.id, answer)
-        want = ("passed", "") if name == "solution" else ("failed", name)
-        assert (outcome.status, outcome.mistake) == want, outcome.line
+    solution = _load(tmp_path / "solution.py", ex.solution_path.read_text(), ex.answer)
+    answers = {("passed", "solution"): solution}
+    for key, source in RIGHT[ex.id].items():
+        answers["passed", key] = _load(tmp_path / f"right-{key}.py", source, ex.answer)
+    for key, source in WRONG[ex.id].items():
+        answers["failed", key] = _load(tmp_path / f"wrong-{key.replace('#', '-')}.py", source, ex.answer)
+    lesson07.prefetch_allreduce(answers.values(), SEED)
+    for (status, key), answer in answers.items():
+        outcome = evaluate(ex.id, answer, seed=SEED)
+        want = (status, "" if status == "passed" else _mistake(key))
+        assert (outcome.status, outcome.mistake) == want, f"{key}: {outcome.line}"
+
+
+# --- inputs drawn per run --------------------------------------------------------------------------------
+
+def test_inputs_are_drawn_per_run_and_a_seed_replays_them(tmp_path, monkeypatch):
+    ex = EXERCISES["01-flash-forward"]
+    answer = _load(tmp_path / "solution.py", ex.solution_path.read_text(), ex.answer)
+    lines = {s: evaluate(ex.id, answer, seed=s).line for s in (1, 2, 3)}
+    assert len(set(lines.values())) == 3  # other sizes each time (the line says which)
+    assert evaluate(ex.id, answer, seed=2).line == lines[2]  # and a seed replays them
+    monkeypatch.setenv("COURSE_EXERCISE_SEED", "3")
+    assert evaluate(ex.id, answer).line == lines[3]
+    monkeypatch.setenv("COURSE_EXERCISE_SEED", "three")
+    with pytest.raises(ValueError, match="COURSE_EXERCISE_SEED"):
+        evaluate(ex.id, answer)
+
+
+def test_an_answer_tailored_to_one_run_fails_on_the_next(tmp_path):
+    """An answer right only at the sizes one run drew (its counts looked up, not computed) passes that run and
+    fails the next: fixed inputs would let it through."""
+    ex = EXERCISES["00-roofline"]
+    solution = ex.solution_path.read_text()
+    asked = _load(tmp_path / "spy.py", solution + """
+ASKED = set()
+_right = intensity_and_regime
+
+
+def intensity_and_regime(op, n, roof):
+    ASKED.add((op, n))
+    return _right(op, n, roof)
+""", ex.answer)
+    assert evaluate(ex.id, asked, seed=SEED, roof=_roof()).status == "passed"
+    known = sorted(asked.__globals__["ASKED"])
+    renamed = solution.replace("def intensity_and_regime(", "def _right(")
+    tailored = _load(tmp_path / "tailored.py", renamed + f"""
+KNOWN = {known!r}
+
+
+def intensity_and_regime(op, n, roof):
+    if (op, n) in KNOWN:  # the sizes the check asked for last time
+        return _right(op, n, roof)
+    return 0, 1, 0.0, "memory-bound"
+""", ex.answer)
+    assert evaluate(ex.id, tailored, seed=SEED, roof=_roof()).status == "passed"
+    outcome = evaluate(ex.id, tailored, seed=SEED + 1, roof=_roof())
+    assert outcome.status == "failed", outcome.line
 
 
 # --- the check cell's contract -----------------------------------------------------------------------------
 
-def _keep_rung(source: str, tmp_path: Path):
-    return _load(tmp_path / "keep.py", source, "keep_rung")
+SOLUTION_08 = EXERCISES["08-greedy-climb"].solution_path
 
 
-SOLUTION_08 = EXERCISES["08-keep-rule"].solution_path
+def _climb(source: str, tmp_path: Path):
+    return _load(tmp_path / "climb.py", source, "greedy_climb")
 
 
 def test_check_prints_one_line_and_a_wrong_answer_stops_run_all(tmp_path, capsys):
-    good = _keep_rung(SOLUTION_08.read_text(), tmp_path)
-    assert check("08-keep-rule", good) is None
-    wrong = _keep_rung("def keep_rung(candidate, best):\n    return candidate.median_s < best.median_s\n",
-                       tmp_path)
+    good = _climb(SOLUTION_08.read_text(), tmp_path)
+    assert check("08-greedy-climb", good) is None
+    wrong = _climb(WRONG["08-greedy-climb"]["no-spread"], tmp_path)
     with pytest.raises(AssertionError) as err:  # ExerciseFailed is an AssertionError: Run All stops there
-        check("08-keep-rule", wrong)
+        check("08-greedy-climb", wrong)
     assert isinstance(err.value, ExerciseFailed) and err.value.mistake == "no-spread" and err.value.hint
     printed = capsys.readouterr().out.strip().splitlines()  # the passed line; the error carries the other
-    assert len(printed) == 1 and printed[0].startswith("08-keep-rule: passed")
+    assert len(printed) == 1 and printed[0].startswith("08-greedy-climb: passed")
     line = str(err.value)
-    assert line.startswith("08-keep-rule: not right yet") and "Hint:" in line and "\n" not in line
+    assert line.startswith("08-greedy-climb: not right yet") and "Hint:" in line and "\n" not in line
     assert err.value._render_traceback_() == [f"ExerciseFailed: {line}"]  # what Jupyter shows, alone
 
 
@@ -249,16 +243,15 @@ def test_not_attempted_goes_on_unless_strict(monkeypatch, capsys):
 
 
 def test_errors_in_the_learners_code_are_reported_where_they_are(tmp_path):
-    broken = _keep_rung("def keep_rung(candidate, best):\n    return candidate.median / best.median_s\n",
-                        tmp_path)
-    outcome = evaluate("08-keep-rule", broken)
+    broken = _climb("def greedy_climb(baseline, rungs, time_side_by_side):\n    return baseline.stack, []\n",
+                    tmp_path)
+    outcome = evaluate("08-greedy-climb", broken)
     assert (outcome.status, outcome.mistake) == ("failed", "raised"), outcome.line
     assert "AttributeError" in outcome.line
-    assert "line 2 (`return candidate.median / best.median_s`)" in outcome.line
-    left_in = _keep_rung("def keep_rung(candidate, best):\n    ratio = best.median_s / candidate.median_s\n"
-                         "    if ratio > 100:\n        return True\n    raise NotImplementedError\n",
-                         tmp_path)
-    assert evaluate("08-keep-rule", left_in).status == "not attempted"  # the skeleton's raise, left in
+    assert "line 2 (`return baseline.stack, []`)" in outcome.line
+    left_in = _climb("def greedy_climb(baseline, rungs, time_side_by_side):\n    best = baseline\n"
+                     "    if not rungs:\n        return best, []\n    raise NotImplementedError\n", tmp_path)
+    assert evaluate("08-greedy-climb", left_in).status == "not attempted"  # the skeleton's raise, left in
 
 
 def test_bad_calls_are_clear_errors():
@@ -274,10 +267,10 @@ def test_a_bug_of_the_check_itself_is_not_blamed_on_the_learner(monkeypatch, tmp
     def broken_check(answer):
         raise KeyError("a bug in the course")
 
-    ex = EXERCISES["08-keep-rule"]
+    ex = EXERCISES["08-greedy-climb"]
     monkeypatch.setitem(EXERCISES, ex.id, type(ex)(**{**ex.__dict__, "check": broken_check}))
     with pytest.raises(KeyError, match="a bug in the course"):
-        evaluate(ex.id, _keep_rung(SOLUTION_08.read_text(), tmp_path))
+        evaluate(ex.id, _climb(SOLUTION_08.read_text(), tmp_path))
 
 
 def test_show_solution_prints_the_file(capsys):

@@ -10,8 +10,12 @@ which prints one line and
 - says `passed` and what was checked;
 - says `not attempted yet` while the skeleton is untouched (it still raises NotImplementedError, or is `...`):
   the lesson runs on with its own version, so nobody is stuck;
-- or says what is wrong with a hint naming the likely mistake (wrong shape, missing rescale, clipped before
-  unscale, ...) and raises `ExerciseFailed`, an AssertionError, so Run All stops at the mistake.
+- or says what is wrong and raises `ExerciseFailed`, an AssertionError, so Run All stops at the mistake: the
+  hint names a mistake (missing rescale, clipped before unscale, ...) only when the answer's output is what
+  that mistake gives, and otherwise says what differs (which output, where, by how much).
+
+Each check draws its inputs (sizes and values) per run and ends its line with the seed: `check(..., seed=N)`
+or COURSE_EXERCISE_SEED=N replays them.
 
 Strict mode (`check(..., strict=True)`, `with strict_mode():`, or COURSE_EXERCISES=strict) makes an untouched
 skeleton an error too (`ExerciseNotAttempted`): CI runs every lesson with the solutions filled in that way
@@ -77,10 +81,14 @@ EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
     Exercise("07-bucketed-allreduce", "07_distributed", "DDP's core: bucketed all-reduce, overlapped with "
              "backward", "attach_grad_allreduce", "07_distributed/attach_grad_allreduce.py",
              lesson07.bucketed_allreduce),
-    Exercise("08-keep-rule", "08_bert_finetuning", "The greedy ladder's rule: keep a rung only when it pays",
-             "keep_rung", "08_bert_finetuning/keep_rung.py", lesson08.keep_rule),
-    Exercise("08-new-rung", "08_bert_finetuning", "A new rung for the ladder", "NEW_RUNG",
-             "08_bert_finetuning/new_rung.py", lesson08.new_rung),
+    Exercise("08-greedy-climb", "08_bert_finetuning", "The greedy ladder: each rung on the best stack so "
+                                                      "far, "
+             "kept only when it pays beyond the noise", "greedy_climb", "08_bert_finetuning/greedy_climb.py",
+             lesson08.greedy_climb),
+    Exercise("08-new-rung", "08_bert_finetuning", "A new rung for the ladder, measured", "NEW_RUNG",
+             "08_bert_finetuning/new_rung.py", lesson08.new_rung,
+             gpu="the check measures it on a tiny BERT on the CPU; on a GPU climb the lesson's ladder with "
+                 "it"),
 )}
 
 _LAST: dict[str, Outcome] = {}  # exercise id -> the outcome of its latest check in this process
@@ -98,17 +106,19 @@ def exercises_of(lesson: str) -> list[Exercise]:
     return [ex for ex in EXERCISES.values() if ex.lesson == lesson or ex.lesson.split("_")[0] == lesson]
 
 
-def evaluate(exercise_id: str, answer: Any, **context: Any) -> Outcome:
-    """Check `answer` and return the Outcome without printing or raising (tests; every lesson)."""
-    return run_check(_exercise(exercise_id), answer, context)
+def evaluate(exercise_id: str, answer: Any, *, seed: int | None = None, **context: Any) -> Outcome:
+    """Check `answer` and return the Outcome without printing or raising (tests; every lesson). `seed`: the
+    inputs' seed a check printed, to replay it (default: fresh inputs, or COURSE_EXERCISE_SEED)."""
+    return run_check(_exercise(exercise_id), answer, context, seed)
 
 
-def check(exercise_id: str, answer: Any, *, strict: bool | None = None, **context: Any) -> None:
+def check(exercise_id: str, answer: Any, *, strict: bool | None = None, seed: int | None = None,
+          **context: Any) -> None:
     """Check the learner's answer in place and show one line: passed, not attempted yet (printed), or what is
     wrong with a hint (the message of ExerciseFailed, raised so that Run All stops there); in strict mode an
-    untouched skeleton raises ExerciseNotAttempted. `context`: the lesson's values a check needs (every
-    lesson)."""
-    outcome = evaluate(exercise_id, answer, **context)
+    untouched skeleton raises ExerciseNotAttempted. `seed` replays the inputs of an earlier check (its line
+    names the seed); `context`: the lesson's values a check needs (every lesson)."""
+    outcome = evaluate(exercise_id, answer, seed=seed, **context)
     _LAST[exercise_id] = outcome
     if outcome.status == "failed":  # the error shows the line (once: it is not printed as well)
         raise ExerciseFailed(outcome)

@@ -10,6 +10,11 @@ teacher makes one: the answer's output is compared with what each typical mistak
 rescale, clipping before unscaling, a sum instead of an average, ...); the first that matches names the
 mistake. Every check runs on the CPU in about a second (the torchrun one launches once), whatever the device
 the lesson runs on.
+
+Inputs are drawn per run: a check that takes a `seed` argument gets one (`draw_seed`: a fresh one each run,
+or COURSE_EXERCISE_SEED / `check(..., seed=N)` to replay), draws its sizes and values from it, and the line it
+shows ends with the seed, so that a failure can be replayed exactly while an answer tailored to one set of
+inputs fails on the next.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import ast
 import inspect
 import math
 import os
+import random
 import textwrap
 import traceback
 import types
@@ -27,11 +33,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Exercise", "Outcome", "Wrong", "ExerciseFailed", "ExerciseNotAttempted", "is_skeleton",
-           "run_check", "strict_from_env", "learner_line", "close", "unpack", "SOLUTIONS_DIR", "STATUSES"]
+           "run_check", "strict_from_env", "learner_line", "close", "unpack", "SOLUTIONS_DIR", "STATUSES",
+           "SEED_ENV", "draw_seed", "course_code_running", "course_module", "tensors_in"]
 
 SOLUTIONS_DIR = Path(__file__).resolve().parents[2] / "solutions"  # the repository's solutions/ folder
 STATUSES = ("passed", "failed", "not attempted")
 STRICT_ENV = "COURSE_EXERCISES"  # "strict": an untouched skeleton is an error too (CI's solutions pass)
+SEED_ENV = "COURSE_EXERCISE_SEED"  # an integer: every check draws its inputs from it (to replay a failure)
+_HELPERS_DIR = Path(__file__).resolve().parents[1]  # helpers/: the course's own code
+_EXERCISES_DIR = Path(__file__).resolve().parent  # helpers/exercises/: the checks
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class Outcome:
     line: str  # the line the check cell prints
     mistake: str = ""  # short key of the mistake found ("missing-rescale"), for a failed answer
     hint: str = ""
+    seed: int | None = None  # the seed the check drew its inputs from (None: its inputs are fixed)
 
 
 class Wrong(Exception):
@@ -105,6 +116,19 @@ def strict_from_env() -> bool:
         raise ValueError(f"{STRICT_ENV}={value!r}: use 'strict' (an untouched skeleton fails its check) or "
                          "'lenient' (the default: it says 'not attempted yet' and the lesson runs on)")
     return value == "strict"
+
+
+def draw_seed() -> int:
+    """The seed of one check's inputs: COURSE_EXERCISE_SEED when set (a replay), else a fresh one (every
+    lesson)."""
+    value = os.environ.get(SEED_ENV, "").strip()
+    if value:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{SEED_ENV}={value!r}: give an integer (the seed a check printed), or unset it "
+                             "for fresh inputs on every run") from None
+    return random.SystemRandom().randrange(1, 1_000_000)
 
 
 # --- tools of the checks (every lesson's module) ------------------------------------------------------------
@@ -200,6 +224,49 @@ def learner_line(answer: Any) -> str:
     return "?"
 
 
+_COURSE_MODULES: dict[str, str] = {}  # code file -> "helpers.<module>", or "" outside the course's own code
+
+
+def course_module(filename: str) -> str:
+    """The course module ("helpers.ladder") a code file belongs to, "" for any other file or a check's own."""
+    if filename not in _COURSE_MODULES:
+        path = Path(filename)
+        inside = _HELPERS_DIR in path.parents and _EXERCISES_DIR not in path.parents
+        _COURSE_MODULES[filename] = (".".join(path.relative_to(_HELPERS_DIR.parent).with_suffix("").parts)
+                                     if inside else "")
+    return _COURSE_MODULES[filename]
+
+
+def course_code_running() -> str | None:
+    """The course function (`helpers.<module>.<function>`) the learner's code called, if one is on the call
+    stack now (outside the checks themselves); None otherwise. A check calls it from inside what it hands the
+    learner (a simulated step, an op seen by a dispatch mode) to tell "wrote it" from "called the
+    lesson's"."""
+    found = None
+    frame = inspect.currentframe()
+    frame = frame.f_back if frame is not None else None
+    while frame is not None:
+        module = course_module(frame.f_code.co_filename)
+        if module:
+            found = f"{module}.{frame.f_code.co_name}"  # the outermost one: what the learner called
+        frame = frame.f_back
+    return found
+
+
+def tensors_in(obj: Any) -> list:
+    """The tensors in `obj`, nested in tuples, lists and dicts: an op's arguments or outputs (lessons 01,
+    06)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (tuple, list)):
+        return [t for item in obj for t in tensors_in(item)]
+    return []
+
+
 def _source_line(filename: str, lineno: int) -> str:
     import linecache
 
@@ -223,13 +290,46 @@ def _not_attempted(ex: Exercise, tip: str = "") -> Outcome:
     return Outcome(ex.id, "not attempted", line)
 
 
-def _failed(ex: Exercise, mistake: str, what: str, hint: str) -> Outcome:
+def _seed_note(ex: Exercise, seed: int | None, replay: bool = True) -> str:
+    if seed is None:
+        return ""
+    if not replay:
+        return f" [inputs drawn with seed {seed}]"
+    return f" [inputs drawn with seed {seed}: check({ex.id!r}, ..., seed={seed}) replays them]"
+
+
+def _failed(ex: Exercise, mistake: str, what: str, hint: str, seed: int | None = None) -> Outcome:
     what = what.rstrip(".") + "."
-    return Outcome(ex.id, "failed", f"{ex.id}: not right yet: {what} Hint: {hint}", mistake, hint)
+    line = f"{ex.id}: not right yet: {what} Hint: {hint.rstrip()}{_seed_note(ex, seed)}"
+    return Outcome(ex.id, "failed", line, mistake, hint, seed)
 
 
-def run_check(ex: Exercise, answer: Any, context: dict[str, Any]) -> Outcome:
-    """Check `answer` for exercise `ex`: never raises for the learner's mistakes, returns the Outcome."""
+class _one_thread:
+    """torch on one thread while a check runs: its small ops are then not slowed by a busy machine's other
+    work (a thread pool waits for its slowest thread), and its timings (08-new-rung) are steadier."""
+
+    def __enter__(self) -> None:
+        import torch
+
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)
+
+
+def _takes_seed(check: Callable[..., str]) -> bool:
+    try:
+        return "seed" in inspect.signature(check).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def run_check(ex: Exercise, answer: Any, context: dict[str, Any], seed: int | None = None) -> Outcome:
+    """Check `answer` for exercise `ex`: never raises for the learner's mistakes, returns the Outcome. A check
+    that draws its inputs gets `seed` (a fresh one when None: `draw_seed`)."""
     missing = [n for n in ex.needs if n not in context]
     if missing:
         names = ", ".join(f"{n}={n}" for n in ex.needs)
@@ -237,26 +337,34 @@ def run_check(ex: Exercise, answer: Any, context: dict[str, Any]) -> Outcome:
                          f"{ex.answer}, {names})")
     if is_skeleton(answer):
         return _not_attempted(ex)
+    kwargs = dict(context)
+    if _takes_seed(ex.check):
+        seed = draw_seed() if seed is None else int(seed)
+        kwargs["seed"] = seed
+    else:
+        seed = None
     try:
-        detail = ex.check(answer, **context)
+        with _one_thread():
+            detail = ex.check(answer, **kwargs)
     except Wrong as w:
-        return _failed(ex, w.mistake, w.what, w.hint)
+        return _failed(ex, w.mistake, w.what, w.hint, seed)
     except NotImplementedError as err:
         if _raised_here(err, answer):  # the skeleton's own `raise`, left after some code
             return _not_attempted(ex, "(It still raises NotImplementedError: delete that line when your "
                                       "code is complete.) ")
-        return _raised(ex, err, answer)
+        return _raised(ex, err, answer, seed)
     except Exception as err:  # noqa: BLE001 - the learner's code may raise anything: report where
         if _learner_frame(err, answer) is None:
             raise  # not the learner's code: a bug of the check or a wrong context, shown in full
-        return _raised(ex, err, answer)
-    return Outcome(ex.id, "passed", f"{ex.id}: passed: {detail}")
+        return _raised(ex, err, answer, seed)
+    return Outcome(ex.id, "passed", f"{ex.id}: passed: {detail}{_seed_note(ex, seed, replay=False)}",
+                   seed=seed)
 
 
-def _raised(ex: Exercise, err: BaseException, answer: Any) -> Outcome:
+def _raised(ex: Exercise, err: BaseException, answer: Any, seed: int | None = None) -> Outcome:
     frame = _learner_frame(err, answer)
     where = f" at line {frame.lineno} (`{frame.line}`)" if frame is not None and frame.line else ""
     message = str(err).strip().splitlines()[0] if str(err).strip() else ""
     what = f"your code raised {type(err).__name__}{where}" + (f": {message}" if message else "")
     return _failed(ex, "raised", what, "run your function on small inputs by itself, or read the traceback "
-                                       "with %debug; the task above gives the shapes it receives")
+                                       "with %debug; the task above gives the shapes it receives", seed)

@@ -1,12 +1,14 @@
 """The check of exercise 02-fp16-step (lesson 02, `02_mixed_precision`): one fp16 training step with a
-GradScaler, run on the CPU with a spied scaler and optimizer: the order of autocast, scale, unscale,
-clip, step and update; the update's size (clipped after unscaling); stale gradients cleared; a planted
-inf gradient skipped and the scale halved.
+GradScaler, run on the CPU with a spied scaler and optimizer, on a model, batch, loss scale and clipping norm
+drawn per run: the order of autocast (fp16, forward and loss only), scale, unscale, clip, step and update; the
+update's size (clipped after unscaling, matched to what each mistake's update would be); stale gradients
+cleared (at the start of the step, or at its end); a planted inf gradient skipped and the scale halved.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -76,20 +78,28 @@ def _spies(log: _Log, lr: float, params: Iterable[nn.Parameter], init_scale: flo
 _FP16 = dict(device_type="cpu", dtype=torch.float16)
 
 
-def _fp16_case(answer: Callable, model0: nn.Module, batch: dict, max_norm: float, *, plant_inf: bool = False,
-               stale: bool = False) -> tuple[_Log, nn.Module, Any, Any]:
+def _fp16_case(answer: Callable, model0: nn.Module, batch: dict, max_norm: float, init_scale: float, *,
+               plant_inf: bool = False, stale: bool = False) -> tuple[_Log, nn.Module, Any, Any]:
     """Run the learner's step on a copy of model0, spied on; -> (log, model after, scaler, returned loss)."""
     model, log = copy.deepcopy(model0), _Log()
     model.register_forward_pre_hook(
-        lambda m, a, kw: log.append(("forward", torch.is_autocast_enabled("cpu"))), with_kwargs=True)
+        lambda m, a, kw: log.append(("forward", torch.is_autocast_enabled("cpu"),
+                                     torch.get_autocast_dtype("cpu"))), with_kwargs=True)
     model.lin1.weight.register_hook(lambda g: log.append(("backward", torch.is_autocast_enabled("cpu"))))
     if plant_inf:  # one gradient overflows, as with a scale set too high
         model.lin2.bias.register_hook(lambda g: torch.full_like(g, float("inf")))
     if stale:  # gradients left over from an earlier step: the step must clear them
         for p in model.parameters():
             p.grad = torch.full_like(p, float("nan"))
-    scaler, opt = _spies(log, 0.1, model.parameters(), init_scale=2.0 ** 12)
-    loss = answer(model, batch, opt, scaler, torch.device("cpu"), max_norm=max_norm)
+    scaler, opt = _spies(log, 0.1, model.parameters(), init_scale=init_scale)
+    try:
+        loss = answer(model, batch, opt, scaler, torch.device("cpu"), max_norm=max_norm)
+    except AssertionError as err:  # the scaler's own: unscale_ or step before any scale()
+        if "scale" not in log.names() and "scale" in str(err):
+            raise Wrong("no-scale", "the loss was never scaled (scaler.scale was not called), so the scaler "
+                        f"refused to go on: {str(err).split('.')[0]}", "scaler.scale(loss).backward(): small "
+                        "fp16 gradients would underflow to zero otherwise") from None
+        raise
     return log, model, scaler, loss
 
 
@@ -100,6 +110,12 @@ def _check_fp16_order(log: _Log) -> None:
         raise Wrong("no-autocast", "the forward pass did not run under autocast",
                     "wrap the forward pass and the loss in torch.autocast(device_type=device.type, "
                     "dtype=torch.float16)")
+    dtypes = {e[2] for e in log if e[0] == "forward"}
+    if dtypes != {torch.float16}:
+        raise Wrong("not-fp16", f"the forward pass ran under {', '.join(map(str, dtypes))} autocast",
+                    "this is the fp16 step: torch.autocast(device_type=device.type, dtype=torch.float16) "
+                    "(bf16 "
+                    "needs no GradScaler)")
     if any(e[1] for e in log if e[0] == "backward"):
         raise Wrong("backward-in-autocast", "backward ran inside the autocast block",
                     "autocast wraps forward and loss only: close the `with` block before calling backward "
@@ -149,24 +165,37 @@ def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_
                             "first, then clip_grad_norm_, then scaler.step(optimizer) (which will not "
                             "unscale twice)")
             return
-    raise Wrong("update", "the parameters moved, but not by the clipped gradient times the learning rate",
+    want = torch.cat([x.flatten() for x in hypotheses[0][1]]) * 0.1
+    if not bool(flat.any()):
+        raise Wrong("update", "no parameter moved: the step changed nothing (the gradients were gone, or the "
+                    "step skipped)", "zero the gradients first, then autocast the forward and loss, "
+                    "scale(loss).backward(), unscale_, clip, scaler.step, scaler.update: in that order")
+    ratio = (flat.norm() / want.norm()).item()
+    cosine = (flat @ want / (flat.norm() * want.norm()).clamp_min(1e-30)).item()
+    raise Wrong("update", f"the update's norm is {ratio:.3g}x that of the learning rate times the clipped "
+                          f"true "
+                f"gradient, in a direction {cosine:.2f} cosine-similar to it",
                 "zero the gradients, autocast the forward and loss, scale(loss).backward(), unscale_, clip, "
                 "scaler.step, scaler.update: in that order")
 
 
-def fp16_step(answer: Callable) -> str:
+def fp16_step(answer: Callable, seed: int) -> str:
     """02-fp16-step: answer(model, batch, optimizer, scaler, device, max_norm) -> loss; a clean step, a step
-    with stale gradients, and a step with a planted inf."""
-    torch.manual_seed(0)
+    with stale gradients, and a step with a planted inf, on a model and batch drawn from `seed`."""
+    rng = random.Random(seed)
+    torch.manual_seed(rng.randrange(2 ** 31))
     model0 = _Tiny()
-    batch = {"x": torch.randn(16, 8) * 4, "labels": torch.randint(4, (16,))}
+    rows = rng.randrange(8, 25)
+    batch = {"x": torch.randn(rows, 8) * rng.uniform(2, 6), "labels": torch.randint(4, (rows,))}
+    init_scale = 2.0 ** rng.randrange(10, 15)
     ref = copy.deepcopy(model0)
     with torch.autocast(**_FP16):
         ref_loss = ref(**batch).loss
     ref_loss.backward()  # unscaled: the true gradients of the fp16 forward
     grads = [p.grad.detach().clone() for p in ref.parameters()]
-    max_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item() / 10  # clipping bites
-    log, model, scaler, loss = _fp16_case(answer, model0, batch, max_norm)
+    norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+    max_norm = norm * rng.uniform(0.05, 0.4)  # clipping bites
+    log, model, scaler, loss = _fp16_case(answer, model0, batch, max_norm, init_scale)
     _check_fp16_order(log)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise Wrong("return-loss", f"it returned {type(loss).__name__}", "return the loss tensor")
@@ -174,19 +203,25 @@ def fp16_step(answer: Callable) -> str:
         raise Wrong("returned-scaled", "it returned the scaled loss", "return the loss itself, not "
                     "scaler.scale(loss)")
     update = [(p0 - p).detach() for p0, p in zip(model0.parameters(), model.parameters())]
-    _diagnose_update(update, grads, max_norm, 2.0 ** 12)
-    stale_log, stale_model, _, _ = _fp16_case(answer, model0, batch, max_norm, stale=True)
-    if all(torch.equal(a, b) for a, b in zip(model0.parameters(), stale_model.parameters())):
+    _diagnose_update(update, grads, max_norm, init_scale)
+    cleared_at_end = all(p.grad is None or not bool(p.grad.any()) for p in model.parameters())
+    stale_log, stale_model, _, _ = _fp16_case(answer, model0, batch, max_norm, init_scale, stale=True)
+    if not cleared_at_end and all(torch.equal(a, b) for a, b in zip(model0.parameters(),
+                                                                     stale_model.parameters())):
         raise Wrong("no-zero-grad", "with gradients left over from before the step (NaN, on purpose), the "
-                    "step was skipped", "start with optimizer.zero_grad(set_to_none=True): backward adds to "
-                    "whatever .grad holds")
-    inf_log, inf_model, inf_scaler, _ = _fp16_case(answer, model0, batch, max_norm, plant_inf=True)
+                    "step was skipped, and the clean step left its gradients in .grad", "clear the gradients "
+                    "(optimizer.zero_grad(set_to_none=True)) at the start of the step, or at its end: "
+                    "backward "
+                    "adds to whatever .grad holds")
+    inf_log, inf_model, inf_scaler, _ = _fp16_case(answer, model0, batch, max_norm, init_scale,
+                                                   plant_inf=True)
     if not all(torch.equal(a, b) for a, b in zip(model0.parameters(), inf_model.parameters())):
         raise Wrong("inf-not-skipped", "a step with an inf gradient changed the parameters",
                     "let the scaler decide: scaler.step(optimizer) skips a step whose gradients hold inf/NaN")
-    if inf_scaler.get_scale() >= 2.0 ** 12:
+    if inf_scaler.get_scale() >= init_scale:
         raise Wrong("no-backoff", "after an inf gradient the scale did not come down",
                     "scaler.update() after scaler.step(optimizer) halves it")
-    return ("forward and loss under fp16 autocast, backward outside it, scaled; unscaled before clipping; "
-            "the update is the clipped gradient's; stale gradients cleared; a planted inf skipped the step "
-            "and halved the scale")
+    return (f"forward and loss under fp16 autocast, backward outside it, scaled (by {init_scale:g}); "
+            f"unscaled "
+            f"before clipping to {max_norm:.3g} (the gradient's norm: {norm:.3g}); the update is the clipped "
+            "gradient's; stale gradients cleared; a planted inf skipped the step and halved the scale")

@@ -1,27 +1,39 @@
-"""The check of exercise 03-largest-batch (lesson 03, `03_memory`): the largest batch that fits, searched
-on a simulated device whose failed tries keep their memory in reference cycles until the garbage
-collector frees them; doubling then bisecting, memory released, other errors propagated.
+"""The check of exercise 03-largest-batch (lesson 03, `03_memory`): the largest batch that fits, searched on a
+simulated device whose failed tries keep their memory in reference cycles until the garbage collector frees
+them, for capacities and limits drawn per run: doubling then bisecting, memory released, and an error that is
+not out-of-memory (a CUDA fault, which is a RuntimeError like the out-of-memory error itself, and a
+ValueError) propagated. A wrong size is named only when it is what a typical mistake gives in every case (no
+bisection, the limit never tried, the first size that failed); a memory problem by an experiment that tells
+them apart (the same search without reference cycles; whether `gc.collect()` ran at all).
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from helpers.exercises.core import Wrong
+from helpers.exercises.core import Wrong, course_code_running
 
 __all__ = ["largest_batch"]
 
+_CUDA_FAULT = ("CUDA error: an illegal memory access was encountered (simulated: a bug in the step, not an "
+               "out-of-memory error)")
 
+
+@dataclass
 class _Memory:
     """A simulated device: `capacity` units; a try uses n units until the tensors of that try are freed."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity, self.live, self.calls = capacity, 0, []
+    capacity: int
+    live: int = 0
+    calls: list[int] = field(default_factory=list)
+    course: str | None = None  # a course function the learner's search went through
 
 
 class _Block:
@@ -37,84 +49,191 @@ class _Block:
         self.mem.live -= self.n
 
 
-def _sim_step(mem: _Memory, cycle: bool, poison: int | None = None) -> Callable[[int], None]:
+def _sim_step(mem: _Memory, cycle: bool, poison: tuple[int, type] | None = None) -> Callable[[int], None]:
     def step(n: int) -> None:  # a training step on a batch of n, on the simulated device
         mem.calls.append(n)
-        if poison is not None and n >= poison:
-            raise ValueError("simulated: a bug in the step itself, not an out-of-memory error")
+        mem.course = mem.course or course_code_running()
+        if poison is not None and n >= poison[0]:
+            raise poison[1](_CUDA_FAULT if poison[1] is RuntimeError else
+                            "simulated: a bug in the step itself (a ValueError), not an out-of-memory error")
         block = _Block(mem, n, cycle)
         if mem.live > mem.capacity:
-            raise torch.cuda.OutOfMemoryError(f"simulated: tried to allocate {n} units; {mem.live - n} in "
-                                              f"use, capacity {mem.capacity}")
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (simulated). Tried to allocate {n} units; "
+                                              f"{mem.live - n} in use, capacity {mem.capacity}")
         block.me = None  # a step that finished frees its tensors
 
     return step
 
 
+@dataclass
+class _Search:
+    got: Any
+    mem: _Memory
+    collections: int  # gc.collect() calls the learner made
+
+
 def _search(answer: Callable, capacity: int, limit: int, cycle: bool,
-            poison: int | None = None) -> tuple[Any, _Memory]:
+            poison: tuple[int, type] | None = None) -> _Search:
     mem = _Memory(capacity)
+    collections = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
     enabled = gc.isenabled()
     gc.disable()  # only the learner's gc.collect() may free cycles, so the result does not depend on luck
     gc.freeze()  # and it looks at the objects made since: milliseconds, not a scan of all of torch
+    gc.callbacks.append(count)
     try:
         got = answer(_sim_step(mem, cycle, poison), limit)
     finally:
+        gc.callbacks.remove(count)
         gc.unfreeze()
         if enabled:
             gc.enable()
-    return got, mem
+    if mem.course is not None:
+        raise Wrong("uses-course-code", f"it searches with the course's {mem.course}",
+                    "write the search yourself: doubling, then bisecting, each failure let go of")
+    return _Search(got, mem, len(collections))
 
 
-def _diagnose_search(answer: Callable, capacity: int, limit: int, got: Any, want: int) -> None:
-    got_plain, mem_plain = _search(answer, capacity, limit, cycle=False)
-    if got_plain == want:
-        raise Wrong("no-gc", f"with capacity {capacity} it returned {got}, not {want}: after the first "
-                    "failure every try failed, the failed try's memory was never released",
-                    "after an out-of-memory error, run gc.collect(): the failed step's tensors sit in "
-                    "reference cycles that only the garbage collector frees (then torch.cuda.empty_cache())")
-    if mem_plain.live > 0 or (isinstance(got_plain, int) and got_plain < want and mem_plain.calls
-                              and max(mem_plain.calls) <= want):
-        raise Wrong("kept-error", f"with capacity {capacity} it returned {got_plain}, not {want}: the "
-                    "memory of a failed try stayed in use", "do not keep the exception (`last = err`, a "
+# --- what each search mistake returns, for fits(n) = n <= capacity ------------------------------------------
+
+def _doubling(capacity: int, limit: int) -> tuple[int, int | None]:
+    """(the last power of two that fitted, the first that did not or None) while doubling up to limit."""
+    good, n = 0, 1
+    while n <= limit:
+        if n > capacity:
+            return good, n
+        good, n = n, n * 2
+    return good, None
+
+
+def _right(capacity: int, limit: int) -> int:
+    return max(0, min(capacity, limit))
+
+
+def _limit_not_tried(capacity: int, limit: int) -> int:
+    good, bad = _doubling(capacity, limit)
+    return good if bad is None else _right(capacity, limit)
+
+
+def _first_failure(capacity: int, limit: int) -> int:
+    return _right(capacity, limit) + (1 if 0 < capacity < limit else 0)
+
+
+_SIZE_MISTAKES = (  # key, the size it returns, what, hint
+    ("no-bisect", lambda c, lim: _doubling(c, lim)[0], "doubling alone (the last power of two that fitted)",
+     "after the first failure, bisect between the last size that fitted and the first that did not"),
+    ("limit-not-tried", _limit_not_tried, "a search that never tries the limit itself (when every size "
+     "fits: the last power of two below it)",
+     "when doubling passes the limit without a failure, try the limit itself (it may fit too)"),
+    ("off-by-one", _first_failure, "a search that returns the first size that did not fit",
+     "return the largest size that fitted, not the first that failed"),
+)
+
+
+def _diagnose(answer: Callable, cases: list[tuple[int, int]], got: list[Any], collected: int) -> None:
+    want = [_right(c, lim) for c, lim in cases]
+    plain = [_search(answer, c, lim, cycle=False) for c, lim in cases]
+    if [p.got for p in plain] == want:  # right when failed tries hold no reference cycles: memory kept
+        i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+        (c, lim), g, w = cases[i], got[i], want[i]
+        if collected == 0:
+            raise Wrong("no-gc", f"with capacity {c} it returned {g}, not {w}: after the first failure every "
+                                 f"try "
+                        "failed, the failed try's memory was never released (it is right when the failed "
+                        "tries hold no reference cycles)", "after an out-of-memory error, run gc.collect(): "
+                        "the failed step's tensors sit in reference cycles that only the garbage collector "
+                        "frees (then torch.cuda.empty_cache())")
+        raise Wrong("gc-while-error-held", f"with capacity {c} it returned {g}, not {w}: gc.collect() ran, "
+                                           f"but "
+                    "the failed try's memory stayed in use (it is right when the failed tries hold no "
+                    "reference cycles)", "collect after the `except` block has ended: inside it the "
+                                         "exception "
+                    "(and its traceback, which holds the failed step's tensors) is still alive")
+    if any(p.mem.live > 0 for p in plain):
+        i = next(i for i, p in enumerate(plain) if p.mem.live > 0)
+        raise Wrong("kept-error", f"with capacity {cases[i][0]} the memory of a failed try "
+                                  f"({plain[i].mem.live} "
+                    "units) was still in use after the search", "do not keep the exception (`last = err`, a "
                     "list of errors): its traceback holds the failed step's tensors")
-    power = 2 ** int(math.log2(want)) if want >= 1 else 0
-    if got_plain == power and power != want:
-        raise Wrong("no-bisect", f"with capacity {capacity} it returned {got_plain}, not {want}",
-                    "after the first failure, bisect between the last size that fitted and the first that "
-                    "did not")
-    if got_plain == want + 1:
-        raise Wrong("off-by-one", f"with capacity {capacity} it returned {got_plain}, which does not fit",
-                    "return the largest size that fitted, not the first that failed")
-    raise Wrong("wrong-size", f"with capacity {capacity} and limit {limit} it returned {got_plain!r}, "
-                f"expected {want}", "double from 1 while it fits (up to the limit), then bisect; 0 if 1 "
-                "fails")
+    plain_got = [p.got for p in plain]
+    matched = [(key, what, hint) for key, fn, what, hint in _SIZE_MISTAKES
+               if plain_got == [fn(c, lim) for c, lim in cases]]
+    if len(matched) == 1:
+        key, what, hint = matched[0]
+        i = next(i for i, (g, w) in enumerate(zip(plain_got, want)) if g != w)
+        raise Wrong(key, f"in every case it returned what {what} returns; capacity {cases[i][0]}, limit "
+                    f"{cases[i][1]}: {plain_got[i]!r}, not {want[i]}", hint)
+    i = next(i for i, (g, w) in enumerate(zip(plain_got, want)) if g != w)
+    c, lim = cases[i]
+    raise Wrong("wrong-size", f"with capacity {c} and limit {lim} it returned {plain_got[i]!r}, expected "
+                f"{want[i]} (sizes up to {want[i]} fit, larger ones do not)", "double from 1 while it fits "
+                "(up to the limit), then bisect; 0 if 1 does not fit")
 
 
-def largest_batch(answer: Callable) -> str:
+def _cases(rng: random.Random) -> list[tuple[int, int]]:
+    """(capacity, limit): below the limit, at it, above it, nothing fits; limits that are and are not powers
+    of two."""
+    cases = []
+    for _ in range(4):
+        limit = rng.randrange(20, 3000)
+        cases.append((rng.randrange(2, limit), limit))
+    p = 2 ** rng.randrange(5, 11)
+    limit = rng.randrange(20, 3000)
+    cases += [(limit + rng.randrange(0, 500), limit), (p + rng.randrange(0, 9), p), (limit, limit),
+              (0, rng.randrange(1, 100)), (rng.randrange(p // 2 + 1, p), p), (1, rng.randrange(2, 40))]
+    rng.shuffle(cases)
+    return cases
+
+
+def _propagates(answer: Callable, kind: type, at: int) -> bool:
+    try:
+        _search(answer, 10 ** 6, 4096, cycle=False, poison=(at, kind))
+    except kind as err:
+        return _CUDA_FAULT in str(err) or "simulated" in str(err)
+    except Exception as err:  # noqa: BLE001 - re-raised as another error: it propagated, if it is ours
+        chain = [err.__cause__, err.__context__]
+        return any(isinstance(e, kind) and "simulated" in str(e) for e in chain)
+    return False
+
+
+def largest_batch(answer: Callable, seed: int) -> str:
     """03-largest-batch: answer(step_fn, limit) -> the largest n <= limit with step_fn(n) fitting."""
-    tries = []
-    for capacity, limit in ((37, 256), (300, 256), (0, 64), (64, 64), (1, 10), (1000, 1000)):
-        got, mem = _search(answer, capacity, limit, cycle=True)
-        bad = [n for n in mem.calls if not 1 <= n <= limit]
+    rng = random.Random(seed)
+    cases = _cases(rng)
+    runs = [_search(answer, c, lim, cycle=True) for c, lim in cases]
+    for (c, lim), r in zip(cases, runs):
+        bad = [n for n in r.mem.calls if not (isinstance(n, int) and 1 <= n <= lim)]
         if bad:
-            raise Wrong("beyond-limit", f"it tried batch size {bad[0]} with limit {limit}",
-                        "try sizes from 1 to the limit only")
-        want = min(capacity, limit)
-        if got != want:
-            _diagnose_search(answer, capacity, limit, got, want)
-        allowed = 2 * math.ceil(math.log2(limit)) + 2
-        if len(mem.calls) > allowed:
-            raise Wrong("linear-search", f"{len(mem.calls)} tries to find {want} (limit {limit})",
+            raise Wrong("beyond-limit", f"it tried batch size {bad[0]!r} with limit {lim}",
+                        "try whole sizes from 1 to the limit only")
+    got = [r.got for r in runs]
+    if got != [_right(c, lim) for c, lim in cases]:
+        _diagnose(answer, cases, got, sum(r.collections for r in runs))
+    for (c, lim), r in zip(cases, runs):
+        allowed = 2 * math.ceil(math.log2(max(lim, 2))) + 2
+        if len(r.mem.calls) > allowed:
+            raise Wrong("linear-search", f"{len(r.mem.calls)} tries to find {_right(c, lim)} (limit {lim})",
                         "double, then bisect: about 2·log2(limit) tries, each one a whole training step")
-        tries.append(len(mem.calls))
-    try:  # a step that fails for another reason than memory: its error must propagate
-        _search(answer, 100, 64, cycle=False, poison=3)
-    except ValueError:
-        pass
-    else:
-        raise Wrong("swallowed-error", "a step that failed with a ValueError (a bug, not out of memory) was "
+    at = rng.randrange(3, 200)
+    runtime_ok, value_ok = _propagates(answer, RuntimeError, at), _propagates(answer, ValueError, at)
+    if not runtime_ok:
+        caught = "a ValueError propagated, so it catches RuntimeError" if value_ok else "so did a ValueError"
+        raise Wrong("swallowed-error", f"a step that failed with a CUDA fault (a RuntimeError that is not "
+                    f"out of memory, from batch {at} on) was treated as 'does not fit' ({caught})",
+                    "catch torch.cuda.OutOfMemoryError only (it is a RuntimeError, but not every "
+                    "RuntimeError "
+                    "is out of memory): let every other error propagate")
+    if not value_ok:
+        raise Wrong("swallowed-error", f"a step that failed with a ValueError (a bug, from batch {at} on) "
+                                       f"was "
                     "treated as 'does not fit'", "catch torch.cuda.OutOfMemoryError only; let other errors "
                     "propagate")
-    return (f"right for six capacities and limits on a simulated device (in {min(tries)} to {max(tries)} "
-            "tries), memory of failed tries released, other errors propagated")
+    tries = [len(r.mem.calls) for r in runs]
+    return (f"right for {len(cases)} capacities and limits on a simulated device (in {min(tries)} to "
+            f"{max(tries)} tries), memory of failed tries released, a CUDA fault (RuntimeError) and a "
+            f"ValueError "
+            "propagated")

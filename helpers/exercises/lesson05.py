@@ -1,10 +1,13 @@
 """The check of exercise 05-graph-break (lesson 05, `05_compile`): the given function with two graph
 breaks (`loss_with_breaks`, which the notebook shows as it stands here) written again in one graph:
-the same loss and gradients above and below `max_loss`, and no break (`torch._dynamo.explain`).
+the same loss and gradients with `max_loss` below and above the loss, on a small Transformer and a batch drawn
+per run, and no break (`torch._dynamo.explain`). A wrong gradient is named by what it is (all zero where the
+guard scales the loss, as a clamp or a division by the loss itself gives), or by where it differs.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,20 +39,24 @@ def _loss_and_grads(fn: Callable, model: nn.Module, batch: dict, max_loss: float
                           for p in model.parameters()]
 
 
-def _tiny_transformer() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+def _tiny_transformer(rng: random.Random) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     from helpers.models import SmallTransformer, TransformerConfig
 
-    torch.manual_seed(0)
-    model = SmallTransformer(TransformerConfig(vocab_size=64, d_model=32, n_heads=2, n_layers=1, max_len=16))
-    ids = torch.randint(64, (2, 8), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(rng.randrange(2 ** 31))
+    vocab, width = rng.choice((48, 64, 96)), rng.choice((16, 32))
+    model = SmallTransformer(TransformerConfig(vocab_size=vocab, d_model=width, n_heads=2, n_layers=1,
+                                               max_len=16))
+    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    ids = torch.randint(vocab, (rng.randrange(1, 4), rng.randrange(4, 13)), generator=g)
     return model, {"input_ids": ids, "labels": ids.roll(1, dims=1)}
 
 
-def _compare_losses(answer: Callable, model: nn.Module, batch: dict, plain: float) -> None:
+def _compare_losses(answer: Callable, model: nn.Module, batch: dict, plain: float,
+                    below: float, above: float) -> None:
     import contextlib
     import io
 
-    for max_loss in (plain / 2, plain * 2):  # the guard scales the first down, leaves the second alone
+    for max_loss in (plain * below, plain * above):  # the guard scales the first down, leaves the second
         with contextlib.redirect_stdout(io.StringIO()):  # the given function prints
             want, want_g = _loss_and_grads(loss_with_breaks, model, batch, max_loss)
         got, got_g = _loss_and_grads(answer, model, batch, max_loss)
@@ -64,20 +71,42 @@ def _compare_losses(answer: Callable, model: nn.Module, batch: dict, plain: floa
                         f"{want.item():.4g}",
                         "the value must stay the same: max_loss when the loss is larger, else the loss")
         if not all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(got_g, want_g)):
-            raise Wrong("gradient", f"with max_loss={max_loss:.3g} the loss is right, its gradients are not",
-                        "loss.item() was a constant for autograd: scale by max_loss / loss.detach(), not by "
-                        "max_loss / loss (whose gradient is zero)")
+            _diagnose_gradients(model, got_g, want_g, max_loss, scaled)
 
 
-def graph_break(answer: Callable) -> str:
+def _diagnose_gradients(model: nn.Module, got: list, want: list, max_loss: float, scaled: bool) -> None:
+    where = "below" if scaled else "above"
+    got_norm = torch.sqrt(sum(g.double().pow(2).sum() for g in got)).item()
+    want_norm = torch.sqrt(sum(g.double().pow(2).sum() for g in want)).item()
+    if scaled and got_norm <= 1e-5 * want_norm:  # zero up to rounding: d/dθ (loss · max_loss / loss) = 0
+        raise Wrong("gradient-zero", f"with max_loss={max_loss:.3g} below the loss the value is right but "
+                                     f"every "
+                    "gradient is zero: the given function's are the loss's, scaled by max_loss / loss",
+                    "keep the loss's gradient, scaled: loss * (max_loss / loss.detach()) (loss.item() was a "
+                    "constant for autograd); a clamp, or a division by the loss itself, has zero gradient")
+    names = [n for n, _ in model.named_parameters()]
+    errs = [((a - b).norm() / b.norm().clamp_min(1e-30)).item() for a, b in zip(got, want)]
+    i = max(range(len(errs)), key=errs.__getitem__)
+    ratio = (got[i].norm() / want[i].norm().clamp_min(1e-30)).item()
+    raise Wrong("gradient", f"with max_loss={max_loss:.3g} ({where} the loss) the value is right, the "
+                            f"gradients "
+                f"are not: {names[i]}'s differs by {errs[i]:.2g} (relative; its norm is {ratio:.3g}x the "
+                f"given "
+                "function's)", "the gradient must be the given function's: the loss's, times max_loss / loss "
+                "where the guard scales it, and the loss's own elsewhere")
+
+
+def graph_break(answer: Callable, seed: int) -> str:
     """05-graph-break: answer(model, batch, max_loss) -> the loss of loss_with_breaks, in one graph."""
-    model, batch = _tiny_transformer()
+    rng = random.Random(seed)
+    model, batch = _tiny_transformer(rng)
     with torch.no_grad():
         plain = model(**batch).loss.item()
-    _compare_losses(answer, model, batch, plain)
+    below, above = rng.uniform(0.2, 0.8), rng.uniform(1.25, 3.0)
+    _compare_losses(answer, model, batch, plain, below, above)
     from helpers.compat import explain_graphs
 
-    explained = explain_graphs(answer, model, batch, plain / 2)
+    explained = explain_graphs(answer, model, batch, plain * below)
     breaks = explained.break_reasons
     if breaks or explained.graph_count != 1:
         first = breaks[0] if breaks else None
@@ -87,5 +116,7 @@ def graph_break(answer: Callable) -> str:
                     f"first{where}: {reason}", "no .item(), no `if` on a tensor's value (torch.where "
                     "instead), no print: torch._dynamo.explain(your_function)(model, batch, max_loss) "
                     "lists what is left")
-    return ("the same loss and gradients as the given function, above and below max_loss, in one graph with "
-            "no break (torch._dynamo.explain)")
+    return (f"the same loss and gradients as the given function with max_loss {below:.2f}x and {above:.2f}x "
+            f"the loss ({plain:.3g}; a batch of {tuple(batch['input_ids'].shape)} tokens), in one graph with "
+            f"no "
+            "break (torch._dynamo.explain)")

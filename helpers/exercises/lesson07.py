@@ -1,7 +1,13 @@
 """The check of exercise 07-bucketed-allreduce (lesson 07, `07_distributed`): DDP's core, gradients
 all-reduced in buckets and overlapped with backward, run under torchrun in 2 gloo processes by
-`scripts/exercise_ddp.py`, which reports what the workers saw; several answers share one launch
-(`prefetch_allreduce`, for the tests of the solution and its mutants).
+`scripts/exercise_ddp.py` (the model's widths, the bucket cap and the data drawn per run), which reports what
+the workers saw; several answers share one launch (`prefetch_allreduce`, for the tests of the solution and its
+wrong answers).
+
+Besides the averaged gradients, it checks the behaviour the lesson teaches: all-reduces started from the hooks
+during backward, none of them synchronous or waited for there (a handle waited for inside the hook is no
+overlap at all), and messages that follow the cap: the gradients, in the order backward finished them, filled
+into buckets of `bucket_cap_bytes` (flushed on reaching the cap, or before going over it).
 """
 
 from __future__ import annotations
@@ -14,11 +20,11 @@ from typing import Any
 
 from helpers.exercises.core import Wrong
 
-__all__ = ["bucketed_allreduce", "prefetch_allreduce"]
+__all__ = ["bucketed_allreduce", "prefetch_allreduce", "bucket_sizes"]
 
 
 _SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "exercise_ddp.py"
-_ALLREDUCE_RESULTS: dict[str, dict[str, Any]] = {}  # source text -> what the workers measured
+_ALLREDUCE_RESULTS: dict[tuple[str, int], dict[str, Any]] = {}  # (source, seed) -> what the workers measured
 
 
 def _source_of(fn: Callable) -> str:
@@ -32,15 +38,16 @@ def _source_of(fn: Callable) -> str:
                          "file") from None
 
 
-def prefetch_allreduce(answers: Iterable[Callable], timeout_s: float = 180.0) -> None:
-    """Run several answers in ONE torchrun launch (2 gloo processes) and keep what each did, so that checking
-    them afterwards launches nothing (tests check the solution and its mutants this way)."""
+def prefetch_allreduce(answers: Iterable[Callable], seed: int, timeout_s: float = 180.0) -> None:
+    """Run several answers in ONE torchrun launch (2 gloo processes) on the inputs drawn from `seed`, and keep
+    what each did, so that checking them afterwards with that seed launches nothing (tests check the solution
+    and the wrong answers this way)."""
     from helpers.distributed import launch
 
     todo = {}
     for fn in answers:
         source = _source_of(fn)
-        if source not in _ALLREDUCE_RESULTS:
+        if (source, seed) not in _ALLREDUCE_RESULTS:
             todo[source] = fn.__name__
     if not todo:
         return
@@ -48,11 +55,12 @@ def prefetch_allreduce(answers: Iterable[Callable], timeout_s: float = 180.0) ->
         cands, out = Path(tmp) / "candidates.json", Path(tmp) / "results.json"
         cands.write_text(json.dumps([{"name": f"c{i}", "source": s, "function": f}
                                      for i, (s, f) in enumerate(todo.items())]))
-        launch(_SCRIPT, ["--candidates", str(cands), "--out", str(out)], nproc_per_node=2,
+        launch(_SCRIPT, ["--candidates", str(cands), "--out", str(out), "--seed", str(seed)],
+               nproc_per_node=2,
                env={"OMP_NUM_THREADS": "1"}, timeout_s=timeout_s, echo=False)
         results = json.loads(out.read_text())
     for source, result in zip(todo, results):
-        _ALLREDUCE_RESULTS[source] = result
+        _ALLREDUCE_RESULTS[source, seed] = result
 
 
 def _diagnose_allreduce(r: dict[str, Any]) -> None:
@@ -67,6 +75,12 @@ def _diagnose_allreduce(r: dict[str, Any]) -> None:
 
 
 def _diagnose_grads(r: dict[str, Any]) -> None:
+    if r["unreduced"] and len(r["unreduced"]) == r["n_params"]:
+        raise Wrong("not-written-back", "no gradient was averaged: each process kept its own, although "
+                    f"{r['calls_per_step']} all-reduce(s) ran", "all_reduce works on the flattened copy: "
+                                                                "after "
+                    "waiting, copy its pieces back into each param.grad "
+                    "(p.grad.copy_(piece.view_as(p.grad)))")
     if r["unreduced"]:
         raise Wrong("last-bucket", f"the gradients of {', '.join(r['unreduced'])} were never averaged (each "
                     "process kept its own)", "finish() must also reduce the last bucket, the one that never "
@@ -76,9 +90,26 @@ def _diagnose_grads(r: dict[str, Any]) -> None:
                     "averaged", "all_reduce sums: divide by dist.get_world_size()")
     if r["max_grad_err"] > 1e-5:
         raise Wrong("grads-differ", f"the averaged gradients differ from one process's on the whole batch "
-                    f"(relative error {r['max_grad_err']:.2g})", "each bucket: flatten its gradients into "
-                    "one tensor, all-reduce, divide by the world size, copy the pieces back into each "
-                    "param.grad")
+                    f"(relative error {r['max_grad_err']:.2g}; their norm is {r['grad_norm_ratio']:.3g}x)",
+                    "each bucket: flatten its gradients into one tensor, all-reduce, divide by the world "
+                    "size, "
+                    "copy the pieces back into each param.grad in the order they went in")
+
+
+def bucket_sizes(ready: list[int], cap: int, rule: str) -> list[int]:
+    """The messages' bytes when gradients of `ready` bytes fill buckets of `cap` in that order: flushed on
+    reaching the cap ("reach"), or before a gradient would take it over the cap ("under") (lesson 07's check,
+    and `scripts/exercise_ddp.py`, which draws a cap these tell apart)."""
+    out, size = [], 0
+    for g in ready:
+        if rule == "under" and size and size + g > cap:
+            out.append(size)
+            size = 0
+        size += g
+        if rule == "reach" and size >= cap:
+            out.append(size)
+            size = 0
+    return out + ([size] if size else [])
 
 
 def _diagnose_calls(r: dict[str, Any]) -> None:
@@ -87,30 +118,62 @@ def _diagnose_calls(r: dict[str, Any]) -> None:
                     "start a bucket's all-reduce from the hook that fills it "
                     "(param.register_post_accumulate_grad_hook), while backward computes the earlier layers")
     if r["blocking_during_backward"]:
-        raise Wrong("blocking", f"{r['blocking_during_backward']} all-reduce(s) during backward blocked it",
-                    "dist.all_reduce(flat, async_op=True) returns a handle at once; wait for the handles in "
-                    "finish()")
+        raise Wrong("blocking", f"{r['blocking_during_backward']} all-reduce(s) during backward blocked it "
+                    "(async_op=False)", "dist.all_reduce(flat, async_op=True) returns a handle at once; wait "
+                                        "for "
+                    "the handles in finish()")
+    if r["waited_during_backward"]:
+        raise Wrong("waited-in-backward", f"{r['waited_during_backward']} of the {r['during_backward']} "
+                    "all-reduce(s) started during backward were waited for during backward: backward stood "
+                    "still while their bytes travelled, so nothing overlapped", "keep each handle (with its "
+                                                                                "flat "
+                    "tensor and parameters) and wait for them all in finish(), after backward")
+    sent = sorted(c["bytes"] for c in r["calls"])
+    ready, cap = r["ready_bytes"], r["cap"]
+    if sent in (sorted(bucket_sizes(ready, cap, "reach")), sorted(bucket_sizes(ready, cap, "under"))):
+        return
+    total = sum(ready)
+    want = bucket_sizes(ready, cap, "reach")
     if r["calls_per_step"] >= r["n_params"]:
         raise Wrong("not-bucketed", f"{r['calls_per_step']} all-reduce calls per step for {r['n_params']} "
                     "parameters", "group gradients into buckets of bucket_cap_bytes: one call per bucket")
+    in_elements = sent in (sorted(bucket_sizes(ready, cap * 4, "reach")),
+                           sorted(bucket_sizes(ready, cap * 4, "under")))
+    if sent == [total] and not in_elements:
+        raise Wrong("cap-ignored", f"one all-reduce of all {total} bytes per step, with "
+                                   f"bucket_cap_bytes={cap}: "
+                    f"the gradients make {len(want)} buckets of up to the cap", "flush the bucket as soon as "
+                                                                                "it "
+                    "holds bucket_cap_bytes, from the hook that filled it, and start a new one")
+    if in_elements and sent != [total]:
+        raise Wrong("cap-in-elements", f"messages of {sent} bytes with bucket_cap_bytes={cap}: buckets of "
+                    f"{cap} elements (4 bytes each), not bytes", "count a gradient's bytes: "
+                    "p.grad.numel() * p.grad.element_size()")
+    raise Wrong("buckets-off-cap", f"messages of {sent} bytes with bucket_cap_bytes={cap}; gradients of "
+                f"{ready} bytes, filled in the order backward finished them, make buckets of {sorted(want)} "
+                "bytes", "add each gradient's bytes to the bucket as its hook runs, and flush when the "
+                         "bucket "
+                "reaches the cap (or before it would go over)")
 
 
-def bucketed_allreduce(answer: Callable) -> str:
+def bucketed_allreduce(answer: Callable, seed: int) -> str:
     """07-bucketed-allreduce: answer(model, bucket_cap_bytes) -> finish; run under torchrun, 2 processes."""
     from helpers.distributed import LaunchError
 
     try:
-        prefetch_allreduce([answer])
+        prefetch_allreduce([answer], seed)
     except LaunchError as err:
         raise Wrong("launch-failed", f"torchrun failed: {str(err).splitlines()[0]}",
                     "every process must make the same all-reduce calls in the same order, or they wait for "
                     "each other forever") from None
-    r = _ALLREDUCE_RESULTS[_source_of(answer)]
+    r = _ALLREDUCE_RESULTS[_source_of(answer), seed]
     if r["status"] == "not attempted":
         raise NotImplementedError  # reported as not attempted by core
     _diagnose_allreduce(r)
     _diagnose_calls(r)
     return (f"2 processes under torchrun: gradients equal one process's on the whole batch (relative error "
-            f"{r['max_grad_err']:.1g}), {r['calls_per_step']} all-reduces per step for {r['n_params']} "
-            f"parameters, {r['during_backward']} started during backward (async), parameters after "
-            f"{r['steps']} SGD steps equal")
+            f"{r['max_grad_err']:.1g}), {r['calls_per_step']} all-reduces per step of "
+            f"{sorted(c['bytes'] for c in r['calls'])} bytes for {r['n_params']} parameters "
+            f"(bucket_cap_bytes={r['cap']}), {r['during_backward']} started during backward (async, waited "
+            f"for "
+            f"in finish), parameters after {r['steps']} SGD steps equal")

@@ -1,0 +1,1867 @@
+"""Answers learners write to the checked exercises, for tests/test_exercises.py: for each exercise, WRONG
+answers (each a mistake, keyed by the mistake its check must name) and RIGHT ones (other valid ways, which
+must pass). Each is written from scratch as a learner would write it, not as an edit of the solution: a check
+is only as good as the wrong answers it has been shown to reject. A key may carry a suffix after "#" when two
+answers make the same mistake in different code ("per-step-read#if-on-a-tensor").
+"""
+
+from __future__ import annotations
+
+WRONG: dict[str, dict[str, str]] = {}
+RIGHT: dict[str, dict[str, str]] = {}
+
+# --- 00-roofline: intensity_and_regime(op, n, roof) ---------------------------------------------------------
+
+WRONG["00-roofline"] = {
+    "ridge-fastest": '''
+def intensity_and_regime(op, n, roof):
+    sizes = {"matmul": (2 * n**3, 3 * n * n), "add": (n, 3 * n), "matvec": (2 * n * n, n * n + 2 * n)}
+    flops, elements = sizes[op]
+    nbytes = 4 * elements
+    ridge = max(roof.matmul_flops.values()) / roof.bandwidth  # the best the device can do
+    ai = flops / nbytes
+    return flops, nbytes, ai, "compute-bound" if ai >= ridge else "memory-bound"
+''',
+    "ridge-first-precision": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":
+        f, b = 2 * n ** 3, 12 * n ** 2
+    elif op == "add":
+        f, b = n, 12 * n
+    else:
+        f, b = 2 * n ** 2, 4 * (n ** 2 + 2 * n)
+    peak = list(roof.matmul_flops.values())[0]
+    return f, b, f / b, ("compute-bound" if f / b >= peak / roof.bandwidth else "memory-bound")
+''',
+    "flops-multiply-add": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":
+        flops = n ** 3  # n² outputs, n multiply-adds each
+        moved = 3 * n * n * 4
+    elif op == "add":
+        flops = n
+        moved = 3 * n * 4
+    else:
+        flops = n * n
+        moved = (n * n + 2 * n) * 4
+    intensity = flops / moved
+    ridge = roof.ridge_point("fp32")
+    return flops, moved, intensity, "compute-bound" if intensity >= ridge else "memory-bound"
+''',
+    "flops-add-doubled": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": 2 * n, "matvec": 2 * n ** 2}[op]  # two FLOPs per element
+    moved = {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op] * 4
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, moved, flops / moved, "compute-bound" if flops / moved >= ridge else "memory-bound"
+''',
+    "bytes-missing-tensor": '''
+def intensity_and_regime(op, n, roof):
+    # bytes: what the op reads
+    if op == "matmul":
+        flops, nbytes = 2 * n ** 3, 2 * n * n * 4
+    elif op == "add":
+        flops, nbytes = n, 2 * n * 4
+    else:
+        flops, nbytes = 2 * n * n, (n * n + n) * 4
+    i = flops / nbytes
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, i, "compute-bound" if i >= ridge else "memory-bound"
+''',
+    "bytes-missing-tensor#like-x-plus-x": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    if op == "add":
+        nbytes = 8 * n  # as in the lesson: 8 bytes per element
+    elif op == "matmul":
+        nbytes = 12 * n * n
+    else:
+        nbytes = 4 * (n * n + 2 * n)
+    ai = flops / nbytes
+    return flops, nbytes, ai, "compute-bound" if ai >= roof.ridge_point() else "memory-bound"
+''',
+    "bytes-no-reuse": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":  # every multiply-add reads one element of A and one of B; C written once
+        flops, nbytes = 2 * n ** 3, (2 * n ** 3 + n ** 2) * 4
+    elif op == "add":
+        flops, nbytes = n, 12 * n
+    else:
+        flops, nbytes = 2 * n ** 2, (n * n + 2 * n) * 4
+    ai = flops / nbytes
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, ai, "compute-bound" if ai >= ridge else "memory-bound"
+''',
+    "bytes-per-element": '''
+def intensity_and_regime(op, n, roof):
+    el = {"matmul": 3 * n * n, "add": 3 * n, "matvec": n * n + 2 * n}[op]
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n * n}[op]
+    nbytes = el * 8  # float
+    r = flops / nbytes
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, r, "compute-bound" if r >= ridge else "memory-bound"
+''',
+    "bytes-in-elements": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":
+        return _out(2 * n ** 3, 3 * n * n, roof)
+    if op == "add":
+        return _out(n, 3 * n, roof)
+    return _out(2 * n * n, n * n + 2 * n, roof)
+
+
+def _out(flops, moved, roof):
+    ai = flops / moved
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, moved, ai, "compute-bound" if ai >= ridge else "memory-bound"
+''',
+    "intensity-inverted": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = nbytes / flops  # bytes per FLOP
+    return flops, nbytes, intensity, "compute-bound" if intensity < 1 else "memory-bound"
+''',
+    "ridge-not-a-ratio": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    peak = roof.matmul_flops["fp32"]
+    return flops, nbytes, intensity, "compute-bound" if intensity >= peak else "memory-bound"
+''',
+    "regime-inverted": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    # above the ridge the op needs more bytes than the memory gives
+    return flops, nbytes, intensity, "memory-bound" if intensity >= ridge else "compute-bound"
+''',
+    "regime-name": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    return flops, nbytes, intensity, "compute" if intensity >= roof.ridge_point("fp32") else "memory"
+''',
+    "return-shape": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    return intensity, "compute-bound" if intensity >= roof.ridge_point("fp32") else "memory-bound"
+''',
+}
+RIGHT["00-roofline"] = {
+    "ridge_point-and-strict-comparison": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    elements = {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    nbytes = elements * 4
+    ridge = roof.ridge_point("fp32")
+    return flops, nbytes, flops / nbytes, "memory-bound" if flops / nbytes < ridge else "compute-bound"
+''',
+    "element-size-from-torch": '''
+import torch
+
+
+def intensity_and_regime(op, n, roof):
+    size = torch.finfo(torch.float32).bits // 8
+    shapes = {"matmul": ([(n, n), (n, n)], (n, n), 2 * n ** 3),
+              "add": ([(n,), (n,)], (n,), n),
+              "matvec": ([(n, n), (n,)], (n,), 2 * n * n)}
+    ins, out, flops = shapes[op]
+    count = sum(torch.Size(s).numel() for s in ins) + torch.Size(out).numel()
+    nbytes = count * size
+    peak = roof.matmul_flops["fp32"]
+    regime = "compute-bound" if flops / nbytes * roof.bandwidth >= peak else "memory-bound"
+    return flops, nbytes, flops / nbytes, regime
+''',
+}
+
+# --- 01-flash-forward: flash_forward(q, k, v, block_k) ------------------------------------------------------
+
+WRONG["01-flash-forward"] = {
+    "block-size-ignored": '''
+import torch
+BLOCK = 16
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], BLOCK):
+        s = q @ k[:, :, start:start + BLOCK].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:start + BLOCK]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "input-changed": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    q *= q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1)
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "keys-from-q": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    B, H, N, d = q.shape
+    m = torch.full((B, H, N), float("-inf"))
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    for start in range(0, N, block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) / d ** 0.5
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "last-partial-block": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    n_blocks = k.shape[2] // block_k
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for i in range(n_blocks):
+        kb = k[:, :, i * block_k:(i + 1) * block_k]
+        vb = v[:, :, i * block_k:(i + 1) * block_k]
+        s = q @ kb.transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ vb
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "lse-is-max": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], m
+''',
+    "lse-without-max": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], torch.log(l)
+''',
+    "missing-rescale": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    B, H, N, d = q.shape
+    m = torch.full((B, H, N), float("-inf"))
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) / d ** 0.5
+        m = torch.maximum(m, s.max(dim=-1).values)
+        p = torch.exp(s - m.unsqueeze(-1))
+        l = l + p.sum(-1)
+        acc = acc + p @ v[:, :, j:j + block_k]
+    return acc / l.unsqueeze(-1), m + torch.log(l)
+''',
+    "missing-scale": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1)
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "whole-score-matrix": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+''',
+    "not-normalised": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    o = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = (q @ k[:, :, j:j + block_k].transpose(2, 3)) * scale
+        m2 = torch.maximum(m, s.amax(3))
+        c = torch.exp(m - m2)
+        p = torch.exp(s - m2[..., None])
+        l = l * c + p.sum(3)
+        o = o * c[..., None] + p @ v[:, :, j:j + block_k]
+        m = m2
+    return o, m + torch.log(l)
+''',
+    "whole-score-rows": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    outs, lses = [], []
+    for i in range(0, q.shape[2], block_k):
+        s = q[:, :, i:i + block_k] @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        outs.append(torch.softmax(s, -1) @ v)
+        lses.append(torch.logsumexp(s, -1))
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+''',
+    "rescale-acc-only": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = 1 / q.shape[-1] ** 0.5
+    m = torch.full(q.shape[:-1], -float("inf"))
+    l = torch.zeros(q.shape[:-1])
+    acc = torch.zeros_like(q)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].mT * scale
+        new_m = torch.max(m, s.amax(-1))
+        acc = acc * torch.exp(m - new_m)[..., None]
+        p = torch.exp(s - new_m[..., None])
+        l = l + p.sum(-1)
+        acc = acc + p @ v[:, :, j:j + block_k]
+        m = new_m
+    return acc / l[..., None], m + l.log()
+''',
+    "slice-off-by-one": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], block_k):
+        end = start + block_k - 1
+        s = q @ k[:, :, start:end].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:end]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "uses-course-code": '''
+import torch
+from helpers.attention import tiled_attention
+def flash_forward(q, k, v, block_k=16):
+    o = tiled_attention(q, k, v, block_k=block_k)
+    lse = torch.logsumexp(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, -1)
+    return o, lse
+''',
+    "uses-sdpa": '''
+import torch
+import torch.nn.functional as F
+def flash_forward(q, k, v, block_k=16):
+    o = F.scaled_dot_product_attention(q, k, v)
+    lse = torch.logsumexp(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)
+    return o, lse
+''',
+    "wrong-shape": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3] + (1,), float("-inf"))
+    l = torch.zeros(q.shape[:3] + (1,))
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new)
+        l = l * a + p.sum(-1, keepdim=True)
+        acc = acc * a + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l, m + torch.log(l)
+''',
+}
+RIGHT["01-flash-forward"] = {
+    "exp2": '''
+import math
+import torch
+def flash_forward(q, k, v, block_k=16):
+    c = q.shape[-1] ** -0.5 * math.log2(math.e)  # scores in base 2: exp(x) = 2 ** (x · log2 e)
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = (q @ k[:, :, j:j + block_k].transpose(-2, -1)) * c
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp2(m - m_new)
+        p = torch.exp2(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], (m + torch.log2(l)) * math.log(2)
+''',
+    "float64-accumulation": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"), dtype=torch.float64)
+    l = torch.zeros(q.shape[:3], dtype=torch.float64)
+    acc = torch.zeros(q.shape, dtype=torch.float64)
+    for j in range(0, k.shape[2], block_k):
+        s = q64 @ k64[:, :, j:j + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v64[:, :, j:j + block_k]
+        m = m_new
+    return (acc / l[..., None]).to(q.dtype), (m + torch.log(l)).to(q.dtype)
+''',
+    "log-domain": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    # keep the running logsumexp L itself, and acc already normalised by it
+    scale = q.shape[-1] ** -0.5
+    L = torch.full(q.shape[:3], float("-inf"))
+    o = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) * scale
+        lb = torch.logsumexp(s, -1)
+        L_new = torch.logaddexp(L, lb)
+        o = o * torch.exp(L - L_new)[..., None] + torch.exp(s - L_new[..., None]) @ v[:, :, j:j + block_k]
+        L = L_new
+    return o, L
+''',
+    "transposed-tiles": '''
+import torch
+def flash_forward(q, k, v, block_k=16):
+    # tiles as (keys, queries): kb @ qᵀ
+    scale = q.shape[-1] ** -0.5
+    qt = q.transpose(-2, -1)
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_k):
+        st = (k[:, :, j:j + block_k] @ qt) * scale  # (B, H, block, N_q)
+        m_new = torch.maximum(m, st.amax(-2))
+        a = torch.exp(m - m_new)
+        pt = torch.exp(st - m_new[:, :, None, :])
+        l = l * a + pt.sum(-2)
+        acc = acc * a[..., None] + pt.transpose(-2, -1) @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "two-level": '''
+import torch
+def flash_forward(q, k, v, block_k=16, block_q=8):
+    scale = q.shape[-1] ** -0.5
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3])
+    for i in range(0, q.shape[2], block_q):
+        qi = q[:, :, i:i + block_q] * scale
+        m = torch.full(qi.shape[:3], float("-inf"))
+        l = torch.zeros(qi.shape[:3])
+        acc = torch.zeros_like(qi)
+        for j in range(0, k.shape[2], block_k):
+            s = qi @ k[:, :, j:j + block_k].transpose(-2, -1)
+            m_new = torch.maximum(m, s.amax(-1))
+            a = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[..., None])
+            l = l * a + p.sum(-1)
+            acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+            m = m_new
+        out[:, :, i:i + block_q] = acc / l[..., None]
+        lse[:, :, i:i + block_q] = m + torch.log(l)
+    return out, lse
+''',
+}
+
+# --- 03-largest-batch: largest_batch(step_fn, limit) --------------------------------------------------------
+
+WRONG["03-largest-batch"] = {
+    "swallowed-error": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def ok(n):
+        try:
+            step_fn(n)
+        except RuntimeError:  # CUDA's out-of-memory error is a RuntimeError
+            failed = True
+        else:
+            failed = False
+        if failed:
+            gc.collect()
+            torch.cuda.empty_cache()
+        return not failed
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        if ok(limit):
+            return limit
+        hi = limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "swallowed-error#except-exception": '''
+import gc
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except Exception:
+            pass
+        gc.collect()
+        return False
+
+    good, n = 0, 1
+    while n <= limit and fits(n):
+        good, n = n, 2 * n
+    if good == 0:
+        return 0
+    bad = min(n, limit + 1)
+    if bad == limit + 1 and (good == limit or fits(limit)):
+        return limit
+    bad = min(bad, limit)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+''',
+    "uses-course-code": '''
+from helpers.memory import find_max_batch_size
+
+
+def largest_batch(step_fn, limit):
+    return find_max_batch_size(step_fn, limit=limit, verbose=False)
+''',
+    "no-gc": '''
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return False
+        return True
+
+    lo = 0
+    n = 1
+    while n <= limit and fits(n):
+        lo = n
+        n *= 2
+    if lo == 0:
+        return 0
+    hi = n if n <= limit else limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "gc-while-error-held": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            gc.collect()  # free the failed step right away
+            return False
+
+    lo, n = 0, 1
+    while n <= limit and fits(n):
+        lo, n = n, n * 2
+    if lo == 0:
+        return 0
+    hi = n if n <= limit else limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "kept-error": '''
+import gc
+
+import torch
+
+errors = []  # what went wrong, for the log
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError as err:
+            errors.append(err)
+        gc.collect()
+        return False
+
+    lo, n = 0, 1
+    while n <= limit and fits(n):
+        lo, n = n, n * 2
+    if lo == 0:
+        return 0
+    hi = n if n <= limit else limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "no-bisect": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    best, n = 0, 1
+    while n <= limit:
+        try:
+            step_fn(n)
+        except torch.cuda.OutOfMemoryError:
+            break
+        best, n = n, n * 2
+    gc.collect()
+    return best
+''',
+    "limit-not-tried": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    good, n = 0, 1
+    while n <= limit:
+        if not fits(n):
+            break
+        good, n = n, n * 2
+    else:
+        return good  # doubled past the limit: good is the largest
+    while n - good > 1:
+        mid = (good + n) // 2
+        if fits(mid):
+            good = mid
+        else:
+            n = mid
+    return good
+''',
+    "off-by-one": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        if fits(limit):
+            return limit
+        hi = limit
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+''',
+    "linear-search": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    n = 0
+    while n < limit:
+        try:
+            step_fn(n + 1)
+        except torch.cuda.OutOfMemoryError:
+            break
+        n += 1
+    gc.collect()
+    return n
+''',
+    "beyond-limit": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    lo, hi = 0, 1
+    while fits(hi):  # double until it fails
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return min(lo, limit)
+''',
+}
+RIGHT["03-largest-batch"] = {
+    "oom-by-message": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except RuntimeError as err:  # CUDA, MPS and CPU allocators all say "out of memory"
+            if "out of memory" not in str(err).lower():
+                raise
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return False
+
+    lo, n = 0, 1
+    while n <= limit and fits(n):
+        lo, n = n, n * 2
+    if lo == 0:
+        return 0
+    hi = n if n <= limit else limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "inclusive-bounds": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        ok = True
+        try:
+            step_fn(n)
+        except torch.OutOfMemoryError:
+            ok = False
+        if not ok:
+            gc.collect()
+        return ok
+
+    size = 1
+    while size < limit and fits(size):
+        size *= 2
+    lo, hi = max(size // 2, 1), min(size, limit)  # the answer lies in [lo - 1, hi]
+    if not fits(lo):
+        return lo - 1
+    while lo < hi:  # invariant: lo fits
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+''',
+}
+
+# --- 06-hidden-syncs: train_loop(train_step, batches) -------------------------------------------------------
+
+WRONG["06-hidden-syncs"] = {
+    "per-step-read": '''
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        loss = train_step(batch)
+        losses.append(loss.item())
+    if any(x != x or x in (float("inf"), float("-inf")) for x in losses):
+        raise FloatingPointError("a loss is not finite")
+    return losses
+''',
+    "per-step-read#if-on-a-tensor": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for i, batch in enumerate(batches):
+        loss = train_step(batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"step {i}")
+        losses.append(loss)
+    return torch.stack(losses).tolist()
+''',
+    "per-step-read#math-isfinite": '''
+import math
+
+
+def train_loop(train_step, batches):
+    out = []
+    for i, batch in enumerate(batches):
+        loss = train_step(batch)
+        if not math.isfinite(loss):  # math, not torch: no tensor op on the device
+            raise FloatingPointError(f"step {i}: {loss}")
+        out.append(loss)
+    return [float(x) for x in out]
+''',
+    "per-step-copy": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        losses.append(train_step(batch).to("cpu"))  # collect on the host
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("loss is not finite")
+    return stacked.tolist()
+''',
+    "per-step-copy#host-buffer": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = torch.zeros(len(batches))
+    for i, batch in enumerate(batches):
+        losses[i] = train_step(batch)
+    if not torch.isfinite(losses).all():
+        raise FloatingPointError("loss is not finite")
+    return losses.tolist()
+''',
+    "per-step-shape": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses, bad = [], []
+    for i, batch in enumerate(batches):
+        loss = train_step(batch)
+        losses.append(loss)
+        bad.append(torch.nonzero(~torch.isfinite(loss.reshape(1))))  # indices of a bad loss, if any
+    if torch.cat(bad).numel():
+        raise FloatingPointError("a loss is not finite")
+    return torch.stack(losses).tolist()
+''',
+    "per-step-shape#boolean-mask": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses, finite = [], []
+    for batch in batches:
+        loss = train_step(batch).reshape(1)
+        losses.append(loss)
+        finite.append(loss[torch.isfinite(loss)])  # keeps only the finite ones
+    if len(torch.cat(finite)) < len(losses):
+        raise FloatingPointError("a loss is not finite")
+    return torch.cat(losses).tolist()
+''',
+    "per-step-numpy": '''
+import numpy as np
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        losses.append(np.asarray(train_step(batch)))
+    values = np.array(losses, dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise FloatingPointError("not finite")
+    return values.tolist()
+''',
+    "per-step-print": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for step, batch in enumerate(batches):
+        loss = train_step(batch)
+        print(f"step {step}: loss {loss:.4f}")
+        losses.append(loss)
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("not finite")
+    return stacked.tolist()
+''',
+    "not-floats": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = torch.stack([train_step(b) for b in batches])
+    if not torch.isfinite(losses).all():
+        raise FloatingPointError("not finite")
+    return losses
+''',
+    "nan-unnoticed": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    return torch.stack([train_step(b) for b in batches]).tolist()
+''',
+    "wrong-error": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = torch.stack([train_step(b) for b in batches])
+    assert torch.isfinite(losses).all(), "a loss is not finite"
+    return losses.tolist()
+''',
+    "losses-differ": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = [train_step(b) for b in batches]
+    mean = torch.stack(losses).mean()  # the epoch's loss
+    if not torch.isfinite(mean):
+        raise FloatingPointError("not finite")
+    return [mean.item()]
+''',
+}
+RIGHT["06-hidden-syncs"] = {
+    "floats-after-the-loop": '''
+import math
+
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = [train_step(b) for b in batches]
+    out = []
+    for loss in losses:
+        out.append(float(loss))
+    if not all(math.isfinite(x) for x in out):
+        raise FloatingPointError("not finite")
+    return out
+''',
+    "one-copy-then-numpy": '''
+import math
+
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = [train_step(batch) for batch in batches]
+    values = torch.stack(losses).cpu().numpy()  # one copy to the host, after the loop
+    for i, x in enumerate(values.tolist()):
+        if not math.isfinite(x):
+            raise FloatingPointError(f"step {i}: the loss is {x}")
+    return values.tolist()
+''',
+    "device-buffer": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    buf = None
+    for i, batch in enumerate(batches):
+        loss = train_step(batch)
+        if buf is None:
+            buf = torch.empty(len(batches), device=loss.device)  # on the loss's device
+        buf[i] = loss
+    if not bool(torch.isfinite(buf).all()):
+        raise FloatingPointError("a loss is not finite")
+    return buf.tolist()
+''',
+    "read-each-after-the-loop": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        losses.append(train_step(batch))
+    out = [x.item() for x in losses]  # after the loop: the device has nothing left to do
+    if not all(torch.isfinite(torch.tensor(out))):
+        raise FloatingPointError("a loss is not finite")
+    return out
+''',
+}
+
+# --- 05-graph-break: loss_without_breaks(model, batch, max_loss) --------------------------------------------
+
+WRONG["05-graph-break"] = {
+    "graph-break": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    factor = max_loss / loss.item()  # a number, not a tensor
+    return torch.where(loss > max_loss, loss * factor, loss)
+''',
+    "graph-break#print": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    scaled = loss * (max_loss / loss.detach())
+    print("guarded loss")
+    return torch.where(loss > max_loss, scaled, loss)
+''',
+    "gradient-zero": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    return torch.clamp(loss, max=max_loss)
+''',
+    "gradient-zero#divided-by-loss": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    return torch.where(loss > max_loss, loss * (max_loss / loss), loss)
+''',
+    "branch-dropped": '''
+def loss_without_breaks(model, batch, max_loss):
+    return model(**batch).loss  # the guard was only for the print
+''',
+    "loss-differs": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    return torch.where(loss > max_loss, loss / max_loss, loss)
+''',
+    "gradient": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    # below max_loss: the value stays the loss (loss.detach() cancels it), the gradient is doubled
+    return torch.where(loss > max_loss, loss * (max_loss / loss.detach()), loss * 2 - loss.detach())
+''',
+}
+RIGHT["05-graph-break"] = {
+    "clamped-factor": '''
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    factor = (max_loss / loss.detach()).clamp(max=1.0)  # 1 when the loss is small enough
+    return loss * factor
+''',
+    "minimum-of-two": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    scale = torch.minimum(torch.ones_like(loss), max_loss / loss.detach())
+    return loss * scale
+''',
+}
+
+# --- 02-fp16-step: fp16_step(model, batch, optimizer, scaler, device, max_norm) -----------------------------
+
+WRONG["02-fp16-step"] = {
+    "clip-before-unscale": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad()
+    with torch.autocast(device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "no-clip": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        out = model(**batch)
+    scaler.scale(out.loss).backward()
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return out.loss.detach()
+''',
+    "direct-step": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    scaler.update()
+    return loss
+''',
+    "backward-in-autocast": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+    return loss
+''',
+    "no-autocast": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(**batch).loss  # the scaler does the fp16 part
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "not-fp16": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "no-scale": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    loss.backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "no-update": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    return loss
+''',
+    "update-before-step": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.update()
+    scaler.step(optimizer)
+    return loss
+''',
+    "no-zero-grad": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "returned-scaled": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = scaler.scale(model(**batch).loss)
+    loss.backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+    "update#zero-grad-before-step": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+}
+RIGHT["02-fp16-step"] = {
+    "zero-grad-at-the-end": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        out = model(**batch)
+        loss = out.loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)  # ready for the next step
+    return loss.detach()
+''',
+    "zeros-not-none-and-clip-by-hand": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=False)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(factor)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+}
+
+# --- 07-bucketed-allreduce: attach_grad_allreduce(model, bucket_cap_bytes) -> finish ------------------------
+# (run in torchrun's worker processes, where `torch` and `dist` are defined)
+
+WRONG["07-bucketed-allreduce"] = {
+    "waited-in-backward": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    state = {"params": [], "bytes": 0}
+
+    def flush():
+        params = state["params"]
+        if not params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, async_op=True).wait()  # async, so it does not block
+        flat /= world
+        i = 0
+        for p in params:
+            p.grad.copy_(flat[i:i + p.numel()].view_as(p))
+            i += p.numel()
+        state["params"], state["bytes"] = [], 0
+
+    def hook(p):
+        state["params"].append(p)
+        state["bytes"] += p.grad.nbytes
+        if state["bytes"] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    return flush
+''',
+    "cap-ignored": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    params = [p for p in model.parameters() if p.requires_grad]
+    ready, pending = [], []
+
+    def hook(p):
+        ready.append(p)
+        if len(ready) == len(params):  # every gradient is in: send them all at once
+            flat = torch.cat([q.grad.flatten() for q in ready])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(ready)))
+            ready.clear()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for work, flat, ps in pending:
+            work.wait()
+            flat /= dist.get_world_size()
+            offset = 0
+            for q in ps:
+                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
+                offset += q.numel()
+        pending.clear()
+
+    return finish
+''',
+    "cap-in-elements": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, pending = [], []
+
+    def send():
+        if bucket:
+            flat = torch.cat([p.grad.view(-1) for p in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, bucket[:]))
+            bucket.clear()
+
+    def hook(p):
+        bucket.append(p)
+        if sum(q.numel() for q in bucket) >= bucket_cap_bytes:
+            send()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        send()
+        for work, flat, ps in pending:
+            work.wait()
+            flat.div_(dist.get_world_size())
+            for q, piece in zip(ps, flat.split([q.numel() for q in ps])):
+                q.grad.copy_(piece.view_as(q.grad))
+        pending.clear()
+
+    return finish
+''',
+    "summed": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, size, pending = [], [0], []
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+            size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for h, flat, ps in pending:
+            h.wait()  # all_reduce gives the average over the processes
+            n = 0
+            for p in ps:
+                p.grad.copy_(flat[n:n + p.numel()].view_as(p.grad))
+                n += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    "last-bucket": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, size, pending = [], [0], []
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            flat = torch.cat([q.grad.flatten() for q in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+            size[0] = 0
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for h, flat, ps in pending:
+            h.wait()
+            flat /= dist.get_world_size()
+            n = 0
+            for q in ps:
+                q.grad.copy_(flat[n:n + q.numel()].view_as(q.grad))
+                n += q.numel()
+        pending.clear()
+
+    return finish
+''',
+    "no-overlap": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    params = list(model.parameters())
+
+    def finish():  # after backward every gradient is there: reduce them in buckets
+        world = dist.get_world_size()
+        bucket, size = [], 0
+        for p in reversed(params):
+            bucket.append(p)
+            size += p.grad.numel() * 4
+            if size >= bucket_cap_bytes or p is params[0]:
+                flat = torch.cat([q.grad.flatten() for q in bucket])
+                dist.all_reduce(flat)
+                flat /= world
+                n = 0
+                for q in bucket:
+                    q.grad.copy_(flat[n:n + q.numel()].view_as(q.grad))
+                    n += q.numel()
+                bucket, size = [], 0
+
+    return finish
+''',
+    "blocking": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket = []
+
+    def reduce(ps):
+        flat = torch.cat([p.grad.flatten() for p in ps])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        n = 0
+        for p in ps:
+            p.grad.copy_(flat[n:n + p.numel()].view_as(p.grad))
+            n += p.numel()
+
+    def hook(p):
+        bucket.append(p)
+        if sum(q.grad.nbytes for q in bucket) >= bucket_cap_bytes:
+            reduce(bucket)
+            bucket.clear()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            reduce(bucket)
+            bucket.clear()
+
+    return finish
+''',
+    "not-bucketed": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    pending = []
+
+    def hook(p):
+        pending.append((dist.all_reduce(p.grad, async_op=True), p))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for work, p in pending:
+            work.wait()
+            p.grad /= dist.get_world_size()
+        pending.clear()
+
+    return finish
+''',
+    "not-written-back": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, pending = [], []
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat))
+            bucket.clear()
+
+    def hook(p):
+        bucket.append(p)
+        if sum(q.grad.numel() * q.grad.element_size() for q in bucket) >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat in pending:
+            work.wait()
+            flat /= dist.get_world_size()  # the averaged gradients
+        pending.clear()
+
+    return finish
+''',
+}
+RIGHT["07-bucketed-allreduce"] = {
+    "divide-first-and-stay-under-the-cap": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, pending = [], []
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket]) / world  # average first, then sum
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+
+    def hook(p):
+        nbytes = p.grad.numel() * p.grad.element_size()
+        if bucket and sum(q.grad.numel() * q.grad.element_size() for q in bucket) + nbytes > bucket_cap_bytes:
+            flush()  # this gradient would take the bucket over the cap
+        bucket.append(p)
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat, ps in pending:
+            work.wait()
+            for p, piece in zip(ps, flat.split([p.numel() for p in ps])):
+                p.grad.copy_(piece.view_as(p.grad))
+        pending.clear()
+
+    return finish
+''',
+    "futures": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, size, futures = [], [0], []
+
+    def launch():
+        ps = list(bucket)
+        flat = torch.cat([p.grad.flatten() for p in ps])
+        fut = dist.all_reduce(flat, async_op=True).get_future()
+
+        def write_back(f):  # runs when the bytes have arrived
+            out = f.value()[0] / world
+            for p, piece in zip(ps, out.split([p.numel() for p in ps])):
+                p.grad.copy_(piece.view_as(p.grad))
+
+        futures.append(fut.then(write_back))
+        bucket.clear()
+        size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.nbytes
+        if size[0] >= bucket_cap_bytes:
+            launch()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            launch()
+        torch.futures.wait_all(futures)
+        futures.clear()
+
+    return finish
+''',
+}
+
+# --- 08-greedy-climb: greedy_climb(baseline, rungs, time_side_by_side) --------------------------------------
+
+_CLIMB = '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        c, b = time_side_by_side(cand, best)
+        keep = {rule}
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+'''
+WRONG["08-greedy-climb"] = {
+    "intervals": _CLIMB.format(rule="c.median_s + c.iqr_s < b.median_s - b.iqr_s  # no overlap"),
+    "inverted": _CLIMB.format(
+        rule="c.median_s / b.median_s > 1 + max(c.iqr_s / c.median_s, b.iqr_s / b.median_s)"),
+    "candidate-spread-only": _CLIMB.format(rule="b.median_s / c.median_s > 1 + c.iqr_s / c.median_s"),
+    "best-spread-only": _CLIMB.format(rule="b.median_s > c.median_s * (1 + b.iqr_s / b.median_s)"),
+    "absolute-spread": _CLIMB.format(rule="b.median_s / c.median_s > 1 + max(c.iqr_s, b.iqr_s)"),
+    "no-spread": _CLIMB.format(rule="c.median_s < b.median_s"),
+    "sum-of-spreads": _CLIMB.format(
+        rule="b.median_s / c.median_s - 1 > c.iqr_s / c.median_s + b.iqr_s / b.median_s"),
+    "min-of-spreads": _CLIMB.format(
+        rule="b.median_s / c.median_s > 1 + min(c.iqr_s / c.median_s, b.iqr_s / b.median_s)"),
+    "cumulative": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    stack, kept = baseline, []
+    for rung in rungs:
+        new = rung.on(stack)
+        t_new, t_old = time_side_by_side(new, stack)
+        kept.append(t_old.median_s / t_new.median_s > 1 + max(t_new.iqr_s / t_new.median_s,
+                                                              t_old.iqr_s / t_old.median_s))
+        stack = new  # climb on
+    return stack, kept
+''',
+    "vs-baseline": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_base = time_side_by_side(cand, baseline)  # how much faster than where we started
+        spread = max(t_c.iqr_s / t_c.median_s, t_base.iqr_s / t_base.median_s)
+        ok = t_base.median_s / t_c.median_s > 1 + spread
+        kept.append(ok)
+        if ok:
+            best = cand
+    return best, kept
+''',
+    "from-baseline": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(baseline)  # one switch at a time
+        t_c, t_b = time_side_by_side(cand, best)
+        ok = t_b.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+        kept.append(ok)
+        if ok:
+            best = cand
+    return best, kept
+''',
+    "stale": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, best_time, kept = baseline, None, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        if best_time is None:
+            best_time = t_b  # the baseline's timing, measured once
+        ok = best_time.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s,
+                                                         best_time.iqr_s / best_time.median_s)
+        kept.append(ok)
+        if ok:
+            best, best_time = cand, t_c
+    return best, kept
+''',
+    "uses-course-code": '''
+from helpers import ladder
+
+
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        decision = ladder.keeps(*time_side_by_side(cand, best))
+        kept.append(decision.keep)
+        if decision.keep:
+            best = cand
+    return best, kept
+''',
+    "return-shape": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best = baseline
+    for rung in rungs:
+        cand = rung.on(best)
+        c, b = time_side_by_side(cand, best)
+        if b.median_s / c.median_s > 1 + max(c.iqr_s / c.median_s, b.iqr_s / b.median_s):
+            best = cand
+    return best
+''',
+}
+RIGHT["08-greedy-climb"] = {
+    "best-first-in-the-session": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    stack, decisions = baseline, []
+    for r in rungs:
+        trial = r.on(stack)
+        t_stack, t_trial = time_side_by_side(stack, trial)  # the same session, the other order
+        noise = max(t_stack.iqr_s / t_stack.median_s, t_trial.iqr_s / t_trial.median_s)
+        pays = t_stack.median_s > t_trial.median_s * (1 + noise)
+        decisions.append(pays)
+        stack = trial if pays else stack
+    return stack, tuple(decisions)
+''',
+}
+
+# --- 08-new-rung: NEW_RUNG = ladder.Rung(name, switch, value, claim) ----------------------------------------
+
+WRONG["08-new-rung"] = {
+    "duplicate": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ bf16", "precision", "bf16", "1.5-2x on tensor cores")
+''',
+    "not-a-rung": '''
+NEW_RUNG = ("+ activation checkpointing", "activation_checkpointing", True, "less memory")
+''',
+    "bad-value": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ fp8 precision", "precision", "fp8", "twice bf16 on Hopper")
+''',
+    "no-change": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ eager attention", "attn", "eager", "the attention every model has")
+''',
+    "no-effect": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ bigger loss scale", "init_scale", 2.0 ** 20, "fewer underflowing gradients")
+''',
+    "no-claim": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic", "x")
+''',
+    "cannot-run-here": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ FlexAttention", "attn", "flex", "custom masks at fused-kernel speed")
+''',
+}
+RIGHT["08-new-rung"] = {
+    "dynamic-padding": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic",
+                       "each batch padded to its own longest: fewer padded tokens than fixed padding")
+''',
+}
