@@ -32,11 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from helpers.paths import course_root
+
 __all__ = ["Exercise", "Outcome", "Wrong", "ExerciseFailed", "ExerciseNotAttempted", "is_skeleton",
-           "run_check", "strict_from_env", "learner_line", "close", "unpack", "SOLUTIONS_DIR", "STATUSES",
+           "run_check", "strict_from_env", "learner_line", "close", "unpack", "solutions_dir", "STATUSES",
            "SEED_ENV", "draw_seed", "course_code_running", "course_module", "tensors_in"]
 
-SOLUTIONS_DIR = Path(__file__).resolve().parents[2] / "solutions"  # the repository's solutions/ folder
+
+def solutions_dir() -> Path:
+    """The course's solutions/ folder, found from the installed helpers (helpers.paths; every lesson)."""
+    return course_root() / "solutions"
+
+
 STATUSES = ("passed", "failed", "not attempted")
 STRICT_ENV = "COURSE_EXERCISES"  # "strict": an untouched skeleton is an error too (CI's solutions pass)
 SEED_ENV = "COURSE_EXERCISE_SEED"  # an integer: every check draws its inputs from it (to replay a failure)
@@ -59,7 +66,7 @@ class Exercise:
 
     @property
     def solution_path(self) -> Path:
-        return SOLUTIONS_DIR / self.solution
+        return solutions_dir() / self.solution
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from helpers.exercises.core import Wrong
+from helpers.paths import course_root
 
 __all__ = ["bucketed_allreduce", "prefetch_allreduce", "bucket_sizes"]
 
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "exercise_ddp.py"
 _ALLREDUCE_RESULTS: dict[tuple[str, int], dict[str, Any]] = {}  # (source, seed) -> what the workers measured
 
 
@@ -55,8 +55,8 @@ def prefetch_allreduce(answers: Iterable[Callable], seed: int, timeout_s: float 
         cands, out = Path(tmp) / "candidates.json", Path(tmp) / "results.json"
         cands.write_text(json.dumps([{"name": f"c{i}", "source": s, "function": f}
                                      for i, (s, f) in enumerate(todo.items())]))
-        launch(_SCRIPT, ["--candidates", str(cands), "--out", str(out), "--seed", str(seed)],
-               nproc_per_node=2,
+        launch(course_root() / "scripts" / "exercise_ddp.py",
+               ["--candidates", str(cands), "--out", str(out), "--seed", str(seed)], nproc_per_node=2,
                env={"OMP_NUM_THREADS": "1"}, timeout_s=timeout_s, echo=False)
         results = json.loads(out.read_text())
     for source, result in zip(todo, results):
