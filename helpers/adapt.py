@@ -172,14 +172,14 @@ class CourseModel(nn.Module):
         self.loss_fn = loss_fn
         if shape is not None:
             self.course_shape = shape  # helpers.flops reads it before the config and the modules
-        try:
-            self._accepts = inspect.signature(_forward_of(model)).parameters
+        try:  # the forward's parameter names and kinds (a plain dict: the wrapper deep-copies)
+            self._accepts = {n: p.kind for n, p in inspect.signature(_forward_of(model)).parameters.items()}
         except (TypeError, ValueError):
             self._accepts = {}
 
     def _extra(self, extra: dict[str, Any]) -> dict[str, Any]:
         """The other batch keys, passed by name to a forward that takes them; ValueError for one it does not."""
-        open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in self._accepts.values())
+        open_ended = inspect.Parameter.VAR_KEYWORD in self._accepts.values()
         refused = [k for k in extra if k not in self._accepts and not open_ended]
         if refused:
             raise ValueError(f"the batch has {refused}, which {type(self.model).__name__}.forward does not "

@@ -158,8 +158,10 @@ def model_shape(model: nn.Module) -> ModelShape:
                 return shape
     shape = _from_modules(model)
     if shape is None:
+        inner = getattr(model, "model", None) if type(model).__name__ == "CourseModel" else None
+        name = type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
         raise ValueError(
-            f"cannot read the layers, heads and head size of a {type(model).__name__} (no config with "
+            f"cannot read the layers, heads and head size of a {name} (no config with "
             "n_layers/num_hidden_layers/n_layer, n_heads/n_head, d_model/hidden_size/n_embd, and no attention "
             "modules keeping n_head and n_embd): tell it once, helpers.flops.set_model_shape(model, n_layers, "
             "n_heads, head_dim), or as_course_model(model, shape=ModelShape(n_layers, n_heads, head_dim))")

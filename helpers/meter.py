@@ -175,7 +175,7 @@ class Meter:
         if flops_problem is not None:
             notes["flops_per_token"] = flops_problem
         if flops_problem is not None:
-            notes["mfu"] = f"no FLOPs per token: {flops_problem}"
+            notes["mfu"] = "no FLOPs per token (flops_per_token's reason)"
         elif not peak:
             notes["mfu"] = (f"{source}: give TrainConfig(peak_flops=...) in FLOP/s, or run lesson 00 to save "
                             "this machine's roofline")

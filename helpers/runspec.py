@@ -355,11 +355,22 @@ def spec_from_arguments(args: Any) -> RunSpec:
     return RunSpec(**given)
 
 
-def _compile_layers(model: nn.Module) -> nn.Module:
-    """Regional compilation: each Transformer layer compiled (they share one graph, compiled once); a
-    model without a known list of layers is compiled whole (lesson 05)."""
+def _layers(model: nn.Module) -> Any:
+    """A model's list of Transformer layers: a Hugging Face model's encoder layers, a SmallTransformer's
+    blocks, else (a model of one's own, nanoGPT's `transformer.h`) its longest list of blocks of one class."""
     layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
     layers = layers if layers is not None else getattr(model, "blocks", None)
+    if layers is None:
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1
+                 and len({type(block) for block in m}) == 1]
+        layers = max(lists, key=len, default=None)
+    return layers
+
+
+def _compile_layers(model: nn.Module) -> nn.Module:
+    """Regional compilation: each Transformer layer compiled (they share one graph, compiled once); a
+    model without a list of layers is compiled whole (lesson 05)."""
+    layers = _layers(model)
     if layers is None:
         return torch.compile(model)
     for layer in layers:
