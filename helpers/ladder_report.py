@@ -38,8 +38,8 @@ def _why_precision(rung: Rung, f: Mapping[str, Any]) -> str:
         return "a CPU has no TF32 units: the same fp32 math ran"
     if rung.value == "fp16":
         if gpu and cap >= (7, 0):
-            return ("matmuls on fp16 tensor cores, half the bytes moved; the GradScaler's loss scale keeps small "
-                    "gradients from underflowing (steps with an overflow are skipped)")
+            return ("matmuls on fp16 tensor cores, half the bytes moved; the GradScaler's loss scale keeps "
+                    "small gradients from underflowing (steps with an overflow are skipped)")
         if gpu:
             return f"{f['name']} (compute capability {cap[0]}.{cap[1]}) has no fp16 tensor cores"
         return ("a CPU's fp16 matmuls have no fp16 units behind them: the casts and the loss scale cost, and "

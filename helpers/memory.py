@@ -321,7 +321,8 @@ METHODS = ("auto", "formula", "dry run")
 
 
 def _is_course_model(model: Any) -> bool:
-    """A SmallTransformer (a module with a TransformerConfig `.cfg`) or a TransformerConfig (it builds one)."""
+    """A SmallTransformer (a module with a TransformerConfig `.cfg`) or a TransformerConfig (it builds
+    one)."""
     if isinstance(model, nn.Module):
         target = getattr(model, "cfg", None)
     elif callable(getattr(model, "build", None)):
@@ -424,7 +425,8 @@ def _vocab_size(model: nn.Module) -> int:
     emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
     if emb is None:
         raise ValueError(f"cannot tell the vocabulary of a {type(model).__name__} (no config.vocab_size, no "
-                         "nn.Embedding): give the dry run a batch, estimate_training_memory(..., batch=(x, y))")
+                         "nn.Embedding): give the dry run a batch, estimate_training_memory(..., "
+                         "batch=(x, y))")
     return emb.num_embeddings
 
 

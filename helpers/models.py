@@ -119,7 +119,7 @@ class SmallTransformer(nn.Module):
     """Token + position embeddings, `n_layers` blocks, then a token head (tied) or a classifier
     (lessons 01–06)."""
 
-    course_contract = True  # model(**batch).loss is the loss: helpers.adapt.as_course_model leaves it as it is
+    course_contract = True  # model(**batch).loss is the loss: helpers.adapt.as_course_model leaves it be
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()

@@ -136,8 +136,8 @@ class RunSpec:
     def check_model(self, model: nn.Module) -> None:
         """ValueError naming the switch `model` cannot take, and the fix (lessons 03, 08; the ladder skips
         such a rung with this reason): an attention implementation (eager, sdpa, flex, varlen) switches a
-        Hugging Face model's attention, so a model with its own keeps it (attn=None); packing needs a BERT-like
-        classifier or a SmallTransformer; activation checkpointing a model with a switch for it."""
+        Hugging Face model's attention, so a model with its own keeps it (attn=None); packing needs a
+        BERT-like classifier or a SmallTransformer; activation checkpointing a model with a switch for it."""
         why = self._model_problem(model)
         if why:
             raise ValueError(f"RunSpec.{why}")
@@ -151,12 +151,13 @@ class RunSpec:
             name = f"CourseModel({type(inner.model).__name__})"
         hf = is_hf_model(inner)
         if self.attn is not None and not hf:
-            return (f"attn={self.attn!r} switches a Hugging Face model's attention implementation; {name} has "
-                    "attention of its own: use attn=None to keep it (lesson 08's ladder does, for such a model)")
+            return (f"attn={self.attn!r} switches a Hugging Face model's attention implementation; {name} "
+                    "has attention of its own: use attn=None to keep it (lesson 08's ladder does, for such a "
+                    "model)")
         if self.padding == "packed" and not ((hasattr(inner, "bert") and hasattr(inner, "classifier"))
                                              or (hasattr(inner, "blocks") and hasattr(inner, "cfg"))):
-            return (f"padding='packed' runs a packed forward that knows BERT-like classifiers and the course's "
-                    f"SmallTransformer, not {name}: use padding='bucketed' (or 'dynamic') for it")
+            return (f"padding='packed' runs a packed forward that knows BERT-like classifiers and the "
+                    f"course's SmallTransformer, not {name}: use padding='bucketed' (or 'dynamic') for it")
         if self.activation_checkpointing and not (hasattr(inner, "set_activation_checkpointing")
                                                   or hasattr(inner, "gradient_checkpointing_enable")):
             return (f"activation_checkpointing=True: {name} has no switch for it; wrap its blocks in "
@@ -318,10 +319,12 @@ def dataclass_flags(defaults: Any, fields: Sequence[str] | None = None) -> type:
         if name not in known:
             raise ValueError(f"{name!r} is not a {cls.__name__} field: use one of {sorted(known)}")
     hints = typing.get_type_hints(cls)
-    flags = dataclasses.make_dataclass(f"{cls.__name__}Flags", [
-        (name, hints[name], dataclasses.field(default=getattr(defaults, name), metadata={"help": f"{cls.__name__}.{name}"}))
-        for name in (fields if fields is not None else known)])
-    return flags
+    def flag(name: str) -> tuple[str, Any, Any]:
+        help_text = {"help": f"{cls.__name__}.{name}"}  # --help: where the flag lands
+        return name, hints[name], dataclasses.field(default=getattr(defaults, name), metadata=help_text)
+
+    return dataclasses.make_dataclass(f"{cls.__name__}Flags",
+                                      [flag(name) for name in (fields if fields is not None else known)])
 
 
 def spec_flags(fields: Sequence[str] | None = None, defaults: RunSpec | None = None) -> type:
@@ -342,8 +345,9 @@ def flag_parser(*flags: type, **kwargs: Any) -> Any:
     for cls in flags:
         for f in dataclasses.fields(cls):
             if f.default is False:  # argparse keeps the first default of a dest: the field's, False
-                parser.add_argument(f"--no-{f.name.replace('_', '-')}", f"--no_{f.name}", action="store_false",
-                                    dest=f.name, help=f"{cls.__name__.removesuffix('Flags')}.{f.name} = False")
+                owner = cls.__name__.removesuffix("Flags")
+                parser.add_argument(f"--no-{f.name.replace('_', '-')}", f"--no_{f.name}",
+                                    action="store_false", dest=f.name, help=f"{owner}.{f.name} = False")
     return parser
 
 

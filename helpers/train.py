@@ -224,7 +224,8 @@ def _micro_batches(batches: Any, start_step: int, grad_accum: int) -> Iterator[d
         raise ValueError(f"batches must be a callable batch_fn(step, micro), a sequence or an iterable of "
                          f"batches, got {type(batches).__name__}")
     if is_batch(batches):
-        raise ValueError("batches is one (x, y) pair: give a list of them, [(x, y)], or a batch_fn(step, micro)")
+        raise ValueError("batches is one (x, y) pair: give a list of them, [(x, y)], or a "
+                         "batch_fn(step, micro)")
     if indexable and not callable(batches) and len(batches) == 0:
         raise ValueError("the batch sequence is empty")
     return _generate(batches, start_step, grad_accum, indexable)
@@ -304,9 +305,9 @@ def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch
 def _loss(model: nn.Module, out: Any) -> torch.Tensor:
     """The loss in what the model returned, or a ValueError that says how to get one."""
     if not hasattr(out, "loss"):  # a tuple, a bare tensor: a model of one's own, not wrapped
-        raise ValueError(f"{type(model).__name__} returned a {type(out).__name__}, not an object with .loss: "
-                         "wrap it once, model = helpers.adapt.as_course_model(model) (it reads a loss, logits or "
-                         "(logits, loss); pass loss_fn= when it returns logits)")
+        raise ValueError(f"{type(model).__name__} returned a {type(out).__name__}, not an object with "
+                         ".loss: wrap it once, model = helpers.adapt.as_course_model(model) (it reads a loss, "
+                         "logits or (logits, loss); pass loss_fn= when it returns logits)")
     loss = loss_of(out)
     if loss is None:
         raise ValueError("the model returned no loss: give the batches `labels` (or an (x, y) pair)")

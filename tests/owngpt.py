@@ -79,7 +79,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd), wpe=nn.Embedding(config.block_size, config.n_embd),
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout), h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -130,7 +131,8 @@ class OddGPT(GPT):
             block.attn = OddAttention(cfg)
 
 
-def batches(cfg: GPTConfig, n: int, batch_size: int = 4, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(cfg: GPTConfig, n: int, batch_size: int = 4,
+            seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`n` (x, y) batches of next-token prediction on a learnable sequence: y is x shifted by one."""
     g = torch.Generator().manual_seed(seed)
     out = []

@@ -444,7 +444,8 @@ CHECK_CELL = "dce37a73"  # the cell id of lesson 08's checks of the climb
 
 
 def _check_cell_source() -> str:
-    return "".join(next(c for c in json.loads(NOTEBOOK.read_text())["cells"] if c.get("id") == CHECK_CELL)["source"])
+    cell = next(c for c in json.loads(NOTEBOOK.read_text())["cells"] if c.get("id") == CHECK_CELL)
+    return "".join(cell["source"])
 
 
 def _lesson_check_climb(device: torch.device, source: str | None = None):
@@ -541,7 +542,8 @@ def test_the_ladder_and_its_report_import_one_way():
                 names.add(node.module.removeprefix("helpers").lstrip("."))
                 names.update(a.name for a in node.names if node.module == "helpers")
             elif isinstance(node, ast.Import):
-                names.update(a.name.removeprefix("helpers.") for a in node.names if a.name.startswith("helpers"))
+                names.update(a.name.removeprefix("helpers.") for a in node.names
+                             if a.name.startswith("helpers"))
         return names
 
     assert "ladder_report" in imported("ladder")

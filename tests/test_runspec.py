@@ -104,7 +104,7 @@ def test_a_script_nests_its_flags_into_one_spec():
     assert spec_from_arguments(args) == RunSpec(precision="bf16", compile=True, fused_adamw=False,
                                                 init_scale=1024.0)
     assert spec_from_arguments(p.parse_args([])) == RunSpec()  # attn's None ("the model's own") kept
-    # both spellings of a bool, whichever its default: HfArgumentParser's --no-x exists only for a True default
+    # both spellings of a bool whatever its default (HfArgumentParser's --no-x exists for a True default only)
     assert spec_from_arguments(p.parse_args(["--compile", "--no-compile"])).compile is False
     assert spec_from_arguments(p.parse_args(["--compile", "false"])).compile is False
     (switches,) = p.parse_args_into_dataclasses(["--attn", "sdpa"], look_for_args_file=False)
