@@ -7,8 +7,8 @@ to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + fp
 GradScaler (GPUs without bf16 tensor cores: compute capability below 8.0, a T4, a V100), + SDPA,
 + torch.compile, + fused AdamW, + length bucketing, + packing, + FP8 (GPUs of compute capability 8.9+).
 `climb` adds each rung to the stack below it (cumulative) or to the best stack so far (greedy), keeping it
-only when it is faster beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the two arms); what
-survives is "your stack", printed as its code (`RunSpec.describe`).
+only when it is faster beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the
+two arms); what survives is "your stack", printed as its code (`RunSpec.describe`).
 
 One timing source per row: a candidate is timed in alternation with the stack it is added to and with the
 baseline (`time_interleaved`: abc, cba, ...), so a change in load falls on every arm alike and every

@@ -306,8 +306,8 @@ def _loss(model: nn.Module, out: Any) -> torch.Tensor:
     """The loss in what the model returned, or a ValueError that says how to get one."""
     if not hasattr(out, "loss"):  # a tuple, a bare tensor: a model of one's own, not wrapped
         raise ValueError(f"{type(model).__name__} returned a {type(out).__name__}, not an object with "
-                         ".loss: wrap it once, model = helpers.adapt.as_course_model(model) (it reads a loss, "
-                         "logits or (logits, loss); pass loss_fn= when it returns logits)")
+                         ".loss: wrap it once, model = helpers.adapt.as_course_model(model) (it reads a "
+                         "loss, logits or (logits, loss); pass loss_fn= when it returns logits)")
     loss = loss_of(out)
     if loss is None:
         raise ValueError("the model returned no loss: give the batches `labels` (or an (x, y) pair)")

@@ -15,7 +15,8 @@ def _norm(req: str) -> str:
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_norm(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    extras = project["optional-dependencies"]
+    wanted = {_norm(r) for r in project["dependencies"] + extras["course"] + extras["test"]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     listed = {_norm(r) for r in pip_section if r.strip() != "-e ."}
