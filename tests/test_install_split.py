@@ -1,6 +1,6 @@
-"""`pip install .` alone is the library: it trains, times, measures and checkpoints a model of one's own, with
-no JupyterLab, widgets, figures or offline assets (issue 33, point 9); what only the lessons need comes with the
-extra `course`, and a helper that needs it says so.
+"""`pip install .` alone is the library: it trains, times, measures and checkpoints a model of one's own,
+with no JupyterLab, widgets, figures or offline assets (issue 33, point 9); what only the lessons need comes
+with the extra `course`, and a helper that needs it says so.
 
 Cheap by construction (no download: this machine's pip keeps no HTTP cache, and the index is slow): the fresh
 venv sees, through a path file, only the distributions the package's own `dependencies` need (torch and
