@@ -311,3 +311,20 @@ def test_8_the_dry_run_estimates_any_model_within_15_percent_of_the_measured_pea
     # the formula is the course's model only, and says what it assumes
     with pytest.raises(ValueError, match="method='dry run'"):
         estimate_training_memory(gpt2, 8, 64, method="formula")
+
+
+def test_a_hugging_face_gpt2_from_a_config_takes_the_same_path():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96, n_positions=32,
+                                      bos_token_id=0, eos_token_id=0, attn_implementation="eager"))
+    assert as_course_model(gpt2) is gpt2  # it follows the contract already
+    data = [(x, x) for x, _ in batches(GPTConfig(), 2)]  # GPT-2 shifts the labels itself
+    result = train(copy.deepcopy(gpt2), data, TrainConfig(steps=3, **QUIET))
+    assert result.mfu > 0 and result.flops_per_token > 0
+    rungs = [r for r in ladder.RUNGS if r.switch == "attn"]
+    out = ladder.climb_stacks(lambda: copy.deepcopy(gpt2), {"fixed": data}, {"fixed": data[0]}, device=CPU,
+                              repeats=1, rungs=rungs, peak_flops=1e11, log=lambda s: None)
+    baseline, sdpa = out["rows"]
+    assert baseline["attn"] == "eager" and "≤" in sdpa["check_logits"]  # a HF model: its attention switched
