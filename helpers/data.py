@@ -51,6 +51,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from helpers import corpus
+from helpers.compat import optional_import
 from helpers.corpus import HUB_DATASET
 
 __all__ = ["SOURCES", "PAD_MODES", "TextExamples", "TextSplits", "load_text_classification",
@@ -143,7 +144,7 @@ def stratified_split(labels: Sequence[int], val_frac: float = 0.1, test_frac: fl
                      seed: int = 0) -> tuple[list[int], list[int], list[int]]:
     """Indices of a stratified train/validation/test split; the same `seed` gives the same split
     (lesson 08)."""
-    from sklearn.model_selection import train_test_split
+    train_test_split = optional_import("sklearn.model_selection", "a stratified split").train_test_split
 
     if not (0 <= val_frac < 1 and 0 < test_frac < 1 and val_frac + test_frac < 1):
         raise ValueError(f"need 0 <= val_frac, 0 < test_frac and val_frac + test_frac < 1; "
@@ -194,7 +195,7 @@ def _subsample(texts: list[str], labels: list[int], n_classes: int, max_examples
                          f"split three ways; use at least {n_classes * 3}")
     if max_examples >= len(texts):
         return texts, labels
-    from sklearn.model_selection import train_test_split
+    train_test_split = optional_import("sklearn.model_selection", "a stratified split").train_test_split
 
     keep, _ = train_test_split(np.arange(len(texts)), train_size=max_examples,
                                stratify=np.asarray(labels), random_state=seed)

@@ -28,16 +28,19 @@ measured roofline).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Iterable, Mapping
 
 import torch
 from torch import nn
 
+from helpers.adapt import ModelShape
 from helpers.compat import unwrap_model
 from helpers.roofline import PeakFlops
 
-__all__ = ["transformer_flops_per_token", "matmul_params", "model_flops_per_token", "executed_flops", "mfu"]
+__all__ = ["ModelShape", "transformer_flops_per_token", "matmul_params", "model_shape", "set_model_shape",
+           "model_flops_per_token", "executed_flops", "mfu"]
 
 
 def transformer_flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int,
@@ -94,20 +97,76 @@ def matmul_params(model: nn.Module) -> int:
     return sum(_matmul_params_split(model))
 
 
-def _dims(model: nn.Module) -> tuple[int, int, int]:
-    """(layers, heads, head size) of a SmallTransformer or a Hugging Face model."""
-    cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
-    if cfg is None:
-        raise ValueError(f"cannot read the sizes of a {type(model).__name__}: need a `.cfg` "
-                         "(SmallTransformer) or a `.config` (Hugging Face), or call "
-                         "transformer_flops_per_token with the sizes")
-    layers = getattr(cfg, "n_layers", None) or getattr(cfg, "num_hidden_layers", None)
-    heads = getattr(cfg, "n_heads", None) or getattr(cfg, "num_attention_heads", None)
-    width = getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size", None)
-    if not (layers and heads and width):
-        raise ValueError(f"{type(cfg).__name__} lacks layers/heads/width (n_layers, n_heads, d_model or "
-                         "num_hidden_layers, num_attention_heads, hidden_size)")
-    return int(layers), int(heads), int(width) // int(heads)
+# the names configs give the three sizes: the course's, Hugging Face's, nanoGPT's and other common ones
+_LAYER_NAMES = ("n_layers", "num_hidden_layers", "n_layer", "num_layers", "depth")
+_HEAD_NAMES = ("n_heads", "num_attention_heads", "n_head", "num_heads", "heads")
+_WIDTH_NAMES = ("d_model", "hidden_size", "n_embd", "dim", "embed_dim", "width")
+
+
+def _first(obj: object, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = getattr(obj, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _from_config(cfg: object) -> ModelShape | None:
+    layers, heads, width = (_first(cfg, n) for n in (_LAYER_NAMES, _HEAD_NAMES, _WIDTH_NAMES))
+    head_dim = _first(cfg, ("head_dim",)) or (width // heads if width and heads else None)
+    return ModelShape(layers, heads, head_dim) if layers and heads and head_dim else None
+
+
+def _from_modules(model: nn.Module) -> ModelShape | None:
+    """Layers, heads and head size from the attention modules: `nn.MultiheadAttention`, or any module that
+    keeps its head count (n_head, num_heads, ...) and its width (n_embd, embed_dim, ...) or head size; one
+    such module per layer. None when there are none, or they differ."""
+    found = []
+    for module in model.modules():
+        heads = _first(module, _HEAD_NAMES)
+        if heads is None or _first(module, _LAYER_NAMES):  # a module holding the whole shape is no layer
+            continue
+        width = _first(module, _WIDTH_NAMES + ("all_head_size",))
+        head_dim = _first(module, ("head_dim", "attention_head_size")) or (width // heads if width else None)
+        if head_dim:
+            found.append((heads, head_dim))
+    if not found or len(set(found)) > 1:
+        return None
+    return ModelShape(len(found), *found[0])
+
+
+def set_model_shape(model: nn.Module, n_layers: int, n_heads: int, head_dim: int) -> nn.Module:
+    """Tell the FLOP counter a model's layers, heads and head size once, when it cannot read them from the
+    model's config or modules (lessons 02, 08; `as_course_model(model, shape=...)` does the same)."""
+    model.course_shape = ModelShape(n_layers, n_heads, head_dim)
+    return model
+
+
+def model_shape(model: nn.Module) -> ModelShape:
+    """(layers, heads, head size) of `model` for its FLOPs: told (`set_model_shape`, `as_course_model(...,
+    shape=)`), else read from a config (`.cfg`, `.config`: the course's, Hugging Face's, nanoGPT's names),
+    else from its attention modules; the model and each submodule, outermost first (lessons 02, 08)."""
+    model = unwrap_model(model)
+    modules = list(model.modules())
+    for m in modules:
+        if isinstance(getattr(m, "course_shape", None), ModelShape):
+            return m.course_shape
+    for m in modules:
+        for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
+            shape = _from_config(cfg) if cfg is not None and not isinstance(cfg, (int, float, str)) else None
+            if shape is not None:
+                return shape
+    shape = _from_modules(model)
+    if shape is None:
+        inner = getattr(model, "model", None) if type(model).__name__ == "CourseModel" else None
+        name = type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
+        raise ValueError(
+            f"cannot read the layers, heads and head size of a {name} (no config with "
+            "n_layers/num_hidden_layers/n_layer, n_heads/n_head, d_model/hidden_size/n_embd, and no "
+            "attention modules keeping n_head and n_embd): tell it once, "
+            "helpers.flops.set_model_shape(model, n_layers, n_heads, head_dim), or "
+            "as_course_model(model, shape=ModelShape(n_layers, n_heads, head_dim))")
+    return shape
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = True) -> float:
@@ -120,7 +179,7 @@ def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = Tr
     if seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer (tokens per sequence), got {given!r}")
     model = unwrap_model(model)  # torch.compile and DDP wrappers
-    layers, heads, head_dim = _dims(model)
+    layers, heads, head_dim = dataclasses.astuple(model_shape(model))
     per_token, per_sequence = _matmul_params_split(model)
     attention = transformer_flops_per_token(per_token, layers, heads, head_dim, seq_len, backward=backward)
     head = 6 * per_sequence / seq_len
@@ -131,16 +190,19 @@ def executed_flops(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
                    backward: bool = True) -> float:
     """FLOPs a run executed on `batches`, padding included, each at its own width (lessons 06, 08).
 
-    A batch is a dict with "input_ids" of shape (batch, seq_len), or a (batch, seq_len) pair."""
+    A batch is a dict with "input_ids" of shape (batch, seq_len), an (x, y) pair of tensors (x: the inputs),
+    or a (batch, seq_len) pair of numbers."""
     total = 0.0
     for i, b in enumerate(batches):
         if isinstance(b, Mapping) and "input_ids" in b:
             shape = tuple(b["input_ids"].shape)
+        elif isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[0], torch.Tensor):
+            shape = tuple(b[0].shape)
         elif isinstance(b, tuple) and len(b) == 2:
             shape = b
         else:
-            raise TypeError(f"batch {i} must be a dict with 'input_ids' or a (batch, seq_len) pair, got "
-                            f"{type(b).__name__}")
+            raise TypeError(f"batch {i} must be a dict with 'input_ids', an (x, y) pair or a (batch, "
+                            f"seq_len) pair, got {type(b).__name__}")
         if len(shape) != 2:
             raise ValueError(f"batch {i}: input_ids must be (batch, seq_len), got shape {shape}")
         rows, width = (int(x) for x in shape)

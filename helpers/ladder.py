@@ -3,11 +3,12 @@ batches every stack trains on (`benchmarks/ladder.py` runs it on a random-weight
 
 A *stack* is the full set of switches one run uses (a `helpers.runspec.RunSpec`); a *rung* (`Rung`) changes
 one of its fields. From `BASELINE` (fp32, eager attention, no compile, the default AdamW, every batch padded
-to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + SDPA, + torch.compile, + fused
-AdamW, + length bucketing, + packing, + FP8 (GPUs of compute capability 8.9+). `climb` adds each rung to
-the stack below it (cumulative) or to the best stack so far (greedy), keeping it only when it is faster
-beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the two arms); what
-survives is "your stack", printed as its code (`RunSpec.describe`).
+to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + fp16 autocast with a
+GradScaler (GPUs without bf16 tensor cores: compute capability below 8.0, a T4, a V100), + SDPA,
++ torch.compile, + fused AdamW, + length bucketing, + packing, + FP8 (GPUs of compute capability 8.9+).
+`climb` adds each rung to the stack below it (cumulative) or to the best stack so far (greedy), keeping it
+only when it is faster beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the
+two arms); what survives is "your stack", printed as its code (`RunSpec.describe`).
 
 One timing source per row: a candidate is timed in alternation with the stack it is added to and with the
 baseline (`time_interleaved`: abc, cba, ...), so a change in load falls on every arm alike and every
@@ -15,9 +16,17 @@ number of its row (samples/s, MFU, the ratio to the stack below, the speed-up ov
 that one session. Correct before fast: `measure_stack` first checks a stack against the stack it adds to
 (`helpers.agreement`: logits and loss of one forward pass from the same weights on the same samples, each
 with its own spec's TF32 and autocast; the fused-AdamW rung by one optimizer step); a stack that disagrees
-is not timed (`RungDisagrees`), one the device cannot run (`RunSpec.check`) is skipped with its reason.
-Throughput counts real tokens, MFU useful FLOPs (`helpers.packed_model.packed_padding_stats`). Each rung's
-row, the table and why it measured what it did: `helpers.ladder_report`.
+is not timed (`RungDisagrees`); one the device cannot run (`RunSpec.check`, a rung's `where`) or the model
+cannot take (`RunSpec.check_model`: attention of its own, no packed forward) is skipped with its reason, and
+`plan` says which before anything runs. Dropout is off for the checks (the model in eval mode: two passes
+with dropout on draw different masks) and on for the timed passes. Throughput counts real tokens, MFU useful
+FLOPs (`helpers.packed_model.packed_padding_stats`). Each rung's row, the table and why it measured what it
+did: `helpers.ladder_report`, which this module imports (never the other way round).
+
+Any model: `climb_stacks(make_model, batches, check, ...)` takes a model of your own wrapped by
+`helpers.adapt.as_course_model`, batches as dicts or `(x, y)` pairs (`{"fixed": [(x, y), ...]}`: rungs of
+a padding with no batches are skipped), and a baseline that leaves a model's own attention alone
+(`baseline=None`: `BASELINE` for a Hugging Face model, `BASELINE.replace(attn=None)` for any other).
 """
 
 from __future__ import annotations
@@ -31,12 +40,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from helpers.adapt import as_batch, logits_of, loss_of
 from helpers.agreement import agree, looser, optimizer_step_agreement
+from helpers.ladder_report import ladder_rows, your_stack
 from helpers.runspec import RunSpec
 from helpers.timing import Timing, synchronize, time_interleaved, time_passes
 
 __all__ = ["Rung", "BASELINE", "RUNGS", "RULE", "Decision", "Step", "Arm", "keeps", "climb", "RungDisagrees",
-           "measure_stack", "climb_stacks", "sample_batches"]
+           "measure_stack", "climb_stacks", "sample_batches", "baseline_for", "plan", "fp16_rung_problem"]
 
 @dataclass(frozen=True)
 class Rung:
@@ -46,6 +57,8 @@ class Rung:
     switch: str  # a field of RunSpec
     value: Any
     claim: str
+    # why the ladder does not run this rung on a device (None: it does), beyond what the device cannot run
+    where: Callable[[torch.device], str | None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.switch not in {f.name for f in dataclasses.fields(RunSpec)}:
@@ -56,11 +69,29 @@ class Rung:
         return spec.replace(**{self.switch: self.value})
 
 
+def fp16_rung_problem(device: torch.device | str) -> str | None:
+    """Why the ladder leaves out its fp16 rung on `device`, or None where it runs it: fp16 autocast with a
+    GradScaler is the 16-bit rung of GPUs with fp16 tensor cores and no bf16 ones (compute capability
+    below 8.0: a T4, a V100); elsewhere bf16 is (fp32's range, no loss scale) (lessons 02, 08)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return (f"fp16 + GradScaler is the 16-bit rung of GPUs without bf16 tensor cores (compute capability "
+                f"< 8.0); on a {device.type.upper()} bf16 autocast is the 16-bit rung")
+    cap = torch.cuda.get_device_capability(device)
+    if cap >= (8, 0):
+        return (f"{torch.cuda.get_device_name(device)} (compute capability {cap[0]}.{cap[1]}) has bf16 "
+                "tensor cores: bf16 autocast is its 16-bit rung (fp32's range, no loss scale)")
+    return None
+
+
 # fp32, eager attention, no compile, the default (unfused) AdamW, every batch padded to the longest allowed
 BASELINE = RunSpec(precision="fp32", attn="eager", compile=False, fused_adamw=False, padding="fixed")
 RUNGS: tuple[Rung, ...] = (
     Rung("+ TF32", "precision", "tf32", "up to ~2-3x on fp32 matmuls (Ampere+ GPUs)"),
     Rung("+ bf16 autocast", "precision", "bf16", "1.5-2.3x, ~40 % less memory (docs/claims.md#c2)"),
+    Rung("+ fp16 autocast + GradScaler", "precision", "fp16",
+         "bf16's speed-up on GPUs with fp16 tensor cores only (T4, V100), a loss scale against underflow "
+         "(lesson 02)", where=fp16_rung_problem),
     Rung("+ SDPA", "attn", "sdpa", "faster, less memory, most on long sequences"),
     Rung("+ torch.compile", "compile", True, "10-30 % faster (docs/claims.md#c4)"),
     Rung("+ fused AdamW", "fused_adamw", True, "a few % (one kernel per step for all parameters)"),
@@ -124,6 +155,7 @@ class Step:
     decision: Decision | None
     note: str = ""  # why it was not measured: time budget, the device cannot run it, failed its check
     speedup: float | None = None  # baseline median / this stack's median, timed in one session
+    skipped: bool = False  # not run, by `skip`'s reason: the device cannot run it or the model take it
 
 
 def _side_by_side(arm: Arm, ref: Arm, base: Arm, repeats: int) -> tuple[Decision, float]:
@@ -147,7 +179,7 @@ def _side_by_side(arm: Arm, ref: Arm, base: Arm, repeats: int) -> tuple[Decision
 
 def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], *, greedy: bool = False,
           baseline: RunSpec = BASELINE, time_budget_s: float | None = None,
-          skip: Callable[[RunSpec], str | None] | None = None, repeats: int = 5,
+          skip: Callable[[RunSpec, Rung], str | None] | None = None, repeats: int = 5,
           log: Callable[[str], None] = print,
           on_step: Callable[[Arm, list[Step], RunSpec], None] | None = None,
           ) -> tuple[Arm, list[Step], RunSpec]:
@@ -155,8 +187,9 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
     so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 08).
 
     `measure(stack, reference_arm)` checks `stack` against the reference arm and times it (raising
-    RungDisagrees when it disagrees: reported, not kept); `skip(stack)` gives a reason not to run a stack
-    on this device (or None); rungs left when `time_budget_s` has run out are reported as not measured.
+    RungDisagrees when it disagrees: reported, not kept); `skip(stack, rung)` gives a reason not to run a
+    stack here (or None): the device cannot run it, the model cannot take it, the rung's `where`; rungs left
+    when `time_budget_s` has run out are reported as not measured.
     Each candidate is timed in `repeats` rounds beside the stack below it and the baseline.
     `on_step(baseline arm, steps so far, stack so far)` runs after the baseline and after each rung (a
     benchmark saves what it has, so a run stopped at a time limit keeps its finished rungs)."""
@@ -181,7 +214,8 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
             if on_step is not None:
                 on_step(base_arm, steps, done())
             continue
-        why = skip(stack) if skip is not None else None
+        why = skip(stack, rung) if skip is not None else None
+        skipped = why is not None
         if why is None and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             why = f"not measured: the time budget of {time_budget_s:.0f} s is spent"
         if why is None:
@@ -191,7 +225,7 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
                 why = f"failed its check, not timed: {err}"
         if why is not None:
             log(f"{rung.name}: {why}")
-            steps.append(Step(rung, stack, None, ref.stack, None, why))
+            steps.append(Step(rung, stack, None, ref.stack, None, why, skipped=skipped))
             if on_step is not None:
                 on_step(base_arm, steps, done())
             continue
@@ -213,57 +247,100 @@ def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
     from helpers.flops import mfu
 
     t, peak, tokens = timing.median_s, row.get("peak_flops_used"), row["real_tokens_per_pass"]
+    useful = row["useful_flops_per_pass"]  # None for a model whose FLOPs are not known (row["notes"])
     return dict(pass_median_s=t, pass_iqr_s=timing.iqr_s, passes=timing.runs,
                 samples_per_s=row["documents_per_pass"] / t, tokens_per_s=tokens / t,
-                useful_flops_per_s=row["useful_flops_per_pass"] / t,
-                mfu=mfu(tokens / t, row["useful_flops_per_pass"] / tokens, peak) if peak and tokens else None)
+                useful_flops_per_s=useful / t if useful is not None else None,
+                mfu=(mfu(tokens / t, useful / tokens, peak) if peak and tokens and useful is not None
+                     else None))
 
 
-def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+def _to(batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch (a dict, or an (x, y) pair) on `device`, as a dict."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in as_batch(batch).items()}
 
 
-def _check_against(stack: RunSpec, reference: Arm, logits: torch.Tensor,
+def _check_against(stack: RunSpec, reference: Arm, logits: torch.Tensor | None,
                    loss: torch.Tensor) -> dict[str, str]:
-    """RungDisagrees unless logits and loss agree with the reference's within the looser tolerance."""
+    """RungDisagrees unless logits and loss agree with the reference's within the looser tolerance (the
+    loss alone for a model that returns no logits)."""
     ref_logits, ref_loss, ref_precision = reference.reference
     tol = looser(stack.effective_precision, ref_precision)
-    ok_l, ok_s = agree(logits, ref_logits, tol), agree(loss, ref_loss, tol)
-    if not (ok_l.ok and ok_s.ok):
+    ok_s = agree(loss, ref_loss, tol)
+    ok_l = agree(logits, ref_logits, tol) if logits is not None and ref_logits is not None else None
+    if not (ok_s.ok and (ok_l is None or ok_l.ok)):
         raise RungDisagrees(f"{stack} disagrees with {reference.stack}: logits {ok_l}, loss {ok_s}")
-    return {"check_logits": str(ok_l), "check_loss": str(ok_s)}
+    return {"check_logits": str(ok_l) if ok_l is not None else "no logits (the loss is checked)",
+            "check_loss": str(ok_s)}
+
+
+def _dropout_on(model: nn.Module) -> bool:
+    """Whether a forward pass in training mode drops out anything (an nn.Dropout with p > 0)."""
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+    return any(isinstance(m, kinds) and m.p > 0 for m in model.modules())
+
+
+def _pass_stats(batches: Sequence[Mapping[str, torch.Tensor]], model: nn.Module) -> tuple[Any, str | None]:
+    """(documents, real tokens, useful FLOPs and padding of a pass, why the FLOPs are None or None):
+    `packed_padding_stats` for batches with an attention mask, every token real otherwise."""
+    from types import SimpleNamespace
+
+    from helpers.meter import flops_unreadable
+    from helpers.packed_model import packed_padding_stats
+
+    why = flops_unreadable(model)
+    if all("attention_mask" in b for b in batches):
+        return packed_padding_stats(batches, model if why is None else None), why
+    from helpers.flops import model_flops_per_token
+
+    ids = [b["input_ids"] for b in batches]
+    real = sum(x.numel() for x in ids)
+    flops = (None if why is not None else
+             sum(x.numel() * model_flops_per_token(model, x.shape[-1]) for x in ids))
+    return SimpleNamespace(documents=sum(x.shape[0] for x in ids), real_tokens=real, useful_flops=flops,
+                           padding_fraction=0.0), why
 
 
 def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable[[], nn.Module],
-                  batches: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
-                  check: Mapping[str, Mapping[str, torch.Tensor]], device: torch.device, lr: float = 5e-5,
-                  repeats: int = 5, peak_flops: float | None = None, timed: bool = True) -> Arm:
+                  batches: Mapping[str, Sequence[Any]], check: Mapping[str, Any], device: torch.device,
+                  lr: float = 5e-5, repeats: int = 5, peak_flops: float | None = None,
+                  timed: bool = True) -> Arm:
     """Check `stack` against `reference` (same weights, same samples), run one warm-up pass over its batches,
     then time `repeats` passes unless `timed` is False (`climb` times a candidate beside other stacks anyway:
     its row's rates come from there) (lesson 08). `make_model()` gives a fresh model with the initial weights
-    on `device`; `batches[padding]` and `check[padding]` hold the same samples batched as each padding does.
-    Raises RungDisagrees when the stack disagrees with the reference."""
-    from helpers.packed_model import packed_padding_stats
+    on `device`; `batches[padding]` and `check[padding]` hold the same samples batched as each padding does
+    (dicts, or (x, y) pairs). The check runs with dropout off (eval mode) when the model has any; fp16 trains
+    with the stack's GradScaler. Raises RungDisagrees when the stack disagrees with the reference."""
     from helpers.train import make_optimizer
 
     model = make_model()
     run = stack.apply(model)
-    run.train()
     row: dict[str, Any] = {}
-    # 1. agreement with the reference: one forward pass (the first call also compiles, when asked)
+    # 1. agreement with the reference: one forward pass (the first call also compiles, when asked), with
+    # dropout off: two passes with dropout on draw different masks, and would never agree
+    dropout = _dropout_on(run)
+    run.train(not dropout)
+    row["check_mode"] = "eval: the model's dropout off" if dropout else "train (the model has no dropout)"
     cb = _to(check[stack.padding], device)
     t0 = time.perf_counter()
     with stack.step_context(device), stack.autocast(device):
         out = run(**cb)
     synchronize(device)
     row["first_call_s"] = time.perf_counter() - t0
-    logits, loss = out.logits.detach().float().cpu(), out.loss.detach().float().cpu().reshape(1)
+    run.train()
+    logits, loss = logits_of(out), loss_of(out)
+    if loss is None:
+        raise ValueError(f"{type(model).__name__} returned no loss for the check batch: give it labels")
+    logits = logits.detach().float().cpu() if logits is not None else None
+    loss_ref = loss.detach().float().cpu().reshape(1)
     if reference is not None:
-        row.update(_check_against(stack, reference, logits, loss))
+        row.update(_check_against(stack, reference, logits, loss_ref))
     # the applied model's parameters: on transformers 4.x an attention switch rebuilds the model
     opt = make_optimizer(run, lr, 0.01, fused=stack.fused_adamw)
+    scaler = stack.make_scaler(device)  # fp16's loss scale; a disabled one passes everything through
     if reference is not None and stack.fused_adamw and not reference.stack.fused_adamw:
-        out.loss.backward()  # gradients for the check: the optimizer never changes the forward pass
+        loss.backward()  # gradients for the check: the optimizer never changes the forward pass
         step = optimizer_step_agreement(
             list(run.parameters()), lambda ps: torch.optim.AdamW(ps, lr=lr, fused=False),
             lambda ps: torch.optim.AdamW(ps, lr=lr, fused=True))
@@ -278,9 +355,10 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
         with stack.step_context(device):  # TF32 for the whole step, as in training
             for b in dev_batches:
                 with stack.autocast(device):  # forward and loss only
-                    loss = run(**b).loss
-                loss.backward()
-                opt.step()
+                    loss = loss_of(run(**b))
+                scaler.scale(loss).backward()
+                scaler.step(opt)  # skipped by fp16's scaler when a gradient overflowed
+                scaler.update()
                 opt.zero_grad(set_to_none=True)
 
     if device.type == "cuda":
@@ -290,15 +368,27 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     synchronize(device)
     row["warmup_pass_s"] = time.perf_counter() - t0
     timing = time_passes(one_pass, repeats=repeats, device=device) if timed else None
-    stats = packed_padding_stats(dev_batches, model)  # documents, real tokens, useful FLOPs (no padding)
+    stats, flops_why = _pass_stats(dev_batches, model)  # documents, real tokens, useful FLOPs (no padding)
+    cuda = device.type == "cuda"
     row.update(documents_per_pass=stats.documents, real_tokens_per_pass=stats.real_tokens,
                useful_flops_per_pass=stats.useful_flops, peak_flops_used=peak_flops,
                padded_fraction=stats.padding_fraction,
-               peak_memory_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
+               peak_memory_bytes=torch.cuda.max_memory_allocated(device) if cuda else None)
+    notes = {}
+    if not cuda:
+        notes["peak_memory_bytes"] = ("measured from CUDA's allocator statistics, which a "
+                                      f"{device.type.upper()} does not keep (lesson 03 measures a CPU's)")
+    if flops_why is not None:
+        notes["mfu"] = f"no FLOPs per token: {flops_why}"
+    elif not peak_flops:
+        notes["mfu"] = "no peak FLOP/s given (climb_stacks(peak_flops=...): helpers.roofline.mfu_peak)"
+    row["notes"] = notes
     if timing is not None:
         row.update(_rates(row, timing))
-    return Arm(stack, timing, (logits, loss, stack.effective_precision), row, one_pass)
+    return Arm(stack, timing, (logits, loss_ref, stack.effective_precision), row, one_pass)
 
+
+FIRST_WORD_ID = 1000  # a BERT vocabulary's [PAD], [UNK], [CLS], [SEP], [MASK] and [unused*] ids lie below
 
 # --- batches: the same samples for every padding ----------------------------------------------------------
 
@@ -311,13 +401,18 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
     {"fixed": [...], "bucketed": [...], "packed": [...]} (`RunSpec.dataloader`; packed batches hold the same
     documents per batch as the others, packed into rows), and the first `check_size` of them (default:
     `batch_size`) as one batch per padding, in the same order, for the agreement checks. Token ids are random
-    of the given lengths unless `token_ids` are given (benchmark and lesson 08)."""
+    of the given lengths unless `token_ids` are given (benchmark and lesson 08): below `vocab`, from id 1000
+    up when the vocabulary is large enough to leave out a BERT vocabulary's special and unused ids (< 1000),
+    from 1 up (0 is padding) in a smaller one."""
     from helpers.data import TokenizedDataset
 
     need = batch_size * n_batches
     if min(batch_size, n_batches, seq_len) < 1:
         raise ValueError(f"need batch_size, n_batches and seq_len >= 1, got {batch_size}, {n_batches}, "
                          f"{seq_len}")
+    if token_ids is None and vocab < 2:
+        raise ValueError(f"vocab={vocab}: random token ids need a vocabulary of 2 or more (0 is padding)")
+    low = FIRST_WORD_ID if vocab >= 2 * FIRST_WORD_ID else 1
     if len(lengths) < need:
         raise ValueError(f"need {need} samples for {n_batches} batches of {batch_size}, got {len(lengths)}")
     g = torch.Generator().manual_seed(seed)
@@ -329,7 +424,7 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
             ids.append(list(token_ids[i])[:n])
         else:
             tg = torch.Generator().manual_seed(seed * 1_000_003 + i)  # sample i always gets the same tokens
-            ids.append(torch.randint(1000, vocab, (n,), generator=tg).tolist())
+            ids.append(torch.randint(low, vocab, (n,), generator=tg).tolist())
         ys.append(int(labels[i]) if labels is not None else i % n_classes)
     ds = TokenizedDataset(ids, ys)
     paddings = ("fixed", "bucketed", "packed")
@@ -346,32 +441,105 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
 
 # --- the climb on a model, and its rows ------------------------------------------------------------------
 
-def climb_stacks(make_model: Callable[[], nn.Module],
-                 batches: Mapping[str, Sequence[Mapping[str, torch.Tensor]]],
-                 check: Mapping[str, Mapping[str, torch.Tensor]], *, device: torch.device,
+def baseline_for(model: nn.Module) -> RunSpec:
+    """The ladder's baseline for `model`: `BASELINE` (eager attention) for a Hugging Face model, the same with
+    the model's own attention kept (attn=None) for any other (lesson 08)."""
+    from helpers.compat import is_hf_model, unwrap_model
+
+    return BASELINE if is_hf_model(unwrap_model(model)) else BASELINE.replace(attn=None)
+
+
+def _model_problems(model: nn.Module, rungs: Sequence[Rung], baseline: RunSpec) -> dict[tuple, str | None]:
+    """What `model` cannot take, for every mix of the model switches the climb can reach (so that the model
+    itself need not be kept): (attn, padding, activation_checkpointing) -> RunSpec.check_model's reason."""
+    import itertools
+
+    def values(name: str) -> set:
+        return {getattr(baseline, name)} | {r.value for r in rungs if r.switch == name}
+
+    problems: dict[tuple, str | None] = {}
+    for key in itertools.product(values("attn"), values("padding"), values("activation_checkpointing")):
+        try:
+            spec = RunSpec(**dict(zip(("attn", "padding", "activation_checkpointing"), key)))
+        except ValueError:  # a mix RunSpec refuses (varlen without packing): no climb reaches it
+            continue
+        try:
+            spec.check_model(model)
+            problems[key] = None
+        except ValueError as err:
+            problems[key] = str(err)
+    return problems
+
+
+def _skip_reason(stack: RunSpec, rung: Rung, device: torch.device, problems: dict[tuple, str | None] | None,
+                 paddings: Sequence[str] | None) -> str | None:
+    """Why `stack` (`rung` added) is not run here: the rung's `where`, what the device cannot run
+    (`RunSpec.check`), what the model cannot take (`_model_problems`), a padding with no batches."""
+    why = rung.where(device) if rung.where is not None else None
+    try:
+        stack.check(device)
+    except ValueError as err:
+        why = why or str(err)
+    if why is None and problems is not None:
+        why = problems.get((stack.attn, stack.padding, stack.activation_checkpointing))
+    if why is None and paddings is not None and stack.padding not in paddings:
+        why = (f"no batches for padding={stack.padding!r}: give batches[{stack.padding!r}] and "
+               f"check[{stack.padding!r}] (helpers.ladder.sample_batches makes every padding's)")
+    return f"skipped: {why}" if why else None
+
+
+def plan(device: torch.device | str, *, model: nn.Module | None = None, rungs: Sequence[Rung] = RUNGS,
+         baseline: RunSpec | None = None, paddings: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Which rungs the ladder runs on `device` (and `model`, and batches of `paddings`), and why it skips the
+    others, before anything runs (lesson 08, the GPU classes of docs/gpus.md): one {"name", "stack",
+    "skipped"} per rung, "skipped" the reason or None; each rung is judged added to the baseline."""
+    device = torch.device(device)
+    base = baseline if baseline is not None else (baseline_for(model) if model is not None else BASELINE)
+    problems = _model_problems(model, rungs, base) if model is not None else None
+    return [{"name": r.name, "stack": r.on(base), "skipped": _skip_reason(r.on(base), r, device, problems,
+                                                                           paddings)} for r in rungs]
+
+
+def _none_line(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """One line with the reason of every number the rows leave None (each reason once)."""
+    reasons: dict[str, str] = {}
+    for row in rows:
+        for key, why in row.get("notes", {}).items():
+            reasons.setdefault(key, why)
+    return "ladder: " + "; ".join(f"{k} is None: {why}" for k, why in reasons.items()) if reasons else None
+
+
+def climb_stacks(make_model: Callable[[], nn.Module], batches: Mapping[str, Sequence[Any]],
+                 check: Mapping[str, Any], *, device: torch.device,
                  greedy: bool = True, repeats: int = 5, lr: float = 5e-5, peak_flops: float | None = None,
                  rungs: Sequence[Rung] = RUNGS, time_budget_s: float | None = None,
-                 log: Callable[[str], None] = print,
+                 baseline: RunSpec | None = None, log: Callable[[str], None] = print,
                  on_rung: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """`climb` with `measure_stack` on the given model and batches (`sample_batches`): each stack checked,
-    then timed beside the stack below it and the baseline; stacks the device cannot run (`RunSpec.check`)
-    skipped with their reason. Returns {"mode", "rows", "your_stack", "your_stack_code",
-    "your_stack_vs_baseline", "stack"} (lesson 08 and benchmarks/ladder.py). `on_rung` gets that dict after
-    the baseline and after each rung, with "partial": how many rungs of how many are done so far."""
+    """`climb` with `measure_stack` on the given model and batches (`sample_batches`, or your own: dicts or
+    (x, y) pairs per padding): each stack checked, then timed beside the stack below it and the baseline;
+    stacks the device cannot run, the model cannot take, or with no batches of their padding skipped with
+    their reason (`plan`). `baseline`: None picks `baseline_for(make_model())`. Returns {"mode", "rows",
+    "your_stack", "your_stack_code", "your_stack_vs_baseline", "stack"} (lesson 08 and benchmarks/ladder.py);
+    a number a row leaves None says why in its "notes", and one printed line gathers them. `on_rung` gets
+    that dict after the baseline and after each rung, with "partial": how many rungs of how many are done."""
+    device = torch.device(device)
+    probe = make_model()  # what the model can take (its attention, a packed forward), then let go
+    base_spec = baseline if baseline is not None else baseline_for(probe)
+    problems = _model_problems(probe, rungs, base_spec)
+    del probe
+    if base_spec.padding not in batches or base_spec.padding not in check:
+        raise ValueError(f"the baseline pads {base_spec.padding!r}: give batches[{base_spec.padding!r}] and "
+                         f"check[{base_spec.padding!r}] (dicts or (x, y) pairs), got {sorted(batches)}")
+    paddings = [p for p in batches if p in check]
+
     def measure(stack: RunSpec, ref: Arm | None) -> Arm:
         # no dynamo reset: the best arm's compiled layers must stay valid to be timed again beside the
         # candidate (so a compiled stack's first call includes compiling only when the cache is cold)
         return measure_stack(stack, ref, make_model=make_model, batches=batches, check=check, device=device,
                              lr=lr, repeats=repeats, peak_flops=peak_flops, timed=ref is None)
 
-    def skip(stack: RunSpec) -> str | None:
-        try:
-            stack.check(device)
-        except ValueError as err:
-            return f"skipped: {err}"
-        return None
-
-    from helpers.ladder_report import ladder_rows, your_stack
+    def skip(stack: RunSpec, rung: Rung) -> str | None:
+        return _skip_reason(stack, rung, device, problems, paddings)
 
     def result(base: Arm, steps: list[Step], final: RunSpec) -> dict[str, Any]:
         rows = ladder_rows(base, steps, device, greedy=greedy)
@@ -383,5 +551,9 @@ def climb_stacks(make_model: Callable[[], nn.Module],
         if on_rung is not None and len(steps) < len(rungs):  # the last one is the result itself
             on_rung({**result(base, steps, final), "partial": f"{len(steps)} of {len(rungs)} rungs done"})
 
-    return result(*climb(rungs, measure, greedy=greedy, time_budget_s=time_budget_s, skip=skip,
-                         repeats=repeats, log=log, on_step=progress))
+    out = result(*climb(rungs, measure, greedy=greedy, baseline=base_spec, time_budget_s=time_budget_s,
+                        skip=skip, repeats=repeats, log=log, on_step=progress))
+    line = _none_line(out["rows"])
+    if line:
+        log(line)
+    return out

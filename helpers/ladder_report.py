@@ -3,6 +3,9 @@ them (`ladder_table`), your stack's figures (`your_stack`), and the one-line rea
 the facts of the device that ran it (`helpers.device.device_facts`), never from a text written for one
 machine in advance (lesson 08, benchmarks/ladder.py).
 
+It reads the climb's objects (`helpers.ladder`'s Rung, Decision, Arm, Step) by their fields and imports
+nothing from `helpers.ladder`, which imports it: one direction only.
+
 Every number in a row comes from one timing session (`helpers.ladder`: the stack, the stack below it and
 the baseline timed in alternation), so samples/s ÷ the baseline's samples/s in the same row is the speed-up,
 and samples/s ÷ the stack below's is the ratio the greedy rule judged.
@@ -12,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from helpers.runspec import RunSpec
 
-if TYPE_CHECKING:
-    from helpers.ladder import Arm, Decision, Rung, Step
+# helpers.ladder's classes, read by their fields (see the module docstring)
+Rung = Decision = Arm = Step = Any
 
 __all__ = ["explain", "ladder_rows", "your_stack", "ladder_table"]
 
@@ -33,6 +36,14 @@ def _why_precision(rung: Rung, f: Mapping[str, Any]) -> str:
             return (f"{f['name']} (compute capability {cap[0]}.{cap[1]}) has no TF32 units: the same fp32 "
                     "math ran")
         return "a CPU has no TF32 units: the same fp32 math ran"
+    if rung.value == "fp16":
+        if gpu and cap >= (7, 0):
+            return ("matmuls on fp16 tensor cores, half the bytes moved; the GradScaler's loss scale keeps "
+                    "small gradients from underflowing (steps with an overflow are skipped)")
+        if gpu:
+            return f"{f['name']} (compute capability {cap[0]}.{cap[1]}) has no fp16 tensor cores"
+        return ("a CPU's fp16 matmuls have no fp16 units behind them: the casts and the loss scale cost, and "
+                "any gain comes from moving half the bytes")
     if gpu:
         return ("matmuls on bf16 tensor cores, half the bytes moved" if cap >= (8, 0)
                 else "this GPU has no bf16 tensor cores (compute capability < 8.0)")
@@ -113,6 +124,8 @@ def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
         row: dict[str, Any] = {"name": s.rung.name, **dataclasses.asdict(s.stack), "claim": s.rung.claim}
         if s.arm is None:
             row.update(kept=False, why=s.note)
+            if getattr(s, "skipped", False):  # the device cannot run it, or the model take it: not a failure
+                row["skipped"] = s.note
         elif s.decision is None:
             row.update(kept=True, why="already in the stack")
         else:

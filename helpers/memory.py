@@ -55,6 +55,7 @@ visualiser (`torch.cuda._memory_viz`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import tempfile
 import warnings
@@ -68,7 +69,8 @@ from torch import nn
 from helpers import compat
 
 __all__ = ["MemoryReport", "track_peak_memory", "peak_increase_bytes", "peak_rss_bytes", "tensor_bytes",
-           "MemoryEstimate", "estimate_training_memory", "MemoryTimeline", "memory_timeline",
+           "MemoryEstimate", "FORMULA_ASSUMES", "DRY_RUN_ASSUMES", "estimate_training_memory",
+           "estimate_step_memory", "MemoryTimeline", "memory_timeline",
            "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
 
 MiB = 2 ** 20
@@ -94,20 +96,32 @@ def tensor_bytes(*things: Any) -> int:
     """Bytes of the distinct tensor storages in modules (parameters, buffers, gradients), optimizers
     (their state), tensors, and mappings or sequences of them, such as a `state_dict()` (lesson 03).
 
-    Storages shared by several tensors (tied weights, views) count once. Numbers, strings and None inside
-    a container are skipped (a state dict's step counts and hyper-parameters); anything else is refused.
+    Storages shared by several tensors (tied weights, views) count once. A DTensor (FSDP2's sharded
+    parameters, gradients and optimizer state) counts the shard this process holds. Numbers, strings and
+    None inside a container are skipped (a state dict's step counts and hyper-parameters); anything else is
+    refused.
     """
     storages: dict[int, int] = {}  # data pointer -> bytes: a storage shared by several tensors counts once
 
     def walk(thing: Any, top: bool) -> None:
         for t in _tensors_in(thing, top, walk):
-            storage = t.untyped_storage()
+            storage = _local(t).untyped_storage()
             if storage.nbytes():
                 storages[storage.data_ptr()] = storage.nbytes()
 
     for thing in things:
         walk(thing, True)
     return sum(storages.values())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this process holds: a DTensor's local shard (its own storage is a wrapper without data)."""
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(t, DTensor):
+            return t.to_local()
+    return t
 
 
 def _tensors_in(thing: Any, top: bool, walk: Callable[[Any, bool], None]) -> list[torch.Tensor]:
@@ -237,6 +251,9 @@ class MemoryEstimate:
     precision: str
     batch_size: int
     seq_len: int
+    method: str = "formula"  # "formula" (the course's, for its own Transformer) or "dry run" (any model)
+    assumes: tuple[str, ...] = ()  # what the method takes for granted, one sentence each
+    dry_run_peak: int | None = None  # the dry run's high-water mark (the formula has none: see `peak`)
 
     @property
     def total(self) -> int:
@@ -246,9 +263,12 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> int:
-        """The step's expected high-water mark. Weights and optimizer state live throughout; with
-        `zero_grad(set_to_none=True)` the gradients are created during the backward pass while the
-        activations are being freed, so the two rarely coexist in full: the larger of the two counts."""
+        """The step's expected high-water mark. A dry run's is the most bytes its tensors held at once.
+        The formula's: weights and optimizer state live throughout; with `zero_grad(set_to_none=True)` the
+        gradients are created during the backward pass while the activations are being freed, so the two
+        rarely coexist in full: the larger of the two counts."""
+        if self.dry_run_peak is not None:
+            return self.dry_run_peak
         return (self.parameters + self.optimizer + self.weight_copies
                 + max(self.activations + self.temporary, self.gradients))
 
@@ -272,28 +292,88 @@ def _config_and_counts(model: Any) -> tuple[Any, int, int, int]:
             model = model.build()
     cfg = getattr(model, "cfg", None)
     if not isinstance(model, nn.Module) or not all(hasattr(cfg, a) for a in ("d_model", "n_heads", "attn")):
-        raise ValueError(f"estimate_training_memory takes a SmallTransformer or a TransformerConfig, got "
-                         f"{type(model).__name__}; describe other models with a TransformerConfig of "
-                         "their shape")
+        raise ValueError(f"the course's formula takes a SmallTransformer or a TransformerConfig, got "
+                         f"{type(model).__name__}: estimate another model with method='dry run' (any "
+                         "nn.Module), or describe it with a TransformerConfig of its shape")
     params = list({id(p): p for p in model.parameters()}.values())
     return cfg, sum(p.numel() for p in params), len(params), matmul_params(model)
 
 
+FORMULA_ASSUMES = (
+    "the pre-norm block of helpers.models: LayerNorm, attention, residual; LayerNorm, MLP, residual",
+    "the MLP keeps its hidden before and after an exact GELU (2·F values per token); an unfused tanh GELU "
+    "(GPT-2's gelu_new) keeps about four more tensors of F per token, which are not counted",
+    "naive attention keeps its H×T probabilities per token (float32, CUDA's autocast policy); an SDPA "
+    "kernel keeps a log-sum-exp per head",
+    "weights, gradients and optimizer state in float32; under autocast a 16-bit copy of each matmul weight",
+    "the largest temporary is the token head's logits and their gradient (B·T·vocab), none for a classifier",
+    "gradients appear while activations are freed: the peak counts the larger of the two",
+    "no allocator rounding, library workspaces or fragmentation",
+)
+DRY_RUN_ASSUMES = (
+    "one training step (forward, loss, backward, optimizer step) after a first one that made the optimizer "
+    "state, run on fake tensors on the CPU: every tensor's bytes, none allocated (torch's MemTracker)",
+    "the CPU's kernels and autocast policy: on a GPU, SDPA's flash or memory-efficient kernels and CUDA's "
+    "autocast (softmax in float32) can keep different intermediates",
+    "no allocator rounding, library workspaces (cuBLAS, cuDNN) or fragmentation: leave a margin on a GPU",
+)
+METHODS = ("auto", "formula", "dry run")
+
+
+def _is_course_model(model: Any) -> bool:
+    """A SmallTransformer (a module with a TransformerConfig `.cfg`) or a TransformerConfig (it builds
+    one)."""
+    if isinstance(model, nn.Module):
+        target = getattr(model, "cfg", None)
+    elif callable(getattr(model, "build", None)):
+        target = model
+    else:
+        return False
+    return all(hasattr(target, a) for a in ("d_model", "n_heads", "attn"))
+
+
 def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, precision: str = "fp32",
                              optimizer: str = "adamw", activation_checkpointing: bool = False,
-                             attn_probs_dropout: bool = False) -> MemoryEstimate:
-    """Estimate the memory of one training step of a SmallTransformer (or a config of that shape).
+                             attn_probs_dropout: bool = False, method: str = "auto",
+                             batch: Any = None) -> MemoryEstimate:
+    """Estimate the memory of one training step: the course's formula for a SmallTransformer (or a
+    TransformerConfig of some model's shape), a dry run (`estimate_step_memory`) for any other nn.Module
+    (a Hugging Face model, your own) (lesson 03). `method`: "auto" (that choice), "formula" or "dry run".
 
-    `attn_probs_dropout`: the attention drops out its probabilities and keeps the T×T matrices it
+    The formula is the lesson's teaching model: every term written out, for the course's block;
+    `FORMULA_ASSUMES` (also `.assumes` of the result) says what it takes for granted, and a model built
+    otherwise (GPT-2's unfused tanh GELU, say) keeps more than it counts: use the dry run there.
+    `attn_probs_dropout` (formula): the attention drops out its probabilities and keeps the T×T matrices it
     needs for that (Hugging Face BERT's naive attention, its "eager", does; SmallTransformer's does not).
-    Lesson 03.
-    """
+    `batch` (dry run): the batch to step on; default token ids (batch_size, seq_len) and labels for the
+    model's task (`estimate_step_memory`)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
     if precision not in ACT_BYTES:
         raise ValueError(f"unknown precision {precision!r}: use one of {tuple(ACT_BYTES)}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZERS)}")
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"need batch_size >= 1 and seq_len >= 1, got {batch_size}, {seq_len}")
+    course = _is_course_model(model)
+    if method == "dry run" or (method == "auto" and not course and isinstance(model, nn.Module)):
+        if activation_checkpointing:
+            raise ValueError("the dry run measures the model as it is: apply activation checkpointing to it "
+                             "first, RunSpec(activation_checkpointing=True).apply(model), and leave the "
+                             "argument out")
+        if not isinstance(model, nn.Module):  # a TransformerConfig: its model, built on fake tensors
+            with compat.fake_tensor_mode():
+                model = model.build()
+        if batch is None:
+            batch = _default_batch(model, batch_size, seq_len)
+        return estimate_step_memory(model, batch, precision=precision, optimizer=optimizer)
+    return _formula(model, batch_size, seq_len, precision=precision, optimizer=optimizer,
+                    activation_checkpointing=activation_checkpointing, attn_probs_dropout=attn_probs_dropout)
+
+
+def _formula(model: Any, batch_size: int, seq_len: int, *, precision: str, optimizer: str,
+             activation_checkpointing: bool, attn_probs_dropout: bool) -> MemoryEstimate:
+    """The course's formula, term by term (see the module docstring)."""
     cfg, n_params, n_tensors, n_matmul = _config_and_counts(model)
     if seq_len > cfg.max_len:
         raise ValueError(f"seq_len={seq_len} is longer than the model's max_len={cfg.max_len}")
@@ -332,7 +412,112 @@ def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, preci
         parameters=4 * n_params, gradients=4 * n_params,
         optimizer=OPTIMIZERS[optimizer] * n_params + (4 * n_tensors if optimizer.startswith("adam") else 0),
         weight_copies=2 * n_matmul if autocast else 0, activations=activations, temporary=temporary,
-        precision=precision, batch_size=batch_size, seq_len=seq_len)
+        precision=precision, batch_size=batch_size, seq_len=seq_len, assumes=FORMULA_ASSUMES)
+
+
+def _vocab_size(model: nn.Module) -> int:
+    """The model's vocabulary: its config's vocab_size, else its first embedding table's rows."""
+    for m in model.modules():
+        for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
+            v = getattr(cfg, "vocab_size", None)
+            if isinstance(v, int) and v > 0:
+                return v
+    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if emb is None:
+        raise ValueError(f"cannot tell the vocabulary of a {type(model).__name__} (no config.vocab_size, no "
+                         "nn.Embedding): give the dry run a batch, estimate_training_memory(..., "
+                         "batch=(x, y))")
+    return emb.num_embeddings
+
+
+def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+    """Token ids (batch_size, seq_len) and labels: one per row for a classifier (a Hugging Face
+    *ForSequenceClassification, a SmallTransformer with classes), else one per token (a language model)."""
+    inner = compat.unwrap_model(model)
+    inner = getattr(inner, "model", inner) if type(inner).__name__ == "CourseModel" else inner
+    per_row = (type(inner).__name__.endswith("ForSequenceClassification")
+               or bool(getattr(getattr(inner, "cfg", None), "n_classes", 0)))
+    vocab = _vocab_size(inner)
+    ids = torch.randint(vocab, (batch_size, seq_len))
+    labels = torch.zeros(batch_size, dtype=torch.long) if per_row else ids.clone()
+    return {"input_ids": ids, "labels": labels}
+
+
+def _fake_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor of `t`'s shape, strides and dtype on `device`, made inside a fake mode: no memory."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+
+
+def _fake_copy(model: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake tensors (call inside the fake mode); tied
+    weights stay tied, the model's own tensors are not copied (a meta-device model works too)."""
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            fake = _fake_like(t, device)
+            memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
+                else fake
+    return copy.deepcopy(model, memo)
+
+
+def _optimizer(name: str, params: list[nn.Parameter], fused: bool) -> torch.optim.Optimizer:
+    if name in ("adamw", "adam"):
+        opt = compat.make_adamw([{"params": params}], 1e-3, fused)
+        return opt if name == "adamw" else torch.optim.Adam(params, lr=1e-3)
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd_momentum" else 0.0)
+
+
+def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32", optimizer: str = "adamw",
+                         fused: bool = True) -> MemoryEstimate:
+    """The memory of one training step of any nn.Module on `batch` (a dict, or an (x, y) pair), from a dry
+    run on fake tensors: the model copied with fake parameters, two steps (the first makes the optimizer
+    state), the second tracked by torch's MemTracker; nothing is allocated, so full sizes run on a laptop
+    (lesson 03). `model(**batch)` must return `.loss` (wrap your own with helpers.adapt.as_course_model).
+    Terms at the peak: parameters (and buffers), optimizer state, activations, temporaries; gradients are
+    the parameters' size (created during the backward); the peak includes the batch itself.
+    `DRY_RUN_ASSUMES` says what it takes for granted."""
+    from helpers.adapt import as_batch, loss_of, takes_course_batches
+    from helpers.precision import autocast_context
+
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZERS)}")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"estimate_step_memory takes an nn.Module, got {type(model).__name__}")
+    if not takes_course_batches(model):
+        from helpers.adapt import adapter_hint
+
+        raise ValueError(adapter_hint(model))
+    host = as_batch(batch)
+    ids = host.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() < 1:
+        raise ValueError("the dry run's batch needs `input_ids` (or x of an (x, y) pair) as a tensor")
+    device = torch.device("cpu")  # a fake CUDA tensor needs CUDA; the CPU's kernels stand in (assumes)
+    with compat.fake_tensor_mode():
+        fake = _fake_copy(model, device).train()
+        fake_batch = {k: _fake_like(v, device) if isinstance(v, torch.Tensor) else v for k, v in host.items()}
+        params = [p for p in fake.parameters() if p.requires_grad]
+        opt = _optimizer(optimizer, params, fused)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            with autocast_context(precision, device):
+                loss = loss_of(fake(**fake_batch))
+            if loss is None:
+                raise ValueError("the model returned no loss for the dry run's batch: give it labels")
+            loss.backward()
+            opt.step()
+
+        step()  # the optimizer's state appears here
+        peak = compat.tracked_peak(step, fake, opt)
+    inputs = tensor_bytes([v for v in host.values() if isinstance(v, torch.Tensor)])
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    rows, width = (int(ids.shape[0]), int(ids.shape[-1]) if ids.dim() > 1 else 1)
+    return MemoryEstimate(
+        parameters=peak.get("Parameter", 0) + peak.get("Buffer", 0), gradients=grads,
+        optimizer=peak.get("Optstate", 0), weight_copies=0, activations=peak.get("Activation", 0),
+        temporary=peak.get("Temp", 0) + peak.get("Other", 0), precision=precision,
+        batch_size=rows, seq_len=width, method="dry run", assumes=DRY_RUN_ASSUMES,
+        dry_run_peak=peak.get("Total", 0) + inputs)
 
 
 # --- memory over time -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from torch import nn
 
 from helpers.compat import unwrap_model
 
-__all__ = ["TrainResult", "Meter", "useful_flops", "run_peak"]
+__all__ = ["TrainResult", "Meter", "useful_flops", "flops_unreadable", "run_peak"]
 
 Widths = list[tuple[int | torch.Tensor, int]]  # (real tokens, padded width T) per micro-batch
 
@@ -38,7 +38,8 @@ class TrainResult:
 
     Throughput leaves out the first step of the call (warm-up: allocator growth, lazy optimizer state,
     compilation, the memory profiler on CPU); it is None when no later step ran. MFU: see the module
-    docstring."""
+    docstring. Every number left None says why in `notes` (field name -> reason), and `train` prints
+    those reasons in one line."""
 
     losses: list[float]  # mean loss of each optimizer step, from step 0 (resumed runs keep the history)
     step_times_s: list[float]  # time of each step this call: CUDA events on a GPU, wall clock on a CPU
@@ -55,6 +56,7 @@ class TrainResult:
     peak_flops: float | None = None  # the peak MFU divides by, FLOP/s
     peak_source: str = ""  # where that peak comes from
     memory_method: str = ""
+    notes: dict[str, str] = field(default_factory=dict)  # why each None above is None
 
     @property
     def final_loss(self) -> float:
@@ -94,8 +96,9 @@ class Meter:
         says first=False while a profiler of its own runs: two cannot nest)."""
         from helpers.memory import tensor_bytes, track_peak_memory
 
-        if not (first and self.track_memory and not self.cuda):
+        if not (first and self.track_memory and self.device.type == "cpu"):
             return contextlib.nullcontext()
+        # an FSDP2 rank's DTensors count their local shards (tensor_bytes)
         return track_peak_memory(self.device, baseline_bytes=tensor_bytes(self.model, optimizer))
 
     def end(self, step: int, out: Any, first: bool, report: Any) -> None:
@@ -141,10 +144,16 @@ class Meter:
             self.memory_method = "torch.cuda.max_memory_allocated"
         timed_s = sum(self.step_times[1:])
         tokens = int(sum(n for n, _ in self.timed))
+        flops_problem = flops_unreadable(self.model)
         per_token, timed_flops = useful_flops(self.model, self.all), useful_flops(self.model, self.timed)
         peak, source = ((peak_flops, "TrainConfig.peak_flops") if peak_flops
                         else run_peak(self.device) if per_token is not None else (None, ""))
         ok = peak and timed_s > 0 and tokens > 0 and timed_flops is not None
+        notes = self._notes(timed_s, tokens, flops_problem, peak, source)
+        if notes:
+            from helpers.distributed import print0
+
+            print0("train: " + "; ".join(f"{k} is None: {why}" for k, why in notes.items()))
         return TrainResult(
             losses=self.h["losses"], step_times_s=self.step_times,
             tokens_per_s=tokens / timed_s if timed_s > 0 else None,
@@ -154,7 +163,45 @@ class Meter:
             resumed_from=self.h["resumed_from"], skipped_steps=self.h["skipped_steps"],
             scales=self.h["scales"], lrs=self.h["lrs"], peak_flops=peak, peak_source=source,
             flops_per_token=per_token / int(sum(n for n, _ in self.all)) if per_token else None,
-            memory_method=self.memory_method)
+            memory_method=self.memory_method, notes=notes)
+
+    def _notes(self, timed_s: float, tokens: int, flops_problem: str | None, peak: float | None,
+               source: str) -> dict[str, str]:
+        """Why each number the result leaves None is None, one reason per field."""
+        notes: dict[str, str] = {}
+        if not timed_s > 0:
+            notes["tokens_per_s"] = notes["samples_per_s"] = (
+                "no step was timed: the first step of a call is warm-up, so throughput needs 2 steps or more")
+        if flops_problem is not None:
+            notes["flops_per_token"] = flops_problem
+        if flops_problem is not None:
+            notes["mfu"] = "no FLOPs per token (flops_per_token's reason)"
+        elif not peak:
+            notes["mfu"] = (f"{source}: give TrainConfig(peak_flops=...) in FLOP/s, or run lesson 00 to save "
+                            "this machine's roofline")
+        elif "tokens_per_s" in notes or tokens == 0:
+            notes["mfu"] = "nothing was timed" if "tokens_per_s" in notes else "no real tokens were timed"
+        if not peak:
+            notes["peak_flops"] = "not looked up: the FLOPs are not known" if flops_problem else source
+        if self.peak_memory is None:
+            notes["peak_memory_bytes"] = (
+                "not tracked: TrainConfig(track_memory=False)" if not self.track_memory else
+                "no step ran" if not self.step_times else
+                f"torch keeps no peak-memory statistics for {self.device.type!r}" if self.device.type != "cpu"
+                else "the first step ran under a profiler of yours, and the CPU's memory is read with one "
+                     "(two cannot nest): run without it, or measure with helpers.memory.track_peak_memory")
+        return notes
+
+
+def flops_unreadable(model: nn.Module) -> str | None:
+    """Why helpers.flops cannot count `model`'s FLOPs (its error, which names the fix), or None."""
+    from helpers.flops import model_flops_per_token
+
+    try:
+        model_flops_per_token(unwrap_model(model), 1)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def useful_flops(model: nn.Module, widths: Widths) -> float | None:

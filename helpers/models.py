@@ -119,6 +119,8 @@ class SmallTransformer(nn.Module):
     """Token + position embeddings, `n_layers` blocks, then a token head (tied) or a classifier
     (lessons 01–06)."""
 
+    course_contract = True  # model(**batch).loss is the loss: helpers.adapt.as_course_model leaves it be
+
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.cfg = cfg

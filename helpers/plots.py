@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from helpers.compat import optional_import
+
+plt = optional_import("matplotlib.pyplot", "helpers.plots (the lessons' figures)")
+Axes = optional_import("matplotlib.axes", "helpers.plots").Axes
+Figure = optional_import("matplotlib.figure", "helpers.plots").Figure
 
 __all__ = ["label_axes", "bar_chart", "roofline_chart", "ladder_chart", "confusion_matrix_chart",
            "attention_map_chart", "attention_grid_chart", "attention_sweep_chart", "memory_breakdown_chart",

@@ -15,8 +15,10 @@ torch calls:
 - `spec.apply(model)`: attention implementation (varlen included), activation checkpointing, FP8 linears,
   regional compilation, packed forward;
 - `spec.check(device)`: a ValueError naming the switch when `device` cannot run one of them;
+  `spec.check_model(model)` the same for a switch the model cannot take (attention of its own, say);
 - `spec.describe()`: the spec as the lines of code that reproduce it ("your stack", lesson 08);
-- `add_spec_arguments` / `spec_from_arguments`: a script's flags for the switches, nested back into a spec.
+- `spec_flags` / `flag_parser` / `spec_from_arguments`: a script's flags for the switches
+  (`transformers.HfArgumentParser`), nested back into one spec.
 
 `helpers.train.train(model, batches, cfg, spec=spec)` trains with it; `TrainConfig` keeps what is not a
 switch (steps, optimizer, schedule, accumulation, checkpoints). Lesson 08's ladder changes one field of a
@@ -30,7 +32,6 @@ spec per rung (`spec.replace`).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import importlib.util
@@ -56,7 +57,7 @@ from helpers.precision import (
 )
 
 __all__ = ["Padding", "Attn", "PADDINGS", "ATTNS", "FUSED_ADAMW_DEVICES", "RunSpec",
-           "set_activation_checkpointing", "add_dataclass_arguments", "add_spec_arguments",
+           "set_activation_checkpointing", "dataclass_flags", "spec_flags", "flag_parser",
            "spec_from_arguments"]
 
 Padding = Literal["dynamic", "fixed", "bucketed", "packed"]  # "fixed": to max_length (lesson 06)
@@ -131,6 +132,37 @@ class RunSpec:
                or self._fused_problem(device))
         if why:
             raise ValueError(f"RunSpec.{why} (device {device})")
+
+    def check_model(self, model: nn.Module) -> None:
+        """ValueError naming the switch `model` cannot take, and the fix (lessons 03, 08; the ladder skips
+        such a rung with this reason): an attention implementation (eager, sdpa, flex, varlen) switches a
+        Hugging Face model's attention, so a model with its own keeps it (attn=None); packing needs a
+        BERT-like classifier or a SmallTransformer; activation checkpointing a model with a switch for it."""
+        why = self._model_problem(model)
+        if why:
+            raise ValueError(f"RunSpec.{why}")
+
+    def _model_problem(self, model: nn.Module) -> str | None:
+        from helpers.compat import is_hf_model, unwrap_model
+
+        inner = unwrap_model(model)
+        name = type(inner).__name__
+        if name == "CourseModel":  # helpers.adapt's wrapper of a model of one's own
+            name = f"CourseModel({type(inner.model).__name__})"
+        hf = is_hf_model(inner)
+        if self.attn is not None and not hf:
+            return (f"attn={self.attn!r} switches a Hugging Face model's attention implementation; {name} "
+                    "has attention of its own: use attn=None to keep it (lesson 08's ladder does, for such a "
+                    "model)")
+        if self.padding == "packed" and not ((hasattr(inner, "bert") and hasattr(inner, "classifier"))
+                                             or (hasattr(inner, "blocks") and hasattr(inner, "cfg"))):
+            return (f"padding='packed' runs a packed forward that knows BERT-like classifiers and the "
+                    f"course's SmallTransformer, not {name}: use padding='bucketed' (or 'dynamic') for it")
+        if self.activation_checkpointing and not (hasattr(inner, "set_activation_checkpointing")
+                                                  or hasattr(inner, "gradient_checkpointing_enable")):
+            return (f"activation_checkpointing=True: {name} has no switch for it; wrap its blocks in "
+                    "torch.utils.checkpoint.checkpoint yourself and leave the switch off")
+        return None
 
     def _fp8_problem(self, device: torch.device) -> str | None:
         if not self.fp8:
@@ -227,6 +259,7 @@ class RunSpec:
         switches attention by rebuilding the model, helpers.compat) (lessons 03, 08)."""
         from helpers.compat import set_attn_implementation
 
+        self.check_model(model)
         if self.attn == "varlen":
             from helpers.packed_model import use_varlen
 
@@ -277,52 +310,71 @@ class RunSpec:
         return "\n".join(steps)
 
 
-def _literal_choices(hint: Any) -> tuple[Any, ...] | None:
-    """The values a `Literal[...]` annotation (or `Literal[...] | None`) allows; None for any other type."""
-    if typing.get_origin(hint) is Literal:
-        return tuple(get_args(hint))
-    inner = [_literal_choices(h) for h in get_args(hint) if h is not type(None)]
-    return inner[0] if len(inner) == 1 else None
-
-
-def add_dataclass_arguments(parser: Any, defaults: Any, fields: Sequence[str] | None = None) -> None:
-    """A command-line flag per field of the dataclass instance `defaults` (or the named `fields`): --name
-    with its value as the default, --name/--no-name for a bool, a Literal's values as the choices; a None
-    default ("as the model has it") stays None unless the flag is given (scripts/)."""
-    known = [f.name for f in dataclasses.fields(defaults)]
+def dataclass_flags(defaults: Any, fields: Sequence[str] | None = None) -> type:
+    """A dataclass of the fields of the dataclass instance `defaults` (or of the named `fields`), its values
+    as their defaults: what `transformers.HfArgumentParser` turns into flags (`flag_parser`) (scripts/)."""
+    cls = type(defaults)
+    known = [f.name for f in dataclasses.fields(cls)]
     for name in fields or ():
         if name not in known:
-            raise ValueError(f"{name!r} is not a {type(defaults).__name__} field: use one of {sorted(known)}")
-    hints = typing.get_type_hints(type(defaults))
-    for name in (fields if fields is not None else known):
-        flag, value = "--" + name.replace("_", "-"), getattr(defaults, name)
-        what = f"{type(defaults).__name__}.{name} (default {value})"
-        if isinstance(value, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value, help=what)
-        else:
-            parser.add_argument(flag, type=type(value) if value is not None else str, default=value,
-                                choices=_literal_choices(hints[name]), help=what)
+            raise ValueError(f"{name!r} is not a {cls.__name__} field: use one of {sorted(known)}")
+    hints = typing.get_type_hints(cls)
+    def flag(name: str) -> tuple[str, Any, Any]:
+        help_text = {"help": f"{cls.__name__}.{name}"}  # --help: where the flag lands
+        return name, hints[name], dataclasses.field(default=getattr(defaults, name), metadata=help_text)
+
+    return dataclasses.make_dataclass(f"{cls.__name__}Flags",
+                                      [flag(name) for name in (fields if fields is not None else known)])
 
 
-def add_spec_arguments(parser: argparse.ArgumentParser, fields: Sequence[str],
-                       defaults: RunSpec | None = None) -> None:
-    """A command-line flag for each named RunSpec field (`--precision`, `--compile/--no-compile`, ...),
-    choices from its Literal type; `spec_from_arguments` nests them back into one RunSpec (scripts/)."""
-    add_dataclass_arguments(parser, defaults if defaults is not None else RunSpec(), list(fields))
+def spec_flags(fields: Sequence[str] | None = None, defaults: RunSpec | None = None) -> type:
+    """The RunSpec switches a script offers (all, or the named `fields`), with `defaults`' values, as a
+    dataclass for `flag_parser`; `spec_from_arguments` nests them back into one RunSpec (scripts/)."""
+    return dataclass_flags(defaults if defaults is not None else RunSpec(), fields)
 
 
-def spec_from_arguments(args: argparse.Namespace) -> RunSpec:
-    """The RunSpec of the flags `add_spec_arguments` added: the fields a script did not offer keep their
-    defaults (scripts/)."""
+def flag_parser(*flags: type, **kwargs: Any) -> Any:
+    """`transformers.HfArgumentParser` over the dataclasses `flags` (`dataclass_flags`, `spec_flags`):
+    --name per field (and --name_with_underscores), a Literal's values as the choices, --flag / --flag
+    false for a bool, None kept as the default; `kwargs` go to argparse. HfArgumentParser adds --no-name
+    only for a bool whose default is True; the --no-name of a bool whose default is False is added here,
+    so every switch reads --compile / --no-compile (scripts/)."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(list(flags), **kwargs)
+    for cls in flags:
+        for f in dataclasses.fields(cls):
+            if f.default is False:  # argparse keeps the first default of a dest: the field's, False
+                owner = cls.__name__.removesuffix("Flags")
+                parser.add_argument(f"--no-{f.name.replace('_', '-')}", f"--no_{f.name}",
+                                    action="store_false", dest=f.name, help=f"{owner}.{f.name} = False")
+    return parser
+
+
+def spec_from_arguments(args: Any) -> RunSpec:
+    """The RunSpec of the switches a parsed command line holds (an argparse Namespace, or the `spec_flags`
+    dataclass `HfArgumentParser.parse_args_into_dataclasses` returns): the fields a script did not offer keep
+    their defaults (scripts/)."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec) if hasattr(args, f.name)}
     return RunSpec(**given)
 
 
-def _compile_layers(model: nn.Module) -> nn.Module:
-    """Regional compilation: each Transformer layer compiled (they share one graph, compiled once); a
-    model without a known list of layers is compiled whole (lesson 05)."""
+def _layers(model: nn.Module) -> Any:
+    """A model's list of Transformer layers: a Hugging Face model's encoder layers, a SmallTransformer's
+    blocks, else (a model of one's own, nanoGPT's `transformer.h`) its longest list of blocks of one class."""
     layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
     layers = layers if layers is not None else getattr(model, "blocks", None)
+    if layers is None:
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1
+                 and len({type(block) for block in m}) == 1]
+        layers = max(lists, key=len, default=None)
+    return layers
+
+
+def _compile_layers(model: nn.Module) -> nn.Module:
+    """Regional compilation: each Transformer layer compiled (they share one graph, compiled once); a
+    model without a list of layers is compiled whole (lesson 05)."""
+    layers = _layers(model)
     if layers is None:
         return torch.compile(model)
     for layer in layers:

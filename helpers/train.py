@@ -16,12 +16,14 @@ Batches
 -------
 A batch is a dict with `input_ids` (B, T), optionally `attention_mask` (B, T) (1 = real token) and
 `labels`; any other keys are passed to the model too; the loss is `model(**batch).loss` (SmallTransformer
-and Hugging Face models alike). Tokens are counted from `attention_mask` (real tokens), else
-`input_ids.numel()`. `batches` is one of:
+and Hugging Face models alike). An `(x, y)` pair of tensors is a batch too, `{"input_ids": x, "labels": y}`
+(`helpers.adapt.as_batch`). A model of your own whose forward takes other arguments or returns a tuple is
+wrapped once, `model = helpers.adapt.as_course_model(model)` (`train` says so when it is needed). Tokens
+are counted from `attention_mask` (real tokens), else `input_ids.numel()`. `batches` is one of:
 
 - a callable `batch_fn(step, micro) -> dict` (micro = 0 … grad_accum-1), the recommended form: a pure
   function of (step, micro), so a run resumed from step k sees exactly the batches an uninterrupted run would;
-- a sequence of batch dicts: micro-batch i = step·grad_accum + micro is `batches[i % len(batches)]`;
+- a sequence of batches: micro-batch i = step·grad_accum + micro is `batches[i % len(batches)]`;
 - any other iterable (a `DataLoader`): read in order, restarted when it runs out; on resume the micro-batches
   already used are drawn again and dropped (exact only if its order is deterministic: a seeded `generator`).
 
@@ -47,6 +49,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
+from helpers.adapt import adapter_hint, as_batch, is_batch, loss_of, takes_course_batches
 from helpers.checkpoint import is_due, resume_latest, save_step
 from helpers.compat import grad_scaler_scale, make_adamw, profiler_enabled
 from helpers.config import seed_everything
@@ -182,10 +185,12 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: LR
 
 # --- batches ----------------------------------------------------------------------------------------
 
-def count_tokens(batch: Mapping[str, Any]) -> int:
-    """Real tokens of a batch: the attention mask's sum when present, else input_ids.numel() (lesson 06).
+def count_tokens(batch: Mapping[str, Any] | Sequence[torch.Tensor]) -> int:
+    """Real tokens of a batch (a dict, or an (x, y) pair): the attention mask's sum when present, else
+    input_ids.numel() (lesson 06).
 
     Count a batch while it is still on the host: on a GPU, `int(mask.sum())` waits for the device."""
+    batch = as_batch(batch)
     if "input_ids" not in batch:
         raise ValueError(f"a batch needs `input_ids`; got keys {sorted(batch)}")
     mask = batch.get("attention_mask")
@@ -203,9 +208,9 @@ def _tokens(batch: Mapping[str, Any]) -> int | torch.Tensor:
 def _to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
     """Tensors to `device`, asynchronously on a GPU when the DataLoader pinned them (`RunSpec.dataloader`);
     no pinning here: `t.pin_memory()` in the loop is a blocking copy before the copy (PyTorch's guide)."""
-    if not isinstance(batch, Mapping) or "input_ids" not in batch:
-        raise ValueError(f"each batch must be a dict with `input_ids` (and optionally attention_mask, "
-                         f"labels), got {type(batch).__name__}")
+    if "input_ids" not in batch:
+        raise ValueError(f"each batch must have `input_ids` (and optionally attention_mask, labels), got "
+                         f"keys {sorted(batch)}")
     non_blocking = device.type == "cuda"
     return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) and v.device != device
             else v for k, v in batch.items()}
@@ -217,7 +222,10 @@ def _micro_batches(batches: Any, start_step: int, grad_accum: int) -> Iterator[d
                                                   and hasattr(batches, "__len__"))
     if isinstance(batches, Mapping) or not (callable(batches) or indexable or isinstance(batches, Iterable)):
         raise ValueError(f"batches must be a callable batch_fn(step, micro), a sequence or an iterable of "
-                         f"batch dicts, got {type(batches).__name__}")
+                         f"batches, got {type(batches).__name__}")
+    if is_batch(batches):
+        raise ValueError("batches is one (x, y) pair: give a list of them, [(x, y)], or a "
+                         "batch_fn(step, micro)")
     if indexable and not callable(batches) and len(batches) == 0:
         raise ValueError("the batch sequence is empty")
     return _generate(batches, start_step, grad_accum, indexable)
@@ -257,6 +265,7 @@ def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch
     """One optimizer step over `micro` (already checked): TF32 (`spec.step_context`) around all of it,
     autocast (`spec.autocast`) around each forward pass and loss only; under DDP the gradients are
     all-reduced on the last micro-batch only; no device sync unless fp16's scaler needs one."""
+    micro = [as_batch(b) for b in micro]  # (x, y) pairs as dicts
     accum = len(micro)
     optimizer.zero_grad(set_to_none=True)
     step_loss = torch.zeros((), device=device)
@@ -268,9 +277,7 @@ def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch
             batch = _to_device(host, device)
             with grad_sync(model, sync=i == accum - 1):  # DDP's no_sync on all but the last micro-batch
                 with spec.autocast(device):  # forward and loss; backward runs in the dtypes chosen here
-                    loss = model(**batch).loss
-                if loss is None:
-                    raise ValueError("the model returned no loss: give the batches `labels`")
+                    loss = _loss(model, model(**batch))
                 # average over micro-batches, so accumulation gives the gradient of one big batch
                 (scaler.scale(loss / accum) if scaler is not None else loss / accum).backward()
             step_loss += loss.detach().float() / accum
@@ -295,6 +302,18 @@ def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch
     return StepOutput(step_loss, tokens, samples, widths, grad_norm, scale)
 
 
+def _loss(model: nn.Module, out: Any) -> torch.Tensor:
+    """The loss in what the model returned, or a ValueError that says how to get one."""
+    if not hasattr(out, "loss"):  # a tuple, a bare tensor: a model of one's own, not wrapped
+        raise ValueError(f"{type(model).__name__} returned a {type(out).__name__}, not an object with "
+                         ".loss: wrap it once, model = helpers.adapt.as_course_model(model) (it reads a "
+                         "loss, logits or (logits, loss); pass loss_fn= when it returns logits)")
+    loss = loss_of(out)
+    if loss is None:
+        raise ValueError("the model returned no loss: give the batches `labels` (or an (x, y) pair)")
+    return loss
+
+
 def _scale_tensor(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
     """fp16: the scaler's current scale as a tensor (get_scale() would wait for the device); else None."""
     return grad_scaler_scale(scaler)
@@ -308,12 +327,13 @@ def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str
     (scaled for fp16), clip, step, schedule, all inside `spec.step_context` (TF32) (lessons 02, 03).
     `batch`: one batch dict, or a list of micro-batches whose gradients are accumulated (averaged). The
     loss is a device tensor."""
-    micro = [batch] if isinstance(batch, Mapping) else list(batch)
+    micro = [batch] if is_batch(batch) else list(batch)
     if not micro:
         raise ValueError("train_step got an empty list of micro-batches")
     spec = spec if spec is not None else RunSpec()
     device = torch.device(device) if device is not None else next(model.parameters()).device
     spec.check(device)
+    _check_model(model)
     _check_max_grad_norm(max_grad_norm)
     if spec.precision == "fp16" and (scaler is None or not scaler.is_enabled()):
         raise ValueError("fp16 needs a GradScaler, kept from step to step: scaler = spec.make_scaler(device)")
@@ -337,6 +357,14 @@ def _resume(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer
     return state["step"], history
 
 
+def _check_model(model: nn.Module) -> None:
+    """ValueError with the fix for a model `model(**batch)` cannot call (lesson 02: the model contract)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not takes_course_batches(model):
+        raise ValueError(adapter_hint(model))
+
+
 def _check(model: nn.Module, cfg: TrainConfig, spec: RunSpec | None, device: Any,
            scheduler: Any) -> tuple[RunSpec, torch.device]:
     """ValueError for a wrong argument of `train`; (spec, device) with their defaults filled in."""
@@ -349,6 +377,7 @@ def _check(model: nn.Module, cfg: TrainConfig, spec: RunSpec | None, device: Any
     spec = spec if spec is not None else RunSpec()
     device = torch.device(device) if device is not None else next(model.parameters()).device
     spec.check(device)
+    _check_model(model)
     if not spec.applied_to(model):
         raise ValueError(f"{spec} changes the model (attention, FP8, compile, activation checkpointing or "
                          "packing): train the model it returns, model = spec.apply(model)")

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import matplotlib.pyplot as plt
 import torch
-from matplotlib.figure import Figure
 
 from helpers.attention import AttentionMaps
+from helpers.compat import optional_import
 from helpers.plots import attention_map_chart
+
+plt = optional_import("matplotlib.pyplot", "helpers.widgets (the lessons' explorers)")
+Figure = optional_import("matplotlib.figure", "helpers.widgets").Figure
 
 __all__ = ["AttentionExplorer"]
 
@@ -27,7 +29,7 @@ class AttentionExplorer:
 
     def __init__(self, maps: AttentionMaps | Sequence[AttentionMaps], *, layer: int = 0, head: int = 0,
                  text: int = 0) -> None:
-        import ipywidgets as w
+        w = optional_import("ipywidgets", "helpers.widgets' explorers")
 
         texts = [maps] if isinstance(maps, AttentionMaps) else list(maps) if isinstance(maps, Sequence) \
             else []

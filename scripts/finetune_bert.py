@@ -22,7 +22,6 @@ Prints one JSON line starting with `RESULT ` (rank 0) and, with --results-json, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import asdict, dataclass, fields
@@ -36,7 +35,7 @@ from helpers.distributed import setup, teardown
 from helpers.evaluation import evaluate
 from helpers.flops import executed_flops, mfu
 from helpers.models import load_bert
-from helpers.runspec import RunSpec, add_dataclass_arguments, add_spec_arguments, spec_from_arguments
+from helpers.runspec import RunSpec, dataclass_flags, flag_parser, spec_flags, spec_from_arguments
 from helpers.train import LR_SCHEDULES, TrainConfig, train
 
 # The run's switches when no flag changes them: fp32, SDPA, fused AdamW, each batch padded to its longest.
@@ -217,15 +216,15 @@ def finetune(cfg: FinetuneConfig, *, log=print) -> dict[str, Any]:
         teardown()
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The command line: one flag per FinetuneConfig field, and one per field of its RunSpec."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _parser() -> Any:
+    """The command line (transformers.HfArgumentParser, helpers.runspec.flag_parser): one flag per
+    FinetuneConfig field, and one per field of its RunSpec, with the script's defaults."""
     defaults = FinetuneConfig()
     clash = {f.name for f in fields(RunSpec)} & {f.name for f in fields(FinetuneConfig)}
     assert not clash, f"FinetuneConfig repeats RunSpec's fields {clash}: they belong in cfg.spec"
-    add_dataclass_arguments(p, defaults, [f.name for f in fields(FinetuneConfig) if f.name != "spec"])
-    switches = p.add_argument_group("the run's switches (helpers.runspec.RunSpec, FinetuneConfig.spec)")
-    add_spec_arguments(switches, [f.name for f in fields(RunSpec)], defaults=defaults.spec)
+    own = dataclass_flags(defaults, [f.name for f in fields(FinetuneConfig) if f.name != "spec"])
+    switches = spec_flags(defaults=defaults.spec)  # the run's switches, nested into FinetuneConfig.spec
+    p = flag_parser(own, switches, description=__doc__.split("\n\n")[0])
     p.add_argument("--results-json", default="", help="write the result here (rank 0)")
     return p
 
@@ -233,13 +232,10 @@ def _parser() -> argparse.ArgumentParser:
 def config_from_args(argv: list[str] | None = None) -> tuple[FinetuneConfig, str]:
     """(FinetuneConfig, --results-json) from command-line arguments; the RunSpec flags fill cfg.spec."""
     parser = _parser()
-    args = vars(parser.parse_args(argv))
-    out = args.pop("results_json")
     try:
-        spec = spec_from_arguments(argparse.Namespace(**args))
-        own = {k: v for k, v in args.items() if k not in {f.name for f in fields(RunSpec)}}
-        return FinetuneConfig(spec=spec, **own), out
-    except ValueError as err:  # a switch RunSpec or FinetuneConfig refuses: usage and the reason
+        own, switches, rest = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+        return FinetuneConfig(spec=spec_from_arguments(switches), **asdict(own)), rest.results_json
+    except ValueError as err:  # a switch RunSpec or FinetuneConfig refuses, an unknown flag: usage and why
         parser.error(str(err))
 
 

@@ -64,7 +64,7 @@ from helpers.distributed import (
 )
 from helpers.memory import peak_rss_bytes
 from helpers.models import SmallTransformer, TransformerConfig
-from helpers.runspec import RunSpec, add_spec_arguments, spec_from_arguments
+from helpers.runspec import RunSpec, flag_parser, spec_flags, spec_from_arguments
 from helpers.train import make_optimizer
 
 FAULT_ENV = "COURSE_FAULT_AT_STEP"  # test hook: rank 1 SIGKILLs itself in this step, first attempt only
@@ -72,7 +72,8 @@ OVERFLOW_ENV = "COURSE_OVERFLOW_AT_STEP"  # test hook: rank 1's gradients overfl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = flag_parser(spec_flags(("precision", "compile", "fused_adamw", "activation_checkpointing")),
+                    description=__doc__.split("\n")[0])  # the spec's flags: transformers.HfArgumentParser
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in total")
     p.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step, all ranks")
     p.add_argument("--micro-batch", type=int, default=0, help="sequences per rank per micro-step "
@@ -93,7 +94,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync-every-micro-step", action="store_true",
                    help="all-reduce after every micro-step (turns off no_sync), for comparison")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
-    add_spec_arguments(p, ("precision", "compile", "fused_adamw", "activation_checkpointing"))
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--ckpt-dir", default="", help="resume from / save checkpoints here ('' = none)")
     p.add_argument("--ckpt-every", type=int, default=0, help="save every N steps and the last (0: never)")

@@ -30,6 +30,8 @@ SMALL = dict(model="test", seq_len=32, batch_size=4, n_batches=2, repeats=2, len
              peak_flops=1e11)
 # compiling takes a minute on a small CPU: the tests climb the ladder without torch.compile
 NO_COMPILE = tuple(r for r in ladder.RUNGS if r.switch != "compile")
+# the greedy logic's tests: the rungs one device climbs (fp16 + GradScaler is the rung of GPUs without bf16)
+ONE_16_BIT = tuple(r for r in ladder.RUNGS if r.value != "fp16")
 
 
 @pytest.fixture(autouse=True)
@@ -100,17 +102,17 @@ def test_greedy_stack_leaves_out_what_is_slower_here_and_keeps_what_pays():
     # as on this CPU: bf16 and compile slower, TF32 the same math, fused AdamW and padding faster
     cpu_like = {"+ bf16 autocast": 3.0, "+ torch.compile": 1.2, "+ fused AdamW": 0.7,
                 "+ length bucketing": 0.6}
-    _, steps, stack = ladder.climb(ladder.RUNGS, _fake_measure(cpu_like), greedy=True, log=lambda s: None)
+    _, steps, stack = ladder.climb(ONE_16_BIT, _fake_measure(cpu_like), greedy=True, log=lambda s: None)
     assert stack == ladder.BASELINE.replace(fused_adamw=True, padding="bucketed")
     assert [s.decision.keep for s in steps] == [False, False, False, False, True, True, False, False]
     # the other way round: on a GPU-like machine every rung pays and all are kept
     gpu_like = {r.name: 0.8 for r in ladder.RUNGS}
-    _, _, stack = ladder.climb(ladder.RUNGS, _fake_measure(gpu_like), greedy=True, log=lambda s: None)
+    _, _, stack = ladder.climb(ONE_16_BIT, _fake_measure(gpu_like), greedy=True, log=lambda s: None)
     everything = dict(precision="bf16", attn="sdpa", compile=True, fused_adamw=True, padding="packed",
                       fp8=True)
     assert stack == ladder.BASELINE.replace(**everything)
     # cumulative: every rung is added whatever it measured
-    _, _, stack = ladder.climb(ladder.RUNGS, _fake_measure(cpu_like), greedy=False, log=lambda s: None)
+    _, _, stack = ladder.climb(ONE_16_BIT, _fake_measure(cpu_like), greedy=False, log=lambda s: None)
     assert stack.precision == "bf16" and stack.compile
 
 
@@ -121,7 +123,7 @@ def test_greedy_rung_is_compared_with_the_best_stack_so_far():
         seen.append((stack, ref.stack if ref else None))
         return _fake_measure({"+ bf16 autocast": 3.0})(stack, ref)
 
-    ladder.climb(ladder.RUNGS[:3], measure, greedy=True, log=lambda s: None)
+    ladder.climb(ONE_16_BIT[:3], measure, greedy=True, log=lambda s: None)
     # SDPA is added to fp32 (bf16 was dropped), and checked against the fp32 baseline
     assert seen[-1] == (ladder.BASELINE.replace(attn="sdpa"), ladder.BASELINE)
 
@@ -163,7 +165,9 @@ def test_every_rung_is_checked_then_timed():
     result = bench.run_ladder(**SMALL, rungs=NO_COMPILE, log=lambda *a: None)
     rows = result["rows"]
     assert [r["name"] for r in rows[1:]] == [r.name for r in NO_COMPILE]
-    timed = [r for r in rows[1:] if r["name"] != "+ FP8"]  # FP8 needs compute capability 8.9
+    timed = [r for r in rows[1:] if "skipped" not in r]
+    # on a CPU: FP8 needs compute capability 8.9, fp16 + GradScaler is the rung of GPUs without bf16
+    assert {r["name"] for r in rows[1:] if "skipped" in r} == {"+ FP8", "+ fp16 autocast + GradScaler"}
     assert all("≤" in r["check_logits"] and "≤" in r["check_loss"] for r in timed), [r["why"] for r in timed]
     fused = next(r for r in rows if r["name"] == "+ fused AdamW")
     assert "≤" in fused["check_optimizer"]
@@ -372,7 +376,8 @@ class _Clock:
 def _clocked_measure(seconds: dict[RunSpec, float], calls: list[str], clock: _Clock):
     """A measure whose passes take `seconds[stack]` on `clock`; its own timing says 10x faster than the
     session will (a quieter machine earlier), so a number taken from it shows up."""
-    counts = {"documents_per_pass": 4, "real_tokens_per_pass": 100, "useful_flops_per_pass": 1e6}
+    counts = {"documents_per_pass": 4, "real_tokens_per_pass": 100, "useful_flops_per_pass": 1e6,
+              "padded_fraction": 0.25}
 
     def measure(stack, ref):
         def run():
@@ -438,15 +443,19 @@ NOTEBOOK = ROOT / "notebooks" / "08_bert_finetuning.ipynb"
 CHECK_CELL = "dce37a73"  # the cell id of lesson 08's checks of the climb
 
 
-def _lesson_check_climb(device: torch.device):
-    """check_climb as lesson 08 defines it, with the names it reads from the lesson."""
+def _check_cell_source() -> str:
+    cell = next(c for c in json.loads(NOTEBOOK.read_text())["cells"] if c.get("id") == CHECK_CELL)
+    return "".join(cell["source"])
+
+
+def _lesson_check_climb(device: torch.device, source: str | None = None):
+    """check_climb as lesson 08 defines it (or as `source` does), with the names it reads from the lesson."""
     import ast
     import math
 
     from helpers.fp8 import fp8_supported
 
-    cell = next(c for c in json.loads(NOTEBOOK.read_text())["cells"] if c.get("id") == CHECK_CELL)
-    tree = ast.parse("".join(cell["source"]))
+    tree = ast.parse(source if source is not None else _check_cell_source())
     fn = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check_climb"]
     ns = {"ladder": ladder, "math": math, "fp8_supported": fp8_supported, "device": device}
     exec(compile(ast.Module(body=fn, type_ignores=[]), str(NOTEBOOK), "exec"), ns)
@@ -464,7 +473,7 @@ def test_the_lessons_checks_of_a_climb_fail_on_planted_bugs(monkeypatch):
     clock = _Clock()
     monkeypatch.setattr("helpers.timing.time", clock)
 
-    def cannot_run(stack):  # as on this CPU: the last rung's switch is one the device lacks
+    def cannot_run(stack, rung):  # as on this CPU: the last rung's switch is one the device lacks
         return "not run on this device" if stack.fp8 else None
 
     base, steps, final = ladder.climb(rungs, _clocked_measure(seconds, [], clock), greedy=True,
@@ -488,3 +497,54 @@ def test_the_lessons_checks_of_a_climb_fail_on_planted_bugs(monkeypatch):
             pytest.fail(f"lesson 08's checks missed {name}")
     with pytest.raises(AssertionError, match="not the baseline plus the kept rungs"):
         check(rows, sdpa.replace(fused_adamw=True))  # your stack with a dropped rung's switch in it
+
+
+def test_lesson_08s_ladder_on_a_t4_skips_what_it_cannot_run_and_goes_on(monkeypatch):
+    # issue 30: a T4 (compute capability 7.5) has fp16 tensor cores and no bf16 ones, no FP8. The plan is
+    # lesson 08's (its rungs, its device); the climb runs on a virtual clock; the checks are the lesson's own.
+    import collections
+
+    from fakegpu import fake_gpu
+
+    fake_gpu(monkeypatch, "T4")
+    t4 = torch.device("cuda")
+    planned = {p["name"]: p["skipped"] for p in ladder.plan(t4)}
+    assert {n for n, why in planned.items() if why} == {"+ bf16 autocast", "+ FP8"}
+    assert "use fp16" in planned["+ bf16 autocast"] and planned["+ fp16 autocast + GradScaler"] is None
+    clock = _Clock()
+    monkeypatch.setattr("helpers.timing.time", clock)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # nothing runs on the fake T4
+    seconds = collections.defaultdict(lambda: 0.006, {ladder.BASELINE.replace(precision="fp16"): 0.003})
+    base, steps, final = ladder.climb(ladder.RUNGS, _clocked_measure(seconds, [], clock), greedy=True,
+                                      skip=lambda stack, rung: planned[rung.name], log=lambda s: None)
+    rows = ladder_report.ladder_rows(base, steps, t4, greedy=True)
+    assert final.precision == "fp16"  # the T4's mixed precision: fp16 with its GradScaler
+    _lesson_check_climb(t4)(rows, final)  # the lesson goes on
+    # planted: today's check, which lets only FP8 go unmeasured, stops the lesson at the skipped bf16 rung
+    source = _check_cell_source()
+    today = source.replace('assert r["why"] == "already in the stack" or r.get("skipped")',
+                           'assert r["why"] == "already in the stack" or (r["name"] == "+ FP8" and not '
+                           'fp8_supported(device)[0])')
+    assert today != source
+    with pytest.raises(AssertionError, match=r"\+ bf16 autocast: skipped: .*use fp16"):
+        _lesson_check_climb(t4, today)(rows, final)
+
+
+def test_the_ladder_and_its_report_import_one_way():
+    # issue 32: ladder imported ladder_report in a function and ladder_report imported ladder for its types
+    import ast
+
+    def imported(module: str) -> set[str]:
+        tree = ast.parse((ROOT / "helpers" / f"{module}.py").read_text())
+        names = set()
+        for node in ast.walk(tree):  # function-level and TYPE_CHECKING imports included
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers"):
+                names.add(node.module.removeprefix("helpers").lstrip("."))
+                names.update(a.name for a in node.names if node.module == "helpers")
+            elif isinstance(node, ast.Import):
+                names.update(a.name.removeprefix("helpers.") for a in node.names
+                             if a.name.startswith("helpers"))
+        return names
+
+    assert "ladder_report" in imported("ladder")
+    assert "ladder" not in imported("ladder_report"), "helpers.ladder_report imports helpers.ladder: a cycle"

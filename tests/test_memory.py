@@ -91,8 +91,14 @@ def test_estimator_bad_input():
         estimate_training_memory(model(), B, T, precision="int4")
     with pytest.raises(ValueError, match="max_len"):
         estimate_training_memory(model(), B, 4 * T)
+    with pytest.raises(ValueError, match="SmallTransformer or a TransformerConfig.*method='dry run'"):
+        estimate_training_memory(torch.nn.Linear(2, 2), B, T, method="formula")
     with pytest.raises(ValueError, match="SmallTransformer or a TransformerConfig"):
+        estimate_training_memory("bert-base", B, T)
+    with pytest.raises(ValueError, match="vocabulary.*batch="):  # the dry run needs a batch it can make
         estimate_training_memory(torch.nn.Linear(2, 2), B, T)
+    with pytest.raises(ValueError, match="unknown method"):
+        estimate_training_memory(model(), B, T, method="guess")
 
 
 def test_track_peak_memory_sees_a_known_allocation():

@@ -25,7 +25,8 @@ def test_environment_yml_matches_pyproject():
     """Every requirement of pyproject.toml (dependencies, test extra) is in environment.yml with the same
     specifier: torch as conda-forge's `pytorch` (CPU build where there is no GPU), the rest by pip."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_norm(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    extras = project["optional-dependencies"]
+    wanted = {_norm(r) for r in project["dependencies"] + extras["course"] + extras["lab"] + extras["test"]}
     conda, pip_section = _environment()
     listed = {_norm(r) for r in pip_section if r.strip() != "-e ."}
     torch_req = next(r for r in wanted if re.match(r"torch\b", r))

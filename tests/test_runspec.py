@@ -97,20 +97,39 @@ def test_the_spec_makes_the_grad_scaler():
 
 
 def test_a_script_nests_its_flags_into_one_spec():
-    import argparse
+    from helpers.runspec import flag_parser, spec_flags, spec_from_arguments
 
-    from helpers.runspec import add_spec_arguments, spec_from_arguments
-
-    p = argparse.ArgumentParser()
-    add_spec_arguments(p, ("precision", "compile", "fused_adamw", "init_scale"))
+    p = flag_parser(spec_flags(("precision", "compile", "fused_adamw", "init_scale", "attn")))
     args = p.parse_args(["--precision", "bf16", "--compile", "--no-fused-adamw", "--init-scale", "1024"])
     assert spec_from_arguments(args) == RunSpec(precision="bf16", compile=True, fused_adamw=False,
                                                 init_scale=1024.0)
-    assert spec_from_arguments(p.parse_args([])) == RunSpec()
-    with pytest.raises(SystemExit):
-        p.parse_args(["--precision", "fp64"])  # choices from the Literal type
+    assert spec_from_arguments(p.parse_args([])) == RunSpec()  # attn's None ("the model's own") kept
+    # both spellings of a bool whatever its default (HfArgumentParser's --no-x exists for a True default only)
+    assert spec_from_arguments(p.parse_args(["--compile", "--no-compile"])).compile is False
+    assert spec_from_arguments(p.parse_args(["--compile", "false"])).compile is False
+    (switches,) = p.parse_args_into_dataclasses(["--attn", "sdpa"], look_for_args_file=False)
+    assert spec_from_arguments(switches) == RunSpec(attn="sdpa")
+    for wrong in (["--precision", "fp64"], ["--attn", "None"]):  # choices from the Literal types
+        with pytest.raises(SystemExit):
+            p.parse_args(wrong)
     with pytest.raises(ValueError, match="not a RunSpec field"):
-        add_spec_arguments(argparse.ArgumentParser(), ("precisoin",))
+        spec_flags(("precisoin",))
+
+
+def test_hf_argument_parser_behaves_as_the_scripts_expect():
+    # issue 31: the flags come from transformers.HfArgumentParser (the floor 4.52 and 5.x read the same
+    # types the same way); what it lacks, --no-x for a bool whose default is False, flag_parser adds
+    import dataclasses
+    from typing import Literal, Optional
+
+    from transformers import HfArgumentParser
+
+    flags = dataclasses.make_dataclass("Flags", [("on", bool, True), ("off", bool, False),
+                                                 ("mode", Optional[Literal["a", "b"]], None)])
+    bare = HfArgumentParser(flags)
+    assert vars(bare.parse_args(["--no-on", "--mode", "b"])) == {"on": False, "off": False, "mode": "b"}
+    with pytest.raises(SystemExit):
+        bare.parse_args(["--no-off"])  # the case flag_parser fills in
 
 
 def dataclass_frozen_error():
@@ -327,7 +346,8 @@ def test_describe_gives_the_code_of_the_changed_switches():
 SWITCH_CALL = re.compile(r"\b(tf32_matmuls|autocast_context|set_tf32)\(")
 # exempt: the homes of the switches, and the cells that measure the precisions themselves (the roofline,
 # lesson 00's TF32 control of its fp32 accuracy check, lesson 02's precision experiments): no training step
-SWITCH_EXEMPT = {"helpers/precision.py", "helpers/runspec.py", "helpers/roofline.py",
+# roofline measures each precision's rate, memory's dry run each precision's bytes: neither is a run of a spec
+SWITCH_EXEMPT = {"helpers/precision.py", "helpers/runspec.py", "helpers/roofline.py", "helpers/memory.py",
                  "notebooks/00_setup.ipynb", "notebooks/02_mixed_precision.ipynb"}
 # MFU: helpers.flops.mfu is the one formula; nothing else divides by a peak or rescales an MFU
 MFU_INLINE = re.compile(r"/\s*\(?\s*[\w.\[\]\"']*\bpeak(_flops)?(\.flops)?\b(?![\w(])"
