@@ -127,8 +127,8 @@ _REGIME_MISTAKES = {  # key -> (ridge-or-rule from (roof, intensity) -> regime, 
                                            "bandwidth "
                           "(FLOP per byte)"),
     "ridge-inverted": (lambda r, i: _side(i, r.bandwidth / r.matmul_flops["fp32"]),
-                       "a ridge of bandwidth / peak", "the ridge point is peak FLOP/s / bandwidth (FLOP per "
-                                                      "byte)"),
+                       "a ridge of bandwidth over peak FLOP/s",
+                       "the ridge point is peak FLOP/s over bandwidth (FLOP per byte)"),
     "regime-inverted": (lambda r, i: ("memory-bound" if _side(i, r.matmul_flops["fp32"] / r.bandwidth)
                                       == "compute-bound" else "compute-bound"),
                         "the rule with the regimes swapped (compute-bound below the ridge)",
