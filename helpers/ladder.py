@@ -32,6 +32,7 @@ a padding with no batches are skipped), and a baseline that leaves a model's own
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from torch import nn
 
 from helpers.adapt import as_batch, logits_of, loss_of
 from helpers.agreement import agree, looser, optimizer_step_agreement
+from helpers.diagnosis import OOMReport
 from helpers.ladder_report import ladder_rows, your_stack
 from helpers.runspec import RunSpec
 from helpers.timing import Timing, synchronize, time_interleaved, time_passes
@@ -153,7 +155,7 @@ class Step:
     arm: Arm | None  # None: not measured (see `note`)
     base: RunSpec  # the stack it was added to
     decision: Decision | None
-    note: str = ""  # why it was not measured: time budget, the device cannot run it, failed its check
+    note: str = ""  # why it was not measured: time budget, the device cannot run it, failed its check, OOM
     speedup: float | None = None  # baseline median / this stack's median, timed in one session
     skipped: bool = False  # not run, by `skip`'s reason: the device cannot run it or the model take it
 
@@ -219,17 +221,13 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
         if why is None and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             why = f"not measured: the time budget of {time_budget_s:.0f} s is spent"
         if why is None:
-            try:
-                arm = measure(stack, ref)
-            except RungDisagrees as err:
-                why = f"failed its check, not timed: {err}"
+            arm, decision, speedup, why = _try_stack(stack, ref, base_arm, measure, repeats)
         if why is not None:
             log(f"{rung.name}: {why}")
             steps.append(Step(rung, stack, None, ref.stack, None, why, skipped=skipped))
             if on_step is not None:
                 on_step(base_arm, steps, done())
             continue
-        decision, speedup = _side_by_side(arm, ref, base_arm, repeats)
         steps.append(Step(rung, stack, arm, ref.stack, decision, speedup=speedup))
         log(f"{rung.name}: {decision}" if greedy else f"{rung.name}: {decision.ratio:.2f}x the rung below")
         below = arm
@@ -238,6 +236,28 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
         if on_step is not None:
             on_step(base_arm, steps, done())
     return base_arm, steps, done()
+
+
+def _try_stack(stack: RunSpec, ref: Arm, base_arm: Arm, measure: Callable[[RunSpec, Arm | None], Arm],
+               repeats: int) -> tuple[Arm | None, Any, Any, str | None]:
+    """One rung's stack checked and timed beside `ref` and the baseline -> (arm, decision, speedup, why not):
+    a stack that disagrees, or that does not fit in the device's memory, is reported and the climb goes on."""
+    oom = None
+    try:
+        arm = measure(stack, ref)
+        decision, speedup = _side_by_side(arm, ref, base_arm, repeats)
+        return arm, decision, speedup, None
+    except RungDisagrees as err:
+        return None, None, None, f"failed its check, not timed: {err}"
+    except RuntimeError as err:
+        oom = OOMReport.parse(err)
+        if oom is None:
+            raise
+    # out of the except block: the error's frames, and the tensors they held, are gone; give the memory back
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return None, None, None, f"did not fit, not timed: {oom}"
 
 
 # --- measuring a stack ----------------------------------------------------------------------------------

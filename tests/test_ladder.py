@@ -548,3 +548,30 @@ def test_the_ladder_and_its_report_import_one_way():
 
     assert "ladder_report" in imported("ladder")
     assert "ladder" not in imported("ladder_report"), "helpers.ladder_report imports helpers.ladder: a cycle"
+
+
+def test_a_rung_that_runs_out_of_memory_is_reported_and_the_climb_goes_on():
+    """A stack that does not fit (a CUDA OOM while it is checked or timed) is a row with the memory it asked,
+    not the end of the ladder; any other error still stops it."""
+    timing = _fake_measure({"+ fused AdamW": 0.5})
+    msg = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 14.74 GiB of which "
+           "1.10 GiB is free. Of the allocated memory 12.90 GiB is allocated by PyTorch")
+
+    def measure(stack, ref):
+        if stack.compile:
+            raise torch.cuda.OutOfMemoryError(msg)
+        return timing(stack, ref)
+
+    rungs = [r for r in ONE_16_BIT if r.switch in ("compile", "fused_adamw")]
+    assert [r.switch for r in rungs] == ["compile", "fused_adamw"]
+    _, steps, stack = ladder.climb(rungs, measure, greedy=True, log=lambda s: None)
+    assert steps[0].arm is None and "did not fit" in steps[0].note and "asked for 2.00 GiB" in steps[0].note
+    assert steps[1].decision.keep and stack == ladder.BASELINE.replace(fused_adamw=True)
+
+    def broken(stack, ref):
+        if stack.compile:
+            raise RuntimeError("an unrelated bug")
+        return timing(stack, ref)
+
+    with pytest.raises(RuntimeError, match="unrelated"):
+        ladder.climb(rungs, broken, greedy=True, log=lambda s: None)
