@@ -47,7 +47,8 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "optional_impor
            "fake_tensor_mode", "tracked_peak",
            "make_adamw", "hf_activation_checkpointing", "tf32_settings", "set_tf32_settings",
            "tf32_matmul_enabled", "varlen_attn",
-           "packing_attention_mask", "triton_interpret_enabled", "check_triton_interpreter", "fully_shard",
+           "packing_attention_mask", "triton_interpret_enabled", "triton_compiles_for",
+           "check_triton_interpreter", "fully_shard",
            "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
            "scaled_mm_supports", "scaled_mm", "TorchDispatchMode", "op_schema", "explain_graphs",
            "TRANSFORMERS_V5",
@@ -378,6 +379,16 @@ def triton_interpret_enabled() -> bool:
 
         return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0") == "1"  # triton < 3.4 reads the variable itself
+
+
+def triton_compiles_for(capability: tuple[int, int]) -> tuple[bool, str]:
+    """Whether the installed triton compiles the course's fp16 `tl.dot` for a GPU of `capability`, and why
+    not: triton < 3.4 fails on every one below sm_80 ("Unsupported conversion from f16 to f16",
+    triton-lang/triton#6698, fixed in 3.4) (lesson 01)."""
+    if tuple(capability) < (8, 0) and not at_least("triton", "3.4"):
+        return False, (f"triton {version_of('triton')} cannot compile fp16 tl.dot for sm_{capability[0]}"
+                       f"{capability[1]} (triton-lang/triton#6698): pip install 'triton>=3.4'")
+    return True, ""
 
 
 def check_triton_interpreter() -> None:

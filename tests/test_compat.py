@@ -170,3 +170,18 @@ def test_hf_activation_checkpointing_uses_the_name_of_the_installed_transformers
     assert not getattr(model, f"is_{prefix}_checkpointing")
     with pytest.raises(ValueError, match="no Hugging Face checkpointing switch"):
         compat.hf_activation_checkpointing(torch.nn.Linear(2, 2), True)
+
+
+def test_triton_below_3_4_is_refused_for_gpus_before_sm80(monkeypatch):
+    """triton 3.3 fails every fp16 tl.dot for sm_75 (triton-lang/triton#6698): the kernel is refused there
+    with the fix, and nothing changes from sm_80 on or with triton >= 3.4."""
+    from helpers.kernels import configs
+
+    monkeypatch.setattr(compat, "version_of", lambda name: "3.3.1" if name == "triton" else "99")
+    ok, why = compat.triton_compiles_for((7, 5))
+    assert not ok and "triton>=3.4" in why and "6698" in why
+    assert configs.gpu_refusal((7, 5), torch.float16, 128) == why
+    assert compat.triton_compiles_for((8, 0)) == (True, "")
+    monkeypatch.setattr(compat, "version_of", lambda name: "3.4.0")
+    assert compat.triton_compiles_for((7, 5)) == (True, "")
+    assert configs.gpu_refusal((7, 5), torch.float16, 128) is None

@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import compat
 from helpers.kernels import configs as tiles
 from helpers.kernels import triton_available
 
@@ -111,6 +112,10 @@ def test_the_plan_uses_nvidias_limits() -> None:
 
 @pytest.mark.parametrize("cc", TARGETS)
 def test_every_planned_config_fits_its_architecture(compiled: dict, cc: int) -> None:
+    compiles, why = compat.triton_compiles_for((cc // 10, cc % 10))
+    if not compiles:  # the course refuses the kernel there, saying so (next test); nothing to fit
+        assert tiles.gpu_refusal((cc // 10, cc % 10), torch.float16, 128) == why
+        pytest.skip(why)
     mine = [compiled[_key(r)] for r in PLANNED if r["cc"] == cc]
     assert {(r["kernel"], r["head_dim"]) for r in mine} == {(k, d) for k in tiles.KERNELS
                                                             for d in tiles.GPU_HEAD_DIMS}

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from helpers import compat
+
 __all__ = ["TileConfig", "KERNELS", "COMPILED_TARGETS", "SHARED_MEMORY_PER_BLOCK", "GPU_HEAD_DIMS",
            "GPU_DTYPES", "shared_memory_per_block", "gpu_refusal", "tile_configs", "explicit_config",
            "course_launches"]
@@ -130,6 +132,9 @@ def gpu_refusal(capability: tuple[int, int], dtype: torch.dtype, head_dim: int) 
     if capability < (7, 5):
         return (f"the Triton kernel's tiles are planned and compiled for sm_75 and newer, and this GPU is "
                 f"{sm} (Triton's own README lists compute capability 8.0+ as supported): use SDPA here")
+    compiles, why = compat.triton_compiles_for(capability)
+    if not compiles:
+        return why
     if dtype not in GPU_DTYPES:
         return (f"on a GPU the Triton kernel takes fp16 or bf16 inputs, got {dtype}: its tiles are planned "
                 "for 2-byte elements (fp32 tiles need twice the shared memory); cast q, k, v with .half() "
