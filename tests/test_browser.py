@@ -387,9 +387,9 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> None:
 
 
 def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) -> int | None:
-    """Run the code cells up to the `parameters` cell (set-up, profile and sizes) -> its index; checks the
-    smoke profile."""
-    index = next((i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), None)
+    """Run the code cells up to the `sizes` cell (set-up, parameters, the sizes for this device) -> its
+    index; checks the smoke profile in the line the sizes cell prints."""
+    index = next((i for i, c in enumerate(nb.cells) if "sizes" in c.metadata.get("tags", [])), None)
     if index is None:
         return None
     seen = len(page.kernel_errors)
@@ -398,7 +398,7 @@ def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) ->
             _run_cell(page, i, f"{path.name} cell {i}")
     time.sleep(0.3)
     assert not page.kernel_errors[seen:], (
-        f"{path.name}: the parameters cell failed: {page.kernel_errors[seen:]}"
+        f"{path.name}: the set-up, parameters or sizes cell failed: {page.kernel_errors[seen:]}"
     )
     printed = (
         page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output").all_inner_texts()

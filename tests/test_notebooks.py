@@ -1,6 +1,7 @@
 """Every lesson is committed clean and follows the course's skeleton (DESIGN.md)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,12 @@ def test_follows_the_lesson_skeleton(path):
         f"{path.name}: the first code cell is set-up (tag `bootstrap`), before any import of helpers"
     assert "parameters" in code[1].get("metadata", {}).get("tags", []), \
         f"{path.name}: the second code cell must carry the `parameters` tag"
-    assert "get_profile" in "".join(code[1]["source"]), \
-        f"{path.name}: the parameters cell reads the profile"
+    assert re.search(r"^PROFILE = None\b", "".join(code[1]["source"]), re.M), \
+        f"{path.name}: the parameters cell holds plain values, PROFILE = None among them (papermill -p PROFILE)"
+    assert "sizes" in code[2].get("metadata", {}).get("tags", []), \
+        f"{path.name}: the cell after the parameters cell picks the sizes (tag `sizes`)"
+    assert "get_profile(PROFILE)" in "".join(code[2]["source"]), \
+        f"{path.name}: the sizes cell reads the profile the parameters cell names"
     first_md = "".join(next(c for c in cells if c["cell_type"] == "markdown")["source"])
     assert "**Time:**" in first_md, \
         f"{path.name}: the first markdown cell gives the time it takes (**Time:**)"
