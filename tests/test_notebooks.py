@@ -34,7 +34,7 @@ def test_follows_the_lesson_skeleton(path):
     assert "parameters" in code[1].get("metadata", {}).get("tags", []), \
         f"{path.name}: the second code cell must carry the `parameters` tag"
     assert re.search(r"^PROFILE = None\b", "".join(code[1]["source"]), re.M), \
-        f"{path.name}: the parameters cell holds plain values, PROFILE = None among them (papermill -p PROFILE)"
+        f"{path.name}: the parameters cell holds plain values, PROFILE = None first (papermill -p PROFILE)"
     assert "sizes" in code[2].get("metadata", {}).get("tags", []), \
         f"{path.name}: the cell after the parameters cell picks the sizes (tag `sizes`)"
     assert "get_profile(PROFILE)" in "".join(code[2]["source"]), \
