@@ -72,7 +72,7 @@ EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
     Exercise("03-largest-batch", "03_memory", "The largest batch that fits, surviving out-of-memory errors",
              "largest_batch", "03_memory/largest_batch.py", lesson03.largest_batch,
              gpu="the check simulates a device's memory; on a GPU run yours on the lesson's step as well"),
-    Exercise("04-predict-time", "04_where_time_goes", "Predict an op's time and its regime",
+    Exercise("04-predict-time", "04_where_time_goes", "Predict an op's regime and time, on a CPU and on a GPU",
              "predict_time", "04_where_time_goes/predict_time.py", lesson04.predict_time),
     Exercise("05-graph-break", "05_compile", "Remove the graph breaks: one graph, same loss, same gradients",
              "loss_without_breaks", "05_compile/loss_without_breaks.py", lesson05.graph_break),
