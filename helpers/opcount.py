@@ -188,7 +188,8 @@ def _key(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
 # log-probability per row). The other arguments (the indices) are read whole.
 _GATHERS = {"aten::embedding": ("weight", "rows"), "aten::embedding_bag": ("weight", "rows"),
             "aten::_embedding_bag": ("weight", "rows"), "aten::index": ("self", "out"),
-            "aten::index_select": ("self", "out"), "aten::gather": ("self", "out"), "aten::take": ("self", "out"),
+            "aten::index_select": ("self", "out"), "aten::gather": ("self", "out"),
+            "aten::take": ("self", "out"),
             "aten::nll_loss_forward": ("self", "target"), "aten::nll_loss2d_forward": ("self", "target")}
 # Arguments an op needs only for their shape: nll_loss_backward writes -1/N at the targets of a zeroed
 # tensor shaped like its input, without reading the input's values.

@@ -11,9 +11,9 @@ the ops' time.
 The profiler is not free: it records every event (each op, and each op an op calls), and that costs host time
 (pytorch/pytorch#82793 measured a step at 30.5 ms profiled and 17.8 ms not). So `time_ops` runs each profiled
 step next to a plain one, in alternating order (the noise rule: a change in the machine's load falls on both
-alike), and measures what one event costs in the same rounds: a loop of one-element adds, timed with and without
-the profiler. The profiled step less its events times that cost is what the profile says the plain step takes;
-`helpers.regimes` checks it against the plain step measured beside it.
+alike), and measures what one event costs in the same rounds: a loop of one-element adds, timed with and
+without the profiler. The profiled step less its events times that cost is what the profile says the plain
+step takes; `helpers.regimes` checks it against the plain step measured beside it.
 """
 
 from __future__ import annotations
@@ -72,12 +72,16 @@ class OpTimes:
 
     @property
     def noise(self) -> float:
-        """The plain steps' spread: interquartile range / median (0 with fewer than two rounds)."""
-        plain = [u for _, u in self.pairs]
-        if len(plain) < 2:
+        """How much the rounds disagree: the largest relative spread (IQR / median) of the plain steps, the
+        profiled steps and their ratios (0 with fewer than two rounds)."""
+        if len(self.pairs) < 2:
             return 0.0
-        q1, _, q3 = statistics.quantiles(plain, n=4, method="inclusive")
-        return (q3 - q1) / statistics.median(plain)
+        columns = ([u for _, u in self.pairs], [p for p, _ in self.pairs], [p / u for p, u in self.pairs])
+        spreads = []
+        for values in columns:
+            q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+            spreads.append((q3 - q1) / statistics.median(values))
+        return max(spreads)
 
 
 def _ancestors(event: Any) -> Iterator[Any]:
@@ -118,6 +122,17 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     fn()
     synchronize(device)
     return time.perf_counter() - start
+
+
+def _settle(fn: Callable[[], Any], device: torch.device, *, most: int = 10) -> None:
+    """Run `fn` until a call takes no longer than 1.25x the fastest so far (at most `most` calls): first calls
+    of a new shape pay one-off costs (kernel selection, primitive caches, the allocator's first blocks), more
+    than one warm-up call on some builds."""
+    times: list[float] = []
+    for _ in range(most):
+        times.append(_timed(fn, device))
+        if len(times) >= 2 and times[-1] <= 1.25 * min(times[:-1]):
+            return
 
 
 class _Totals:
@@ -205,6 +220,8 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
     for _ in range(warmup):
         step(phase)
         step(_no_phase)
+    if warmup:
+        _settle(lambda: step(_no_phase), device)
     calibration()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     totals, pairs, costs = _Totals(), [], []
@@ -227,7 +244,8 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
                    {k: v * per for k, v in totals.calls.items()},
                    statistics.fmean(p for p, _ in pairs), steps, device.type,
                    {k: v * per for k, v in totals.top.items()}, busy, totals.comm / 1e6 * per,
-                   totals.kernels * per if gpu else None, statistics.median(u for _, u in pairs), tuple(pairs),
+                   totals.kernels * per if gpu else None, statistics.median(u for _, u in pairs),
+                   tuple(pairs),
                    totals.events * per, {k: v * per for k, v in totals.inside.items()},
                    statistics.median(costs))
 

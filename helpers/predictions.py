@@ -2,8 +2,8 @@
 overhead-bound), of the optimisation that will help it MOST and by how much, locked with the time it was made;
 each optimisation's measured effect with its noise; and the score: did the one predicted help most here, and
 how far was the number off. A prediction locked after the measurement began is refused: it would be recall,
-not prediction. What each optimisation targets in theory is `helpers.regimes.OPTIMISATION_TARGETS` (shown after
-the measurement, not before).
+not prediction. What each optimisation targets in theory is `helpers.regimes.OPTIMISATION_TARGETS` (shown
+after the measurement, not before).
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def lock_predictions(predictions: Mapping[str, Any]) -> Locked:
 
 
 def start_measuring() -> float:
-    """The moment a measurement begins (time.monotonic()): predictions locked later are refused (lesson 04)."""
+    """The moment a measurement begins (time.monotonic()): predictions locked later are refused
+    (lesson 04)."""
     return time.monotonic()
 
 
@@ -103,7 +104,8 @@ def score_predictions(locked: Locked, effects: Mapping[str, Mapping[str, Effect]
     (locked after the measurement began at `measured_at`); with the predicted and measured speed-ups
     (lesson 04)."""
     if not isinstance(locked, Locked):
-        raise ValueError("score locked predictions: lock_predictions(predictions) before the measurement runs "
+        raise ValueError("score locked predictions: lock_predictions(predictions) before the measurement "
+                         "runs "
                          "(a prediction made after it would be recall)")
     late = locked.made_at > measured_at
     results = []
@@ -117,7 +119,8 @@ def score_predictions(locked: Locked, effects: Mapping[str, Mapping[str, Effect]
         if choice is None:
             verdict = "not filled in"
         elif late:
-            verdict = "refused: made after the measurement began (rerun the prediction cell, then the measurement)"
+            verdict = ("refused: made after the measurement began (rerun the prediction cell, then the "
+                       "measurement)")
         elif got is None or got.speedup is None:
             verdict = "not testable here"
         elif choice == best:

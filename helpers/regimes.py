@@ -25,8 +25,8 @@ How an op is placed (the lesson says the same next to its tables):
   fusion and better kernels can win back).
 
 The profiler's own cost is taken out (`helpers.optime` measures it beside each profiled step): op times lose
-the events recorded inside them, the step loses all of its events, and `check_reconciled` compares what is left
-with the step timed without the profiler.
+the events recorded inside them, the step loses all of its events, and `check_reconciled` compares what is
+left with the step timed without the profiler.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ from helpers.roofline import Roofline
 from helpers.tables import Table
 
 __all__ = ["REGIMES", "LABELS", "REGIME_COLORS", "EXCESS", "roof_times", "classify", "predicted_time",
-           "is_synchronous", "MemoryRoofs", "measure_memory_roofs", "measure_peak_flops", "OpRow", "OpTable", "op_table",
-           "profile_step", "check_regimes", "check_roofs", "check_reconciled", "check_flops", "fixed_work_s",
-           "ROOF_MARGIN", "RECONCILE_MARGIN", "TOO_BUSY", "fusion_report", "amdahl_bound", "OPTIMISATION_TARGETS",
-           "why_it_paid"]
+           "is_synchronous", "MemoryRoofs", "measure_memory_roofs", "measure_peak_flops", "OpRow", "OpTable",
+           "op_table", "profile_step", "check_regimes", "check_roofs", "check_reconciled", "check_flops",
+           "fixed_work_s", "ROOF_MARGIN", "RECONCILE_MARGIN", "TOO_BUSY", "fusion_report", "amdahl_bound",
+           "OPTIMISATION_TARGETS", "why_it_paid"]
 
 EXCESS = "below the roof"  # the time ops ran slower than their roof allows
 LABELS = ("compute", "memory", "overhead", "communication")  # the regime an op is labelled with
@@ -56,11 +56,11 @@ REGIME_COLORS = {"compute": "tab:blue", "memory": "tab:orange", "overhead": "tab
                  "communication": "tab:green", EXCESS: "tab:red"}
 # The noise rules of the checks (lesson 04 states them next to the checks):
 ROOF_MARGIN = 10.0  # an op may show at most 10x above its roof: the roofs and the op are timed at different
-# moments, and on a shared 2-core machine (a load average of 7) a roof timed in a busy moment came out up to ~6x
-# below what an op reached in a quiet one; the errors this catches are far beyond (a gather charged for its
-# whole table: ~100x for BERT's embedding; a loss charged for all N x V log-probabilities: V x)
-RECONCILE_MARGIN = 0.25  # the profile, less the profiler's events, within 25 % (+ the plain steps' spread)
-TOO_BUSY = 0.5  # plain steps that spread by 50 % or more (IQR / median): too busy to judge, and said so
+# moments, and on a shared 2-core machine (a load average of 7) a roof timed in a busy moment came out up to
+# ~6x below what an op reached in a quiet one; the errors this catches are far beyond (a gather charged for
+# its whole table: ~100x for BERT's embedding; a loss charged for all N x V log-probabilities: V x)
+RECONCILE_MARGIN = 0.25  # the profile less the profiler's events: within 25 % (+ how far the rounds disagree)
+TOO_BUSY = 0.5  # rounds that disagree by 50 % or more (IQR / median): too busy to judge, and said so
 
 
 def roof_times(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
@@ -287,7 +287,7 @@ class OpTable:
     unprofiled_s: float | None = None  # the plain step, timed beside the profiled one
     profiler_cost_s: float = 0.0  # per step: the profiler's events x the measured cost of one
     pairs: tuple[tuple[float, float], ...] = ()  # (profiled s, unprofiled s) of each round
-    noise: float = 0.0  # the plain steps' spread, IQR / median
+    noise: float = 0.0  # how much the rounds disagree (OpTimes.noise)
     untimed: tuple[str, ...] = ()  # counted ops the profiler never saw, and what was done with each
     memory_roofs: MemoryRoofs | None = None
 
@@ -472,8 +472,8 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
             names = [f"{op} ({ph}, {counts[(ph, op)].calls} calls, {counts[(ph, op)].bytes:,.0f} bytes)"
                      for ph, op in working]
             raise ValueError(f"counted ops the profiler never timed: {names}; their time would hide in the "
-                             "overhead: profile the same step that was counted, or pass untimed='estimate' to "
-                             "give them the model's time, taken out of the time between ops")
+                             "overhead: profile the same step that was counted, or pass untimed='estimate' "
+                             "to give them the model's time, taken out of the time between ops")
         estimated = set(working)
         notes = [f"{op} ({ph}, {counts[(ph, op)].calls} calls): " +
                  ("the model's time, out of the time between ops" if (ph, op) in estimated else "a view")
@@ -506,8 +506,8 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
                     times.noise, tuple(notes), roofs)
     guessed = sum(r.time_s for r in rows if (r.phase, r.label) in estimated)
     if synchronous and guessed > 0 and table.wall_s - table.profiler_cost_s < table.op_time_s + table.comm_s:
-        raise ValueError(f"the model's time of the ops the profiler did not record ({guessed * 1e3:.3g} ms) is "
-                         "more than the time between the recorded ops: the join does not add up")
+        raise ValueError(f"the model's time of the ops the profiler did not record ({guessed * 1e3:.3g} ms) "
+                         "is more than the time between the recorded ops: the join does not add up")
     return table
 
 
@@ -564,10 +564,10 @@ def check_roofs(table: OpTable, *, margin: float = ROOF_MARGIN) -> list[str]:
 
 def check_reconciled(table: OpTable, *, margin: float = RECONCILE_MARGIN) -> list[str]:
     """The profile against the plain step timed beside it (lesson 04): on a CPU, the profiled step less the
-    profiler's events (events x the measured cost of one) must be the plain step within `margin` plus the
-    plain steps' spread (the median of the rounds' ratios is judged); on a GPU, the kernels' busy time cannot
-    exceed the plain step by more. Empty when it holds; one line saying so when the plain steps spread by
-    `TOO_BUSY` or more (the machine too busy to judge)."""
+    profiler's events (events x the measured cost of one) must be the plain step within `margin` plus how much
+    the rounds disagree (`OpTimes.noise`; the median of the rounds' ratios is judged); on a GPU, the kernels'
+    busy time cannot exceed the plain step by more. Empty when it holds, and when the rounds disagree by
+    `TOO_BUSY` or more (the machine too busy to judge: the caller says so)."""
     if not table.pairs:
         return ["no plain step was timed beside the profiled one: use helpers.optime.time_ops"]
     if table.noise >= TOO_BUSY:

@@ -1,6 +1,6 @@
-"""Exercise 04-predict-time (helpers.exercises.lesson04): the solution and every right variant pass; each wrong
-answer a learner would write, written out whole as a learner would, fails with the hint that names its mistake
-(or, where no mistake matches, one that says what differs); the cases change from run to run."""
+"""Exercise 04-predict-time (helpers.exercises.lesson04): the solution and every right variant pass; each
+wrong answer a learner would write, written out whole as a learner would, fails with the hint that names its
+mistake (or, where no mistake matches, one that says what differs); the cases change from run to run."""
 
 from __future__ import annotations
 

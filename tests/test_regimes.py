@@ -264,10 +264,12 @@ def opcount_row(**kw):
 def test_each_op_is_split_into_its_roof_its_calls_and_the_excess():
     r = _row()  # 10 s: 1 s of calls, 6 s at its roof, 3 s below it
     assert r.split(synchronous=True) == {"roof": 6.0, "overhead": 1.0, EXCESS: 3.0}
-    assert r.split(synchronous=False) == {"roof": 6.0, "overhead": 0.0, EXCESS: 4.0}  # a kernel: no launch in it
+    # a GPU op's time is its kernels': no launch in it
+    assert r.split(synchronous=False) == {"roof": 6.0, "overhead": 0.0, EXCESS: 4.0}
     assert _row(time_s=0.5).split(True) == {"roof": 0.0, "overhead": 0.5, EXCESS: 0.0}  # the call, not done
-    table = OpTable((r, _row(label="aten::mm", op_class="matmul", regime="compute", flops=1.0, compute_s=6.0)),
-                    wall_s=25.0, device="cpu", precision="fp32", peak_flops=1.0, bandwidth=1.0, overhead_s=0.5)
+    mm = _row(label="aten::mm", op_class="matmul", regime="compute", flops=1.0, compute_s=6.0)
+    table = OpTable((r, mm), wall_s=25.0, device="cpu", precision="fp32", peak_flops=1.0, bandwidth=1.0,
+                    overhead_s=0.5)
     c = table.causes()  # 5 s outside both ops: overhead, by the one definition
     assert c == {"compute": 6.0, "memory": 6.0, "overhead": 2.0 + 5.0, "communication": 0.0, EXCESS: 6.0}
     assert table.overhead_total_s() == 7.0 and table.outside_s == 5.0
@@ -337,7 +339,8 @@ def test_the_fixed_work_is_what_does_not_grow_with_the_batch():
     counts = {b: count_ops(small_step(batch=b)[1]) for b in (2, 8)}
     fixed = fixed_work_s(counts[2], counts[8], (2, 8), ROOF)
     adamw = sum(c.bytes for (ph, _), c in counts[2].items() if ph == "optimizer") / ROOF.bandwidth
-    every = sum(max(c.flops / ROOF.matmul_flops["fp32"], c.bytes / ROOF.bandwidth) for c in counts[2].values())
+    peak = ROOF.matmul_flops["fp32"]
+    every = sum(max(c.flops / peak, c.bytes / ROOF.bandwidth) for c in counts[2].values())
     assert adamw <= fixed < every  # AdamW's traffic at least, not all of the batch-2 step's work
     with pytest.raises(ValueError):
         fixed_work_s(counts[2], counts[8], (8, 2), ROOF)
@@ -496,7 +499,8 @@ def test_score_predictions_helped_most_not_helped_at_all():
                   "overhead-bound": ("CUDA graphs", 3.0)})
     locked = lock_predictions(preds)
     result = {r["kind"]: r for r in score_predictions(locked, effects, measured_at=start_measuring())}
-    assert result["compute-bound"]["verdict"] == "did not hold" and result["compute-bound"]["best"] == "bigger batch"
+    assert result["compute-bound"]["verdict"] == "did not hold"
+    assert result["compute-bound"]["best"] == "bigger batch"
     assert result["compute-bound"]["off"] == pytest.approx(0.05)  # 0.1x measured for the 2x predicted
     # bf16 helped the memory-bound op (1.3x, beyond its noise) but compile helped it most: not held
     assert result["memory-bound"]["verdict"] == "did not hold" and result["memory-bound"]["best"] == "compile"
@@ -505,8 +509,9 @@ def test_score_predictions_helped_most_not_helped_at_all():
     locked = lock_predictions({"memory-bound": ("bf16", 2.0)})
     verdict = score_predictions(locked, tied, measured_at=start_measuring())[1]["verdict"]
     assert verdict.startswith("held (tied with compile")
-    blank = {r["kind"]: r["verdict"] for r in score_predictions(lock_predictions(blank_predictions()), effects,
-                                                                 measured_at=start_measuring())}
+    blank_locked = lock_predictions(blank_predictions())
+    blank = {r["kind"]: r["verdict"]
+             for r in score_predictions(blank_locked, effects, measured_at=start_measuring())}
     assert set(blank.values()) == {"not filled in"}
 
 

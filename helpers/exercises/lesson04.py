@@ -1,11 +1,11 @@
 """The check of exercise 04-predict-time (lesson 04, `04_where_time_goes`): an op's regime and the time the
-roofline model gives it, in both time models: on a synchronous device (a CPU) the calls' cost and the work add,
-calls × overhead + max(compute, memory); on an asynchronous one (a GPU) the launches hide under the running
-kernels, max(compute, memory, calls × overhead). The regime is the largest of the three times in both.
+roofline model gives it, in both time models: on a synchronous device (a CPU) the calls' cost and the work
+add, calls × overhead + max(compute, memory); on an asynchronous one (a GPU) the launches hide under the
+running kernels, max(compute, memory, calls × overhead). The regime is the largest of the three times in both.
 
-The cases are drawn for each check (a seed per run, said in the line; `seed=` repeats a run): a made-up machine
-(peak FLOP/s, bandwidth, cost of a call) and ops clearly in each regime, plus ops whose calls cost a fair part
-of their work, where the two models differ. The expected values are computed here, apart from
+The cases are drawn for each check (a seed per run, said in the line; `seed=` repeats a run): a made-up
+machine (peak FLOP/s, bandwidth, cost of a call) and ops clearly in each regime, plus ops whose calls cost a
+fair part of their work, where the two models differ. The expected values are computed here, apart from
 `helpers.regimes`: an answer that calls the course's own `classify`, `roof_times` or `predicted_time` is
 refused (it would pass without the learner writing the rule). A wrong time is named only when it equals what
 that mistake gives on the case; otherwise the hint says which case, what came out and by how much it is off.
@@ -63,8 +63,9 @@ class Case:
 
     def __str__(self) -> str:
         model = "synchronous" if self.synchronous else "asynchronous"
-        return (f"{self.flops:.4g} FLOPs, {self.bytes_moved:.4g} bytes, {self.calls} call(s) on {self.peak_flops:.3g} "
-                f"FLOP/s, {self.bandwidth:.3g} B/s, {self.overhead_s:.3g} s per call, {model}")
+        return (f"{self.flops:.4g} FLOPs, {self.bytes_moved:.4g} bytes, {self.calls} call(s) on "
+                f"{self.peak_flops:.3g} FLOP/s, {self.bandwidth:.3g} B/s, {self.overhead_s:.3g} s per call, "
+                f"{model}")
 
 
 def _machine(rng: random.Random) -> tuple[float, float, float]:
@@ -138,8 +139,9 @@ def _hypotheses(case: Case) -> list[tuple[str, float, str]]:
     out = [("sum", c + m + o, both)]
     if case.synchronous:
         out.append(("max-on-synchronous", max(work, o),
-                    "on a synchronous device (a CPU) each call is paid before its work starts, so the two add: "
-                    "calls × overhead + max(compute, memory); the largest of the three is the GPU's model"))
+                    "on a synchronous device (a CPU) each call is paid before its work starts, so the two "
+                    "add: calls × overhead + max(compute, memory); the largest of the three is the GPU's "
+                    "model"))
     else:
         out.append(("additive-on-asynchronous", o + work,
                     "on an asynchronous device (a GPU) the host launches the next kernels while earlier ones "
@@ -184,8 +186,8 @@ def _diagnose_regime(case: Case, regime: str) -> None:
     times = f"compute {t['compute']:.3g} s, memory {t['memory']:.3g} s, overhead {t['overhead']:.3g} s"
     if case.regime == "overhead" and regime == ridge:
         raise Wrong("ridge-only", f"for {case}: {regime}, expected overhead ({times})",
-                    "the ridge point only tells compute from memory; an op whose calls cost more than its work "
-                    "is overhead-bound: compare all three times")
+                    "the ridge point only tells compute from memory; an op whose calls cost more than its "
+                    "work is overhead-bound: compare all three times")
     if regime == min(t, key=t.get):
         raise Wrong("smallest", f"for {case}: {regime}, the smallest of its times ({times})",
                     "the regime is the term that sets the time: the largest of the three")
@@ -213,7 +215,8 @@ def predict_time(answer: Callable, *, seed: int | None = None, device: Any = Non
         if regime not in _REGIMES:
             raise Wrong("regime-name", f"regime {regime!r}", f"answer one of {_REGIMES}, lesson 04's names")
         if isinstance(seconds, (str, bytes)) or not hasattr(seconds, "__float__"):
-            raise Wrong("seconds-type", f"seconds is a {type(seconds).__name__}", "return the time as a number")
+            raise Wrong("seconds-type", f"seconds is a {type(seconds).__name__}",
+                        "return the time as a number")
         answers.append((case, regime, float(seconds)))
     wrong_times = [(case, s) for case, _, s in answers if not close(s, case.seconds, 1e-6)]
     if wrong_times:
