@@ -66,9 +66,16 @@ def test_two_ops_pass_and_a_roof_too_low_fails():
     # planted: roofs in the wrong unit (kFLOP/s, kB/s): beaten however busy the machine is
     with pytest.raises(AssertionError, match="faster than its roof"):
         run_cell("2cc2e2cb", base_ns(PEAK=1e3, memory_roofs=MemoryRoofs((), (), 1e3, None)))
-    with pytest.raises(AssertionError):  # planted: GELU's bytes counted for its input only
-        run_cell("2cc2e2cb", base_ns(), plant=("assert gelu.bytes == 2 * h.nbytes",
-                                               "assert gelu.bytes == h.nbytes"))
+
+
+@pytest.mark.parametrize("plant", [
+    ("assert mm.flops == 2 * tokens * d * 4 * d", "assert mm.flops == tokens * d * 4 * d"),  # one per FMA
+    ("assert mm.bytes == x.nbytes + w.nbytes + h.nbytes", "assert mm.bytes == x.nbytes + w.nbytes"),
+    ("assert gelu.bytes == 2 * h.nbytes", "assert gelu.bytes == h.nbytes"),  # its output forgotten
+])
+def test_the_formulas_of_step_2_fail_on_a_wrong_formula(plant):
+    with pytest.raises(AssertionError):
+        run_cell("2cc2e2cb", base_ns(), plant=plant)
 
 
 # --- step 3: the profile against the plain step ------------------------------------------------------------
