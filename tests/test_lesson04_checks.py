@@ -113,7 +113,7 @@ def _sweep_ns(overhead_s: float, spread: float = 0.0) -> dict:
     from helpers.models import small_config
 
     cfg = small_config("smoke", vocab_size=256, n_layers=1, d_model=32, n_heads=2)
-    ns = base_ns(cfg=cfg, make_optimizer=_optimizer, BATCHES=[2, 4, 8], SWEEP_ROUNDS=3,
+    ns = base_ns(cfg=cfg, make_optimizer=_optimizer, BATCHES=[2, 4], SWEEP_ROUNDS=3,
                  fixed_work_s=fixed_work_s, timing_from=timing_from)
     ns.update(profile_step=lambda *a, **k: _table([(1.0, 1.0)] * 5, 0.0), check_reconciled=check_reconciled,
               PROFILE_STEPS=2, contextlib=__import__("contextlib"))
