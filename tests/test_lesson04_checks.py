@@ -26,7 +26,7 @@ from helpers.regimes import (
 )
 from helpers.roofline import Roofline
 from helpers.tables import Table
-from helpers.timing import Timing, benchmark, benchmark_interleaved, timing_from
+from helpers.timing import Timing, benchmark, benchmark_interleaved, time_interleaved, timing_from
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04_where_time_goes.ipynb"
 ROOF = Roofline("test machine", {"fp32": 100e9}, 10e9, 512, 2**20)
@@ -166,7 +166,8 @@ def test_each_op_of_step_7_is_held_to_its_model(monkeypatch):
         return (lambda t: t * 2), (torch.randn(8 * rows_scale, 8),)
 
     ns = base_ns(kind_inputs=kind_inputs, start_measuring=start_measuring, COMPILE_ALL=False, BIGGER=2,
-                 benchmark_interleaved=benchmark_interleaved, time=__import__("time"), MIN_RUN_TIME=0.01,
+                 benchmark_interleaved=benchmark_interleaved, time_interleaved=time_interleaved,
+                 time=__import__("time"), MIN_RUN_TIME=0.01,
                  model={k: ("memory", 1e-9) for k in ("compute-bound", "memory-bound", "overhead-bound")})
     run_cell("1f45efc5", ns)
     ns["model"] = {k: ("memory", 1e3) for k in ns["model"]}  # planted: counts that say 1000 s per call
