@@ -118,34 +118,37 @@ def _planted_is_caught(run, capsys, what: str) -> None:
 
 
 def test_l00_add_roof_check_catches_an_add_counted_with_12_bytes(monkeypatch, tmp_path, capsys):
+    # small sizes: the planted error must be caught (or the machine said too busy); the correct count at the
+    # lesson's own sizes (beyond the real cache) is the next test's
     ns = _roof_ns(monkeypatch, tmp_path)
     run_cell(L00, "eb385e16", ns)  # defines roof_verdict and the margin
     capsys.readouterr()
     ns |= {"copy_mb": 64, "roof": types.SimpleNamespace(matmul_flops={"fp32": 1e9})}
-    if _judged_or_busy(lambda: run_cell(L00, "f5087b48", ns), capsys):
-        assert ns["add_best"] <= 1 + max(ns["ROOF_MARGIN"] - 1, ns["add_noise"])
     planted = ("ADD_BYTES_PER_ELEMENT = 2 * x.element_size()", "ADD_BYTES_PER_ELEMENT = 3 * x.element_size()")
     _planted_is_caught(lambda: run_cell(L00, "f5087b48", ns, plant=planted), capsys,
                        "an add counted with 12 bytes")
 
 
 def test_l00_roof_checks_hold_with_the_other_core_busy(monkeypatch, tmp_path, capsys):
-    """The roof checks run while another process keeps a core busy (issue 32: they failed for the wrong reason
-    on a busy machine): they pass or say the machine is too busy; they never fail on correct counts."""
+    """The roof checks at the lesson's own copy size (beyond this machine's real last-level cache), while
+    another process keeps a core busy (issue 32: they failed for the wrong reason on a busy machine): they
+    pass or say the machine is too busy; they never fail on correct counts."""
     import subprocess
     import sys
 
+    from helpers.device import last_level_cache_bytes
+
+    llc = last_level_cache_bytes("cpu") or 2**20
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one core, busy
     try:
-        ns = _roof_ns(monkeypatch, tmp_path)
-        for _ in range(2):  # twice in one namespace, as a second Run All does
-            run_cell(L00, "eb385e16", ns)
-            run_cell(L00, "f5087b48", ns | {"copy_mb": 16})
+        ns = _roof_ns(monkeypatch, tmp_path) | {"last_level_cache_bytes": lambda device: llc}
+        run_cell(L00, "eb385e16", ns)
+        run_cell(L00, "f5087b48", ns)
     finally:
         spin.kill()
         spin.wait()
     out = capsys.readouterr().out
-    assert out.count("caught") + out.count("too busy to judge") == 4, out
+    assert out.count("caught") + out.count("too busy to judge") == 2, out
 
 
 def test_last_level_cache_bytes(monkeypatch):

@@ -211,11 +211,15 @@ def test_a_doubled_matmul_is_caught_by_the_formula(step_table):
 
 def test_the_step_passes_its_checks_and_a_planted_overcount_fails_them(step_table):
     _, table = step_table
-    assert check_regimes(table) == []
+    # the made-up roofline is far below this machine's caches: only the rows' own consistency is judged here
+    # (the roof rule against real timings is lesson 04's, tested in test_lesson04_checks.py)
+    roof_problems = ("its compute roof", "its memory roof")
+    assert [p for p in check_regimes(table) if not any(w in p for w in roof_problems)] == []
     gelu = table.row("aten::gelu")
     assert gelu.regime in ("memory", "overhead") and gelu.intensity < ROOF.ridge_point()
-    rows = [dataclasses.replace(r, bytes=r.bytes * 1000, roof_s=r.roof_s * 1000) if r.label == "aten::gelu"
-            else r for r in table.rows]  # planted: GELU's bytes counted 1000x
+    k = 100 * gelu.time_s / gelu.roof_s  # planted: GELU's bytes counted so often it "ran" 100x above its roof
+    rows = [dataclasses.replace(r, bytes=r.bytes * k, roof_s=r.roof_s * k) if r.label == "aten::gelu"
+            else r for r in table.rows]
     problems = check_regimes(dataclasses.replace(table, rows=tuple(rows)))
     assert any("aten::gelu" in p and "its memory roof" in p for p in problems)
     rows = [dataclasses.replace(r, regime="fast") if r.label == "aten::gelu" else r for r in table.rows]
