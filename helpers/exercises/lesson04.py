@@ -3,7 +3,8 @@ roofline model gives it, in both time models: on a synchronous device (a CPU) th
 add, calls × overhead + max(compute, memory); on an asynchronous one (a GPU) the launches hide under the
 running kernels, max(compute, memory, calls × overhead). The regime is the largest of the three times in both.
 
-The cases are drawn for each check (a seed per run, said in the line; `seed=` repeats a run): a made-up
+The cases are drawn for each check (`helpers.exercises.core.draw_seed`: a seed per run, shown in the line;
+`seed=` replays a run): a made-up
 machine (peak FLOP/s, bandwidth, cost of a call) and ops clearly in each regime, plus ops whose calls cost a
 fair part of their work, where the two models differ. The expected values are computed here, apart from
 `helpers.regimes`: an answer that calls the course's own `classify`, `roof_times` or `predicted_time` is
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from helpers.exercises.core import Wrong, close, unpack
+from helpers.exercises.core import Wrong, close, draw_seed, unpack
 
 __all__ = ["predict_time", "draw_cases", "Case"]
 
@@ -195,11 +196,11 @@ def _diagnose_regime(case: Case, regime: str) -> None:
                 "the regime is the largest of the three times, in both time models")
 
 
-def predict_time(answer: Callable, *, seed: int | None = None, device: Any = None) -> str:
+def predict_time(answer: Callable, seed: int | None = None, device: Any = None) -> str:
     """04-predict-time: answer(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous) ->
     (regime, seconds), on cases drawn for this run (`seed`: repeat one); `device`: the lesson's, to say which
     model fits it."""
-    seed = random.SystemRandom().randrange(2**31) if seed is None else seed
+    seed = draw_seed() if seed is None else seed
     cases = draw_cases(seed)
     with _watch_course_functions() as used:
         results = [answer(*case.args) for case in cases]
@@ -234,4 +235,4 @@ def predict_time(answer: Callable, *, seed: int | None = None, device: Any = Non
                  "work (the additive model)" if sync else
                  "asynchronous: kernels queue while earlier ones run, so the launches hide under the work "
                  "(the largest of the three)"))
-    return (f"regime and time right in {len(cases)} drawn cases (seed {seed}), both time models{here}")
+    return f"regime and time right in {len(cases)} drawn cases, both time models{here}"
