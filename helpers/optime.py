@@ -35,7 +35,7 @@ __all__ = ["OpTimes", "time_ops", "busy_time", "per_call_overhead", "cuda_graphe
 
 PHASE_PREFIX = "phase: "  # the profiler labels each phase "phase: forward", ...
 CALIBRATION = "profiler: cost of one event"  # the record_function around the calibration loop
-CALIBRATION_CALLS = 1000  # one-element adds per round that price one profiler event
+CALIBRATION_CALLS = 300  # one-element adds per round that price one profiler event
 
 
 @dataclass(frozen=True)
