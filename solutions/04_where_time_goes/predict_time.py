@@ -2,8 +2,9 @@
 
 
 def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):
-    """-> (regime, seconds): the largest of the three times names the regime; the time adds the calls' cost to
-    the work on a synchronous device (a CPU) and is the largest of the three on an asynchronous one (a GPU)."""
+    """-> (regime, seconds): the largest of the three times names the regime; the time adds the calls' cost
+    to the work on a synchronous device (a CPU) and is the largest of the three on an asynchronous one
+    (a GPU)."""
     times = {"compute": flops / peak_flops,  # the arithmetic at the peak rate
              "memory": bytes_moved / bandwidth,  # the traffic at the copy bandwidth
              "overhead": calls * overhead_s}  # the fixed cost of every call
