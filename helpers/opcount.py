@@ -13,8 +13,13 @@ How each number is obtained (the lesson says the same next to its tables):
   at the sizes the course runs.
 - **bytes**: the minimum traffic: every tensor an op reads, once, plus every tensor it writes (returns, or
   its schema marks as mutated), once; a broadcast input counts the elements it stores; views move nothing.
-  Real kernels can move more (a matmul re-reads tiles), and on a CPU caches can hide some: an op whose
-  tensors stay in cache can sit above a memory roof measured with a copy much larger than the caches.
+  Index and gather ops are charged for what they touch, not for the whole table: an embedding look-up reads
+  the distinct rows its indices name (not the vocabulary), `nll_loss` one log-probability per target (not
+  N × V), `index`/`gather`/`index_select` the elements they select, and a scatter (`index_put_`,
+  `index_add_`, `scatter_add_`) writes (and, accumulating, reads) only the elements it updates;
+  `nll_loss_backward` reads its input's shape only. Real kernels can move more (a matmul re-reads tiles);
+  a tensor small enough to stay in a cache moves at the cache's bandwidth (`helpers.regimes` gives such ops
+  a cache roof).
 
 A step is a function `step(phase)` that wraps its parts in `with phase("forward"):` (and "backward",
 "optimizer"...): the same function is run once under the counters and a few times under the profiler, and
@@ -177,27 +182,102 @@ def _key(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
     return (t.data_ptr(), t.numel(), tuple(t.shape))
 
 
+# Gathers: (the argument read only where the indices point, how much of it is read). "rows": the distinct rows
+# its indices name (an embedding table: one row per distinct token); "out": as many elements as the op
+# returns (index, gather, index_select, take); "target": one element per target (nll_loss picks one
+# log-probability per row). The other arguments (the indices) are read whole.
+_GATHERS = {"aten::embedding": ("weight", "rows"), "aten::embedding_bag": ("weight", "rows"),
+            "aten::_embedding_bag": ("weight", "rows"), "aten::index": ("self", "out"),
+            "aten::index_select": ("self", "out"), "aten::gather": ("self", "out"),
+            "aten::take": ("self", "out"),
+            "aten::nll_loss_forward": ("self", "target"), "aten::nll_loss2d_forward": ("self", "target")}
+# Arguments an op needs only for their shape: nll_loss_backward writes -1/N at the targets of a zeroed
+# tensor shaped like its input, without reading the input's values.
+_SHAPE_ONLY = {"aten::nll_loss_backward": ("self",), "aten::nll_loss2d_backward": ("self",)}
+# Scatters: (the mutated argument, the argument whose size is what it updates, whether it reads what it
+# updates). Only the updated elements of the destination move, not the whole tensor.
+_SCATTERS = {"aten::index_put_": ("self", "values", "accumulate"), "aten::_index_put_impl_":
+             ("self", "values", "accumulate"), "aten::index_add_": ("self", "source", True),
+             "aten::index_copy_": ("self", "source", False), "aten::scatter_add_": ("self", "index", True),
+             "aten::scatter_": ("self", "index", False), "aten::scatter_reduce_": ("self", "index", True)}
+
+
+def _distinct_rows(weight: torch.Tensor, indices: torch.Tensor) -> int:
+    """Bytes of the distinct rows of `weight` (a (rows, ...) table) that `indices` name."""
+    rows = int(torch.unique(indices).numel()) if indices.numel() else 0
+    return min(rows, weight.shape[0]) * (weight[0].numel() if weight.dim() else 1) * weight.element_size()
+
+
+def _argument(schema: Any, args: tuple, kwargs: dict, name: str) -> Any:
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == name:
+            return args[i] if i < len(args) else kwargs.get(name, arg.default_value)
+    return None
+
+
+def _partial_bytes(name: str, schema: Any, args: tuple, kwargs: dict, out: Any) -> dict[str, tuple[int, int]]:
+    """{argument: (bytes read, bytes written)} for the arguments an index op touches only in part."""
+    if name in _GATHERS:
+        arg, rule = _GATHERS[name]
+        table = _argument(schema, args, kwargs, arg)
+        if not isinstance(table, torch.Tensor):
+            return {}
+        if rule == "rows":
+            index = _argument(schema, args, kwargs, "indices")
+            return {arg: (_distinct_rows(table, index), 0)}
+        if rule == "target":
+            target = _argument(schema, args, kwargs, "target")
+            return {arg: (min(target.numel(), table.numel()) * table.element_size(), 0)}
+        result = next(_tensors(out), None)
+        n = result.numel() if result is not None else table.numel()
+        return {arg: (min(n, table.numel()) * table.element_size(), 0)}
+    if name in _SHAPE_ONLY:
+        return {arg: (0, 0) for arg in _SHAPE_ONLY[name]}
+    if name in _SCATTERS:
+        arg, by, reads = _SCATTERS[name]
+        dest, size = _argument(schema, args, kwargs, arg), _argument(schema, args, kwargs, by)
+        if not isinstance(dest, torch.Tensor) or not isinstance(size, torch.Tensor):
+            return {}
+        touched = min(size.numel(), dest.numel()) * dest.element_size()
+        accumulates = bool(_argument(schema, args, kwargs, reads)) if isinstance(reads, str) else reads
+        return {arg: (touched if accumulates else 0, touched)}
+    return {}
+
+
 def _traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int, int]:
-    """(bytes read, bytes written, elements written) of one call: inputs once, outputs and mutated once."""
+    """(bytes read, bytes written, elements written) of one call: inputs once, outputs and mutated once;
+    index ops only what they touch (`_GATHERS`, `_SCATTERS`)."""
     schema = op_schema(func)
     name = schema.name
     if func.is_view or _NO_DATA.search(name):
         return 0, 0, 0
+    partial = _partial_bytes(name, schema, args, kwargs, out)
     written: dict[tuple, torch.Tensor] = {}
     read: dict[tuple, torch.Tensor] = {}
+    extra_read = extra_written = extra_elements = 0
     write_only = bool(_WRITE_ONLY.search(name))
+    partial_keys: set[tuple] = set()
     for i, arg in enumerate(schema.arguments):
         value = args[i] if i < len(args) else kwargs.get(arg.name)
         mutated = arg.alias_info is not None and arg.alias_info.is_write
+        if arg.name in partial:  # touched in part: its bytes are counted by the rule, not whole
+            r, w = partial[arg.name]
+            extra_read, extra_written = extra_read + r, extra_written + w
+            for t in _tensors(value):
+                partial_keys.add(_key(t))
+                extra_elements += w // max(t.element_size(), 1)
+            continue
         for t in _tensors(value):
             if mutated or arg.is_out:
                 written[_key(t)] = t
             if not (arg.is_out or (mutated and write_only)):
                 read[_key(t)] = t
     for t in _tensors(out):
-        written[_key(t)] = t
-    return (sum(_stored_bytes(t) for t in read.values()), sum(_stored_bytes(t) for t in written.values()),
-            sum(t.numel() for t in written.values()))
+        if _key(t) not in partial_keys:  # an in-place scatter returns its destination: counted above
+            written[_key(t)] = t
+    return (sum(_stored_bytes(t) for t in read.values()) + extra_read,
+            sum(_stored_bytes(t) for t in written.values()) + extra_written,
+            sum(t.numel() for t in written.values()) + extra_elements)
 
 
 class _Recorder(TorchDispatchMode):

@@ -7,11 +7,20 @@ Each op is timed as the profiler's outermost event of that name (its children, e
 fused optimizer, belong to it): CPU time on a CPU, the time of the kernels it launched on a GPU. What no op
 accounts for (Python, the autograd engine, the GPU waiting for the next launch) is the step's wall time minus
 the ops' time.
+
+The profiler is not free: it records every event (each op, and each op an op calls), and that costs host time
+(pytorch/pytorch#82793 measured a step at 30.5 ms profiled and 17.8 ms not). So `time_ops` runs each profiled
+step next to a plain one, in alternating order (the noise rule: a change in the machine's load falls on both
+alike), and measures what one event costs in the same rounds: a loop of one-element adds, timed with and
+without the profiler. The profiled step less its events times that cost is what the profile says the plain
+step takes; `helpers.regimes` checks it against the plain step measured beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,21 +34,54 @@ from helpers.timing import benchmark, synchronize
 __all__ = ["OpTimes", "time_ops", "busy_time", "per_call_overhead", "cuda_graphed"]
 
 PHASE_PREFIX = "phase: "  # the profiler labels each phase "phase: forward", ...
+CALIBRATION = "profiler: cost of one event"  # the record_function around the calibration loop
+CALIBRATION_CALLS = 300  # one-element adds per round that price one profiler event
 
 
 @dataclass(frozen=True)
 class OpTimes:
-    """Per-step times of a step's ops from torch.profiler, and the step's wall time under it (lesson 04)."""
+    """Per-step times of a step's ops from torch.profiler, the step's wall time under it, and the same step
+    timed without it in the same rounds (lesson 04)."""
 
-    times_s: dict[tuple[str, str], float]  # (phase, op) -> seconds per step (outermost events of that op)
+    times_s: dict[tuple[str, str], float]  # (phase, op) -> seconds per step (outermost events, as profiled)
     calls: dict[tuple[str, str], float]  # (phase, op) -> calls per step, as the profiler saw them
-    wall_s: float  # seconds per step, profiled (the profiler adds its own cost per op)
+    wall_s: float  # seconds per step, profiled (the mean of the rounds, as the ops' times are)
     steps: int
     device: str  # "cpu" or "cuda"
     top_level: dict[str, float] = field(default_factory=dict)  # aten op -> calls per step, outermost events
     busy_s: float | None = None  # GPU: seconds per step some kernel ran (None on a CPU)
     comm_s: float = 0.0  # seconds per step in communication events (c10d / NCCL / Gloo)
     kernels: float | None = None  # GPU: kernels launched per step (None on a CPU)
+    unprofiled_s: float | None = None  # seconds per step without the profiler (the median of the rounds)
+    pairs: tuple[tuple[float, float], ...] = ()  # (profiled s, unprofiled s) of each round, side by side
+    events: float = 0.0  # profiler events per step (every op, the ops they call, the phases)
+    inside_events: dict[tuple[str, str], float] = field(default_factory=dict)  # events inside an op's spans
+    event_cost_s: float = 0.0  # host seconds the profiler adds per event (measured in the same rounds)
+
+    @property
+    def profiler_cost_s(self) -> float:
+        """Seconds per step the profiler's own events add: events x the measured cost of one."""
+        return self.events * self.event_cost_s
+
+    @property
+    def ratio(self) -> float:
+        """Profiled / unprofiled step: the median of the rounds' ratios (nan without plain steps)."""
+        if not self.pairs:
+            return math.nan
+        return statistics.median(p / u for p, u in self.pairs)
+
+    @property
+    def noise(self) -> float:
+        """How much the rounds disagree: the largest relative spread (IQR / median) of the plain steps, the
+        profiled steps and their ratios (0 with fewer than two rounds)."""
+        if len(self.pairs) < 2:
+            return 0.0
+        columns = ([u for _, u in self.pairs], [p for p, _ in self.pairs], [p / u for p, u in self.pairs])
+        spreads = []
+        for values in columns:
+            q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+            spreads.append((q3 - q1) / statistics.median(values))
+        return max(spreads)
 
 
 def _ancestors(event: Any) -> Iterator[Any]:
@@ -70,12 +112,88 @@ def busy_time(intervals: Sequence[tuple[float, float]]) -> float:
     return total
 
 
+def _no_phase(name: str) -> contextlib.nullcontext:
+    return contextlib.nullcontext()
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def _settle(fn: Callable[[], Any], device: torch.device, *, most: int = 10) -> None:
+    """Run `fn` until a call takes no longer than 1.25x the fastest so far (at most `most` calls): first calls
+    of a new shape pay one-off costs (kernel selection, primitive caches, the allocator's first blocks), more
+    than one warm-up call on some builds."""
+    times: list[float] = []
+    for _ in range(most):
+        times.append(_timed(fn, device))
+        if len(times) >= 2 and times[-1] <= 1.25 * min(times[:-1]):
+            return
+
+
+class _Totals:
+    """What the profiled rounds saw, summed over the rounds (divided by the rounds at the end)."""
+
+    def __init__(self) -> None:
+        self.times: Counter = Counter()
+        self.calls: Counter = Counter()
+        self.top: Counter = Counter()
+        self.inside: Counter = Counter()
+        self.comm = self.events = self.busy_us = self.kernels = 0.0
+
+
+def _read_round(events: list, totals: _Totals, is_counted: Callable[[str, str], bool], gpu: bool) -> None:
+    """Add one profiled round's events to `totals` (the calibration loop's events left out)."""
+    from torch.autograd import DeviceType
+
+    cpu = [e for e in events if e.device_type == DeviceType.CPU and not e.is_async]
+    calibration = [e for e in cpu if e.name == CALIBRATION]
+    spans = sorted((e.time_range.start, e.time_range.end, e.name[len(PHASE_PREFIX):])
+                   for e in cpu if e.name.startswith(PHASE_PREFIX))
+
+    def phase_of(t: float) -> str:
+        for a, b, name in spans:
+            if a <= t <= b:
+                return name
+        return DEFAULT_PHASE
+
+    for e in cpu:
+        if e.name == CALIBRATION:
+            continue
+        above = list(_ancestors(e))
+        if any(a in calibration for a in above):
+            continue
+        totals.events += 1
+        ph = phase_of(e.time_range.start)
+        us = _device_time_us(e) if gpu else e.cpu_time_total
+        if e.name.startswith("aten::") and not any(a.name.startswith("aten::") for a in above):
+            totals.top[e.name] += 1
+        owner = next((a for a in reversed(above) if is_counted(a.name, ph)), None)  # outermost counted op
+        if owner is not None:
+            totals.inside[(ph, owner.name)] += 1  # its cost in the profiler falls inside that op's time
+        elif is_counted(e.name, ph):
+            totals.times[(ph, e.name)] += us
+            totals.calls[(ph, e.name)] += 1
+        elif is_communication(e.name) and not any(is_communication(a.name) for a in above):
+            totals.comm += us  # communication no counted op accounts for (DDP's reducer calls the backend)
+    if gpu:  # every kernel (and memcpy/memset) the GPU ran, as (start, end) in µs; not the GPU-side copies
+        # of record_function ranges ("gpu_user_annotation"), which span whole phases
+        spans_gpu = [(e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+        totals.busy_us += busy_time(spans_gpu)
+        totals.kernels += len(spans_gpu)
+
+
 def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
              steps: int = 3, warmup: int = 1,
              counted: Mapping[tuple[str, str], Any] | None = None) -> OpTimes:
-    """Profile `steps` runs of `step(phase)` after `warmup`: time per (phase, op) of the ops in `counted`
-    (default: every op the profiler names aten::), and the wall time per step (lesson 04)."""
-    from torch.autograd import DeviceType
+    """Profile `steps` runs of `step(phase)` after `warmup`, each next to a plain run (alternating which goes
+    first): time per (phase, op) of the ops in `counted` (default: every op the profiler names aten::), the
+    profiled and unprofiled wall time per step, the profiler's events and what one costs (lesson 04)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     if steps < 1 or warmup < 0:
@@ -86,27 +204,6 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
     def phase(name: str) -> Any:
         return record_function(PHASE_PREFIX + check_phase(name))
 
-    for _ in range(warmup):
-        step(phase)
-    synchronize(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    with profile(activities=activities) as prof:
-        start = time.perf_counter()
-        for _ in range(steps):
-            step(phase)
-        synchronize(device)
-        wall = (time.perf_counter() - start) / steps
-    events = list(prof.events())
-    cpu = [e for e in events if e.device_type == DeviceType.CPU and not e.is_async]
-    spans = sorted((e.time_range.start, e.time_range.end, e.name[len(PHASE_PREFIX):])
-                   for e in cpu if e.name.startswith(PHASE_PREFIX))
-
-    def phase_of(t: float) -> str:
-        for a, b, name in spans:
-            if a <= t <= b:
-                return name
-        return DEFAULT_PHASE
-
     wanted: dict[str, set[str]] = {}
     for ph, op in (counted or {}):
         wanted.setdefault(ph, set()).add(op)
@@ -114,31 +211,43 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
     def is_counted(name: str, ph: str) -> bool:
         return name in wanted.get(ph, ()) if counted is not None else name.startswith("aten::")
 
-    times: Counter = Counter()
-    calls: Counter = Counter()
-    top: Counter = Counter()
-    comm = 0.0
-    for e in cpu:
-        ph = phase_of(e.time_range.start)
-        above = list(_ancestors(e))
-        us = _device_time_us(e) if gpu else e.cpu_time_total
-        if e.name.startswith("aten::") and not any(a.name.startswith("aten::") for a in above):
-            top[e.name] += 1
-        inside = any(is_counted(a.name, ph) for a in above)  # its time is in that op's
-        if is_counted(e.name, ph) and not inside:
-            times[(ph, e.name)] += us
-            calls[(ph, e.name)] += 1
-        elif is_communication(e.name) and not inside and not any(is_communication(a.name) for a in above):
-            comm += us  # communication no counted op accounts for (DDP's reducer calls the backend directly)
-    busy = kernels = None
-    if gpu:  # every kernel (and memcpy/memset) the GPU ran, as (start, end) in µs; not the GPU-side copies
-        # of record_function ranges ("gpu_user_annotation"), which span whole phases
-        spans_gpu = [(e.time_range.start, e.time_range.end) for e in events
-                     if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
-        busy, kernels = busy_time(spans_gpu) / 1e6 / steps, len(spans_gpu) / steps
-    return OpTimes({k: v / 1e6 / steps for k, v in times.items()}, {k: v / steps for k, v in calls.items()},
-                   wall, steps, device.type, {k: v / steps for k, v in top.items()}, busy, comm / 1e6 / steps,
-                   kernels)
+    one, out = torch.ones(1, device=device), torch.empty(1, device=device)
+
+    def calibration() -> None:  # the smallest op, many times: what the profiler adds to each call
+        for _ in range(CALIBRATION_CALLS):
+            torch.add(one, one, out=out)
+
+    for _ in range(warmup):
+        step(phase)
+        step(_no_phase)
+    if warmup:
+        _settle(lambda: step(_no_phase), device)
+    calibration()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    totals, pairs, costs = _Totals(), [], []
+    for r in range(steps):
+        plain_first = r % 2 == 0  # ab, ba, ab, ...: a change of load falls on both arms alike
+        if plain_first:
+            plain, plain_loop = _timed(lambda: step(_no_phase), device), _timed(calibration, device)
+        with profile(activities=activities) as prof:
+            profiled = _timed(lambda: step(phase), device)
+            with record_function(CALIBRATION):
+                profiled_loop = _timed(calibration, device)
+        if not plain_first:
+            plain, plain_loop = _timed(lambda: step(_no_phase), device), _timed(calibration, device)
+        pairs.append((profiled, plain))
+        costs.append(max(profiled_loop - plain_loop, 0.0) / CALIBRATION_CALLS)
+        _read_round(list(prof.events()), totals, is_counted, gpu)
+    per = 1 / steps
+    busy = totals.busy_us / 1e6 * per if gpu else None
+    return OpTimes({k: v / 1e6 * per for k, v in totals.times.items()},
+                   {k: v * per for k, v in totals.calls.items()},
+                   statistics.fmean(p for p, _ in pairs), steps, device.type,
+                   {k: v * per for k, v in totals.top.items()}, busy, totals.comm / 1e6 * per,
+                   totals.kernels * per if gpu else None, statistics.median(u for _, u in pairs),
+                   tuple(pairs),
+                   totals.events * per, {k: v * per for k, v in totals.inside.items()},
+                   statistics.median(costs))
 
 
 def per_call_overhead(device: torch.device | str = "cpu", *, min_run_time: float = 0.2) -> float:

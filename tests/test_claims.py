@@ -1,5 +1,6 @@
-"""docs/claims.md is the course's one home for the claims it measures: every citation resolves, every quoted
-figure is in the results file it links, and nothing cites a file a learner's clone does not have."""
+"""docs/claims.md is the course's one home for the claims it measures: every citation resolves, every number
+on a line that links a results file (a measured row, or a sentence quoting one) is in the file it links, the
+datasheet arithmetic it quotes adds up, and nothing cites a file a learner's clone does not have."""
 
 from __future__ import annotations
 
@@ -100,13 +101,61 @@ def test_measured_values_are_in_the_linked_results():
     # each measured row quotes its figures in `code` spans; each span must be in the results file it links
     for cid, body in claim_sections(CLAIMS.read_text()).items():
         for row in (r for r in body.splitlines() if "](../benchmarks/results/" in r):
-            link = re.search(r"\]\(\.\./(benchmarks/results/[^)]+)\)", row).group(1)
-            target = ROOT / link
-            assert target.is_file(), f"{cid}: links {link}, which does not exist"
+            links = re.findall(r"\]\(\.\./(benchmarks/results/[^)]+)\)", row)
+            for link in links:
+                assert (ROOT / link).is_file(), f"{cid}: links {link}, which does not exist"
             quoted = re.findall(r"`([^`]+)`", row)
-            assert quoted, f"{cid}: a measured row names no figure from {link}: {row}"
-            absent = [q for q in quoted if q not in target.read_text()]
-            assert not absent, f"{cid}: {absent} are not in {link} (stale or invented figures)"
+            assert quoted, f"{cid}: a measured row names no figure from {links}: {row}"
+            texts = "\n".join((ROOT / link).read_text() for link in links)
+            absent = [q for q in quoted if q not in texts]
+            assert not absent, f"{cid}: {absent} are not in {links} (stale or invented figures)"
+
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")  # 0.07, 1,701, -0.47; not the 2 of "C2" or "x2"
+
+
+def numbers(text: str) -> set[str]:
+    """The numbers in a text, commas dropped ("1,701" -> "1701")."""
+    return {n.replace(",", "") for n in NUMBER.findall(text)}
+
+
+def unbacked_numbers(claims_text: str, root: Path = ROOT) -> list[str]:
+    """'cN: n' for every number on a line that links a results file (a measured row: its device and value
+    columns; a sentence: all of it) that none of the files it links holds."""
+    found = []
+    for cid, body in claim_sections(claims_text).items():
+        for line in (r for r in body.splitlines() if "](../benchmarks/results/" in r):
+            links = re.findall(r"\]\(\.\./(benchmarks/results/[^)]+)\)", line)
+            held = set().union(*(numbers((root / link).read_text()) for link in links
+                                 if (root / link).is_file()))
+            said = re.sub(r"\]\([^)]*\)", "]", line)  # link targets are file names, not figures
+            if said.startswith("|"):
+                said = "|".join(said.strip().strip("|").split("|")[:-1])  # the file column names the file
+            found += [f"{cid}: {n}" for n in sorted(numbers(said) - held)]
+    return found
+
+
+def test_every_number_of_a_measured_row_is_in_its_results_file():
+    absent = unbacked_numbers(CLAIMS.read_text())
+    assert not absent, f"numbers no linked results file holds (stale or invented): {absent}"
+
+
+def test_a_number_missing_from_its_results_file_is_caught(tmp_path):
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "x-cpu.md").write_text("speed-up 0.07x over 1,701 articles")
+    row = ("| a CPU | `0.07x` over 1,701 articles; an earlier run measured 1.64x "
+           "| [x-cpu.md](../benchmarks/results/x-cpu.md) |")
+    text = f"## C1\n\n{row}\n\nSee [x-cpu.md](../benchmarks/results/x-cpu.md): about 3 points.\n"
+    # the kind of 1.64x C2 used to quote, and a figure in a sentence
+    assert unbacked_numbers(text, tmp_path) == ["c1: 1.64", "c1: 3"]
+
+
+def test_the_datasheet_arithmetic_of_c9_adds_up():
+    body = claim_sections(CLAIMS.read_text())["c9"]
+    m = re.search(r"([\d.]+) Gbit/s per pin × (\d+)-bit bus ÷ 8 = (\d+) GB/s", body)
+    assert m, "C9 no longer states the bandwidth's arithmetic"
+    per_pin, bus, total = float(m.group(1)), int(m.group(2)), int(m.group(3))
+    assert per_pin * bus / 8 == total == 936  # the claim's 936 GB/s, from the datasheet's own two figures
 
 
 def test_gpu_rows_say_how_to_measure_them():

@@ -5,7 +5,6 @@ cells define, at small sizes."""
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import types
 from pathlib import Path
@@ -86,7 +85,14 @@ def _roof_ns(monkeypatch, tmp_path) -> dict:
             "roofline_chart": lambda roof, points: None}
 
 
-def test_l00_roofline_check_catches_a_roof_counted_with_half_the_flops(monkeypatch, tmp_path):
+def _judged_or_busy(run, capsys) -> bool:
+    """Run a roof-check cell: True if it judged (and passed), False if it said the machine was too busy to
+    judge; an AssertionError (a failed judgement) propagates."""
+    run()
+    return "too busy to judge" not in capsys.readouterr().out
+
+
+def test_l00_roofline_check_catches_a_roof_counted_with_half_the_flops(monkeypatch, tmp_path, capsys):
     from helpers import roofline
 
     def half_counted(*args, **kwargs):  # a roofline whose matmul FLOPs were counted as n³, not 2n³
@@ -94,22 +100,55 @@ def test_l00_roofline_check_catches_a_roof_counted_with_half_the_flops(monkeypat
         return type(roof)(roof.device_name, {k: v / 2 for k, v in roof.matmul_flops.items()}, roof.bandwidth,
                           roof.matmul_size, roof.copy_bytes)
 
-    ns = run_cell(L00, "eb385e16", _roof_ns(monkeypatch, tmp_path))
-    assert ns["matmul_vs_roof"].median <= ns["ROOF_MARGIN"]
+    ns = _roof_ns(monkeypatch, tmp_path)
+    if _judged_or_busy(lambda: run_cell(L00, "eb385e16", ns), capsys):
+        assert ns["matmul_vs_roof"].median <= 1 + max(ns["ROOF_MARGIN"] - 1, ns["matmul_vs_roof"].spread)
     bad = _roof_ns(monkeypatch, tmp_path) | {"measure_roofline": half_counted}
-    with pytest.raises(AssertionError, match="the roof"):
-        run_cell(L00, "eb385e16", bad)
+    _planted_is_caught(lambda: run_cell(L00, "eb385e16", bad), capsys, "a roof counted with half its FLOPs")
 
 
-def test_l00_add_roof_check_catches_an_add_counted_with_12_bytes(monkeypatch, tmp_path):
-    margin = re.search(r"^ROOF_MARGIN = ([\d.]+)", cell_source(L00, "eb385e16"), flags=re.M).group(1)
-    ns = _roof_ns(monkeypatch, tmp_path) | {"copy_mb": 64, "ROOF_MARGIN": float(margin),
-                                           "roof": types.SimpleNamespace(matmul_flops={"fp32": 1e9})}
-    ns = run_cell(L00, "f5087b48", ns)
-    assert ns["add_point"].median <= ns["ROOF_MARGIN"]
-    with pytest.raises(AssertionError, match="are its bytes right"):
-        run_cell(L00, "f5087b48", ns, plant=("ADD_BYTES_PER_ELEMENT = 2 * x.element_size()",
-                                             "ADD_BYTES_PER_ELEMENT = 3 * x.element_size()"))
+def _planted_is_caught(run, capsys, what: str) -> None:
+    """A planted error fails the check, or the check says the machine is too busy to tell; never passes."""
+    try:
+        judged = _judged_or_busy(run, capsys)
+    except AssertionError as err:
+        assert "the roof" in str(err), err
+    else:
+        assert not judged, f"{what} passed the check"
+
+
+def test_l00_add_roof_check_catches_an_add_counted_with_12_bytes(monkeypatch, tmp_path, capsys):
+    # small sizes: the planted error must be caught (or the machine said too busy); the correct count at the
+    # lesson's own sizes (beyond the real cache) is the next test's
+    ns = _roof_ns(monkeypatch, tmp_path)
+    run_cell(L00, "eb385e16", ns)  # defines roof_verdict and the margin
+    capsys.readouterr()
+    ns |= {"copy_mb": 64, "roof": types.SimpleNamespace(matmul_flops={"fp32": 1e9})}
+    planted = ("ADD_BYTES_PER_ELEMENT = 2 * x.element_size()", "ADD_BYTES_PER_ELEMENT = 3 * x.element_size()")
+    _planted_is_caught(lambda: run_cell(L00, "f5087b48", ns, plant=planted), capsys,
+                       "an add counted with 12 bytes")
+
+
+def test_l00_roof_checks_hold_with_the_other_core_busy(monkeypatch, tmp_path, capsys):
+    """The roof checks at the lesson's own copy size (beyond this machine's real last-level cache), while
+    another process keeps a core busy (issue 32: they failed for the wrong reason on a busy machine): they
+    pass or say the machine is too busy; they never fail on correct counts."""
+    import subprocess
+    import sys
+
+    from helpers.device import last_level_cache_bytes
+
+    llc = last_level_cache_bytes("cpu") or 2**20
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one core, busy
+    try:
+        ns = _roof_ns(monkeypatch, tmp_path) | {"last_level_cache_bytes": lambda device: llc}
+        run_cell(L00, "eb385e16", ns)
+        run_cell(L00, "f5087b48", ns)
+    finally:
+        spin.kill()
+        spin.wait()
+    out = capsys.readouterr().out
+    assert out.count("caught") + out.count("too busy to judge") == 2, out
 
 
 def test_last_level_cache_bytes(monkeypatch):
