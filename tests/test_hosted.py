@@ -171,8 +171,7 @@ def test_a_lesson_walking_up_from_its_folder_fails_there(host: dict) -> None:
     code = [c for c in nb.cells if c.cell_type == "code"]
     params = code[1]
     assert "ROOT = course_root()" in params.source
-    params.source = params.source.replace("ROOT = course_root()", OLD_ROOT).replace(
-        "import os\n", "import os\nfrom pathlib import Path\n", 1)
+    params.source = "from pathlib import Path\n" + params.source.replace("ROOT = course_root()", OLD_ROOT)
     nb.cells = code[:2]
     content = host["tmp"] / "content-planted"
     content.mkdir()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from helpers.exercises.core import Wrong, close, draw_seed, unpack
+from helpers.regimes import roof_times
 
 __all__ = ["predict_time", "draw_cases", "Case"]
 
@@ -48,8 +49,8 @@ class Case:
 
     @property
     def terms(self) -> dict[str, float]:
-        return {"compute": self.flops / self.peak_flops, "memory": self.bytes_moved / self.bandwidth,
-                "overhead": self.calls * self.overhead_s}
+        return roof_times(self.flops, self.bytes_moved, self.calls, peak_flops=self.peak_flops,
+                          bandwidth=self.bandwidth, overhead_s=self.overhead_s)
 
     @property
     def regime(self) -> str:
@@ -133,7 +134,10 @@ def _hypotheses(case: Case) -> list[tuple[str, float, str]]:
     c, m, o = t["compute"], t["memory"], t["overhead"]
     once = case.overhead_s  # the overhead of one call, not of `calls`
     work = max(c, m)
-    swapped = max(case.flops / case.bandwidth, case.bytes_moved / case.peak_flops)
+    # FLOPs over bandwidth and bytes over peak: the counts swapped between the two roofs
+    roofs_swapped = roof_times(case.bytes_moved, case.flops, 0, peak_flops=case.peak_flops,
+                               bandwidth=case.bandwidth, overhead_s=0.0)
+    swapped = max(roofs_swapped["compute"], roofs_swapped["memory"])
     right = case.seconds
     both = ("compute and memory overlap inside one op's kernel: take the larger of the two; the calls' cost "
             "adds to it on a synchronous device (a CPU) and hides under it on an asynchronous one (a GPU)")
