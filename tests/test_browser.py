@@ -1,8 +1,10 @@
 """Open the course as learners do: Jupyter Lab, started like `make lab`, in a real Chromium (Playwright).
 
 - every notebook present in notebooks/ opens in Lab with the course's kernel (`python3`, which is the
-  interpreter running these tests) and runs its parameters cell there in the smoke profile; the browser
-  leaves the notebook file unchanged;
+  interpreter running these tests), idle, every cell shown; the first lesson also runs its set-up,
+  parameters and sizes cells there and says the smoke profile (the server's environment reaches the kernel);
+  the others' set-up cells are the same code, run by nbval (running each again in Chromium cost about 55 s of CI on 2 cores);
+  the browser leaves the notebook file unchanged;
 - the first notebook (in lesson order) to draw each widget (a `helpers.widgets` class, or widget code of its
   own through `ipywidgets`) runs cell by cell in the browser under the smoke profile: no cell shows an error,
   every figure is rendered, every widget is drawn, and moving the explorer's "layer" slider changes its
@@ -20,7 +22,8 @@ Screenshots go to build/screenshots/. Without Chromium or Playwright the browser
 Environment: BROWSER_NOTEBOOK_DIR serves another folder of notebooks (e.g. a scratch one);
 BROWSER_RUN_ALL picks the notebooks run in the browser: "widgets" (default: the first to draw each widget),
 "none", or notebook stems
-separated by commas (e.g. 01_attention); COURSE_CHROMIUM names the Chromium executable;
+separated by commas (e.g. 01_attention); BROWSER_RUN_SETUP=all runs every lesson's set-up cells in Lab
+(default: the first lesson's); COURSE_CHROMIUM names the Chromium executable;
 BROWSER_CELL_TIMEOUT_S / BROWSER_NOTEBOOK_TIMEOUT_S bound one cell / one notebook (1200 s / 1800 s).
 """
 
@@ -45,6 +48,7 @@ NOTEBOOK_TIMEOUT_S = int(
     os.environ.get("BROWSER_NOTEBOOK_TIMEOUT_S", "1800")
 )  # one notebook (pytest-timeout)
 RUN_ALL = os.environ.get("BROWSER_RUN_ALL", "widgets")  # which notebooks run all cells in the browser
+RUN_SETUP = os.environ.get("BROWSER_RUN_SETUP", "first")  # whose set-up cells run in Lab: first | all
 OPEN_TIMEOUT_MS = 120_000  # Lab's first page load and a kernel start, on a busy 2-core machine
 VIEWPORT = {"width": 1400, "height": 1000}
 # Debian's chromium first; GitHub's Ubuntu runners ship chromium-browser and Google Chrome, which work too.
@@ -438,7 +442,7 @@ def test_notebook_in_browser(path: Path, lab: LabServer, page: object) -> None:
         if _runs_here(path, nb):
             _run_all_cells(page, nb, path)
             page.locator(".jp-Notebook .jp-Cell").first.evaluate("e => e.scrollIntoView({block: 'start'})")
-        else:
+        elif RUN_SETUP == "all" or path == NOTEBOOKS[0]:
             index = _run_parameters_cell(page, nb, path)
             cells.nth(index or 0).evaluate("e => e.scrollIntoView({block: 'center'})")  # its output in view
         _shot(page, path.stem)

@@ -179,8 +179,8 @@ def test_launch_timeout_raises_and_leaves_no_process(tmp_path: Path) -> None:
     script = tmp_path / "sleep.py"
     script.write_text(SLEEPING)
     marker = uuid.uuid4().hex  # an argument that names this test's processes
-    with pytest.raises(hd.LaunchError, match="timed out after 20 s") as info:
-        hd.launch(script, [marker], nproc_per_node=2, timeout_s=20, echo=False)
+    with pytest.raises(hd.LaunchError, match="timed out after 10 s") as info:
+        hd.launch(script, [marker], nproc_per_node=2, timeout_s=10, echo=False)
     assert info.value.result.returncode != 0
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == [], f"processes left behind: {left}"
