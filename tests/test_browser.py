@@ -3,8 +3,8 @@
 - every notebook present in notebooks/ opens in Lab with the course's kernel (`python3`, which is the
   interpreter running these tests), idle, every cell shown; the first lesson also runs its set-up,
   parameters and sizes cells there and says the smoke profile (the server's environment reaches the kernel);
-  the others' set-up cells are the same code, run by nbval (running each again in Chromium cost about 55 s of CI on 2 cores);
-  the browser leaves the notebook file unchanged;
+  the others' set-up cells are the same code, run by nbval (running each again in Chromium cost about 55 s
+  of CI on 2 cores); the browser leaves the notebook file unchanged;
 - the first notebook (in lesson order) to draw each widget (a `helpers.widgets` class, or widget code of its
   own through `ipywidgets`) runs cell by cell in the browser under the smoke profile: no cell shows an error,
   every figure is rendered, every widget is drawn, and moving the explorer's "layer" slider changes its
