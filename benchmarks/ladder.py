@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="add each rung to the best stack so far, keep it only when faster beyond the spread")
     p.add_argument("--gpu-target", action="store_true",
                    help="the GPU targets' shapes: BERT-base, seq 512, batch 32 (unless --batch-size), "
-                        "4 batches per pass")
+                        "4 batches per pass, on CUDA (unless --device)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="stop measuring new rungs after this many seconds (the rest are reported as skipped)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.gpu_target:
         args.model, args.seq_len, args.batches = "base", 512, 4
+        # the GPU targets' shapes take hours on a CPU: --gpu-target asks for CUDA unless --device is given
+        args.device = "cuda" if args.device == "auto" else args.device
+        get_device(args.device)  # no CUDA here: the error says so and how to fix it, before anything is built
     args.batch_size = args.batch_size or (32 if args.gpu_target else 4)
 
     def save(result: dict[str, Any]) -> dict[str, Any]:

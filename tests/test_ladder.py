@@ -575,3 +575,14 @@ def test_a_rung_that_runs_out_of_memory_is_reported_and_the_climb_goes_on():
 
     with pytest.raises(RuntimeError, match="unrelated"):
         ladder.climb(rungs, broken, greedy=True, log=lambda s: None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU --gpu-target runs the real thing")
+def test_the_gpu_target_asks_for_cuda_instead_of_running_hours_on_a_cpu(monkeypatch):
+    from helpers.device import DeviceUnavailableError
+
+    seen = {}
+    monkeypatch.setattr(bench, "run_ladder", lambda **kw: seen.update(kw) or {})  # planted: nothing is run
+    with pytest.raises(DeviceUnavailableError, match="CUDA was requested"):
+        bench.main(["--gpu-target", "--out", "unused"])
+    assert not seen, "the ladder started on a CPU at the GPU targets' sizes"
