@@ -21,6 +21,14 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+_MARKDOWN = str.maketrans({c: "\\" + c for c in "\\|*_`<[]"})  # what Markdown would read as syntax
+
+
+def _md(text: str) -> str:
+    """`text` shown as written in a Markdown table: aten::_fused_adamw_ not in italics, |Δ| not two cells."""
+    return text.translate(_MARKDOWN)
+
+
 @dataclass
 class Table:
     """Rows under named columns, drawn as Markdown in a notebook and as text in a terminal (every lesson)."""
@@ -52,10 +60,10 @@ class Table:
 
     def to_markdown(self) -> str:
         """The table as GitHub-flavoured Markdown."""
-        lines = [f"**{self.title}**", ""] if self.title else []
-        lines.append("| " + " | ".join(self.columns) + " |")
+        lines = [f"**{_md(self.title)}**", ""] if self.title else []
+        lines.append("| " + " | ".join(_md(str(c)) for c in self.columns) + " |")
         lines.append("|" + "|".join("---" for _ in self.columns) + "|")
-        lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in self.rows]
+        lines += ["| " + " | ".join(_md(fmt(c)) for c in row) + " |" for row in self.rows]
         return "\n".join(lines)
 
     def _repr_markdown_(self) -> str:

@@ -51,6 +51,18 @@ def test_table_checks_row_width():
         t.add(1, 2, 3)
 
 
+def test_table_cells_render_as_written():
+    """An op name with underscores stays upright and a |x| stays in its cell, rendered by the same Markdown
+    parser MyST-NB uses for the site (markdown-it, with GitHub's tables)."""
+    from markdown_it import MarkdownIt
+
+    t = Table(["op", "check"], title="ops_by_time")
+    t.add("aten::_fused_adamw_", "|Δ| 1e-3 ≤ 2e-3")
+    html = MarkdownIt("commonmark").enable("table").render(t.to_markdown())
+    assert "<em>" not in html and "aten::_fused_adamw_" in html and "ops_by_time" in html, html
+    assert html.count("<td>") == 2 and "<td>|Δ| 1e-3 ≤ 2e-3</td>" in html, html
+
+
 def test_cold_start_is_measured_in_a_fresh_process():
     import os
 
