@@ -63,8 +63,9 @@ test-matrix:
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# A cell may run an hour (as site/build.py allows): with no limit (timeout=-1), nbclient 0.11 never returned
-# from lesson 01's attention-explorer cell here, its kernel idle (seen twice on 2026-12-02; 3600 ran it in 25 s).
+# A cell may run an hour (as site/build.py allows), not forever: nbclient 0.11 sometimes never returns from a
+# cell that draws widgets, its kernel idle (jupyter/nbclient#312; seen here at lesson 01's attention explorer
+# in 3 of 4 runs on 2026-12-02, with and without a limit): with the limit such a run fails after an hour.
 course: $(STAMP)
 	mkdir -p build
 	$(PY) -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=3600 --output-dir build notebooks/*.ipynb
