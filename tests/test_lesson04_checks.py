@@ -141,7 +141,7 @@ def _decode_ns(per_token: bool) -> dict:
         batch = several().shape[0]  # the cell's DECODE_BATCH, from the arm itself
         tb = [t * (batch if per_token else 1.1) for t in t1]  # the weights read per token, or once
         return (Timing("1", sorted(t1)[repeats // 2], 0.0, repeats, 1, tuple(t1)),
-                Timing("4", sorted(tb)[repeats // 2], 0.0, repeats, 1, tuple(tb)))
+                Timing(str(batch), sorted(tb)[repeats // 2], 0.0, repeats, 1, tuple(tb)))
 
     return base_ns(LLC=2**20, time_interleaved=interleaved, memory_roofs=MemoryRoofs((), (), 10e9, None))
 
