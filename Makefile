@@ -63,12 +63,14 @@ test-matrix:
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# A cell may run an hour (as site/build.py allows), not forever: nbclient 0.11 sometimes never returns from a
-# cell that draws widgets, its kernel idle (jupyter/nbclient#312; seen here at lesson 01's attention explorer
-# in 3 of 4 runs on 2026-12-02, with and without a limit): with the limit such a run fails after an hour.
+# How notebooks are executed headless. nbclient alone sometimes never returns from a cell, its kernel idle (a
+# missed wake-up of its socket poll, jupyter/nbclient#312; seen here at lesson 01's attention explorer in 3 of
+# 4 runs): helpers/nbrun.py's kernel manager polls in one-second slices, so a missed wake-up costs a second. A
+# cell may still run an hour (as site/build.py allows), not forever. tests/test_nbrun.py runs this line.
+EXECUTE := --execute --ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.kernel_manager_class=helpers.nbrun.CourseKernelManager
 course: $(STAMP)
 	mkdir -p build
-	$(PY) -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=3600 --output-dir build notebooks/*.ipynb
+	$(PY) -m jupyter nbconvert --to notebook $(EXECUTE) --output-dir build notebooks/*.ipynb
 	$(PY) -m jupyter nbconvert --to html --output-dir build build/*.ipynb
 
 # The whole course as a static site (Sphinx + MyST-NB, the pydata/book theme installed by pip, nothing fetched):

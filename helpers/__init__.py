@@ -15,6 +15,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | base | `diagnosis` | 00 | `diagnose`, `explain_error`, `findings_table` |
 | base | `paths` | 03, 05-08 | `course_root`, `output_dir` |
 | base | `adapt` | 02-08 | `as_course_model`, `as_batch`, `ModelShape` |
+| base | `nbrun` | make course, make site | `CourseKernelManager`, `SlicedChannel` |
 | measure | `roofline` | 00, 02, 08 | `measure_roofline`, `load_roofline`, `peak_flops`, `mfu_peak` |
 | base | `verdicts` | 00-08 | `MeasuredTable`, `Range`, `AtLeast`, `AtMost`, `PairedRatio` |
 | measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
@@ -59,7 +60,7 @@ from typing import Any
 LAYERS = {
     "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "device": 0, "diagnosis": 0,
     "verdicts": 0,
-    "sizing": 0, "paths": 0, "adapt": 0,
+    "sizing": 0, "paths": 0, "adapt": 0, "nbrun": 0,
     "roofline": 1, "flops": 1, "memory": 1, "results": 1, "opcount": 1, "optime": 1, "regimes": 1,
     "predictions": 1, "agreement": 1,
     "attention": 2, "kernels": 2, "models": 2, "corpus": 2, "data": 2, "packing": 2, "packed_model": 2,

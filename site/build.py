@@ -2,12 +2,13 @@
 
     .venv/bin/python site/build.py --out build/site [--lessons 00,04] [--executed DIR]
 
-Each lesson is executed here first (nbclient, this interpreter's kernel, the profile of $COURSE_PROFILE or the
-device's default, its outputs under <out>-outputs/), or taken from DIR when it holds `<lesson>.ipynb` executed
-with its `<lesson>.stamp.json` (tests/test_hosted.py writes both). A note under each lesson's title stamps the
-run: device, versions, date (helpers.results.stamp), profile and seconds. Cells tagged `requires-cuda` (or
-`requires-multi-gpu`) are shown but not run without the GPUs they need, and say so. Then Sphinx builds the
-pages (site/conf.py: MyST-NB, sphinx-book-theme) into <out>/, lessons in order, index.html first.
+Each lesson is executed here first (nbclient with helpers.nbrun's kernel manager, this interpreter's kernel,
+the profile of $COURSE_PROFILE or the device's default, its outputs under <out>-outputs/), or taken from DIR
+when it holds `<lesson>.ipynb` executed with its `<lesson>.stamp.json` (tests/test_hosted.py writes both). A
+note under each lesson's title stamps the run: device, versions, date (helpers.results.stamp), profile and
+seconds. Cells tagged `requires-cuda` (or `requires-multi-gpu`) are shown but not run without the GPUs they
+need, and say so. Then Sphinx builds the pages (site/conf.py: MyST-NB, sphinx-book-theme) into <out>/, lessons
+in order, index.html first.
 """
 
 from __future__ import annotations
@@ -59,13 +60,15 @@ def execute(lesson: Path, work: Path, profile: str) -> tuple[nbformat.NotebookNo
     from nbclient import NotebookClient
 
     from helpers.device import get_device
+    from helpers.nbrun import CourseKernelManager
     from helpers.results import stamp
 
     nb = for_this_machine(nbformat.read(lesson, as_version=4), gpus())
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "COURSE_PROFILE": profile, "COURSE_OUTPUT_DIR": str(work / "outputs")}
     start = time.perf_counter()
-    client = NotebookClient(nb, timeout=3600, kernel_name="python3",
+    # CourseKernelManager: nbclient's own sometimes waits for ever at a widget cell (helpers/nbrun.py)
+    client = NotebookClient(nb, timeout=3600, kernel_name="python3", kernel_manager_class=CourseKernelManager,
                             resources={"metadata": {"path": str(work)}})
     client.execute(env=env, cwd=str(work))
     return nb, {**stamp(get_device()), "profile": profile, "seconds": time.perf_counter() - start}

@@ -132,15 +132,17 @@ def run_notebook(nb, python: Path, cwd: Path, env: dict[str, str | None], timeou
     updated by `env` (a None value removes the variable) -> the executed node.
     A cell that raises stops the run (nbclient's CellExecutionError), as nbval's lax mode fails it."""
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
+
+    from helpers.nbrun import CourseKernelManager  # as make course and make site run notebooks
 
     specs = cwd.parent / "kernels"
     (specs / "hosted").mkdir(parents=True, exist_ok=True)
     (specs / "hosted" / "kernel.json").write_text(
         '{"argv": ["%s", "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "hosted", '
         '"language": "python"}' % python)
-    km = KernelManager(kernel_name="hosted", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
+    km = CourseKernelManager(kernel_name="hosted",
+                             kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
     kernel_env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
     kernel_env.update(env)
     kernel_env = {k: v for k, v in kernel_env.items() if v is not None}
