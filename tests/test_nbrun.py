@@ -113,7 +113,8 @@ def test_make_courses_flags_run_a_widget_notebook_with_sliced_channels(tmp_path)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "w.ipynb")
     subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", *flags,
-                    "--output-dir", str(tmp_path / "out"), str(tmp_path / "w.ipynb")], check=True, cwd=tmp_path)
+                    "--output-dir", str(tmp_path / "out"), str(tmp_path / "w.ipynb")],
+                   check=True, cwd=tmp_path)
     outputs = nbformat.read(tmp_path / "out" / "w.ipynb", as_version=4).cells[0].outputs
     assert any("done" in o.get("text", "") for o in outputs), outputs
 
