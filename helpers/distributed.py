@@ -317,7 +317,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def torchrun_command(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int = 2,
                      nnodes: int = 1, rdzv_endpoint: str | None = None, rdzv_id: str = "course",
-                     rdzv_conf: str | None = None, max_restarts: int = 0, monitor_interval: float = 0.5,
+                     rdzv_conf: str | None = None, max_restarts: int = 0, monitor_interval: float = 0.1,
                      log_dir: str | Path | None = None, local_addr: str | None = None,
                      extra: Sequence[str] = ()) -> list[str]:
     """The torchrun command: one machine (--standalone) or `nnodes` meeting at `rdzv_endpoint` (lesson 07)."""

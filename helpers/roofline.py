@@ -25,7 +25,8 @@ from helpers.precision import PRECISION_DTYPE, PRECISIONS, tf32_matmuls
 from helpers.tables import Table
 
 __all__ = ["Roofline", "measure_roofline", "load_roofline", "GPU_PEAK_FLOPS", "DatasheetPeaks",
-           "normalise_gpu_name", "datasheet_peaks", "PeakFlops", "peak_flops", "MFU_PRECISIONS", "mfu_peak"]
+           "normalise_gpu_name", "datasheet_peaks", "PeakFlops", "peak_flops", "MFU_PRECISIONS",
+           "CPU_MFU_PRECISIONS", "mfu_peak"]
 
 # Names of the dtype vocabulary rooflines used before the course settled on one; read, never written.
 _LEGACY_NAMES = {"float32": "fp32", "tfloat32": "tf32", "float16": "fp16", "bfloat16": "bf16"}
@@ -291,15 +292,21 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
 # where a GPU has it, fp32's where it has not). fp16 counts: a T4 or V100 has fp16 tensor cores and no bf16
 # ones, and its fp16 run divided by its fp32 peak would show an MFU of up to 800 %.
 MFU_PRECISIONS = ("fp32", "bf16", "fp16")  # on a tie (fp16 = bf16 on Ampere and later) bf16 is named
+# A CPU trains in fp32 or bf16 in this course (the ladder's fp16 rung is a GPU's, helpers.ladder), so no CPU
+# run has an fp16 MFU; and a CPU without fp16 units emulates its matmuls (0.8 GFLOP/s on the 2-core EPYC CI
+# uses, against 540 for bf16): measuring that would take 10 s and name no peak.
+CPU_MFU_PRECISIONS = ("fp32", "bf16")
 
 
 def mfu_peak(device: torch.device | str | None = None, *, roofline: Roofline | None = None,
              measure: bool = False) -> PeakFlops | None:
     """The one peak every MFU in the course divides by (lessons 02, 08): the device's fastest dense rate
-    among the training precisions (MFU_PRECISIONS), FP8 aside, so that no run in fp32, TF32, fp16 or bf16
-    shows an MFU above 100 %. A known GPU's datasheet figure (bf16 from Ampere on, fp16 on a T4 or V100);
-    an unknown GPU's or a CPU's fastest measured matmul (`roofline`, or with `measure` measured now: same
-    threads, same load; the source says so). None when no peak is known."""
-    peaks = (peak_flops(device, name, roofline=roofline, measure=measure) for name in MFU_PRECISIONS)
+    among the training precisions (MFU_PRECISIONS; a CPU's: CPU_MFU_PRECISIONS), FP8 aside, so that no run in
+    fp32, TF32, fp16 or bf16 shows an MFU above 100 %. A known GPU's datasheet figure (bf16 from Ampere on,
+    fp16 on a T4 or V100); an unknown GPU's or a CPU's fastest measured matmul (`roofline`, or with `measure`
+    measured now: same threads, same load; the source says so). None when no peak is known."""
+    dev = get_device(str(device) if device is not None else "auto")
+    names = CPU_MFU_PRECISIONS if dev.type == "cpu" else MFU_PRECISIONS
+    peaks = (peak_flops(dev, name, roofline=roofline, measure=measure) for name in names)
     found = [p for p in peaks if p is not None]
     return max(found, key=lambda p: p.flops) if found else None

@@ -140,3 +140,20 @@ def test_mfu_has_one_peak_policy_the_fastest_dense_rate():
     slow_bf16 = Roofline("a CPU without bf16 units", {"fp32": 1.5e11, "bf16": 3e10}, 1e10, 1024, 2**27)
     assert mfu_peak("cpu", roofline=slow_bf16).precision == "fp32"  # never an MFU above 100 %
     assert mfu_peak("cpu") is None  # nothing known, nothing measured
+
+
+def test_a_cpus_measured_peak_leaves_out_fp16_which_no_cpu_run_trains_in(monkeypatch):
+    # a CPU's fp16 matmuls are emulated (0.8 GFLOP/s on CI's EPYC, 10 s to measure) and the course trains
+    # a CPU in fp32 or bf16 only; a GPU's peak still weighs fp16 (a T4's fp16 tensor cores)
+    from helpers import roofline
+
+    measured = []
+
+    def fake_roofline(device, precisions):
+        measured.extend(precisions)
+        return Roofline("a test CPU", {p: 1e11 for p in precisions}, 1e10, 64, 2**20)
+
+    monkeypatch.setattr(roofline, "measure_roofline", fake_roofline)
+    assert mfu_peak("cpu", measure=True).precision in roofline.CPU_MFU_PRECISIONS
+    assert sorted(measured) == ["bf16", "fp32"]
+    assert "fp16" in roofline.MFU_PRECISIONS

@@ -1,4 +1,12 @@
-"""scripts/train_ddp.py under torchrun with 2 gloo processes on the CPU.
+"""scripts/train_ddp.py under torchrun with 2 gloo processes on the CPU: what lesson 07 does not run.
+
+Lesson 07 (run in `make test` by tests/test_hosted.py) launches the script as DDP beside one process, with
+and without no_sync, kills a DDP rank and resumes it, and trains on two torchrun nodes, and asserts each
+result (losses and parameters within the tolerances below, all-reduce calls and bytes per step, the restart
+from the last checkpoint, both nodes' ranks): those checks live there, once. Here: FSDP2 against one process
+and its shards, fp16 with a GradScaler under DDP and FSDP2 (an overflow skipped on every rank), the overlap
+of small buckets with backward, a killed FSDP2 rank resumed from its sharded checkpoint, NCCL on a GPU, and
+the script's own parts (batches, flags, the Slurm script).
 
 Equality checks train with SGD + momentum: its update is linear in the gradient, so two runs that add
 the same gradients in a different order (one process vs two, all-reduce per micro-step or once) end
@@ -12,13 +20,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers.distributed import DistEnv, LaunchResult, free_port, launch
+from helpers.distributed import DistEnv, LaunchResult, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_ddp.py"
@@ -52,12 +59,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                     str(single_params)], check=True, timeout=TIMEOUT_S, cwd=ROOT, capture_output=True)
     single = json.loads(single_out.read_text())
     single["params_sd"] = torch.load(single_params)
-    return {
-        "single": single,
-        "ddp": _train(tmp, "ddp", TWO_RANKS),
-        "ddp_sync": _train(tmp, "ddp_sync", [*TWO_RANKS, "--sync-every-micro-step"]),
-        "fsdp": _train(tmp, "fsdp", [*TWO_RANKS, "--fsdp"]),
-    }
+    return {"single": single, "fsdp": _train(tmp, "fsdp", [*TWO_RANKS, "--fsdp"])}
 
 
 def _assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -89,30 +91,15 @@ def test_bad_batch_split_is_a_value_error(monkeypatch: pytest.MonkeyPatch) -> No
         main(["--global-batch", "16", "--micro-batch", "6", "--device", "cpu"])
 
 
-def test_ddp_matches_one_process_on_the_same_global_batch(runs: dict[str, dict]) -> None:
-    single, ddp = runs["single"], runs["ddp"]
-    assert (ddp["world_size"], ddp["accum"], ddp["no_sync"]) == (2, 2, True)
-    _assert_same_params(ddp["params_sd"], single["params_sd"])
-    assert ddp["losses"] == pytest.approx(single["losses"], rel=1e-5)
-    assert single["losses"][-1] < single["losses"][0]  # it trains
-
-
-def test_no_sync_accumulation_matches_syncing_every_micro_step(runs: dict[str, dict]) -> None:
-    ddp, sync = runs["ddp"], runs["ddp_sync"]
-    _assert_same_params(ddp["params_sd"], sync["params_sd"])
-    # no_sync: one bucketed all-reduce per optimizer step; without: one per micro-step
-    assert ddp["allreduce_calls_per_step"] == 1 and sync["allreduce_calls_per_step"] == 2
-    assert ddp["allreduce_bytes_per_step"] == ddp["grad_bytes"] == sync["allreduce_bytes_per_step"] // 2
-
-
 def test_fsdp_matches_one_process_and_shards_the_state(runs: dict[str, dict]) -> None:
-    single, fsdp, ddp = runs["single"], runs["fsdp"], runs["ddp"]
+    single, fsdp = runs["single"], runs["fsdp"]
+    assert (fsdp["mode"], fsdp["world_size"], fsdp["accum"]) == ("fsdp", 2, 2)
     _assert_same_params(fsdp["params_sd"], single["params_sd"])
     assert fsdp["losses"] == pytest.approx(single["losses"], rel=1e-5)
-    full = ddp["per_rank"][0]["model_state_bytes"]  # every DDP rank holds everything
+    full = single["per_rank"][0]["model_state_bytes"]  # one process holds everything, as each DDP rank does
     shards = [r["model_state_bytes"] for r in fsdp["per_rank"]]
     for part in ("params", "grads"):
-        assert sum(s[part] for s in shards) == full[part] == ddp["grad_bytes"]
+        assert sum(s[part] for s in shards) == full[part] == fsdp["grad_bytes"]
         assert max(s[part] for s in shards) <= 0.55 * full[part]  # about half each (dim-0 shards)
     assert sum(s["optimizer"] for s in shards) == full["optimizer"]  # SGD momentum: one buffer
 
@@ -162,16 +149,18 @@ def test_ddp_all_reduces_overlap_backward(fp16_runs: dict) -> None:
         assert o["allreduces"] >= 3, o  # 0.05 MB buckets: several for this model's ~0.5 MB of gradients
         assert o["launched_in_backward"] >= 1, o  # DDP asks for the first buckets during backward
         assert o["overlapped"] >= 1, o  # and they run while backward still computes
-        assert 0 < o["hidden_s"] < o["comm_s"], o  # and the last one finishes after it
+        # and some of their time is hidden; all of it can be, when the last bucket's all-reduce ends inside
+        # backward's last op (seen here once: hidden == comm on one rank)
+        assert 0 < o["hidden_s"] <= o["comm_s"], o
     assert sorted(p.name for p in fp16_runs["traces"].iterdir()) == ["rank0.json", "rank1.json"]
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])  # DDP: one file from rank 0; FSDP: a DCP folder of shards
-def test_killed_rank_restarts_and_resumes_from_last_checkpoint(runs: dict[str, dict], tmp_path: Path,
-                                                               mode: str) -> None:
-    fault_step, every = 5, 2  # rank 1 dies in step 5; checkpoints after steps 2 and 4
-    extra = ["--fsdp"] if mode == "fsdp" else []
-    summary = _train(tmp_path, "fault", [*TWO_RANKS, *extra, "--ckpt-dir", str(tmp_path / "ckpt"),
+def test_killed_fsdp_rank_restarts_and_resumes_from_its_sharded_checkpoint(runs: dict[str, dict],
+                                                                          tmp_path: Path) -> None:
+    """FSDP2 checkpoints as a DCP folder of each rank's shards (lesson 07 kills a DDP rank, whose checkpoint
+    is one file from rank 0)."""
+    fault_step, every, mode = 5, 2, "fsdp"  # rank 1 dies in step 5; checkpoints after steps 2 and 4
+    summary = _train(tmp_path, "fault", [*TWO_RANKS, "--fsdp", "--ckpt-dir", str(tmp_path / "ckpt"),
                                          "--ckpt-every", str(every)],
                      max_restarts=1, env={"COURSE_FAULT_AT_STEP": str(fault_step)})
     assert summary["mode"] == mode
@@ -193,37 +182,6 @@ def test_killed_rank_restarts_and_resumes_from_last_checkpoint(runs: dict[str, d
     reference = runs[mode]  # the same run, undisturbed
     assert summary["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-6)
     _assert_same_params(summary["params_sd"], reference["params_sd"])
-
-
-def test_two_torchrun_nodes_on_loopback_train_together(runs: dict[str, dict], tmp_path: Path) -> None:
-    port = free_port()
-    results: dict[int, LaunchResult | BaseException] = {}
-
-    def node(i: int) -> None:
-        try:
-            args = [*COMMON, *TWO_RANKS, "--out", str(tmp_path / f"node{i}.json")]
-            results[i] = launch(SCRIPT, args, nproc_per_node=1, nnodes=2, env=ENV, timeout_s=TIMEOUT_S,
-                                rdzv_endpoint=f"127.0.0.1:{port}", rdzv_conf=f"is_host={int(i == 0)}",
-                                extra_torchrun_args=["--local-addr=127.0.0.1"], echo=False)
-        except BaseException as err:  # re-raised below, in the test's thread
-            results[i] = err
-
-    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT_S + 30)
-    for i in range(2):
-        if isinstance(results.get(i), BaseException):
-            raise results[i]
-    outs = [p for i in range(2) if (p := tmp_path / f"node{i}.json").exists()]
-    assert len(outs) == 1  # global rank 0 wrote it, on whichever node the rendezvous made node 0
-    summary = json.loads(outs[0].read_text())
-    assert summary["world_size"] == 2 and {r["rank"] for r in summary["per_rank"]} == {0, 1}
-    assert summary["final_loss"] == pytest.approx(runs["ddp"]["final_loss"], rel=1e-6)
-    # each torchrun printed the lines of its own worker: global rank 0 on one node, 1 on the other
-    printed = [[r for r in range(2) if results[i].rank_lines(r)] for i in range(2)]
-    assert sorted(printed) == [[0], [1]], printed
 
 
 @pytest.mark.cuda
