@@ -14,14 +14,18 @@
 - without CUDA, Triton interprets kernels (TRITON_INTERPRET=1) in the whole session: triton < 3.4 decides
   when it is first imported, and a test module imported before tests/test_kernels.py may import it;
 - after each checked exercise's check cell, one more cell runs the exercise's solution, strictly
-  (`_add_exercise_solutions` says why and how).
+  (`_add_exercise_solutions` says why and how);
+- a notebook that tests/test_browser.py runs cell by cell in Chromium (lesson 01) is left out of nbval when
+  that test runs in the same session: it has nbval's checks there (`_leave_browser_runs_to_the_browser`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -48,7 +52,9 @@ if not GPUS:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton in this process
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected: what is left is what runs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _leave_browser_runs_to_the_browser(config, items)
     hidden = []  # cuda tests the GPU check would not find: their file never names the marker
     texts: dict = {}
     for item in items:
@@ -77,6 +83,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"{hidden[0]} (and {len(hidden) - 1} more) is marked cuda, but its file never writes "
             f"{MARKER_TEXT!r}, and `make gpu-check` runs `pytest -m cuda` only on files that do: "
             "write @pytest.mark.cuda (or pytestmark = pytest.mark.cuda) there")
+
+
+def _leave_browser_runs_to_the_browser(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """nbval leaves out a notebook that tests/test_browser.py runs cell by cell in Chromium in this session,
+    with nbval's checks (its docstring lists them): one run of it, not two. Only where that test is selected
+    and can run (Chromium and Playwright found); otherwise nbval runs the notebook as before."""
+    browser = sys.modules.get("test_browser")  # imported by its collection, if it was collected
+    selected = {getattr(item, "callspec", None) and item.callspec.params.get("path") for item in items
+                if item.nodeid.split("[")[0].endswith("test_browser.py::test_notebook_in_browser")}
+    if browser is None or not selected:
+        return
+    there = {p for p in browser.runs_instead_of_nbval() if p in {Path(s).resolve() for s in selected if s}}
+    left_out = [item for item in items if getattr(item, "cell", None) is not None
+                and Path(item.path).resolve() in there]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
 
 
 def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
