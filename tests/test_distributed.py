@@ -179,9 +179,12 @@ def test_launch_timeout_raises_and_leaves_no_process(tmp_path: Path) -> None:
     script = tmp_path / "sleep.py"
     script.write_text(SLEEPING)
     marker = uuid.uuid4().hex  # an argument that names this test's processes
-    with pytest.raises(hd.LaunchError, match="timed out after 10 s") as info:
-        hd.launch(script, [marker], nproc_per_node=2, timeout_s=10, echo=False)
+    # 6 s: torchrun starts its two workers (which import nothing) in about 2 s here
+    with pytest.raises(hd.LaunchError, match="timed out after 6 s") as info:
+        hd.launch(script, [marker], nproc_per_node=2, timeout_s=6, echo=False)
     assert info.value.result.returncode != 0
+    started = [line for line in info.value.result.lines if line.endswith("started")]
+    assert len(started) == 2, f"the workers had not both started when the launch was stopped: {started}"
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == [], f"processes left behind: {left}"
 
