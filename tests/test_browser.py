@@ -2,11 +2,11 @@
 
 - every notebook present in notebooks/ opens in Lab, every cell shown, and names the course's kernel
   (`python3`, which is the interpreter running these tests); the notebooks that run cells here wait for it,
-  idle; the first lesson also runs its set-up, parameters and sizes cells there and says the smoke profile
-  (the server's environment reaches the kernel). The others open one after another in one tab of Lab
-  (`lab_tab`), each test waiting for its cells, not its kernel (the same `python3`, started in the
+  idle, and their sizes cell says the smoke profile (the server's environment reaches the kernel; lesson
+  00 ran its set-up cells here for that before, 7 s of CI). The others open one after another in one tab of
+  Lab (`lab_tab`), each test waiting for its cells, not its kernel (the same `python3`, started in the
   background): a fresh tab and a kernel start cost about 5 s of CI per notebook. Their set-up cells are the
-  same code, run by nbval (running each again in Chromium cost about 55 s of CI on 2 cores);
+  same code, run by nbval or tests/test_hosted.py (running each again in Chromium cost about 55 s of CI);
   the browser leaves the notebook file unchanged;
 - the first notebook (in lesson order) to draw each widget (a `helpers.widgets` class, or widget code of its
   own through `ipywidgets`) runs cell by cell in the browser under the smoke profile: no cell shows an error,
@@ -30,8 +30,8 @@ Screenshots go to build/screenshots/. Without Chromium or Playwright the browser
 Environment: BROWSER_NOTEBOOK_DIR serves another folder of notebooks (e.g. a scratch one);
 BROWSER_RUN_ALL picks the notebooks run in the browser: "widgets" (default: the first to draw each widget),
 "none", or notebook stems
-separated by commas (e.g. 01_attention); BROWSER_RUN_SETUP=all runs every lesson's set-up cells in Lab
-(default: the first lesson's); COURSE_CHROMIUM names the Chromium executable;
+separated by commas (e.g. 01_attention); BROWSER_RUN_SETUP=all runs every other lesson's set-up cells in Lab
+too (default: none); COURSE_CHROMIUM names the Chromium executable;
 BROWSER_CELL_TIMEOUT_S / BROWSER_NOTEBOOK_TIMEOUT_S bound one cell / one notebook (1200 s / 1800 s).
 """
 
@@ -57,7 +57,7 @@ NOTEBOOK_TIMEOUT_S = int(
     os.environ.get("BROWSER_NOTEBOOK_TIMEOUT_S", "1800")
 )  # one notebook (pytest-timeout)
 RUN_ALL = os.environ.get("BROWSER_RUN_ALL", "widgets")  # which notebooks run all cells in the browser
-RUN_SETUP = os.environ.get("BROWSER_RUN_SETUP", "first")  # whose set-up cells run in Lab: first | all
+RUN_SETUP = os.environ.get("BROWSER_RUN_SETUP", "none")  # set-up cells of the others run in Lab: none | all
 OPEN_TIMEOUT_MS = 120_000  # Lab's first page load and a kernel start, on a busy 2-core machine
 VIEWPORT = {"width": 1400, "height": 1000}
 # Debian's chromium first; GitHub's Ubuntu runners ship chromium-browser and Google Chrome, which work too.
@@ -436,6 +436,8 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> set[s
         if errors:
             cells.nth(i).scroll_into_view_if_needed()
             pytest.fail(f"{label} shows an error:\n" + "\n".join(e[-2000:] for e in errors))
+        if "sizes" in cell.metadata.get("tags", []):
+            _check_smoke_profile(page, i, path)
         if "exercise-check" in cell.metadata.get("tags", []) and SOLUTIONS_IN_PLACE:
             _exercise_round_trip(page, nb, i, cell.metadata["exercise"])
             tripped.add(cell.metadata["exercise"])
@@ -474,13 +476,16 @@ def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) ->
     assert not page.kernel_errors[seen:], (
         f"{path.name}: the set-up, parameters or sizes cell failed: {page.kernel_errors[seen:]}"
     )
-    printed = (
-        page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output").all_inner_texts()
-    )
-    text = " ".join(printed).lower()
-    if "profile" in text:  # COURSE_PROFILE=smoke reached the kernel through the server's environment
-        assert "smoke" in text, f"{path.name}: the kernel is not in the smoke profile: {text[:200]!r}"
+    _check_smoke_profile(page, index, path)
     return index
+
+
+def _check_smoke_profile(page: object, index: int, path: Path) -> None:
+    """The sizes cell at `index` printed the smoke profile: COURSE_PROFILE=smoke reached the kernel through
+    the Lab server's environment."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    text = " ".join(cell.locator(".jp-OutputArea-output").all_inner_texts()).lower()
+    assert "smoke profile" in text, f"{path.name}: not the smoke profile: {text[:200]!r}"  # FitResult.line()
 
 
 def _runs_here(path: Path, nb: nbformat.NotebookNode) -> bool:
@@ -504,7 +509,7 @@ def test_notebook_in_browser(path: Path, lab: LabServer, request: pytest.Fixture
         "display_name"
     ]
     runs_all = _runs_here(path, nb)
-    runs_setup = not runs_all and (RUN_SETUP == "all" or path == NOTEBOOKS[0])
+    runs_setup = not runs_all and RUN_SETUP == "all"
     page = request.getfixturevalue("page" if runs_all or runs_setup else "lab_tab")
     js_seen, kernel_seen = len(page.js_errors), len(page.kernel_errors)  # lab_tab's come from earlier tests
     try:
