@@ -267,6 +267,7 @@ def lab_tab(browser: object, lab: LabServer) -> Iterator[object]:
     pg.goto(f"{lab.url}lab?reset&token={lab.token}")
     pg.wait_for_function("() => window.jupyterapp?.commands.hasCommand('docmanager:open')",
                          timeout=OPEN_TIMEOUT_MS)
+    pg.evaluate("async () => { await jupyterapp.restored; }")  # its layout restored: no tab opens under it
     yield pg
     context.close()
 
@@ -305,22 +306,22 @@ def _open_notebook(page: object, lab: LabServer, name: str, display_name: str) -
     )
 
 
-# the cells shown in the current tab's notebook (the page's, where Lab is not exposed)
-SHOWN_CELLS = """() => { const w = window.jupyterapp?.shell.currentWidget;
-                 return (w ? w.node : document).querySelectorAll('.jp-Notebook .jp-Cell').length; }"""
+# the cells Lab shows for notebook `p`: in its panel, if that is open and visible (-1 if not)
+CELLS_SHOWN = """p => { for (const w of jupyterapp.shell.widgets('main')) {
+                   if (w.context?.path === p && w.isVisible) {
+                     return w.node.querySelectorAll('.jp-Notebook .jp-Cell').length; } }
+                 return -1; }"""
 
 
 def _open_in_lab_tab(page: object, name: str, n_cells: int) -> None:
     """Open `name` in a new tab of the Lab in `page` (lab_tab), with Lab's own docmanager:open; wait until it
-    is the current tab and shows `n_cells` cells (or OPEN_TIMEOUT_MS), not for its kernel."""
+    is shown with `n_cells` cells (or OPEN_TIMEOUT_MS), not for its kernel."""
     # not awaited: the command's promise settles when the notebook's kernel has started, about 3 s after the
     # cells are drawn; the tabs before it stay open (closing one before its promise settles raises errors in
     # the page). A failure to open shows as a JavaScript error, which the tests assert there is none of.
     page.evaluate("p => { jupyterapp.commands.execute('docmanager:open', {path: p}); }", name)
-    page.wait_for_function("p => jupyterapp.shell.currentWidget?.context?.path === p", arg=name,
-                           timeout=OPEN_TIMEOUT_MS)
     deadline = time.monotonic() + OPEN_TIMEOUT_MS / 1000
-    while page.evaluate(SHOWN_CELLS) < n_cells and time.monotonic() < deadline:
+    while page.evaluate(CELLS_SHOWN, name) < n_cells and time.monotonic() < deadline:
         time.sleep(0.1)  # Lab draws a notebook's cells over a few frames
 
 
@@ -518,7 +519,7 @@ def test_notebook_in_browser(path: Path, lab: LabServer, request: pytest.Fixture
         else:
             _open_in_lab_tab(page, path.name, len(nb.cells))
         cells = page.locator(".jp-Notebook .jp-Cell")
-        shown = page.evaluate(SHOWN_CELLS)  # in this notebook's tab (lab_tab keeps earlier ones open)
+        shown = page.evaluate(CELLS_SHOWN, path.name)  # in its own tab (lab_tab keeps earlier ones open)
         assert shown == len(nb.cells), f"{path.name}: Lab shows {shown} cells, the file has {len(nb.cells)}"
         if runs_all:
             tripped = _run_all_cells(page, nb, path)
