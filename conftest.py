@@ -90,11 +90,12 @@ def _leave_browser_runs_to_the_browser(config: pytest.Config, items: list[pytest
     with nbval's checks (its docstring lists them): one run of it, not two. Only where that test is selected
     and can run (Chromium and Playwright found); otherwise nbval runs the notebook as before."""
     browser = sys.modules.get("test_browser")  # imported by its collection, if it was collected
-    selected = {getattr(item, "callspec", None) and item.callspec.params.get("path") for item in items
-                if item.nodeid.split("[")[0].endswith("test_browser.py::test_notebook_in_browser")}
+    selected = {Path(item.callspec.params["path"]).resolve() for item in items
+                if item.nodeid.split("[")[0].endswith("test_browser.py::test_notebook_in_browser")
+                and item.callspec.params.get("path") is not None}  # None: the "no notebooks" placeholder
     if browser is None or not selected:
         return
-    there = {p for p in browser.runs_instead_of_nbval() if p in {Path(s).resolve() for s in selected if s}}
+    there = browser.runs_instead_of_nbval() & selected
     left_out = [item for item in items if getattr(item, "cell", None) is not None
                 and Path(item.path).resolve() in there]
     if left_out:

@@ -12,8 +12,8 @@
   own through `ipywidgets`) runs cell by cell in the browser under the smoke profile: no cell shows an error,
   every figure is rendered, every widget is drawn, and moving the explorer's "layer" slider changes its
   figure (required of the attention lesson; done for any notebook with such a slider). A later lesson that
-  draws the same widget (lesson 08's AttentionExplorer) opens and runs its parameters cell only: nbval runs
-  its cells, and running it again in Chromium would add ~2.5 minutes to CI and no check;
+  draws the same widget (lesson 08's AttentionExplorer) only opens: nbval runs its cells, and running it
+  again in Chromium would add ~2.5 minutes to CI and no check;
 - at each checked exercise of a notebook run cell by cell, a learner's round trip: the untouched skeleton's
   check says "not attempted yet"; for lesson 01's exercise a wrong answer typed into the skeleton cell gets
   the hint naming its mistake (screenshots exercise-*.png); the solution typed in passes, and the rest of the

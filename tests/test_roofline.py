@@ -156,4 +156,6 @@ def test_a_cpus_measured_peak_leaves_out_fp16_which_no_cpu_run_trains_in(monkeyp
     monkeypatch.setattr(roofline, "measure_roofline", fake_roofline)
     assert mfu_peak("cpu", measure=True).precision in roofline.CPU_MFU_PRECISIONS
     assert sorted(measured) == ["bf16", "fp32"]
-    assert "fp16" in roofline.MFU_PRECISIONS
+    fake_gpu(monkeypatch, "T4")  # fp16 tensor cores, no bf16 ones: its peak is the fp16 datasheet rate
+    t4 = mfu_peak("cuda")
+    assert t4.precision == "fp16" and t4.flops == 65e12, t4
