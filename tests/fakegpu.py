@@ -14,8 +14,8 @@ argument, as torch answers it: native bf16 from compute capability 8.0; emulatio
 tensor on "cuda" still fails (this torch has no CUDA), so decision code that allocates is caught.
 
 The figures are what each board reports to torch (name string, capability, SMs, L2) and its memory as torch
-reports it (a little under the marketing figure: the driver keeps some). They are rounded: exact to the
-byte they are not, and no test may depend on the last megabyte.
+reports it (a little under the marketing figure: the driver keeps some), from `helpers.gpus.GPUS`. They are
+rounded: exact to the byte they are not, and no test may depend on the last megabyte.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
+from helpers.gpus import GPUS
 
 __all__ = ["GPUClass", "GPU_CLASSES", "fake_gpu", "gpu_class"]
 
@@ -45,18 +47,13 @@ class GPUClass:
     cuda: str = "12.6"  # torch.version.cuda of the build the box runs
 
 
-GPU_CLASSES: dict[str, GPUClass] = {g.key: g for g in (
-    GPUClass("T4", "Tesla T4", (7, 5), int(14.75 * GiB), 40, 4 * 2**20),  # Colab / Kaggle free tier
-    GPUClass("2xT4", "Tesla T4", (7, 5), int(14.75 * GiB), 40, 4 * 2**20, count=2),  # Kaggle's 2-GPU box
-    GPUClass("V100-16", "Tesla V100-SXM2-16GB", (7, 0), int(15.77 * GiB), 80, 6 * 2**20),
-    GPUClass("RTX3090", "NVIDIA GeForce RTX 3090", (8, 6), int(23.69 * GiB), 82, 6 * 2**20),
-    GPUClass("RTX4090", "NVIDIA GeForce RTX 4090", (8, 9), int(23.65 * GiB), 128, 72 * 2**20),
-    GPUClass("L4", "NVIDIA L4", (8, 9), int(22.05 * GiB), 58, 48 * 2**20),
-    GPUClass("A100-40", "NVIDIA A100-SXM4-40GB", (8, 0), int(39.39 * GiB), 108, 40 * 2**20),
-    GPUClass("A100-80", "NVIDIA A100-SXM4-80GB", (8, 0), int(79.15 * GiB), 108, 40 * 2**20),
-    GPUClass("H100", "NVIDIA H100 80GB HBM3", (9, 0), int(79.11 * GiB), 132, 50 * 2**20),
-    GPUClass("H200", "NVIDIA H200", (9, 0), int(139.8 * GiB), 132, 60 * 2**20, cuda="13.0"),
-)}
+# The classes' facts live in helpers/gpus.py (one home: the planner of lesson 09 reads them too); here each
+# becomes what a test fakes, with the CUDA version of the torch build its box runs.
+_CUDA = {"H200": "13.0"}  # the reference H200 box runs a CUDA 13 build; the others 12.6
+GPU_CLASSES: dict[str, GPUClass] = {
+    g.key: GPUClass(g.key, g.name, g.capability, g.total_memory, g.sms, g.l2_bytes, count=g.count,
+                    cuda=_CUDA.get(g.key, "12.6"))
+    for g in GPUS.values()}
 
 
 def gpu_class(key: str, **changes: object) -> GPUClass:
