@@ -32,7 +32,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml scripts/install_torch.sh scripts/make_venv.sh
 	@bash scripts/make_venv.sh "$(PYTHON)" "$(VENV)"
 	bash scripts/install_torch.sh $(PY)
-	$(PY) -m pip install --quiet -e ".[course,lab,test]"
+	$(PY) -m pip install --quiet -e ".[course,kernels,lab,test]"
 	@touch $@
 
 lab: $(STAMP)

@@ -151,7 +151,7 @@ def _exercise_solution_source(exercise_id: str, check_source: str) -> str:
         "from helpers import exercises as _exercises",
         "",
         f"_exercises.expect_status({exercise_id!r}, 'not attempted')  # the committed skeleton, in context",
-        f"# --- solutions/{ex.solution}",
+        f"# --- helpers/solutions/{ex.solution}",
         ex.solution_path.read_text(encoding="utf-8"),
         "# --- the check cell again, strict: 'not attempted' would be an error",
         "with _exercises.strict_mode():",
@@ -167,11 +167,11 @@ def _add_exercise_solutions(items: list[pytest.Item]) -> None:
     code in place. Running every notebook a second time with the solutions filled in would double the
     notebooks' share of CI (most of its 20 minutes). So the one nbval run does all three: the check cell runs
     on the committed skeleton as a learner's first Run All does; then the extra cell asserts that it said
-    "not attempted", runs the solution file (solutions/<lesson>/<name>.py, which defines the skeleton's
-    name), and runs the check cell's code again in strict mode, where "not attempted" is an error too. Every
-    later cell then runs with the solution's definitions. The cost is one more check per exercise (about a
-    second; one torchrun launch for lesson 07). COURSE_EXERCISE_SOLUTIONS=0 turns it off (to run a notebook
-    that holds your own answers)."""
+    "not attempted", runs the solution file (helpers/solutions/<lesson>/<name>.py, which defines the
+    skeleton's name), and runs the check cell's code again in strict mode, where "not attempted" is an error
+    too. Every later cell then runs with the solution's definitions. The cost is one more check per exercise
+    (about a second; one torchrun launch for lesson 07). COURSE_EXERCISE_SOLUTIONS=0 turns it off (to run a
+    notebook that holds your own answers)."""
     if os.environ.get(EXERCISE_SOLUTIONS_ENV, "1") == "0":
         return
     out = []

@@ -4,8 +4,8 @@ Two arms fine-tune the same pretrained checkpoint (for a seed, the same weights 
 head) on the same train/val/test split at the same max_length for the same epochs, in one process with the
 same threads, and are scored by the same function (`helpers.evaluation.evaluate`):
 
-- **course**: `scripts/finetune_bert.py` with its defaults, through its own `finetune` function (what
-  `python scripts/finetune_bert.py --seed S` runs);
+- **course**: `helpers/scripts/finetune_bert.py` with its defaults, through its own `finetune` function (what
+  `python helpers/scripts/finetune_bert.py --seed S` runs);
 - **trainer**: `transformers.Trainer` with `TrainingArguments`' defaults except the output folder, the epochs,
   no saving, no reporting and the seed; given the tokenizer, it pads each batch to its longest with its
   default collator (`DataCollatorWithPadding`).
@@ -117,12 +117,10 @@ def round1_file(out: Path) -> dict[str, Any]:
 
 
 def load_script() -> Any:
-    """scripts/finetune_bert.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("finetune_bert", ROOT / "scripts" / "finetune_bert.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("finetune_bert", module)
-    spec.loader.exec_module(module)
-    return module
+    """helpers/scripts/finetune_bert.py, the course's fine-tuning script, as a module."""
+    from helpers.scripts import finetune_bert
+
+    return finetune_bert
 
 
 def check_seeds(seeds: list[int]) -> list[int]:
@@ -316,7 +314,8 @@ def comparison_markdown(result: dict[str, Any]) -> str:
              f"Run: `{result['command']}`; {len(c['seeds'])} seeds, arms interleaved (course, trainer, "
              "course, ...). Same checkpoint and new head per seed, same split, same max_length, same "
              "threads, one evaluation function.", "",
-             f"- course (`scripts/finetune_bert.py` defaults): batch {cfg['batch_size']}, lr {cfg['lr']:g} "
+             f"- course (`helpers/scripts/finetune_bert.py` defaults): batch {cfg['batch_size']}, "
+             f"lr {cfg['lr']:g} "
              f"{cfg['lr_schedule']} (warm-up {cfg['warmup_frac']:g} of the steps), weight decay "
              f"{cfg['weight_decay']:g}, padding {spec['padding']}, attention {spec['attn']}, "
              f"{spec['precision']}, fused AdamW {spec['fused_adamw']}, {cfg['max_length']} tokens, "

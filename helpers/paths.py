@@ -1,11 +1,12 @@
-"""Where the course's files are and where a lesson writes what you open (lessons 03, 05-08).
+"""Where the course's files are, and where a lesson writes what you open (lessons 03, 05-08).
 
-`course_root()` finds the course's folder (its `scripts/`, `solutions/`, `benchmarks/`) from the installed
-`helpers` package, never from the folder a notebook runs in: on Colab or Kaggle, or in your own copy of the
-lessons, the working folder is not the course's. `output_dir(lesson)` is the folder where a lesson writes the
-files you open afterwards (lesson 06's Perfetto trace, lesson 03's memory snapshot, lesson 07's checkpoints):
-`outputs/<lesson>/` next to the notebook, so Jupyter Lab's file browser shows them (over SSH and in the
-container too), or `$COURSE_OUTPUT_DIR/<lesson>/` when that is set (`make test` sets it to `build/outputs`).
+What a lesson opens at run time ships inside the package, so an installed course (Colab, Kaggle, `pip
+install`) has it too: the `torchrun` scripts (`helpers/scripts/`), the exercises' solutions
+(`helpers/solutions/`) and the sample CSV (`helpers/sample_data/`). `checkout_root()` is the course's
+repository when `helpers` runs from one (its `benchmarks/` results), else None.
+
+`output_dir(lesson)` is the folder where a lesson writes the files you open afterwards: `outputs/<lesson>/`
+next to the notebook, so Jupyter Lab's file browser shows them, or `$COURSE_OUTPUT_DIR/<lesson>/` when set.
 """
 
 from __future__ import annotations
@@ -14,36 +15,35 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["ROOT_ENV", "OUTPUT_ENV", "course_root", "output_dir"]
+__all__ = ["OUTPUT_ENV", "PACKAGE", "script", "solutions_dir", "sample_data", "checkout_root", "output_dir"]
 
-ROOT_ENV = "COURSE_ROOT"  # names the course's folder explicitly (a non-editable install of helpers)
 OUTPUT_ENV = "COURSE_OUTPUT_DIR"  # where lessons write their outputs instead of ./outputs
-_MARKERS = ("pyproject.toml", "scripts", "notebooks")  # what a course folder holds
+PACKAGE = Path(__file__).resolve().parent  # helpers/, wherever it is installed
 
 
-def _is_course(path: Path) -> bool:
-    return all((path / m).exists() for m in _MARKERS) and (path / "helpers").is_dir()
+def script(name: str) -> Path:
+    """The course's script `name` ("train_ddp", "finetune_bert", ...) in helpers/scripts/ (07, 08)."""
+    path = PACKAGE / "scripts" / (name if name.endswith((".py", ".sbatch")) else f"{name}.py")
+    if not path.is_file():
+        known = sorted(p.stem for p in (PACKAGE / "scripts").glob("*.py") if p.stem != "__init__")
+        raise FileNotFoundError(f"no script {name!r} in {path.parent}: use one of {', '.join(known)}")
+    return path
 
 
-def course_root() -> Path:
-    """The course's folder (scripts/, solutions/, benchmarks/), found from the installed helpers (07, 08)."""
-    named = os.environ.get(ROOT_ENV, "").strip()
-    if named:
-        root = Path(named).expanduser().resolve()
-        if not _is_course(root):
-            raise FileNotFoundError(
-                f"{ROOT_ENV}={named!r} is not the course's folder (it needs {', '.join(_MARKERS)} and "
-                f"helpers/): point {ROOT_ENV} at the folder you cloned, or unset it")
-        return root
-    package = Path(__file__).resolve().parent
-    root = package.parent
-    if not _is_course(root):
-        raise FileNotFoundError(
-            f"helpers is installed at {package}, outside a copy of the course (no scripts/ or notebooks/ "
-            f"beside it: a non-editable `pip install`). Install the course editable from its folder "
-            f"(`pip install -e '<course folder>[course]'`, as `make setup` and every lesson's set-up cell "
-            f"do), or set {ROOT_ENV}=<course folder>")
-    return root
+def solutions_dir() -> Path:
+    """The exercises' solutions, shipped in helpers/solutions/<lesson>/ (every lesson)."""
+    return PACKAGE / "solutions"
+
+
+def sample_data(name: str = "sample.csv") -> Path:
+    """A file of the course's sample data: a CSV in the format your own data takes (06)."""
+    return PACKAGE / "sample_data" / name
+
+
+def checkout_root() -> Path | None:
+    """The course's repository when helpers runs from one (`make lab`'s editable install), else None (08)."""
+    root = PACKAGE.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "benchmarks").is_dir() else None
 
 
 def output_dir(lesson: str, *, fresh: bool = False) -> Path:

@@ -3,9 +3,10 @@
 pyproject.toml holds the repository's address (`[project.urls] Repository`), the release (`[tool.course]
 release`: the git tag, branch or commit the lessons belong to; "main" until the first release) and the extra
 the lessons install on a hosted notebook (`[tool.course] hosted-extra`). From those this script writes:
-- every lesson's set-up cell (tag `bootstrap`, the same in every lesson): on Colab, Kaggle or any Jupyter
-  without the course, it clones that release and installs it (`pip install -e '<clone>[<extra>]'`), torch,
-  triton and ipywidgets left as the host has them;
+- every lesson's set-up cell (tag `bootstrap`, the same in every lesson but for the lesson's name): on Colab,
+  Kaggle or any Jupyter without the course, it pip-installs that release's archive with the extra, the host's
+  torch and ipywidgets kept (floors, not pins), then runs `course_setup.check(<lesson>)`;
+- `course_setup.RELEASE`, the release the installed course says it is;
 - the "Open in Colab" / "Open in Kaggle" line under every lesson's title, links to that release's notebook;
 - the same two links in README.md's table of lessons.
 
@@ -28,74 +29,16 @@ KAGGLE_BADGE = "https://kaggle.com/static/images/open-in-kaggle.svg"
 BADGE_LINE = re.compile(r"^\[!\[Open in Colab\]")
 README_ROW = re.compile(r"^\| `(\d\d_[a-z0-9_]+\.ipynb)` \|")
 
-# The set-up cell. {source}, {release}, {extra} come from pyproject.toml; everything else is fixed here.
+# The set-up cell (tag `bootstrap`, at most 5 lines). {archive}, {release}, {extra}, {lesson} come from
+# pyproject.toml and the notebook's name. The archive URL ends its line, so the linter lets it run long.
 BOOTSTRAP = '''\
-# Set-up, the same in every lesson. Where the course is installed (`make lab`), it only says so. On Colab,
-# Kaggle or a Jupyter without it, it clones the release below and installs it, the host's torch left as it is.
-import importlib.util
-import os
+import importlib.util  # set-up: installs the course on Colab or Kaggle (about 30 s); here it only checks
 
-COURSE_SOURCE = os.environ.get(  # a git URL, or a folder holding the course
-    "COURSE_SOURCE", "{source}")
-COURSE_RELEASE = "{release}"  # the tag, branch or commit these notebooks belong to
-COURSE_EXTRA = "{extra}"  # what the lessons need on top of helpers (pyproject.toml's extras)
-KEEP = ("torch", "triton", "ipywidgets")  # the host's builds stay: its CUDA torch, its notebook front end
+if not importlib.util.find_spec("course_setup"):
+    %pip install -q {name}[{extra}]@{archive}
+import course_setup  # if this fails, the install above did: no network? On Kaggle: Settings > Internet on
 
-
-def install_course():
-    import re
-    import site
-    import subprocess
-    import sys
-    import tempfile
-    import time
-    from importlib import metadata
-    from pathlib import Path
-
-    def run(*cmd):
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            output = (done.stdout + done.stderr)[-3000:]
-            raise RuntimeError(f"set-up: `{{' '.join(cmd)}}` failed:\\n{{output}}")
-
-    start = time.perf_counter()
-    if Path(COURSE_SOURCE).expanduser().is_dir():  # a folder: used as it is
-        where, how = Path(COURSE_SOURCE).expanduser().resolve(), "the folder"
-    else:  # a git URL: that release, cloned once into $COURSE_DIR (default ~/fast-transformers-course)
-        where = Path(os.environ.get("COURSE_DIR", "~/fast-transformers-course")).expanduser().resolve()
-        how = f"{{COURSE_SOURCE}} at {{COURSE_RELEASE}}, cloned to"
-        if not (where / "pyproject.toml").is_file():
-            if re.fullmatch(r"[0-9a-f]{{7,40}}", COURSE_RELEASE):  # a commit: clone, then check it out
-                run("git", "clone", "--quiet", COURSE_SOURCE, str(where))
-                run("git", "-C", str(where), "checkout", "--quiet", COURSE_RELEASE)
-            else:  # a tag or a branch
-                run("git", "clone", "--quiet", "--depth", "1", "--branch", COURSE_RELEASE, COURSE_SOURCE,
-                    str(where))
-    kept = {{}}
-    for name in KEEP:
-        try:
-            kept[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
-        pins.write("".join(f"{{n}}=={{v}}\\n" for n, v in kept.items()))
-    run(sys.executable, "-m", "pip", "install", "--quiet", "-c", pins.name, "-e",
-        f"{{where}}[{{COURSE_EXTRA}}]")
-    for folder in [*site.getsitepackages(), site.getusersitepackages()]:
-        site.addsitedir(folder)  # this kernel sees the editable install without a restart
-    importlib.invalidate_caches()
-    if importlib.util.find_spec("helpers") is None:
-        raise RuntimeError("set-up: the course is installed but this kernel cannot import it yet: "
-                           "restart the kernel (Runtime > Restart session), then run this cell again")
-    kept_text = ", ".join(f"{{n}} {{v}}" for n, v in kept.items()) or "nothing"
-    print(f"set-up: installed the course from {{how}} {{where}} in {{time.perf_counter() - start:.0f}} s; "
-          f"kept the host's {{kept_text}}")
-
-
-if importlib.util.find_spec("helpers") is None:
-    install_course()
-else:
-    print(f"set-up: the course is installed (helpers at {{importlib.util.find_spec('helpers').origin}})")'''
+course_setup.check("{lesson}", release="{release}")'''
 
 
 def release_info(root: Path = ROOT) -> dict[str, str]:
@@ -107,12 +50,18 @@ def release_info(root: Path = ROOT) -> dict[str, str]:
         raise ValueError(f"[project.urls] Repository must be https://github.com/<owner>/<name>, got {repo!r}")
     course = project["tool"]["course"]
     return {"repo": repo, "github": f"{match[1]}/{match[2]}", "release": course["release"],
-            "extra": course["hosted-extra"]}
+            "extra": course["hosted-extra"], "name": project["project"]["name"]}
 
 
-def bootstrap_source(info: dict[str, str]) -> str:
-    """The set-up cell's code for this release."""
-    return BOOTSTRAP.format(source=info["repo"] + ".git", release=info["release"], extra=info["extra"])
+def archive_url(info: dict[str, str]) -> str:
+    """GitHub's zip of the release (a tag, or a branch until the first tag), which pip installs."""
+    return f"{info['repo']}/archive/{info['release']}.zip"
+
+
+def bootstrap_source(info: dict[str, str], lesson: str) -> str:
+    """The set-up cell's code of `lesson` (a notebook's stem) for this release."""
+    return BOOTSTRAP.format(name=info["name"], extra=info["extra"], archive=archive_url(info),
+                            release=info["release"], lesson=lesson)
 
 
 def links(info: dict[str, str], notebook: str) -> dict[str, str]:
@@ -146,7 +95,7 @@ def updated_notebook(nb: dict, info: dict[str, str], name: str) -> dict:
     boot = next(c for c in cells if c["cell_type"] == "code")
     if "bootstrap" not in boot.get("metadata", {}).get("tags", []):
         raise ValueError(f"{name}: the first code cell has no `bootstrap` tag")
-    boot["source"] = _lines(bootstrap_source(info))
+    boot["source"] = _lines(bootstrap_source(info, name.removesuffix(".ipynb")))
     header = "".join(cells[0]["source"]).split("\n")
     if len(header) > 2 and BADGE_LINE.match(header[2]):
         header[2] = badge_line(info, name)
@@ -183,6 +132,13 @@ def out_of_step(root: Path = ROOT, write: bool = False) -> list[str]:
             stale.append(str(path.relative_to(root)))
             if write:
                 path.write_text(new, encoding="utf-8")
+    setup = root / "course_setup.py"
+    text = setup.read_text(encoding="utf-8")
+    new = re.sub(r'^RELEASE = "[^"]*"', f'RELEASE = "{info["release"]}"', text, count=1, flags=re.M)
+    if new != text:
+        stale.append("course_setup.py")
+        if write:
+            setup.write_text(new, encoding="utf-8")
     readme = root / "README.md"
     text = readme.read_text(encoding="utf-8")
     new = updated_readme(text, info)

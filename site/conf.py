@@ -16,6 +16,6 @@ nb_execution_mode = "off"  # the pages hold the outputs of build.py's run on thi
 nb_render_markdown_format = "gfm"  # tables printed by the lessons (helpers.tables) are GitHub-flavoured
 myst_enable_extensions = ["dollarmath"]
 exclude_patterns = ["**.ipynb_checkpoints"]
-# A lesson links to the course's files (../docs/claims.md, ../solutions/): those live in the repository, not
-# in the site; leave such links as they are instead of warning for each.
+# A lesson links to the course's files (../docs/claims.md, ../helpers/solutions/): those live in the
+# repository, not in the site; leave such links as they are instead of warning for each.
 suppress_warnings = ["myst.xref_missing", "myst.header", "misc.highlighting_failure"]

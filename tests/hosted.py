@@ -1,9 +1,10 @@
 """A simulated hosted notebook (Colab, Kaggle), for tests/test_hosted.py: a fresh Python with a torch already
 installed, Colab's ipywidgets major version, no `make`, no course.
 
-    python = make_host(tmp / "host")            # a venv: what Colab ships linked, ipywidgets 7 installed
-    source = course_source(tmp / "source.git")  # the course as a git URL, at pyproject.toml's release
-    run_notebook(lesson, python, cwd=tmp / "content", env={"COURSE_SOURCE": source, ...})
+    python = make_host(tmp / "host")             # a venv: what Colab ships linked, ipywidgets 7 installed
+    archive = course_archive(tmp / "course.zip")  # the working tree as GitHub's zip of a release
+    nb = hosted_copy(lesson, archive)             # the lesson, its install cell pointed at that zip
+    run_notebook(nb, python, cwd=tmp / "content", env={...})
 
 What the host "ships" is reached, not reinstalled: the venv has a path file (`host.pth`) naming a folder of
 links to the distributions of torch, ipykernel and pip in the interpreter running the tests, and nothing else
@@ -13,9 +14,9 @@ to seconds instead of torch's wheel. ipywidgets 7.7.1, Colab's, is pip-installed
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,13 +25,13 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-__all__ = ["HOST_SHIPS", "IPYWIDGETS", "REPO_ROOT", "host_links", "make_host", "course_source", "release",
-           "run_notebook"]
+__all__ = ["HOST_SHIPS", "IPYWIDGETS", "REPO_ROOT", "host_links", "make_host", "course_archive", "release",
+           "hosted_copy", "run_notebook"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What Colab and Kaggle ship before the course (with their dependencies): torch (a CUDA build brings its
 # triton), numpy, transformers, scikit-learn, matplotlib, tqdm, a Jupyter server with its kernel, pip. The
-# set-up cell installs the rest: the course (editable), its offline MiniLM and corpus packages.
+# set-up cell installs the rest: the course, its offline MiniLM and corpus packages.
 HOST_SHIPS = ("torch", "triton", "numpy", "transformers", "scikit-learn", "matplotlib", "tqdm", "ipykernel",
               "jupyterlab", "pip")
 IPYWIDGETS = "ipywidgets==7.7.1"  # what Colab ships: the floor the course's widgets are tested on
@@ -110,21 +111,35 @@ def release(root: Path = REPO_ROOT) -> str:
     return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["course"]["release"]
 
 
-def course_source(folder: Path, root: Path = REPO_ROOT) -> str:
-    """The working tree's course (tracked and new, unignored files, as they are now) as a git repository in
-    `folder` whose branch named by the release holds it -> its file:// URL, which the set-up cell clones."""
+def course_archive(path: Path, root: Path = REPO_ROOT) -> str:
+    """The working tree's course (tracked and new, unignored files, as they are now) as GitHub's zip of a
+    release (one top folder) at `path` -> its file:// URL, which the install cell's pip installs."""
+    import zipfile
+
     listed = _run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"])
-    folder.mkdir(parents=True)
-    for rel in sorted(set(filter(None, listed.split("\0")))):
-        src = root / rel
-        if src.is_file():
-            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, folder / rel)
-    git = ["git", "-C", str(folder), "-c", "user.name=test", "-c", "user.email=test@localhost"]
-    _run(git[:3] + ["init", "--quiet", "--initial-branch", release(root)])
-    _run(git + ["add", "-A"])
-    _run(git + ["commit", "--quiet", "-m", "the course as tested"])
-    return folder.resolve().as_uri()
+    top = f"fast-transformers-course-{release(root)}"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for rel in sorted(set(filter(None, listed.split("\0")))):
+            if (root / rel).is_file():
+                zf.write(root / rel, f"{top}/{rel}")
+    return path.resolve().as_uri()
+
+
+def hosted_copy(lesson: str, archive: str, root: Path = REPO_ROOT):
+    """`lesson` as the learner opens it, its install cell pointed at `archive` instead of GitHub's zip of the
+    release (the one line that differs from what Colab runs)."""
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("course_release", root / "scripts" / "course_release.py")
+    course_release = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(course_release)
+    url = course_release.archive_url(course_release.release_info(root))
+    nb = nbformat.read(root / "notebooks" / f"{lesson}.ipynb", as_version=4)
+    boot = next(c for c in nb.cells if c.cell_type == "code")
+    if url not in boot.source:
+        raise AssertionError(f"{lesson}: its install cell does not install {url}")
+    boot.source = boot.source.replace(url, archive)
+    return nb
 
 
 def run_notebook(nb, python: Path, cwd: Path, env: dict[str, str | None], timeout_s: int = 900) -> object:

@@ -1,95 +1,109 @@
-"""Each lesson's own parameters and sizes cells, run under a faked GPU class (tests/fakegpu.py): the decisions
-a lesson makes on a GPU (sizes, precision, what it skips), made here without one.
+"""Each lesson's set-up (helpers/lessons/lessonNN.py) run under a faked GPU class (tests/fakegpu.py): the
+decisions a lesson makes on a GPU (sizes, precision, what it skips), made here without one.
 
     from lesson_sizes import LESSONS, decide   # tests/ is on sys.path under pytest
 
-    ns = decide("02_mixed_precision", "T4", monkeypatch)   # the namespace after the two cells ran
+    ns = decide("02_mixed_precision", "T4", monkeypatch)   # the lesson's choices, as a dict
     ns["FIT"].line(), ns["BATCH"], ns["AUTOCAST_MODES"]
 
-The cells are read from the notebooks (never a copy): the `parameters` cell, then the cell tagged `sizes`
-after it, executed in one namespace as a kernel would. They allocate nothing on the device, so a faked GPU
-is enough; where a cell would, the fake raises ("Torch not compiled with CUDA enabled") and the test fails.
-`edit` replaces text in the sizes cell first ((old, new) pairs): how a test plants a bug in a lesson's
-decision code.
+The setup is called as the notebook calls it: its keyword arguments are read from the notebook's set-up cell
+(`lesson02.setup(PROFILE, wide_layers=WIDE_LAYERS)`) and their values from its parameters cell, which holds
+plain values only (read with ast.literal_eval; no cell is executed). A setup allocates nothing on the device,
+so a faked GPU is enough; where it would, the fake raises ("Torch not compiled with CUDA enabled") and the
+test fails. `plant` replaces attributes of the lesson's module during the call ((name, value) pairs): how a
+test plants a bug in a lesson's decision code.
 `tests/test_gpu_matrix.py` checks the decisions; `scripts/gpus_doc.py` writes them to docs/gpus.md.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
+import importlib
 import io
 import json
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from fakegpu import fake_gpu
 
+from helpers.lessons import LESSON_MODULES
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-LESSONS = tuple(p.stem for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")))
-# what a cell may set in the process environment (os.environ.setdefault, os.environ[...] = ...): put back
-ENV_TOUCHED = ("TRITON_INTERPRET", "TORCHINDUCTOR_CACHE_DIR", "TOKENIZERS_PARALLELISM", "COURSE_PROFILE")
+LESSONS = tuple(p.stem for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")) if p.stem in LESSON_MODULES)
+# what a setup may set in the process environment (os.environ.setdefault, os.environ[...] = ...): put back
+ENV_TOUCHED = ("TRITON_INTERPRET", "TORCHINDUCTOR_CACHE_DIR", "TOKENIZERS_PARALLELISM", "COURSE_PROFILE",
+               "COURSE_OUTPUT_DIR")
 
 
 def _tags(cell: dict[str, Any]) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
 
 
-def decision_cells(lesson: str) -> tuple[str, str]:
-    """(parameters cell, sizes cell) sources of `lesson`; the sizes cell is the code cell right after."""
+def lesson_module(lesson: str) -> ModuleType:
+    """helpers.lessons.lessonNN of `lesson` (a notebook's stem)."""
+    return importlib.import_module(f"helpers.lessons.{LESSON_MODULES[lesson]}")
+
+
+@functools.cache
+def setup_arguments(lesson: str) -> dict[str, Any]:
+    """The keyword arguments the notebook's set-up cell passes to its setup, with the parameters cell's
+    values: {"wide_layers": 4}."""
     cells = json.loads((NOTEBOOKS / f"{lesson}.ipynb").read_text(encoding="utf-8"))["cells"]
     code = [c for c in cells if c["cell_type"] == "code"]
-    at = next((i for i, c in enumerate(code) if "parameters" in _tags(c)), None)
-    if at is None or at + 1 >= len(code) or "sizes" not in _tags(code[at + 1]):
-        raise AssertionError(f"{lesson}: the code cell after the `parameters` cell must be tagged `sizes`")
-    return "".join(code[at]["source"]), "".join(code[at + 1]["source"])
+    params = next(c for c in code if "parameters" in _tags(c))
+    values = {t.id: ast.literal_eval(node.value) for node in ast.parse("".join(params["source"])).body
+              if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+    setup_cell = next(c for c in code if "setup" in _tags(c))
+    call = next(n for n in ast.walk(ast.parse("".join(setup_cell["source"])))
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "setup")
+    return {kw.arg: values[kw.value.id] for kw in call.keywords}
 
 
-Edit = Sequence[tuple[str, str]]  # (old, new) replacements in the sizes cell: a planted bug
+Plant = Sequence[tuple[str, Any]]  # (attribute of the lesson's module, its planted value)
 
 
-def run_cells(lesson: str, *, profile: str | None = None, edit: Edit = (), tmp: Path | None = None,
-              ns: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Execute `lesson`'s parameters and sizes cells in a fresh namespace (a kernel's globals), or in `ns`
-    (a second Run All in the same kernel); `profile` plays papermill's injected `PROFILE = ...`. The
-    printed line is in ns["_printed"]."""
-    params, sizes = decision_cells(lesson)
-    for old, new in edit:
-        assert old in sizes, f"{lesson}: the sizes cell has no {old!r} to plant a bug in"
-        sizes = sizes.replace(old, new)
-    ns = ns if ns is not None else {"__name__": "__main__"}
+def run_setup(lesson: str, *, profile: str | None = None, plant: Plant = (), tmp: Path | None = None,
+              monkeypatch: pytest.MonkeyPatch | None = None) -> dict[str, Any]:
+    """`lesson`'s setup called as its notebook calls it -> its choices as a dict, the printed line in
+    ns["_printed"]. `profile` plays papermill's `-p PROFILE ...`; folders it makes go under `tmp`."""
+    module = lesson_module(lesson)
     out = io.StringIO()
     saved = {k: os.environ.get(k) for k in ENV_TOUCHED}
-    old_tmp = tempfile.tempdir
-    tempfile.tempdir = str(tmp) if tmp is not None else old_tmp  # a cell's mkdtemp: in the test's folder
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(params, f"{lesson}.ipynb:parameters", "exec"), ns)
-            if profile is not None:  # papermill's injected-parameters cell
-                exec(f"PROFILE = {profile!r}", ns)
-            exec(compile(sizes, f"{lesson}.ipynb:sizes", "exec"), ns)
-    finally:
-        tempfile.tempdir = old_tmp
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with contextlib.ExitStack() as stack:
+        mp = monkeypatch if monkeypatch is not None else stack.enter_context(pytest.MonkeyPatch.context())
+        for name, value in plant:
+            assert hasattr(module, name), f"{lesson}: its module has no {name!r} to plant a bug in"
+            mp.setattr(module, name, value)
+        where = tmp if tmp is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        os.environ["COURSE_OUTPUT_DIR"] = str(where)  # the outputs a setup makes: not in the checkout
+        try:
+            with contextlib.redirect_stdout(out):
+                chosen = module.setup(profile, **setup_arguments(lesson))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    ns = dict(vars(chosen))
     ns["_printed"] = out.getvalue()
     return ns
 
 
 def decide(lesson: str, gpu: str, monkeypatch: pytest.MonkeyPatch, *, profile: str | None = None,
-           edit: Edit = (), tmp: Path | None = None) -> dict[str, Any]:
+           plant: Plant = (), tmp: Path | None = None) -> dict[str, Any]:
     """`lesson`'s decisions on the GPU class `gpu` (a key of fakegpu.GPU_CLASSES), $COURSE_PROFILE unset."""
     fake_gpu(monkeypatch, gpu)
     monkeypatch.delenv("COURSE_PROFILE", raising=False)
-    return run_cells(lesson, profile=profile, edit=edit, tmp=tmp)
+    return run_setup(lesson, profile=profile, plant=plant, tmp=tmp, monkeypatch=monkeypatch)
 
 
 @functools.cache
@@ -163,7 +177,7 @@ def render_gpus_doc(decisions: Any, plans: Any, classes: Sequence[str]) -> str:
     lines = [
         "# What each GPU gets, lesson by lesson",
         "",
-        "Generated by `python scripts/gpus_doc.py` from the lessons' own parameters and sizes cells, run on "
+        "Generated by `python scripts/gpus_doc.py` from each lesson's set-up (`helpers/lessons/`), run on "
         "a CPU under each faked GPU class (`tests/fakegpu.py`, `tests/lesson_sizes.py`); "
         "`tests/test_gpu_matrix.py` checks the same decisions and fails when this page is not current. The "
         "sizes are what the `fit` profile (the default on a GPU) chooses so that every step's *estimated* "

@@ -2,7 +2,7 @@
 
 - every notebook present in notebooks/ opens in Lab, every cell shown, and names the course's kernel
   (`python3`, which is the interpreter running these tests); the notebooks that run cells here wait for it,
-  idle, and their sizes cell says the smoke profile (the server's environment reaches the kernel; lesson
+  idle, and their set-up cell says the smoke profile (the server's environment reaches the kernel; lesson
   00 ran its set-up cells here for that before, 7 s of CI). The others open one after another in one tab of
   Lab (`lab_tab`), each test waiting for its cells, not its kernel (the same `python3`, started in the
   background): a fresh tab and a kernel start cost about 5 s of CI per notebook. Their set-up cells are the
@@ -437,7 +437,7 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> set[s
         if errors:
             cells.nth(i).scroll_into_view_if_needed()
             pytest.fail(f"{label} shows an error:\n" + "\n".join(e[-2000:] for e in errors))
-        if "sizes" in cell.metadata.get("tags", []):
+        if "setup" in cell.metadata.get("tags", []):
             _check_smoke_profile(page, i, path)
         if "exercise-check" in cell.metadata.get("tags", []) and SOLUTIONS_IN_PLACE:
             _exercise_round_trip(page, nb, i, cell.metadata["exercise"])
@@ -464,9 +464,9 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> set[s
 
 
 def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) -> int | None:
-    """Run the code cells up to the `sizes` cell (set-up, parameters, the sizes for this device) -> its
-    index; checks the smoke profile in the line the sizes cell prints."""
-    index = next((i for i, c in enumerate(nb.cells) if "sizes" in c.metadata.get("tags", [])), None)
+    """Run the code cells up to the `setup` cell (install, parameters, the sizes for this device) -> its
+    index; checks the smoke profile in the line the setup cell prints."""
+    index = next((i for i, c in enumerate(nb.cells) if "setup" in c.metadata.get("tags", [])), None)
     if index is None:
         return None
     seen = len(page.kernel_errors)
@@ -475,14 +475,14 @@ def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) ->
             _run_cell(page, i, f"{path.name} cell {i}")
     time.sleep(0.3)
     assert not page.kernel_errors[seen:], (
-        f"{path.name}: the set-up, parameters or sizes cell failed: {page.kernel_errors[seen:]}"
+        f"{path.name}: the set-up, parameters or setup cell failed: {page.kernel_errors[seen:]}"
     )
     _check_smoke_profile(page, index, path)
     return index
 
 
 def _check_smoke_profile(page: object, index: int, path: Path) -> None:
-    """The sizes cell at `index` printed the smoke profile: COURSE_PROFILE=smoke reached the kernel through
+    """The setup cell at `index` printed the smoke profile: COURSE_PROFILE=smoke reached the kernel through
     the Lab server's environment."""
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
     text = " ".join(cell.locator(".jp-OutputArea-output").all_inner_texts()).lower()

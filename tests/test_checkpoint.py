@@ -206,7 +206,7 @@ def test_a_full_disk_names_the_folder_the_bytes_needed_and_left(tmp_path, monkey
 
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    first = ck.save_step(tmp_path, 1, model, opt)  # what helpers.train and scripts/train_ddp.py call
+    first = ck.save_step(tmp_path, 1, model, opt)  # what helpers.train and helpers/scripts/train_ddp.py call
     _fill_the_disk(monkeypatch)
     with pytest.raises(ck.CheckpointDiskFull) as info:
         ck.save_step(tmp_path, 2, model, opt)

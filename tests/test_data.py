@@ -276,10 +276,10 @@ def test_hub_failure_falls_back_in_auto_and_raises_in_hub(monkeypatch, capsys):
 
 
 def test_the_sample_csv_in_data_loads_as_your_own_data(capsys):
-    """data/sample.csv: the documented format, three classes of 14, stratified three ways."""
+    """helpers/sample_data/sample.csv: the documented format, three classes of 14, stratified three ways."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "data" / "sample.csv"
+    path = Path(__file__).resolve().parents[1] / "helpers" / "sample_data" / "sample.csv"
     splits = load_text_classification(csv_path=path, seed=0)
     assert splits.source == "csv" and splits.label_names == ["cooking", "sport", "weather"]
     assert sum(splits.sizes.values()) == 42

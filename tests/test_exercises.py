@@ -276,7 +276,7 @@ def test_a_bug_of_the_check_itself_is_not_blamed_on_the_learner(monkeypatch, tmp
 def test_show_solution_prints_the_file(capsys):
     exercises.show_solution("01-flash-forward")
     out = capsys.readouterr().out
-    assert "solutions/01_attention/flash_forward.py" in out and "def flash_forward" in out
+    assert "helpers/solutions/01_attention/flash_forward.py" in out and "def flash_forward" in out
 
 
 # --- the cells in the notebooks -----------------------------------------------------------------------------
@@ -295,7 +295,7 @@ def test_the_exercise_cells_in_the_notebook(exercise_id):
     call = rf'(exercises\.)?check\("{ex.id}", {ex.answer}(, \w+=\w+)*\)'
     assert len(calls) == 1 and re.fullmatch(call, calls[0]), calls
     task = "".join(cells["exercise-task"]["source"])
-    assert f"../solutions/{ex.solution}" in task and f'show_solution("{ex.id}")' in task
+    assert f"../helpers/solutions/{ex.solution}" in task and f'show_solution("{ex.id}")' in task
 
 
 @pytest.mark.parametrize("exercise_id, given", [("05-graph-break", lesson05.loss_with_breaks),
@@ -321,4 +321,4 @@ def test_the_exercises_section_points_to_the_checked_exercises(lesson):
     section = next(t for t in texts if re.search(r"^## Exercises", t, re.M))
     line = next(x for x in section.splitlines() if x.startswith("**Checked exercises**"))
     assert all(f"`{ex.id}`" in line for ex in exercises.exercises_of(lesson))
-    assert f"solutions/{lesson}/" in line
+    assert f"helpers/solutions/{lesson}/" in line

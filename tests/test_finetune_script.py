@@ -1,5 +1,5 @@
-"""scripts/finetune_bert.py: a run stopped at a checkpoint resumes to exactly where an unbroken run goes; its
-switches are one nested RunSpec, each with its flag."""
+"""helpers/scripts/finetune_bert.py: a run stopped at a checkpoint resumes to exactly where an unbroken run
+goes; its switches are one nested RunSpec, each with its flag."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from helpers.runspec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "finetune_bert.py"
+SCRIPT = ROOT / "helpers" / "scripts" / "finetune_bert.py"
 
 
 def _script():

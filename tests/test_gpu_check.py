@@ -475,7 +475,8 @@ GPU_PROBE = re.compile(r"\b(fp8_supported|is_bf16_supported|uses_interpreter|var
 def _gpu_branch(source: str) -> bool:
     """Whether code has an if / while / conditional expression whose condition names the GPU (a
     notebook's shell and magic lines left out)."""
-    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    code = "\n".join(line if not line.lstrip().startswith(("%", "!"))
+                     else line[:len(line) - len(line.lstrip())] + "pass" for line in source.splitlines())
     tree = ast.parse(code)
     return any(isinstance(n, (ast.If, ast.IfExp, ast.While)) and GPU_WORD.search(ast.unparse(n.test))
                for n in ast.walk(tree))

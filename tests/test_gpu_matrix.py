@@ -1,5 +1,5 @@
-"""The course on the GPU a learner has, proven without one: under each faked GPU class (tests/fakegpu.py) the
-lessons' own parameters and sizes cells run (tests/lesson_sizes.py) and their decisions are checked: every
+"""The course on the GPU a learner has, proven without one: under each faked GPU class (tests/fakegpu.py) each
+lesson's set-up runs as its notebook calls it (tests/lesson_sizes.py) and its decisions are checked: every
 step's estimated peak within the device's memory less the margin, the sizes the lesson uses the ones it
 fitted, the precision what the capability allows, the full profile refused where it does not fit; MFU's
 peak no precision can pass; the ladder's rungs nothing the device cannot run. Each check is shown to fail on
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from fakegpu import GPU_CLASSES, fake_gpu
-from lesson_sizes import DOC, LESSONS, decide, decisions, ladder_plan, plan, render_gpus_doc, run_cells
+from lesson_sizes import DOC, LESSONS, decide, decisions, ladder_plan, plan, render_gpus_doc, run_setup
 
 from helpers import ladder, roofline
 from helpers.precision import precision_runs
@@ -82,15 +82,15 @@ def test_the_estimates_see_what_does_not_fit_a_t4_and_the_h200_runs_full_sizes()
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_a_second_run_all_decides_the_same(lesson: str, monkeypatch, tmp_path) -> None:
-    # in one kernel, as Run All twice does: the sizes cell rebinds PROFILE, the parameters cell resets it
+    # in one process, as Run All twice does in one kernel: the setup keeps no state between calls
     first = decide(lesson, "T4", monkeypatch, tmp=tmp_path)
     sizes, printed = dict(first["FIT"].sizes), first["_printed"]
-    again = run_cells(lesson, tmp=tmp_path, ns=first)
+    again = run_setup(lesson, tmp=tmp_path, monkeypatch=monkeypatch)
     assert again["FIT"].sizes == sizes and again["_printed"] == printed
 
 
 def test_full_profile_is_refused_where_it_does_not_fit(monkeypatch, tmp_path) -> None:
-    with pytest.raises(SizingError, match=r"does not fit Tesla T4, 14\.8 GiB .*step 6 .* GiB"):
+    with pytest.raises(SizingError, match=r"does not fit Tesla T4, 14\.8 GiB .*the batch sweep.* GiB"):
         decide("04_where_time_goes", "T4", monkeypatch, profile="full", tmp=tmp_path)
     ns = decide("04_where_time_goes", "H100", monkeypatch, profile="full", tmp=tmp_path)  # papermill's -p
     assert ns["FIT"].profile == "full" and ns["BATCHES"][-1] == 64
@@ -99,18 +99,26 @@ def test_full_profile_is_refused_where_it_does_not_fit(monkeypatch, tmp_path) ->
 # --- planted errors: each check above fails on one -------------------------------------------------------
 
 def test_planted_lesson_02_crash_fails_the_matrix(monkeypatch, tmp_path) -> None:
-    # today's main filtered with `check_precision(p, DEVICE) is None`, which raises for bf16 on a T4
-    crash = [("from helpers.precision import PRECISIONS, precision_runs",
-              "from helpers.precision import PRECISIONS, check_precision"),
-             ("if precision_runs(p, DEVICE)]", "if check_precision(p, DEVICE) is None]")]
+    # lesson 02 once filtered with `check_precision(p, DEVICE) is None`, which raises for bf16 on a T4
+    from helpers.precision import check_precision
+
+    crash = [("precision_runs", lambda p, device: check_precision(p, device) is None)]
     with pytest.raises(ValueError, match="bf16 needs a GPU of compute capability 8.0"):
-        decide("02_mixed_precision", "T4", monkeypatch, tmp=tmp_path, edit=crash)
-    assert decide("02_mixed_precision", "A100-40", monkeypatch, tmp=tmp_path, edit=crash)["AMP"] == "bf16"
+        decide("02_mixed_precision", "T4", monkeypatch, tmp=tmp_path, plant=crash)
+    assert decide("02_mixed_precision", "A100-40", monkeypatch, tmp=tmp_path, plant=crash)["AMP"] == "bf16"
 
 
 def test_planted_unfitted_size_fails_the_matrix(monkeypatch, tmp_path) -> None:
-    ns = decide("04_where_time_goes", "T4", monkeypatch, tmp=tmp_path,
-                edit=[('BATCHES_MAX = FIT["BATCHES_MAX"]', 'BATCHES_MAX = SIZES["BATCHES_MAX"].full')])
+    from helpers.lessons import lesson04
+
+    fitted = lesson04.setup
+
+    def unfitted(*args, **kwargs):  # a setup that runs the full batch sweep whatever it fitted
+        chosen = fitted(*args, **kwargs)
+        chosen.BATCHES_MAX = lesson04.SIZES["BATCHES_MAX"].full
+        return chosen
+
+    ns = decide("04_where_time_goes", "T4", monkeypatch, tmp=tmp_path, plant=[("setup", unfitted)])
     with pytest.raises(AssertionError, match="the lesson runs .*'BATCHES_MAX': 64"):
         checkdecisions("04_where_time_goes", "T4", ns)
 
@@ -118,7 +126,7 @@ def test_planted_unfitted_size_fails_the_matrix(monkeypatch, tmp_path) -> None:
 def test_planted_estimate_of_nothing_fails_the_matrix(monkeypatch, tmp_path) -> None:
     # the small Transformer's step estimated at 0 bytes: the batch sweep "fits" a T4 at batch 64
     ns = decide("04_where_time_goes", "T4", monkeypatch, tmp=tmp_path,
-                edit=[('return estimate_training_memory(SMALL, batch, s["SEQ"]).peak', "return 0")])
+                plant=[("_small_peak", lambda model, batch, seq: 0)])
     with pytest.raises(AssertionError, match="nothing shrunk on a T4"):
         check_shrinks_on_a_t4("04_where_time_goes", ns)
 
@@ -127,8 +135,8 @@ def test_planted_bf16_on_a_t4_fails_the_matrix(monkeypatch, tmp_path) -> None:
     # lesson 01 as it was: bf16 whatever the GPU
     ns = {lesson: decide(lesson, "T4", monkeypatch, tmp=tmp_path)
           for lesson in ("02_mixed_precision", "05_compile", "08_bert_finetuning")}
-    ns["01_attention"] = decide("01_attention", "T4", monkeypatch, tmp=tmp_path, edit=[
-        ("DTYPE = PRECISION_DTYPE[training_precision(DEVICE)[0]]", "DTYPE = torch.bfloat16")])
+    ns["01_attention"] = decide("01_attention", "T4", monkeypatch, tmp=tmp_path, plant=[
+        ("training_precision", lambda device: ("bf16", "planted: bf16 whatever the GPU"))])
     with pytest.raises(AssertionError, match="lesson 01 computes in torch.bfloat16"):
         check_capabilities("T4", ns)
 

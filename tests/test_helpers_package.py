@@ -143,8 +143,9 @@ def _importers() -> dict[str, str]:
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = nbformat.read(path, as_version=4).cells
         code = [c.source for c in cells if c.cell_type == "code"]
-        # IPython magics and shell escapes are not Python: blank them out before parsing
-        lines = [ln if not ln.lstrip().startswith(("%", "!")) else "" for ln in "\n".join(code).splitlines()]
+        # IPython magics and shell escapes are not Python: a `pass` at their indentation before parsing
+        lines = [ln if not ln.lstrip().startswith(("%", "!")) else ln[:len(ln) - len(ln.lstrip())] + "pass"
+                 for ln in "\n".join(code).splitlines()]
         sources[str(path.relative_to(ROOT))] = "\n".join(lines)
     return sources
 

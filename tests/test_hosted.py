@@ -3,18 +3,18 @@ the lesson runs to its end from a folder outside the checkout (issue 31).
 
 The host (tests/hosted.py) is a fresh venv that ships what Colab ships (torch, numpy, transformers, a Jupyter
 kernel; linked from this interpreter) and Colab's ipywidgets major version (7), with no `make` and no course.
-A lesson is copied to a folder outside the checkout and run with nbclient in the host's kernel; its set-up
-cell clones the course from a local git repository holding the working tree (COURSE_SOURCE, the one source
-variable) at pyproject.toml's release and installs it. Lessons 00 and 07 run at smoke sizes (07 launches the
-course's scripts with torchrun).
+A lesson is copied to a folder outside the checkout and run with nbclient in the host's kernel; its install
+cell (the short one every lesson opens with) pip-installs the course from a zip of the working tree laid out
+as GitHub's zip of the release, the one line that differs from what Colab runs. Lessons 00 and 07 run at smoke
+sizes (07 launches the course's scripts, shipped in the package, with torchrun).
 
 These two runs replace nbval's run of the same lessons in `make test` (the Makefile leaves them out of nbval),
 with nbval's checks: every cell runs without an error, `requires-cuda` / `requires-multi-gpu` cells are
 skipped as conftest.py skips them, and after each exercise's check cell its solution runs, strict, as
 conftest.py injects it (COURSE_EXERCISE_SOLUTIONS=0 turns that off there and here). No lesson compares
 outputs (`# NBVAL_CHECK_OUTPUT`); one that did would fail here until this file compares them too.
-A planted lesson that walks up from its working folder for `scripts/` (the old lines of lessons 07 and 08)
-fails here with its StopIteration.
+A planted cell that looks for the course's files beside the notebook fails here: the notebook is not in the
+course's folder.
 """
 
 from __future__ import annotations
@@ -27,11 +27,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from hosted import REPO_ROOT, course_source, make_host, run_notebook  # tests/hosted.py
+from hosted import REPO_ROOT, course_archive, hosted_copy, make_host, run_notebook  # tests/hosted.py
 
 LESSONS = ("00_setup", "07_distributed")
-OLD_ROOT = ('ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] '
-            'if (p / "scripts" / "train_ddp.py").is_file())')  # lesson 07's line before helpers.paths
 EXECUTED = REPO_ROOT / "build" / "hosted"  # the executed lessons, kept (test_site.py builds a page from one)
 INJECTED = "injected-solution"  # tag of the solution cells added here (site/build.py leaves them out)
 PROFILE = os.environ.get("COURSE_PROFILE", "smoke")  # make test's TEST_PROFILE
@@ -67,15 +65,15 @@ def as_nbval_runs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The simulated hosted notebook: its python, the course's git URL, its seconds."""
+    """The simulated hosted notebook: its python, the course's zip, its seconds."""
     tmp = tmp_path_factory.mktemp("hosted")
     python, seconds = make_host(tmp / "host")
-    source = course_source(tmp / "source.git")
+    archive = course_archive(tmp / "course.zip")
     kept = {"torch": metadata.version("torch")}
-    env = {"COURSE_SOURCE": source, "COURSE_DIR": str(tmp / "clone"), "COURSE_PROFILE": PROFILE,
-           "HF_HUB_OFFLINE": "1", "COURSE_OUTPUT_DIR": None, "COURSE_ROOT": None}  # None: not in the kernel's
+    # None: not in the kernel's environment
+    env = {"COURSE_PROFILE": PROFILE, "HF_HUB_OFFLINE": "1", "COURSE_OUTPUT_DIR": None}
     print(f"\nhosted notebook: {seconds}")
-    return {"python": python, "tmp": tmp, "env": env, "clone": tmp / "clone", "kept": kept}
+    return {"python": python, "tmp": tmp, "env": env, "archive": archive, "kept": kept}
 
 
 def _setup_line(executed: nbformat.NotebookNode) -> str:
@@ -87,7 +85,7 @@ def run_hosted(host: dict, lesson: str) -> nbformat.NotebookNode:
     """Copy `lesson` to a folder outside the checkout (Colab's /content) and run it there -> executed copy."""
     content = host["tmp"] / f"content-{lesson}"
     content.mkdir()
-    nb = nbformat.read(REPO_ROOT / "notebooks" / f"{lesson}.ipynb", as_version=4)
+    nb = hosted_copy(lesson, host["archive"])
     nbformat.write(nb, content / f"{lesson}.ipynb")  # what the learner opened, outside the checkout
     assert REPO_ROOT not in content.resolve().parents
     import json
@@ -111,12 +109,9 @@ def run_hosted(host: dict, lesson: str) -> nbformat.NotebookNode:
 def test_lesson_runs_on_a_hosted_notebook(host: dict, lesson: str) -> None:
     executed = run_hosted(host, lesson)
     line = _setup_line(executed)
-    clone = host["clone"].resolve()
-    # the first lesson run installs the course from the source; the next finds it installed, in the clone
-    assert (f"installed the course from {host['env']['COURSE_SOURCE']}" in line
-            or f"the course is installed (helpers at {clone}" in line), line
-    if "installed the course" in line:
-        assert f"cloned to {clone}" in line and "ipywidgets 7." in line, line
+    # the first lesson run installs the course; the next finds it installed: either way the check's one line
+    assert "set-up: course " in line and "(installed, release " in line, line
+    assert f"torch {host['kept']['torch']}" in line, line
     probe = [str(host["python"]), "-c", "from importlib.metadata import version as v; import helpers; "
              "print(v('ipywidgets'), v('torch'), helpers.__file__)"]
     import subprocess
@@ -125,7 +120,9 @@ def test_lesson_runs_on_a_hosted_notebook(host: dict, lesson: str) -> None:
                                                           cwd=host["tmp"]).stdout.split()
     assert widgets.startswith("7."), f"the set-up cell replaced the host's ipywidgets 7 with {widgets}"
     assert torch_version == host["kept"]["torch"], f"set-up replaced the host's torch: {torch_version}"
-    assert Path(helpers_file).resolve().is_relative_to(clone), helpers_file
+    venv = host["python"].parent.parent
+    assert Path(helpers_file).resolve().is_relative_to(venv), helpers_file
+    assert not Path(helpers_file).resolve().is_relative_to(REPO_ROOT), helpers_file
 
 
 WIDGET_CELL = """
@@ -148,7 +145,7 @@ display(explorer.widget)
 @pytest.mark.timeout(600)
 def test_the_widgets_work_with_the_hosts_ipywidgets_7(host: dict) -> None:
     """helpers.widgets' explorer builds, redraws and shows in the host's kernel, on Colab's ipywidgets."""
-    nb = nbformat.read(REPO_ROOT / "notebooks" / "01_attention.ipynb", as_version=4)
+    nb = hosted_copy("01_attention", host["archive"])
     boot = next(c for c in nb.cells if c.cell_type == "code")
     nb.cells = [boot, nbformat.v4.new_code_cell(WIDGET_CELL)]
     content = host["tmp"] / "content-widgets"
@@ -162,18 +159,17 @@ def test_the_widgets_work_with_the_hosts_ipywidgets_7(host: dict) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_a_lesson_walking_up_from_its_folder_fails_there(host: dict) -> None:
-    """Planted: lesson 07's parameters cell with its old line, which looks for scripts/ above the working
-    folder. Run outside the checkout, it raises the bare StopIteration that issue 31 reported."""
+def test_a_lesson_reading_the_course_beside_the_notebook_fails_there(host: dict) -> None:
+    """Planted: a cell that opens the training script beside the notebook, as a lesson that assumed the
+    course's folder would. Run where a hosted notebook runs, it fails: the harness is not in the checkout."""
     from nbclient.exceptions import CellExecutionError
 
-    nb = nbformat.read(REPO_ROOT / "notebooks" / "07_distributed.ipynb", as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    params = code[1]
-    assert "ROOT = course_root()" in params.source
-    params.source = "from pathlib import Path\n" + params.source.replace("ROOT = course_root()", OLD_ROOT)
-    nb.cells = code[:2]
+    nb = hosted_copy("07_distributed", host["archive"])
+    boot = next(c for c in nb.cells if c.cell_type == "code")
+    planted = nbformat.v4.new_code_cell(
+        'from pathlib import Path\nPath("helpers/scripts/train_ddp.py").read_text()')
+    nb.cells = [boot, planted]
     content = host["tmp"] / "content-planted"
     content.mkdir()
-    with pytest.raises(CellExecutionError, match="StopIteration"):
+    with pytest.raises(CellExecutionError, match="FileNotFoundError"):
         run_notebook(nb, host["python"], content, host["env"])

@@ -26,7 +26,8 @@ def test_environment_yml_matches_pyproject():
     specifier: torch as conda-forge's `pytorch` (CPU build where there is no GPU), the rest by pip."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = {_norm(r) for r in project["dependencies"] + extras["course"] + extras["lab"] + extras["test"]}
+    wanted = {_norm(r) for r in project["dependencies"] + extras["course"] + extras["kernels"] + extras["lab"]
+               + extras["test"]}
     conda, pip_section = _environment()
     listed = {_norm(r) for r in pip_section if r.strip() != "-e ."}
     torch_req = next(r for r in wanted if re.match(r"torch\b", r))

@@ -1,5 +1,5 @@
-"""helpers.paths: the course's folder is found from the installed helpers, never from the working folder, and
-lessons write what the learner opens under ./outputs (issue 31)."""
+"""helpers.paths: what a lesson opens at run time ships inside the package, found from the installed helpers
+wherever the notebook runs, and lessons write what the learner opens under ./outputs (issues 31, 38)."""
 
 from __future__ import annotations
 
@@ -14,36 +14,30 @@ from helpers import paths
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_course_root_is_the_checkout_from_any_working_folder(tmp_path, monkeypatch):
-    monkeypatch.delenv(paths.ROOT_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)  # a folder with no scripts/ anywhere above it, as on Colab
-    assert paths.course_root() == REPO
-    assert (paths.course_root() / "scripts" / "train_ddp.py").is_file()
+def test_the_scripts_solutions_and_sample_data_are_in_the_package(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a folder with nothing of the course in it, as on Colab
+    assert paths.script("train_ddp") == REPO / "helpers" / "scripts" / "train_ddp.py"
+    assert paths.script("slurm/train_ddp.sbatch").is_file()
+    assert (paths.solutions_dir() / "01_attention" / "flash_forward.py").is_file()
+    assert paths.sample_data().is_file()
+    assert paths.checkout_root() == REPO
 
 
-def _copied_helpers(where: Path):
-    """helpers/paths.py loaded from a copy of the package in `where` (a non-editable install's layout)."""
+def test_an_unknown_script_is_named_with_the_known_ones():
+    with pytest.raises(FileNotFoundError, match="no script 'train_dp'.*train_ddp"):
+        paths.script("train_dp")
+
+
+def test_an_installed_copy_has_no_checkout(tmp_path):
+    """helpers/paths.py loaded from a copy of the package in a site-packages folder (a pip install)."""
+    where = tmp_path / "site-packages"
     (where / "helpers").mkdir(parents=True)
     shutil.copy(REPO / "helpers" / "paths.py", where / "helpers" / "paths.py")
     spec = importlib.util.spec_from_file_location("copied_paths", where / "helpers" / "paths.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
-
-
-def test_helpers_outside_a_course_folder_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.delenv(paths.ROOT_ENV, raising=False)
-    copied = _copied_helpers(tmp_path / "site-packages")
-    with pytest.raises(FileNotFoundError, match=r"non-editable.*pip install -e.*COURSE_ROOT"):
-        copied.course_root()
-    monkeypatch.setenv(paths.ROOT_ENV, str(REPO))  # the fix it names
-    assert copied.course_root() == REPO
-
-
-def test_a_wrong_course_root_is_named(tmp_path, monkeypatch):
-    monkeypatch.setenv(paths.ROOT_ENV, str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="COURSE_ROOT=.*is not the course's folder"):
-        paths.course_root()
+    assert module.checkout_root() is None
+    assert module.solutions_dir() == where / "helpers" / "solutions"
 
 
 def test_output_dir_is_beside_the_notebook_or_where_named(tmp_path, monkeypatch):

@@ -11,8 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE = ("python", "python3", "pip", "pip3", "torchrun", "jupyter", "pytest")  # need an activated venv
-TOP = ("scripts", "benchmarks", "docker", "notebooks", "docs", "helpers", "data", "ci", "site", "tests",
-       "solutions")
+TOP = ("scripts", "benchmarks", "docker", "notebooks", "docs", "helpers", "ci", "site", "tests")
 GENERATED = re.compile(r"<!-- results:begin.*?<!-- results:end -->", re.S)  # benchmarks/update_readme.py's
 
 

@@ -207,12 +207,8 @@ def _probe_batch(step: int = 0, micro: int = 0) -> dict[str, torch.Tensor]:
 
 
 def _train_ddp_one_step(model, opt, spec) -> None:  # noqa: ANN001
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from train_ddp import one_step
-
     from helpers.distributed import DistEnv
+    from helpers.scripts.train_ddp import one_step
 
     env = DistEnv(0, 0, 1, 1, torch.device("cpu"), "gloo", False)
     xs = [torch.randn(4, 8), torch.randn(4, 8)]  # the script calls model(x, labels=x)

@@ -19,7 +19,8 @@ or COURSE_EXERCISE_SEED=N replays them.
 
 Strict mode (`check(..., strict=True)`, `with strict_mode():`, or COURSE_EXERCISES=strict) makes an untouched
 skeleton an error too (`ExerciseNotAttempted`): CI runs every lesson with the solutions filled in that way
-(conftest.py). Each exercise's solution is `solutions/<lesson>/<name>.py`; `show_solution(id)` prints it.
+(conftest.py). Each exercise's solution is `helpers/solutions/<lesson>/<name>.py`; `show_solution(id)`
+prints it.
 `EXERCISES` is the registry: id -> `Exercise` (lesson, the name the learner defines, the check, the solution).
 The checks live one module per lesson (`lesson00` ... `lesson08`); `core` holds the machinery they share.
 """
@@ -156,16 +157,16 @@ def strict_mode(enabled: bool = True) -> Iterator[None]:
 
 
 def solution_source(exercise_id: str) -> str:
-    """The source of the exercise's solution, from solutions/<lesson>/ (every lesson)."""
+    """The source of the exercise's solution, from helpers/solutions/<lesson>/ (every lesson)."""
     path = _exercise(exercise_id).solution_path
     if not path.is_file():
-        raise FileNotFoundError(f"no solution file at {path}: the solutions/ folder ships with the course's "
-                                "repository (an installed copy of `helpers` without it cannot show them)")
+        raise FileNotFoundError(f"no solution file at {path}: helpers/solutions/ ships with the course; "
+                                "reinstall it (the set-up cell at the top of the lesson)")
     return path.read_text(encoding="utf-8")
 
 
 def show_solution(exercise_id: str) -> None:
     """Print the exercise's solution (for a learner who is stuck; every lesson)."""
     ex = _exercise(exercise_id)
-    print(f"# solutions/{ex.solution}: paste it over your cell, or compare it with yours\n")
+    print(f"# helpers/solutions/{ex.solution}: paste it over your cell, or compare it with yours\n")
     print(solution_source(exercise_id))

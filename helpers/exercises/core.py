@@ -32,16 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from helpers.paths import course_root
+from helpers.paths import solutions_dir
 
 __all__ = ["Exercise", "Outcome", "Wrong", "ExerciseFailed", "ExerciseNotAttempted", "is_skeleton",
            "run_check", "strict_from_env", "learner_line", "close", "unpack", "solutions_dir", "STATUSES",
            "SEED_ENV", "draw_seed", "course_code_running", "course_module", "tensors_in"]
-
-
-def solutions_dir() -> Path:
-    """The course's solutions/ folder, found from the installed helpers (helpers.paths; every lesson)."""
-    return course_root() / "solutions"
 
 
 STATUSES = ("passed", "failed", "not attempted")
@@ -59,7 +54,7 @@ class Exercise:
     lesson: str  # the notebook's stem, e.g. "01_attention"
     title: str
     answer: str  # the name the skeleton cell defines (a function, or a value for `...` skeletons)
-    solution: str  # the solution file, relative to solutions/: "01_attention/flash_forward.py"
+    solution: str  # the solution file, relative to helpers/solutions/: "01_attention/flash_forward.py"
     check: Callable[..., str]  # check(answer, **context) -> what passed; raises Wrong
     needs: tuple[str, ...] = ()  # the lesson's variables the check cell passes: check(..., roof=roof)
     gpu: str = ""  # what a GPU would add; "" when the exercise is the same everywhere
@@ -293,7 +288,7 @@ def _raised_here(err: BaseException, answer: Any) -> bool:
 def _not_attempted(ex: Exercise, tip: str = "") -> Outcome:
     line = (f"{ex.id}: not attempted yet: write your answer in the cell above, run it, then run this check. "
             f"{tip}Until then the lesson runs on with its own version. Stuck? "
-            f"show_solution({ex.id!r}) prints solutions/{ex.solution}")
+            f"show_solution({ex.id!r}) prints helpers/solutions/{ex.solution}")
     return Outcome(ex.id, "not attempted", line)
 
 

@@ -1,8 +1,8 @@
 """The check of exercise 07-bucketed-allreduce (lesson 07, `07_distributed`): DDP's core, gradients
 all-reduced in buckets and overlapped with backward, run under torchrun in 2 gloo processes by
-`scripts/exercise_ddp.py` (the model's widths, the bucket cap and the data drawn per run), which reports what
-the workers saw; several answers share one launch (`prefetch_allreduce`, for the tests of the solution and its
-wrong answers).
+`helpers/scripts/exercise_ddp.py` (the model's widths, the bucket cap and the data drawn per run), which
+reports what the workers saw; several answers share one launch (`prefetch_allreduce`, for the tests of the
+solution and its wrong answers).
 
 Besides the averaged gradients, it checks the behaviour the lesson teaches: all-reduces started from the hooks
 during backward, none of them synchronous or waited for there (a handle waited for inside the hook is no
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.exercises.core import Wrong
-from helpers.paths import course_root
+from helpers.paths import script
 
 __all__ = ["bucketed_allreduce", "prefetch_allreduce", "bucket_sizes"]
 
@@ -55,7 +55,7 @@ def prefetch_allreduce(answers: Iterable[Callable], seed: int, timeout_s: float 
         cands, out = Path(tmp) / "candidates.json", Path(tmp) / "results.json"
         cands.write_text(json.dumps([{"name": f"c{i}", "source": s, "function": f}
                                      for i, (s, f) in enumerate(todo.items())]))
-        launch(course_root() / "scripts" / "exercise_ddp.py",
+        launch(script("exercise_ddp"),
                ["--candidates", str(cands), "--out", str(out), "--seed", str(seed)], nproc_per_node=2,
                env={"OMP_NUM_THREADS": "1"}, timeout_s=timeout_s, echo=False)
         results = json.loads(out.read_text())
@@ -99,7 +99,7 @@ def _diagnose_grads(r: dict[str, Any]) -> None:
 def bucket_sizes(ready: list[int], cap: int, rule: str) -> list[int]:
     """The messages' bytes when gradients of `ready` bytes fill buckets of `cap` in that order: flushed on
     reaching the cap ("reach"), or before a gradient would take it over the cap ("under") (lesson 07's check,
-    and `scripts/exercise_ddp.py`, which draws a cap these tell apart)."""
+    and `helpers/scripts/exercise_ddp.py`, which draws a cap these tell apart)."""
     out, size = [], 0
     for g in ready:
         if rule == "under" and size and size + g > cap:

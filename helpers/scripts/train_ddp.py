@@ -1,9 +1,9 @@
 """Train the course's small Transformer with DDP or FSDP2 on 1..N processes, launched by torchrun.
 
-    python scripts/train_ddp.py --steps 20                                   # one plain process
-    torchrun --standalone --nproc-per-node=2 scripts/train_ddp.py            # DDP, 2 processes
-    torchrun --standalone --nproc-per-node=2 scripts/train_ddp.py --fsdp     # FSDP2 `fully_shard`
-    torchrun --standalone --nproc-per-node=2 --max-restarts=1 scripts/train_ddp.py --ckpt-dir runs/ck
+    python helpers/scripts/train_ddp.py --steps 20                                   # one plain process
+    torchrun --standalone --nproc-per-node=2 helpers/scripts/train_ddp.py            # DDP, 2 processes
+    torchrun --standalone --nproc-per-node=2 helpers/scripts/train_ddp.py --fsdp     # FSDP2 `fully_shard`
+    torchrun --standalone --nproc-per-node=2 --max-restarts=1 helpers/scripts/train_ddp.py --ckpt-dir runs/ck
 
 One global batch of `--global-batch` sequences per optimizer step, whatever the number of processes:
 each rank runs `accum = global_batch / (micro_batch * world_size)` micro-steps. Gradients are averaged

@@ -1,0 +1,103 @@
+"""The check at the top of every lesson: `course_setup.check("04_where_time_goes")` in its first cell.
+
+On Colab, Kaggle or a Jupyter without the course, the cell has just pip-installed the lesson's release;
+where the course is installed (`make lab`) the cell had nothing to install. Either way this module then makes
+sure the lesson will find what it needs, and says in one line what it found:
+
+- the `helpers` this kernel imports is the course's, not a file or folder of yours with the same name;
+- a lesson that runs Triton kernels (lesson 01) has triton: a GPU runtime's torch brings it, a CPU runtime
+  gets it installed here (about 270 MiB), and no other lesson installs it;
+- the installed course is the release the notebook belongs to.
+
+It imports nothing heavy (no torch), so it runs in a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+__all__ = ["RELEASE", "DISTRIBUTION", "NEEDS_TRITON", "CourseSetupError", "check", "helpers_problem"]
+
+RELEASE = "main"  # the release these files belong to (scripts/course_release.py writes it)
+DISTRIBUTION = "fast-transformers-course"
+NEEDS_TRITON = ("01_attention",)  # lessons that run Triton kernels (on a CPU, through its interpreter)
+HERE = Path(__file__).resolve().parent  # where the course's helpers/ sits beside this file
+
+
+class CourseSetupError(RuntimeError):
+    """The course cannot run here as it is; the message names the problem and the fix."""
+
+
+def helpers_problem() -> str | None:
+    """Why `import helpers` would not give the course's package here, or None when it would (every lesson)."""
+    expected = HERE / "helpers" / "__init__.py"
+    loaded = sys.modules.get("helpers")
+    if loaded is not None:  # imported already in this kernel
+        origin = getattr(loaded, "__file__", None)
+    else:
+        spec = importlib.util.find_spec("helpers")
+        origin = spec.origin if spec is not None else None
+    if origin is None:
+        return (f"the course's `helpers` package is missing beside {HERE}: reinstall the course "
+                "(run this cell again after Kernel > Restart)")
+    if Path(origin).resolve() == expected:
+        return None
+    mine = Path(origin)
+    what = mine.parent if mine.name == "__init__.py" else mine
+    return (f"`import helpers` finds {what}, not the course's {expected.parent}: a file or folder named "
+            f"`helpers` of yours hides it. Rename yours (for example to my_helpers.py), then Kernel > "
+            "Restart and run this cell again")
+
+
+def _triton_requirement() -> str:
+    """The triton requirement of the course's `kernels` extra (pyproject.toml), for a CPU runtime."""
+    try:
+        for req in metadata.requires(DISTRIBUTION) or []:
+            if req.startswith("triton") and "kernels" in req:
+                return req.split(";")[0].strip()
+    except metadata.PackageNotFoundError:
+        pass
+    return "triton>=3.3"
+
+
+def _ensure_triton(lesson: str) -> str:
+    """Install triton where `lesson` runs Triton kernels and it is missing -> what was done, for the line."""
+    if lesson not in NEEDS_TRITON or importlib.util.find_spec("triton") is not None:
+        return ""
+    if not sys.platform.startswith("linux"):
+        return "; no triton for this system: the Triton cells will say so and skip"
+    requirement = _triton_requirement()
+    print(f"set-up: installing {requirement} for this lesson's Triton kernels (about 270 MiB)...", flush=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", requirement],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise CourseSetupError(f"pip could not install {requirement}:\n{(done.stdout + done.stderr)[-2000:]}")
+    importlib.invalidate_caches()
+    return f"; installed {requirement} for the Triton kernels"
+
+
+def check(lesson: str, release: str | None = None) -> None:
+    """Check that `lesson` can run here, install what only it needs, and print one line (every lesson)."""
+    problem = helpers_problem()
+    if problem:
+        raise CourseSetupError(problem)
+    try:
+        version = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a folder that is not installed (a test)
+        version = "not installed"
+    how = "your copy" if (HERE / "pyproject.toml").is_file() else "installed"
+    note = _ensure_triton(lesson)
+    if release is not None and release != RELEASE:
+        note += (f"; this notebook is from release {release} but the installed course is {RELEASE}: "
+                 f"pip install --force-reinstall the notebook's release, then Kernel > Restart")
+    try:
+        torch = f"torch {metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        torch = "no torch"
+    print(f"set-up: course {version} ({how}, release {RELEASE}), {torch}, Python "
+          f"{sys.version_info.major}.{sys.version_info.minor}{note}")
