@@ -5,6 +5,24 @@ each block of runs (so GPU work is timed, not just its launch) and picks a block
 timer's own overhead negligible. Two traps it does not cover are handled here: it times with one CPU
 thread unless told otherwise, and it does not warm up (first calls pay for compilation, autotuning
 and allocator growth).
+
+Too busy to judge
+-----------------
+Timings taken while other programs use the machine are slow by an amount that changes from one moment to
+the next. A comparison judged from them (a speed-up, a rung kept or dropped, a claim that holds) can come out
+either way by chance. This module is the course's one home for deciding when that is so (`busy`); every
+timing verdict asks it first, and says "too busy to judge" (`TOO_BUSY_VERDICT`) instead of a verdict:
+
+    with LoadProbe() as probe:  # what other programs took of the CPUs while we measured
+        a, b = time_interleaved(run_a, run_b)
+    state = busy(a, b, load=probe.load)
+    if state.too_busy:
+        print(state)  # "too busy to judge: the rounds disagree by 63 % (IQR / median; the rule: under 50 %)"
+
+Two signs, either one enough: the rounds of a timing disagree by `TOO_BUSY` or more (IQR / median: a busy
+machine slows some rounds and not others), or other programs took `OTHERS_BUSY` or more of the CPUs' time
+during the measurement (`LoadProbe`, read from /proc/stat on Linux; elsewhere unknown, and the spread alone
+decides). Lessons 00, 04 and 08 and helpers.roofline, helpers.ladder and helpers.verdicts use this rule.
 """
 
 from __future__ import annotations
@@ -16,7 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch.utils.benchmark import Timer
@@ -24,7 +42,8 @@ from torch.utils.benchmark import Timer
 from helpers.tables import Table
 
 __all__ = ["Timing", "benchmark", "benchmark_interleaved", "time_interleaved", "time_passes", "timing_from",
-           "time_once", "compare", "synchronize", "ColdStart", "cold_start"]
+           "time_once", "compare", "synchronize", "ColdStart", "cold_start", "TOO_BUSY", "OTHERS_BUSY",
+           "TOO_BUSY_VERDICT", "relative_spread", "CpuLoad", "LoadProbe", "Busy", "busy"]
 
 
 @dataclass(frozen=True)
@@ -211,3 +230,149 @@ def cold_start(device: torch.device | str = "cpu", n: int = 512, *, repeats: int
     if proc.returncode != 0:
         raise RuntimeError(f"the fresh process failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     return ColdStart(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+# --- too busy to judge: the one rule every timing verdict honours (see the module docstring) ------------
+
+TOO_BUSY = 0.5  # the rounds of a timing disagree by 50 % or more (IQR / median): too busy to judge
+OTHERS_BUSY = 0.25  # other programs took a quarter or more of all CPUs' time while we measured
+TOO_BUSY_VERDICT = "too busy to judge"  # the words every verdict prints instead, in tables and lines
+
+
+def relative_spread(timing: Timing | Sequence[float]) -> float:
+    """How much a timing's rounds disagree: IQR / median (a Timing, or seconds per round) (lessons 00-08)."""
+    if not isinstance(timing, Timing):
+        times = [float(t) for t in timing]
+        if not times:
+            raise ValueError("relative_spread needs a Timing or at least one time")
+        timing = timing_from(times)
+    if not timing.median_s > 0:
+        raise ValueError(f"a spread needs a positive median time, got {timing}")
+    return timing.iqr_s / timing.median_s
+
+
+@dataclass(frozen=True)
+class CpuLoad:
+    """What other programs took of this machine's CPUs while something was measured (lessons 00, 04, 08)."""
+
+    others: float | None  # share of all CPUs' time (0-1) other programs used; None: unknown on this system
+    wall_s: float  # how long the measurement took
+    cpus: int  # CPUs counted
+    load_average: float | None = None  # the 1-minute load average at the end (all programs, this one too)
+
+    def __str__(self) -> str:
+        if self.others is None:
+            return f"other programs' CPU use unknown here (load average {self.load_average})"
+        return f"other programs took {self.others:.0%} of the {self.cpus} CPUs' time over {self.wall_s:.1f} s"
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user); steal is time the
+    # hypervisor gave to another machine: taken from us too
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    total = sum(fields[:8])
+    return total - idle, total
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds this process used (all its threads)."""
+    t = os.times()
+    return t.user + t.system
+
+
+class LoadProbe:
+    """A context manager that measures what other programs took of the CPUs while its block ran:
+    `with LoadProbe() as probe: ...`, then `probe.load` (a CpuLoad) (lessons 00, 04, 08)."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, float, tuple[int, int] | None] | None = None
+        self.load: CpuLoad | None = None
+
+    def __enter__(self) -> LoadProbe:
+        self._start = (time.perf_counter(), _own_cpu_s(), _cpu_jiffies())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.load = self.read()
+
+    def read(self) -> CpuLoad:
+        """The load since the block started (also inside the block, for a reading so far)."""
+        if self._start is None:
+            raise RuntimeError("LoadProbe.read() before the probe started: use `with LoadProbe() as probe:`")
+        t0, own0, j0 = self._start
+        wall, own, j1 = time.perf_counter() - t0, _own_cpu_s() - own0, _cpu_jiffies()
+        avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        cpus = os.cpu_count() or 1
+        if j0 is None or j1 is None or j1[1] <= j0[1]:
+            return CpuLoad(None, wall, cpus, avg)
+        busy_ticks, total_ticks = j1[0] - j0[0], j1[1] - j0[1]
+        tick_s = wall * cpus / total_ticks  # seconds per tick of one CPU, as the kernel counted them
+        others = (busy_ticks * tick_s - own) / (wall * cpus)
+        return CpuLoad(min(1.0, max(0.0, others)), wall, cpus, avg)
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Whether timings can judge a comparison, and why not (lessons 00-08): `too_busy` when their rounds
+    disagree by `TOO_BUSY` or more, or other programs took `OTHERS_BUSY` or more of the CPUs meanwhile."""
+
+    noise: float | None  # the largest relative spread (IQR / median) among the timings; None: none given
+    others: float | None = None  # what other programs took of the CPUs (CpuLoad.others); None: unknown
+    noise_limit: float = TOO_BUSY
+    others_limit: float = OTHERS_BUSY
+
+    @property
+    def too_busy(self) -> bool:
+        """True when no verdict may be drawn from these timings."""
+        return bool(self.reasons)
+
+    @property
+    def reasons(self) -> list[str]:
+        """Each sign of a too busy machine that was seen, in words (empty: the timings can judge)."""
+        out = []
+        if self.noise is not None and self.noise >= self.noise_limit:
+            out.append(f"the rounds disagree by {self.noise:.0%} (IQR / median; the rule: under "
+                       f"{self.noise_limit:.0%})")
+        if self.others is not None and self.others >= self.others_limit:
+            out.append(f"other programs took {self.others:.0%} of the CPUs' time (the rule: under "
+                       f"{self.others_limit:.0%})")
+        return out
+
+    def __str__(self) -> str:
+        if self.too_busy:
+            return f"{TOO_BUSY_VERDICT}: " + " and ".join(self.reasons)
+        parts = ([f"rounds within {self.noise:.0%}"] if self.noise is not None else []) + (
+            [f"other programs took {self.others:.0%} of the CPUs"] if self.others is not None else [])
+        return "quiet enough to judge" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def busy(*timings: Timing | float, load: CpuLoad | float | None = None, noise_limit: float = TOO_BUSY,
+         others_limit: float = OTHERS_BUSY) -> Busy:
+    """The course's one rule for "too busy to judge" (see the module docstring) over the timings of one
+    comparison (Timings, or relative spreads already computed) and, if given, the CPU load measured while
+    they ran (`LoadProbe`'s CpuLoad, or its `others` share) (lessons 00-08)."""
+    spreads = []
+    for t in timings:
+        if isinstance(t, Timing):
+            spreads.append(relative_spread(t))
+        elif isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0:
+            spreads.append(float(t))
+        else:
+            raise ValueError(f"busy() takes Timings or relative spreads (IQR / median, >= 0), got {t!r}")
+    if isinstance(load, CpuLoad):
+        others = load.others
+    elif load is None or (isinstance(load, (int, float)) and not isinstance(load, bool) and 0 <= load <= 1):
+        others = load
+    else:
+        raise ValueError(f"load must be a CpuLoad (helpers.timing.LoadProbe) or a share in [0, 1], "
+                         f"got {load!r}")
+    if not noise_limit > 0 or not 0 < others_limit <= 1:
+        raise ValueError(f"need noise_limit > 0 and 0 < others_limit <= 1, got {noise_limit}, "
+                         f"{others_limit}")
+    return Busy(max(spreads) if spreads else None, others, noise_limit, others_limit)

@@ -14,6 +14,10 @@ rule not applied), is "not testable here", with `needs`: what it would take; `wh
 verdict. With `noise` (the relative spread of the value in this run), a verdict that a value inside
 value × (1 ± noise) would change is marked as within the noise.
 
+A timing verdict on a machine too busy to judge is no verdict: with `busy` (a `helpers.timing.Busy` that
+says too busy), or a `noise` of `helpers.timing.TOO_BUSY` or more, the row says "too busy to judge"
+(`TOO_BUSY_VERDICT`) and why, instead of holds or does not hold; `verdicts` records that word for it.
+
 `PairedRatio` is the noise rule for a check on two measurements: taken in interleaved pairs, judged by the
 median of the pairs' ratios (lesson 00's roof check).
 """
@@ -26,8 +30,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from helpers.tables import Table
+from helpers.timing import TOO_BUSY_VERDICT, Busy
+from helpers.timing import busy as busy_rule
 
-__all__ = ["VERDICTS", "Range", "AtLeast", "AtMost", "MeasuredTable", "PairedRatio"]
+__all__ = ["VERDICTS", "TOO_BUSY_VERDICT", "Range", "AtLeast", "AtMost", "MeasuredTable", "PairedRatio"]
 
 # docs/claims.md: holds (inside the claimed range or above its threshold), beaten (better than claimed),
 # does not hold (outside it), wrong (false on any machine, e.g. a datasheet figure), not testable here
@@ -106,22 +112,34 @@ class MeasuredTable:
 
     def add(self, measurement: str, value: Any, claim: str = "", *, rule: Rule | None = None,
             verdict: str | None = None, noise: float | None = None, why: str = "", needs: str = "",
-            testable: bool = True) -> str:
+            testable: bool = True, busy: Busy | None = None) -> str:
         """One row; returns its verdict word: `rule`'s for `value` ("not testable here" when it is None or
         `testable` is False: `needs` says what it would take), or `verdict` as given (a claim judged by an
-        assertion or by arithmetic), or "" for a measurement that tests no claim. `why`: a note after it."""
+        assertion or by arithmetic), or "" for a measurement that tests no claim. `why`: a note after it.
+        "too busy to judge" instead of a verdict when `busy` says so or `noise` reaches
+        helpers.timing.TOO_BUSY (the module docstring)."""
         if measurement in self.verdicts:
             raise ValueError(f"the table already has a row {measurement!r}: name each measurement once")
         if rule is not None and verdict is not None:
             raise ValueError(f"{measurement!r}: give a rule or a verdict, not both")
         if (rule is not None or verdict is not None) and not claim:
             raise ValueError(f"{measurement!r}: a verdict needs the claim it judges (claim=...)")
-        if verdict is not None and verdict not in VERDICTS:
-            raise ValueError(f"{measurement!r}: verdict {verdict!r} is not one of {VERDICTS}")
+        if verdict is not None and verdict not in (*VERDICTS, TOO_BUSY_VERDICT):
+            raise ValueError(f"{measurement!r}: verdict {verdict!r} is not one of {VERDICTS} (or "
+                             f"{TOO_BUSY_VERDICT!r})")
         if noise is not None and _number(noise, "noise") < 0:
             raise ValueError(f"{measurement!r}: noise is a relative spread (>= 0), got {noise!r}")
+        if busy is not None and not isinstance(busy, Busy):
+            raise ValueError(f"{measurement!r}: busy must be a helpers.timing.Busy (from "
+                             f"helpers.timing.busy(...)), got {type(busy).__name__}")
+        state = busy if busy is not None else busy_rule(noise) if noise is not None else None
         note = why
-        if rule is not None and (value is None or not testable):
+        # only a verdict drawn from timings can be overturned by load (not "wrong", not "not testable here")
+        judged = (rule is not None and value is not None and testable) or verdict in ("holds", "beaten",
+                                                                                     "does not hold")
+        if judged and state is not None and state.too_busy:
+            verdict, note = TOO_BUSY_VERDICT, "; ".join(filter(None, [why, *state.reasons]))
+        elif rule is not None and (value is None or not testable):
             if not needs:
                 raise ValueError(f"{measurement!r} was not measured: say what it would take (needs=...)")
             verdict, note = "not testable here", f"needs {needs}"

@@ -102,3 +102,54 @@ def test_interleaved_timing_measures_what_it_runs():
     got = benchmark_interleaved({"short": lambda: time.sleep(0.002), "long": lambda: time.sleep(0.006)},
                                 rounds=2, warmup=0, min_run_time=0.05)
     assert got["short"].median_s < got["long"].median_s
+
+
+# --- too busy to judge: the one rule (helpers.timing.busy) ------------------------------------------------
+
+def test_too_busy_when_the_rounds_disagree_or_others_take_the_cpus():
+    from helpers.timing import OTHERS_BUSY, TOO_BUSY, CpuLoad, busy, relative_spread
+
+    quiet, noisy = Timing("a", 1.0, 0.1, 5, 1), Timing("b", 1.0, TOO_BUSY, 5, 1)
+    assert relative_spread(noisy) == TOO_BUSY and relative_spread([1.0, 1.0, 1.0]) == 0.0
+    assert not busy(quiet, quiet).too_busy and str(busy(quiet)).startswith("quiet enough to judge")
+    state = busy(quiet, noisy)  # the noisier arm decides
+    assert state.too_busy and state.noise == TOO_BUSY and "rounds disagree by 50%" in str(state)
+    assert str(state).startswith("too busy to judge")
+    loaded = busy(quiet, load=CpuLoad(others=OTHERS_BUSY, wall_s=1.0, cpus=2))  # tight rounds, a busy machine
+    assert loaded.too_busy and "other programs took 25% of the CPUs' time" in str(loaded)
+    assert not busy(quiet, load=CpuLoad(None, 1.0, 2)).too_busy  # unknown load: the spread alone decides
+    assert not busy(0.49, load=0.24).too_busy and busy(0.49, load=0.24, others_limit=0.2).too_busy
+    for bad in (dict(load=1.5), dict(load="busy")):
+        with pytest.raises(ValueError, match="load must be"):
+            busy(quiet, **bad)
+    with pytest.raises(ValueError, match="Timings or relative spreads"):
+        busy(-0.1)
+
+
+def test_the_load_probe_sees_another_process_take_a_cpu():
+    """A busy loop in another process takes one CPU of this machine's for the whole block; this process
+    sleeps. The probe must see at least most of that CPU go to others (and never count our own work)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers.timing import LoadProbe
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("LoadProbe reads /proc/stat (Linux)")
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        with LoadProbe() as probe:
+            time.sleep(1.0)
+    finally:
+        loop.kill()
+        loop.wait()
+    cpus = os.cpu_count() or 1
+    assert probe.load is not None and probe.load.others is not None
+    assert probe.load.others >= 0.8 / cpus, probe.load  # one CPU of `cpus`, less the scheduler's share
+    with LoadProbe() as own:  # our own work is not "others": a loop here, on an otherwise idle probe
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.5:
+            pass
+    assert own.load.others is not None and own.load.others <= 1.0

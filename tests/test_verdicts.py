@@ -116,3 +116,24 @@ def test_the_median_of_pairs_survives_bursts_and_catches_a_real_gap():
         honest = PairedRatio.of(copy_t, add_t)  # the add's rate over the memory roof there: 8 bytes counted
         planted = PairedRatio.of([1.5 * c for c in copy_t], add_t)  # 12 bytes counted: 1.5x higher
         assert honest.median <= 1.3 < planted.median, (trial, honest.median, planted.median)
+
+
+def test_a_timing_verdict_on_a_machine_too_busy_says_so():
+    from helpers.timing import TOO_BUSY, TOO_BUSY_VERDICT, CpuLoad, busy
+
+    t = MeasuredTable("Lesson 99")
+    assert t.add("speed-up", 0.4, "1.5–2.3×", rule=Range(1.5, 2.3), noise=TOO_BUSY) == TOO_BUSY_VERDICT
+    assert t.add("gain", 3.0, "≥ 1.5", rule=AtLeast(1.5), busy=busy(0.1, load=CpuLoad(0.9, 1.0, 2))) == \
+        TOO_BUSY_VERDICT
+    assert t.add("judged by hand", 1.0, "≥ 1", verdict="holds", busy=busy(0.8)) == TOO_BUSY_VERDICT
+    assert t.add("quiet", 3.0, "≥ 1.5", rule=AtLeast(1.5), busy=busy(0.1, load=0.05)) == "holds"
+    # a datasheet figure is wrong on any machine, and a missing value stays not testable
+    assert t.add("cores", 1, "2 cores", verdict="wrong", busy=busy(0.9)) == "wrong"
+    assert t.add("wide", None, "> 2×", rule=AtLeast(2.0), needs="a GPU",
+                 busy=busy(0.9)) == "not testable here"
+    assert t.add("said", 2.0, "≥ 1", verdict=TOO_BUSY_VERDICT, why="timed under load") == TOO_BUSY_VERDICT
+    md = t.to_markdown()
+    assert "| speed-up | 0.4 | 1.5–2.3× | too busy to judge: the rounds disagree by 50%" in md
+    assert "too busy to judge: other programs took 90%" in md and "does not hold" not in md
+    with pytest.raises(ValueError, match="helpers.timing.Busy"):
+        t.add("bad", 1.0, "≥ 1", rule=AtLeast(1.0), busy=0.9)
