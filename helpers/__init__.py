@@ -47,6 +47,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | show | `plots` | all | `bar_chart`, `roofline_chart`, `attention_map_chart`, `memory_timeline_chart` |
 | show | `widgets` | 01, 03 | `AttentionExplorer` |
 | show | `exercises` | 00-08 | `check`, `show_solution`, `EXERCISES` |
+| train | `plan` | 09 | `plan` |
 | show | `lessons` | 00-09 | `LessonSetup`, `LESSON_MODULES` (lesson00.setup ... lesson09.setup) |
 | show | `scripts` | 07, 08 | train_ddp.py, finetune_bert.py, exercise_ddp.py (run by torchrun) |
 
@@ -69,7 +70,7 @@ LAYERS = {
     "attention": 2, "kernels": 2, "models": 2, "corpus": 2, "data": 2, "packing": 2, "packed_model": 2,
     "fp8": 2, "synthetic": 2,
     "checkpoint": 3, "runspec": 3, "meter": 3, "train": 3, "evaluation": 3, "distributed": 3, "ladder": 3,
-    "ladder_report": 3,
+    "ladder_report": 3, "plan": 3,
     "plots": 4, "widgets": 4, "exercises": 4, "lessons": 4, "scripts": 4,
 }
 _SUBMODULES = tuple(LAYERS)

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ["attention_sweep.py", "mixed_precision_gpu.py", "update_readme.py"]
+SCRIPTS = ["attention_sweep.py", "mixed_precision_gpu.py", "update_results.py"]
 
 
 def _load(name: str):
@@ -124,7 +124,7 @@ def test_mixed_precision_budget_keeps_the_baseline_and_reports_the_rest_not_run(
 
 
 def test_readme_block_copies_gpu_results_and_not_cpu_ones(tmp_path):
-    update = _load("update_readme")
+    update = _load("update_results")
     res = tmp_path / "benchmarks" / "results"
     res.mkdir(parents=True)
     (res / "ladder-cpu.md").write_text("# Ladder\nladder table\n")

@@ -75,12 +75,13 @@ def test_ci_runs_the_readme_test_command():
     assert "environment.yml" in (ROOT / "README.md").read_text(), "the README names the conda route"
 
 
-def test_readme_shows_the_latest_ladder_results():
+def test_results_page_shows_the_latest_ladder_results():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "benchmarks" / "update_readme.py")
-    update_readme = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(update_readme)
-    assert update_readme.results_block(ROOT) in (ROOT / "README.md").read_text(), (
-        "README.md's results differ from benchmarks/results/ladder-*.md: "
-        "run python benchmarks/update_readme.py")
+    spec = importlib.util.spec_from_file_location("update_results", ROOT / "benchmarks" / "update_results.py")
+    update_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(update_results)
+    assert update_results.results_block(ROOT) in (ROOT / update_results.PAGE).read_text(), (
+        f"{update_results.PAGE}'s results differ from benchmarks/results/ladder-*.md: "
+        "run .venv/bin/python benchmarks/update_results.py")
+    assert "(docs/results.md)" in (ROOT / "README.md").read_text(), "the README links the results page"
