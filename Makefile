@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # `make test TEST_PROFILE=full` on a GPU runs the notebooks with their real sizes
 TEST_PROFILE ?= smoke
 
-.PHONY: setup lab test lint course site browser clean gpu-check gpu-wheels test-matrix
+.PHONY: setup lab test lint course site browser clean gpu-check gpu-wheels test-matrix release
 
 setup: $(STAMP)
 
@@ -105,6 +105,14 @@ gpu-check:
 # .whl/bert-standin/ (BERT config + tokenizer, no weights). Needs the package index; prints the set's size.
 gpu-wheels: $(STAMP)
 	$(PY) scripts/gpu_check.py --make-wheels
+
+# A release: `make release VERSION=0.2.0` sets the version and the tag v0.2.0 in pyproject.toml,
+# helpers.__version__, CITATION.cff, every lesson's install cell and badges and README.md's links, then commits
+# and tags it (CHANGELOG.md must have a "## [0.2.0]" section first). Push with `git push origin main v0.2.0`.
+VERSION ?=
+release: $(STAMP)
+	@test -n "$(VERSION)" || { echo "make release: name the version, e.g. make release VERSION=0.2.0"; exit 2; }
+	$(PY) scripts/course_release.py --release $(VERSION) --tag
 
 clean:
 	rm -rf build .pytest_cache

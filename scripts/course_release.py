@@ -12,6 +12,11 @@ the lessons install on a hosted notebook (`[tool.course] hosted-extra`). From th
 
     .venv/bin/python scripts/course_release.py           # rewrite them (after changing pyproject.toml)
     .venv/bin/python scripts/course_release.py --check   # exit 1 and name each place out of step (the tests)
+    .venv/bin/python scripts/course_release.py --release 0.2.0 [--tag]   # make a release (`make release`)
+
+A release sets the version (pyproject.toml, helpers.__version__, CITATION.cff) and the release to the tag
+`v<version>`, rewrites every place above, and with --tag commits that and tags it: one command. It refuses a
+version that CHANGELOG.md has no "## [<version>]" section for, so every release says what changed.
 """
 
 from __future__ import annotations
@@ -149,11 +154,55 @@ def out_of_step(root: Path = ROOT, write: bool = False) -> list[str]:
     return stale
 
 
+VERSION = re.compile(r"\d+\.\d+\.\d+")
+
+
+def make_release(version: str, root: Path = ROOT) -> list[str]:
+    """Set `version` and the release tag v<version> everywhere they are named -> the files changed."""
+    if not VERSION.fullmatch(version):
+        raise ValueError(f"a release version is x.y.z (for example 0.2.0), got {version!r}")
+    changelog = (root / "CHANGELOG.md").read_text(encoding="utf-8")
+    if not re.search(rf"^## \[{re.escape(version)}\]", changelog, re.M):
+        raise ValueError(f"CHANGELOG.md has no '## [{version}] - <date>' section: say what changed first")
+    edits = {  # file -> (pattern, replacement): the version and the release, each where it is named
+        "pyproject.toml": [(r'^version = "[^"]*"', f'version = "{version}"'),
+                           (r'^release = "[^"]*"', f'release = "v{version}"')],
+        "helpers/__init__.py": [(r'^__version__ = "[^"]*"', f'__version__ = "{version}"')],
+        "CITATION.cff": [(r'^version: "[^"]*"', f'version: "{version}"')],
+    }
+    changed = []
+    for name, subs in edits.items():
+        path = root / name
+        text = new = path.read_text(encoding="utf-8")
+        for pattern, repl in subs:
+            new, n = re.subn(pattern, repl, new, count=1, flags=re.M)
+            if n != 1:
+                raise ValueError(f"{name}: found no line matching {pattern!r} to set")
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(name)
+    return changed + out_of_step(root, write=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="change nothing; exit 1 if a file is out of step")
+    parser.add_argument("--release", metavar="X.Y.Z", help="make release vX.Y.Z (CHANGELOG.md must have it)")
+    parser.add_argument("--tag", action="store_true", help="with --release: git commit and git tag it")
     args = parser.parse_args(argv)
+    if args.release:
+        changed = make_release(args.release)
+        print(f"release v{args.release}: " + (", ".join(changed) if changed else "nothing to change"))
+        if args.tag:
+            import subprocess
+
+            subprocess.run(["git", "-C", str(ROOT), "commit", "-q", "-m", f"release v{args.release}", "--",
+                            *changed], check=True)
+            subprocess.run(["git", "-C", str(ROOT), "tag", "-a", f"v{args.release}", "-m",
+                            f"release v{args.release} (CHANGELOG.md)"], check=True)
+            print(f"tagged v{args.release}: push it with `git push origin main v{args.release}`")
+        return 0
     stale = out_of_step(write=not args.check)
     if args.check and stale:
         print("out of step with pyproject.toml's release: " + ", ".join(stale)
