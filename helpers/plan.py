@@ -54,7 +54,7 @@ from helpers.gpus import GPU, GPUS, gpu
 from helpers.memory import estimate_step_memory
 from helpers.opcount import OPTIMIZER_PHASE, OpCount, count_ops, op_class
 from helpers.precision import autocast_context, precision_runs, training_precision
-from helpers.regimes import MemoryRoofs, classify, predicted_time
+from helpers.regimes import MemoryRoofs, classify, is_synchronous, predicted_time
 from helpers.roofline import Roofline, mfu_peak
 from helpers.runspec import RunSpec
 from helpers.sizing import MARGIN
@@ -164,17 +164,17 @@ def datasheet_roofs(g: str | GPU, *, launch_s: float = LAUNCH_S) -> Roofs:
 
 
 def measured_roofs(roofline: Roofline, *, overhead_s: float, memory_roofs: MemoryRoofs | None = None,
-                   name: str = "") -> Roofs:
+                   device: torch.device | str = "cpu", name: str = "") -> Roofs:
     """This machine's roofs, measured (lessons 00 and 04): the roofline's matmul rates and copy bandwidth, the
     cost of one op call (`helpers.optime.per_call_overhead`), the cache roofs; a CPU runs each op before the
-    next (lesson 09 checks the planner against this machine's own step)."""
+    next, a GPU queues them (lesson 09 checks the planner against this machine's own step)."""
     if not isinstance(roofline, Roofline):
         raise ValueError(f"roofline must be a helpers.roofline.Roofline, got {type(roofline).__name__}")
     if not overhead_s >= 0:
         raise ValueError(f"overhead_s must be >= 0 seconds, got {overhead_s!r}")
     flops = dict(roofline.matmul_flops)
     return Roofs(name or roofline.device_name, flops, flops.get("fp32", max(flops.values())),
-                 roofline.bandwidth, overhead_s, True,
+                 roofline.bandwidth, overhead_s, is_synchronous(device),
                  f"measured on {roofline.device_name}: matmul and copy (lessons 00, 04), "
                  f"{overhead_s * 1e6:.3g} µs per op call")
 
@@ -346,8 +346,10 @@ def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "
         fake = _fake_of(model, cpu).train()
         fake_batch = {k: torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=cpu)
                       if isinstance(v, torch.Tensor) else v for k, v in host.items()}
-        opt = compat.make_adamw([{"params": [p for p in fake.parameters() if p.requires_grad]}], 1e-3,
-                                fused_adamw)
+        params = [p for p in fake.parameters() if p.requires_grad]
+        # fused: one kernel for the update; else torch's default on a GPU, the multi-tensor (foreach) one
+        opt = torch.optim.AdamW(params, lr=1e-3, fused=True) if fused_adamw else \
+            torch.optim.AdamW(params, lr=1e-3, foreach=True)
 
         def step(phase: Callable[[str], Any]) -> None:
             with phase("forward"), autocast_context(precision, cpu):
