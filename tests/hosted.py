@@ -29,10 +29,11 @@ __all__ = ["HOST_SHIPS", "IPYWIDGETS", "REPO_ROOT", "host_links", "make_host", "
            "hosted_copy", "run_notebook"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# What Colab and Kaggle ship before the course (with their dependencies): torch (a CUDA build brings its
-# triton), numpy, transformers, scikit-learn, matplotlib, tqdm, a Jupyter server with its kernel, pip. The
-# set-up cell installs the rest: the course, its offline MiniLM and corpus packages.
-HOST_SHIPS = ("torch", "triton", "numpy", "transformers", "scikit-learn", "matplotlib", "tqdm", "ipykernel",
+# What Colab's CPU runtime ships before the course (with their dependencies): torch, numpy, transformers,
+# scikit-learn, matplotlib, tqdm, a Jupyter server with its kernel, pip; no triton (a GPU runtime's CUDA torch
+# brings its own; on a CPU runtime only lesson 01's cell installs it). The set-up cell installs the rest: the
+# course, its offline MiniLM and corpus packages.
+HOST_SHIPS = ("torch", "numpy", "transformers", "scikit-learn", "matplotlib", "tqdm", "ipykernel",
               "jupyterlab", "pip")
 IPYWIDGETS = "ipywidgets==7.7.1"  # what Colab ships: the floor the course's widgets are tested on
 
@@ -95,11 +96,12 @@ def make_host(folder: Path, ipywidgets: str = IPYWIDGETS) -> tuple[Path, dict[st
     _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", ipywidgets])
     seconds["ipywidgets"] = time.perf_counter() - start
     # the host must not have the course: its set-up cell is what is tested
-    code = ("import importlib.util as u; from importlib.metadata import version as v; "
-            "print(u.find_spec('helpers') is None, v('ipywidgets'), v('torch'))")
+    code = ("import importlib.util as u; from importlib.metadata import version as v; print("
+            "u.find_spec('helpers') is None, v('ipywidgets'), v('torch'), u.find_spec('triton') is None)")
     probe = _run([str(python), "-c", code], cwd=folder).split()
-    if probe[0] != "True" or not probe[1].startswith("7."):
-        raise RuntimeError(f"the simulated host is wrong: helpers absent={probe[0]}, ipywidgets {probe[1]}")
+    if probe[0] != "True" or not probe[1].startswith("7.") or probe[3] != "True":
+        raise RuntimeError(f"the simulated host is wrong: helpers absent={probe[0]}, ipywidgets {probe[1]}, "
+                           f"triton absent={probe[3]}")
     seconds["distributions linked"] = n
     return python, seconds
 

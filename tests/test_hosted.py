@@ -76,6 +76,22 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"python": python, "tmp": tmp, "env": env, "archive": archive, "kept": kept}
 
 
+@pytest.mark.timeout(300)
+def test_without_network_the_install_cell_names_the_internet_switch(host: dict) -> None:
+    """Kaggle with its Internet switch off: pip cannot reach the release, and the line that fails says what to
+    do. Runs first, while the host has no course (pytest keeps this file's order)."""
+    from nbclient.exceptions import CellExecutionError
+
+    nb = hosted_copy("00_setup", "https://course.invalid/fast-transformers-course.zip")  # no such host
+    nb.cells = [next(c for c in nb.cells if c.cell_type == "code")]
+    content = host["tmp"] / "content-offline"
+    content.mkdir()
+    with pytest.raises(CellExecutionError) as failed:
+        run_notebook(nb, host["python"], content, host["env"])
+    assert "No module named 'course_setup'" in str(failed.value), failed.value
+    assert "Settings > Internet on" in str(failed.value), failed.value
+
+
 def _setup_line(executed: nbformat.NotebookNode) -> str:
     boot = next(c for c in executed.cells if c.cell_type == "code")
     return "".join(o.get("text", "") for o in boot.outputs if o.get("output_type") == "stream")
@@ -122,6 +138,9 @@ def test_lesson_runs_on_a_hosted_notebook(host: dict, lesson: str) -> None:
     assert torch_version == host["kept"]["torch"], f"set-up replaced the host's torch: {torch_version}"
     venv = host["python"].parent.parent
     assert Path(helpers_file).resolve().is_relative_to(venv), helpers_file
+    no_triton = subprocess.run([str(host["python"]), "-c", "import importlib.util as u; "
+                                "print(u.find_spec('triton') is None)"], capture_output=True, text=True)
+    assert no_triton.stdout.strip() == "True", f"{lesson} installed triton on a CPU runtime"
     assert not Path(helpers_file).resolve().is_relative_to(REPO_ROOT), helpers_file
 
 
@@ -145,7 +164,7 @@ display(explorer.widget)
 @pytest.mark.timeout(600)
 def test_the_widgets_work_with_the_hosts_ipywidgets_7(host: dict) -> None:
     """helpers.widgets' explorer builds, redraws and shows in the host's kernel, on Colab's ipywidgets."""
-    nb = hosted_copy("01_attention", host["archive"])
+    nb = hosted_copy("00_setup", host["archive"])  # lesson 01's widgets; its triton is not needed here
     boot = next(c for c in nb.cells if c.cell_type == "code")
     nb.cells = [boot, nbformat.v4.new_code_cell(WIDGET_CELL)]
     content = host["tmp"] / "content-widgets"
@@ -173,3 +192,19 @@ def test_a_lesson_reading_the_course_beside_the_notebook_fails_there(host: dict)
     content.mkdir()
     with pytest.raises(CellExecutionError, match="FileNotFoundError"):
         run_notebook(nb, host["python"], content, host["env"])
+
+
+@pytest.mark.timeout(300)
+def test_a_helpers_py_of_yours_beside_the_notebook_is_named(host: dict) -> None:
+    """A learner's own helpers.py in the notebook's folder hides the course's package: the install cell stops,
+    naming the file and the fix, instead of the next cell failing with "No module named 'helpers.config'"."""
+    from nbclient.exceptions import CellExecutionError
+
+    nb = hosted_copy("00_setup", host["archive"])
+    nb.cells = [next(c for c in nb.cells if c.cell_type == "code")]
+    content = host["tmp"] / "content-shadowed"
+    content.mkdir()
+    (content / "helpers.py").write_text("def load(path):\n    return open(path).read()\n")
+    with pytest.raises(CellExecutionError) as failed:
+        run_notebook(nb, host["python"], content, host["env"])
+    assert "CourseSetupError" in str(failed.value) and str(content / "helpers.py") in str(failed.value)
