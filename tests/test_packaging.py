@@ -55,6 +55,22 @@ def test_python_range_is_the_same_everywhere():
     assert _norm(python) == f"python>={floor},<3.{minor + 1}", python
 
 
+def test_the_readmes_library_install_takes_the_tested_set():
+    """`pip install .` as the README writes it installs the newest tested set (issue 40), and that set is the one
+    `make test` runs in: each pin of ci/constraints-newest.txt equals the version installed here."""
+    from importlib.metadata import version
+
+    readme = (ROOT / "README.md").read_text()
+    assert "`pip install . -c ci/constraints-newest.txt`" in readme
+    pins = dict(line.split("==") for line in (ROOT / "ci" / "constraints-newest.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert "torch" in pins and "transformers" in pins
+    here = {name: version(name).split("+")[0] for name in pins}
+    assert pins == here, f"ci/constraints-newest.txt is not the set make test ran: {pins} vs {here}"
+    setup = (ROOT / "docs" / "setup.md").read_text()
+    assert f"| newest | 3.11 | {pins['torch']} | {pins['transformers']} |" in setup
+
+
 def test_torch_is_a_range_not_a_pin():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     torch_req = next(d for d in deps if re.match(r"torch\b", d))
