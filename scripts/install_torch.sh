@@ -5,7 +5,10 @@
 #   bash scripts/install_torch.sh PATH/TO/python             # what `make setup` runs
 #   bash scripts/install_torch.sh PATH/TO/python --dry-run   # print the choice and the pip command only
 #
-# COURSE_TORCH=cpu|cuda|keep overrides (keep: leave the installed torch alone, e.g. on Colab);
+# COURSE_TORCH=cpu|cuda|keep overrides (keep: leave the installed torch alone, e.g. on Colab). A conda
+# environment's own torch (conda-forge's pytorch: `make lab VENV=$CONDA_PREFIX`) is kept unless COURSE_TORCH
+# names a build. On macOS, torch >= 2.12 ships wheels for Apple silicon on macOS 14+ only: elsewhere it says
+# so and what to use instead, and stops.
 # COURSE_TORCH_BUILD=cu126 (any tag of download.pytorch.org/whl) forces a CUDA build of TORCH_VERSION;
 # TORCH_VERSION picks the release (default 2.13.0, the course's pin).
 #
@@ -55,6 +58,25 @@ case "$VARIANT" in
   cpu|cuda) ;;
   *) echo "COURSE_TORCH must be cpu, cuda, keep or unset (auto); got '$VARIANT'" >&2; exit 2 ;;
 esac
+
+# conda: the environment's own pytorch (conda chose its CPU or CUDA build for this machine) stays
+prefix=$("$PY" -c 'import sys; print(sys.prefix)' 2>/dev/null || true)
+if [ -z "$ASKED" ] && [ -n "$prefix" ] && compgen -G "$prefix/conda-meta/pytorch-[0-9]*.json" >/dev/null; then
+  echo "torch: keeping conda's pytorch (${have:-installed}) in $prefix: conda picked its build for this machine" \
+    "(COURSE_TORCH=cpu|cuda replaces it with pip's)"
+  exit 0
+fi
+
+# macOS: torch >= 2.12 has wheels for Apple silicon on macOS 14 or later only
+if [ "$(uname -s 2>/dev/null || true)" = Darwin ]; then
+  arch=$(uname -m 2>/dev/null || true) macos=$(sw_vers -productVersion 2>/dev/null || echo unknown)
+  if [ "$arch" != arm64 ] || ! ver_ge "$macos" 14; then
+    echo "torch: torch $VERSION has no wheel for macOS $macos on $arch (Apple silicon with macOS 14 or later" \
+      "only). Use Colab or Kaggle (README.md), a Linux machine, or WSL 2 on Windows; COURSE_TORCH=keep keeps a" \
+      "torch you installed yourself, untested" >&2
+    exit 3
+  fi
+fi
 
 tag=cpu why="no NVIDIA GPU visible (nvidia-smi)"
 [ -n "$ASKED" ] && why="COURSE_TORCH=$ASKED"

@@ -40,16 +40,26 @@ esac
     smi.chmod(0o755)
 
 
-def _fake_python(folder: Path, installed: str = "") -> Path:
-    """A python that reports `installed` ("cu126 2.13.0") as its torch, or has none."""
+def _fake_python(folder: Path, installed: str = "", prefix: Path | None = None) -> Path:
+    """A python whose torch is `installed` ("cu126 2.13.0"; none if empty), whose sys.prefix is `prefix`."""
     py = folder / "python"
-    py.write_text(f"#!/bin/sh\necho '{installed}'\n" if installed else "#!/bin/sh\nexit 1\n")
+    torch = f"echo '{installed}'" if installed else "exit 1"
+    where = f"echo '{prefix}'" if prefix else "exit 1"
+    py.write_text(f'#!/bin/sh\ncase "$*" in\n  *sys.prefix*) {where} ;;\n  *) {torch} ;;\nesac\n')
     py.chmod(0o755)
     return py
 
 
+def _stub(folder: Path, name: str, answers: dict[str, str]) -> None:
+    """A command `name` that prints answers[its arguments]."""
+    cases = "".join(f"  '{args}') echo '{out}' ;;\n" for args, out in answers.items())
+    (folder / name).write_text(f'#!/bin/sh\ncase "$*" in\n{cases}esac\n')
+    (folder / name).chmod(0o755)
+
+
 def _run(tmp_path: Path, driver: str | None, caps: list[str] | None = ["7.5"], *, installed: str = "",
-         dry_run: bool = True, **env: str) -> subprocess.CompletedProcess:
+         dry_run: bool = True, prefix: Path | None = None, mac: tuple[str, str] | None = None,
+         **env: str) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for tool in ("sh", "bash", "sort", "head", "tail", "tr", "grep", "printf"):  # all the script needs
@@ -57,8 +67,12 @@ def _run(tmp_path: Path, driver: str | None, caps: list[str] | None = ["7.5"], *
             (bin_dir / tool).symlink_to(path)
     if driver is not None:
         _stub_smi(bin_dir, driver, caps)
+    if mac is not None:  # (machine, macOS version): uname and sw_vers answer as that Mac
+        _stub(bin_dir, "uname", {"-s": "Darwin", "-m": mac[0]})
+        _stub(bin_dir, "sw_vers", {"-productVersion": mac[1]})
     run_env = {"PATH": str(bin_dir), "HOME": str(tmp_path), **env}
-    args = ["bash", str(SCRIPT), str(_fake_python(tmp_path, installed))] + (["--dry-run"] if dry_run else [])
+    python = _fake_python(tmp_path, installed, prefix)
+    args = ["bash", str(SCRIPT), str(python)] + (["--dry-run"] if dry_run else [])
     return subprocess.run(args, env=run_env, capture_output=True, text=True, timeout=30)
 
 
@@ -130,6 +144,37 @@ def test_overrides(tmp_path):
     assert "installing the cu126 build" in line and index == f"{INDEX}/cu126", line
     bad = _run(tmp_path, None, COURSE_TORCH="gpu")
     assert bad.returncode == 2 and "COURSE_TORCH must be" in bad.stderr
+
+
+def test_a_conda_environments_own_pytorch_is_kept(tmp_path):
+    """`make lab VENV=$CONDA_PREFIX` (README: With conda): conda-forge's pytorch stays (issue 40)."""
+    env = tmp_path / "env"
+    (env / "conda-meta").mkdir(parents=True)
+    (env / "conda-meta" / "pytorch-2.13.0-cuda130_h1234.json").write_text("{}")
+    out = _run(tmp_path, "580.82.07", installed="cu130 2.13.0", prefix=env)
+    assert out.returncode == 0 and "keeping conda's pytorch" in out.stdout, out
+    assert "would run" not in out.stdout, out
+    asked = _run(tmp_path, "580.82.07", installed="cu130 2.13.0", prefix=env, COURSE_TORCH="cpu")
+    line, index = _choice(asked)
+    assert "cpu build" in line and index == f"{INDEX}/cpu", line  # asked for: replaced
+    (tmp_path / "other").mkdir()
+    line, _ = _choice(_run(tmp_path / "other", None, prefix=tmp_path / "venv"))  # not conda: as before
+    assert "cpu build of torch 2.13.0" in line, line
+
+
+@pytest.mark.parametrize("machine, version, runs", [
+    ("arm64", "14.5", True), ("arm64", "15.1", True),
+    ("arm64", "13.6.1", False),  # Apple silicon on macOS 13: no torch >= 2.12 wheel
+    ("x86_64", "14.5", False),  # an Intel Mac: none either
+])
+def test_a_mac_gets_a_torch_that_runs_or_one_line_saying_what_to_use(tmp_path, machine, version, runs):
+    out = _run(tmp_path, None, mac=(machine, version))
+    if runs:
+        line, index = _choice(out)
+        assert "cpu build of torch 2.13.0" in line, line
+    else:
+        assert out.returncode == 3 and "would run" not in out.stdout, out
+        assert f"macOS {version} on {machine}" in out.stderr and "Colab" in out.stderr and "WSL" in out.stderr
 
 
 def test_make_setup_installs_for_real():
