@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Entrypoint of the course image (docker/Dockerfile). `lab` (the default) starts Jupyter Lab on the
-# notebooks with token authentication; anything else runs as given (e.g. `make test`, `bash`).
+# Entrypoint of the course image (docker/Dockerfile). `lab` (the default) copies the lessons into
+# $WORKSPACE/my-lessons (mounted from the host; as `make lab` does: new lessons copied in, your edits never
+# overwritten) and starts Jupyter Lab there with token authentication; anything else runs as given (e.g.
+# `make test`, `bash`).
 #
 # JUPYTER_TOKEN  the token Lab asks for; unset or empty -> a random one (an empty token would switch
 #                authentication off, so it is never used). Jupyter prints the URL with the token.
@@ -55,7 +57,9 @@ if [ -z "${JUPYTER_TOKEN:-}" ]; then
        "with the port published on the host)"
 fi
 export JUPYTER_TOKEN  # Jupyter reads it from the environment, so it never shows in `ps`
-lab=("$PY" -m jupyter lab --notebook-dir="$WORKSPACE/notebooks" --ServerApp.ip=0.0.0.0
+# your copy of the lessons: the image's notebooks/ stay as released, your edits live on the host
+run "$PY" "$WORKSPACE/scripts/copy_lessons.py" "$WORKSPACE/notebooks" "$WORKSPACE/my-lessons"
+lab=("$PY" -m jupyter lab --notebook-dir="$WORKSPACE/my-lessons" --ServerApp.ip=0.0.0.0
      --ServerApp.port="$LAB_PORT" --no-browser)
 if [ "$DRY_RUN" = 1 ]; then
   echo "token: ${#JUPYTER_TOKEN} characters"

@@ -215,9 +215,10 @@ def test_lab_token_is_never_empty_or_baked_in() -> None:
 
 def test_lab_binds_all_interfaces_inside_the_container_only() -> None:
     out = _entrypoint()
-    command = next(line for line in out.stdout.splitlines() if line.startswith("would run:"))
+    command = next(line for line in out.stdout.splitlines() if line.startswith("would run:") and "lab" in line
+                   and "copy_lessons" not in line)
     assert "jupyter lab" in command and "--ServerApp.ip=0.0.0.0" in command, command
-    assert "--notebook-dir=/workspace/notebooks" in command, command
+    assert "--notebook-dir=/workspace/my-lessons" in command, command  # a copy: your edits, not the release
     assert not re.search(
         r"token|password|disable_check_xsrf|allow_origin", command.split("jupyter lab", 1)[1]
     ), command
@@ -230,12 +231,18 @@ def test_lab_binds_all_interfaces_inside_the_container_only() -> None:
     )
 
 
-def test_notebooks_and_data_come_from_the_host() -> None:
+def test_your_lessons_and_data_come_from_the_host() -> None:
+    """Lab works on a copy of the lessons mounted from the host (issue 40): the image's notebooks/ are never
+    where your edits land, as with `make lab`."""
     volumes = " ".join(args for word, args in _final_stage() if word == "VOLUME")
-    for path in ("/workspace/notebooks", "/workspace/data"):
+    assert "/workspace/notebooks" not in volumes, "the tracked lessons must not be a volume your edits go to"
+    for path in ("/workspace/my-lessons", "/workspace/data"):
         assert path in volumes, f"VOLUME must list {path}: {volumes!r}"
+    out = _entrypoint()
+    copy = next(line for line in out.stdout.splitlines() if "copy_lessons.py" in line)
+    assert copy.endswith("/workspace/notebooks /workspace/my-lessons"), copy
     runs = " ".join(_documented_runs())
-    for path in ("/workspace/notebooks", "/workspace/data"):
+    for path in ("/workspace/my-lessons", "/workspace/data"):
         assert re.search(rf"-v \S+:{path}\b", runs), (
             f"the documented docker run must mount {path} from the host"
         )
