@@ -11,13 +11,24 @@ sm_75, 163 KB on sm_80, 99 KB on sm_86 and sm_89, 227 KB on sm_90. The planted c
 configuration the course had before it planned per architecture (64x64 tiles, 8 warps, 2 stages, head
 dim 128), needs more than sm_75's 64 KB, and the same check fails it.
 
+Compiled as a launch compiles them: a launch specialises the kernel on its arguments (16-byte-aligned
+pointers and ints divisible by 16 get `tt.divisibility=16`, ints equal to 1 become constants), and that
+lets Triton vectorise and pipeline the loads, which takes more shared memory. So each kernel is compiled
+with the argument values of a real launch, recorded from `flash_attention` itself (`_recorded_launches`:
+contiguous tensors, 16 heads, 272 tokens: a multiple of 16 as the lessons' lengths are, and not of the
+tiles, so the last tile is partial as the compiled variant assumes). A test checks that this specialisation
+is the installed Triton's own, and the planted case of the specialisation: the bare compile the test made
+before reports 98,304 B for the forward's largest tile on sm_80 where a launch needs 163,840 B, so it passed
+that tile on sm_86 (99 KB), where no launch of it can run.
+
 Which Triton: the installed one (its version is in every result and in the failure messages). Written with
 triton 3.9; the same requests were compiled with triton 3.6 (what the GPU box runs), 3.5 and 3.4 (sm_75:
 the same shared memory as 3.9) and with 3.3.1, the course's floor, where every sm_80-90 configuration
 compiles and fits but every fp16 `tl.dot` for sm_75 fails ("Unsupported conversion from f16 to f16",
 triton-lang/triton#6698, fixed by 3.4): on triton 3.3 this test fails for sm_75, as the kernel would on a
-T4. `tritoncompile.py` calls only `triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget(
-"cuda", cc, 32), options=...)`, which those versions share.
+T4. `tritoncompile.py` calls only `triton.compile(ASTSource(fn, signature, constexprs, attrs), target=
+GPUTarget("cuda", cc, 32), options=...)`, which those versions share (the shared memory of the specialised
+compiles was measured with triton 3.9).
 
 Cost: each (kernel, configuration, architecture) is compiled once per session, in one subprocess (this
 process interprets kernels), and every test reads the same results. sm_75 compiles are the slow ones (tl.dot
@@ -27,6 +38,8 @@ costs seconds.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -35,6 +48,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import tritoncompile  # tests/tritoncompile.py: imports triton only when it compiles
 
 from helpers import compat
 from helpers.kernels import configs as tiles
@@ -59,15 +73,17 @@ def _cc(capability: tuple[int, int]) -> int:
 
 
 def _request(kernel: str, cc: int, d: int, config: tiles.TileConfig, dtype: str | None = None,
-             **switches: bool) -> dict:
+             specialised: bool = True, **switches: bool) -> dict:
+    """A compile request; `specialised`: compiled as a launch specialises it (the fixture adds the launch's
+    argument values), else bare (what no launch compiles)."""
     return dict(kernel=kernel, cc=cc, dtype=dtype or DTYPE[cc], head_dim=d, block_m=config.block_m,
                 block_n=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages,
-                **(switches or ALL_ON))
+                specialised=specialised, **(switches or ALL_ON))
 
 
 def _key(r: dict) -> tuple:
     return tuple(r[k] for k in ("kernel", "cc", "dtype", "head_dim", "block_m", "block_n", "num_warps",
-                                "num_stages", "causal", "has_mask", "even_n"))
+                                "num_stages", "causal", "has_mask", "even_n", "specialised"))
 
 
 PLANNED = [_request(kernel, _cc(cc), d, config)
@@ -76,12 +92,73 @@ PLANTED = _request("attn_bwd_dq", 75, 128, OLD_BACKWARD)
 SWITCHES_OFF = _request("attn_fwd", 80, 128, tiles.tile_configs("attn_fwd", (8, 0), 128)[0],
                         causal=False, has_mask=False, even_n=True)
 FP16_ON_SM80 = _request("attn_fwd", 80, 128, tiles.tile_configs("attn_fwd", (8, 0), 128)[0], dtype="fp16")
+# the forward's largest tile at d=128 (offered where a block may have 160 KB or more), compiled as a launch
+# compiles it and bare (the test's compile before), for sm_80 and for sm_86, which does not offer it
+BIG_FORWARD = tiles.TileConfig(128, 128, 8, 3)
+BIG_ON = {(cc, specialised): _request("attn_fwd", cc, 128, BIG_FORWARD, specialised=specialised)
+          for cc in (80, 86) for specialised in (True, False)}
+LAUNCH_SEQ, LAUNCH_HEADS = 272, 16  # a multiple of 16, as the lessons' lengths are; not one of the tiles
+
+
+class _Recorder:
+    """Stands in for a compiled kernel: `kernel[grid](*args, **kwargs)` records the launch, runs nothing."""
+
+    def __init__(self, name: str, launches: list, configs: object = None) -> None:
+        self.name, self.launches, self.configs = name, launches, configs
+
+    def __getitem__(self, grid: object):
+        return lambda *args, **kwargs: self.launches.append((self.name, self.configs, args, kwargs))
+
+
+def _launch(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], dtype: torch.dtype, d: int,
+            seq: int = 40, heads: int = 2) -> list[tuple[str, object, tuple, dict]]:
+    """flash_attention's forward and backward launches on a GPU of `capability`, recorded on CPU tensors
+    (causal, with a padding mask): [(kernel, its autotuned configs or None, args, kwargs)]."""
+    fa = importlib.import_module("helpers.kernels.flash_attention")
+    launches: list = []
+    monkeypatch.setattr(fa, "_fwd_kernel",
+                        lambda interpret, configs: _Recorder("attn_fwd", launches, configs))
+    monkeypatch.setattr(fa, "_bwd_kernels", lambda interpret: (_Recorder("attn_bwd_dkdv", launches),
+                                                               _Recorder("attn_bwd_dq", launches)))
+    monkeypatch.setattr(fa, "_capability", lambda device: capability)
+    q = torch.zeros(1, heads, seq, d, dtype=dtype)
+    mask = torch.ones(1, seq, dtype=torch.int8)
+    fa._forward(q, q.clone(), q.clone(), mask, True, d ** -0.5, None, None, False)
+    fa._backward(q, q, q, q, q, torch.zeros(heads, seq), mask, True, d ** -0.5, False)
+    return launches
+
+
+def _arg_names(kernel: str) -> list[str]:
+    module = importlib.import_module("helpers.kernels._triton_bwd" if "bwd" in kernel else
+                                     "helpers.kernels._triton_fwd")
+    return list(inspect.signature(getattr(module, kernel)).parameters)
+
+
+def _launch_values(args: tuple, names: list[str]) -> dict[str, object]:
+    """A launch's positional arguments as tritoncompile takes them: ints and floats as they are, a pointer as
+    whether its address is a multiple of 16 bytes."""
+    return {name: (("aligned" if value.data_ptr() % 16 == 0 else "unaligned") if torch.is_tensor(value)
+                   else value) for name, value in zip(names, args)}
+
+
+def _recorded_launches() -> dict[tuple[str, int], dict[str, object]]:
+    """{(kernel, head dim): the argument values of a launch of the course's kernels at LAUNCH_SEQ tokens}."""
+    out = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for d in tiles.GPU_HEAD_DIMS:
+            for name, _, args, _ in _launch(monkeypatch, (8, 0), torch.bfloat16, d, LAUNCH_SEQ, LAUNCH_HEADS):
+                out[(name, d)] = _launch_values(args, _arg_names(name))
+    return out
 
 
 @pytest.fixture(scope="session")
 def compiled() -> dict[tuple, dict]:
     """Every request compiled once, in one subprocess: {request key: result}."""
-    requests = list({_key(r): r for r in [*PLANNED, PLANTED, SWITCHES_OFF, FP16_ON_SM80]}.values())
+    launches = _recorded_launches()
+    requests = list({_key(r): r for r in [*PLANNED, PLANTED, SWITCHES_OFF, FP16_ON_SM80,
+                                          *BIG_ON.values()]}.values())
+    requests = [dict(r, launch=launches[(r["kernel"], r["head_dim"])]) if r["specialised"] else r
+                for r in requests]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when it is unset; the default
     done = subprocess.run([sys.executable, str(WORKER)], input=json.dumps(requests), capture_output=True,
@@ -132,6 +209,54 @@ def test_the_old_backward_config_fails_on_sm75(compiled: dict) -> None:
     assert OLD_BACKWARD not in tiles.tile_configs("attn_bwd_dq", (7, 5), 128)
 
 
+def test_the_compile_specialises_the_kernels_as_tritons_launcher_does() -> None:
+    """The argument values of a recorded launch, specialised by tritoncompile.specialise, give the signature,
+    constants and attributes the installed Triton's launcher derives from the same values (its
+    `native_specialize_impl` and `parse_attr`). Planted: the bare compile (no launch values) differs."""
+    jit = pytest.importorskip("triton.runtime.jit")
+    if not hasattr(jit, "native_specialize_impl"):
+        pytest.skip("this Triton has no native_specialize_impl to compare with (triton 3.9 has)")
+    from triton.backends.compiler import BaseBackend
+
+    def tritons(args: tuple, names: list[str], types: dict[str, str]) -> tuple[dict, dict, dict]:
+        signature, constexprs, attrs = dict(types), {}, {}
+        for i, (name, value) in enumerate(zip(names, args)):
+            kind, spec = jit.native_specialize_impl(BaseBackend, value, False, True, True)
+            if kind == "constexpr":
+                signature[name], constexprs[(i,)] = "constexpr", value
+                continue
+            if not kind.startswith("*"):  # a pointer keeps the dtype the request names (fp16 or bf16)
+                signature[name] = kind
+            if isinstance(spec, str) and BaseBackend.parse_attr(spec):
+                attrs[(i,)] = BaseBackend.parse_attr(spec)
+        return signature, constexprs, attrs
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        recorded = _launch(monkeypatch, (8, 0), torch.bfloat16, 128, LAUNCH_SEQ, LAUNCH_HEADS)
+    for name, _, args, _ in recorded:
+        names = _arg_names(name)
+        types = tritoncompile._signature(names, "bf16")
+        ours = tritoncompile.specialise(names, types, _launch_values(args, names))
+        assert ours == tritons(args, names, types), name
+        assert ours[2], f"{name}: a launch of contiguous tensors marks its pointers and strides divisible"
+        assert tritoncompile.specialise(names, types, {}) != ours  # planted: the bare compile
+
+
+def test_a_bare_compile_understates_what_a_launch_needs(compiled: dict) -> None:
+    """The planted case of the specialisation: compiled bare, the forward's largest tile at d=128 reports
+    less shared memory than a launch needs, and so fits sm_86's 99 KB, where no launch of it can run; compiled
+    as a launch compiles it, the fit check refuses it there, and it still fits sm_80's 163 KB."""
+    bare80, launched80 = compiled[_key(BIG_ON[(80, False)])], compiled[_key(BIG_ON[(80, True)])]
+    bare86, launched86 = compiled[_key(BIG_ON[(86, False)])], compiled[_key(BIG_ON[(86, True)])]
+    assert launched80["shared"] > bare80["shared"], (bare80["shared"], launched80["shared"])
+    assert fits(bare86) is None  # what the test before this one accepted
+    why = fits(launched86)
+    assert why is not None and "limit is 101376 B" in why, why
+    assert fits(launched80) is None, fits(launched80)
+    assert BIG_FORWARD not in tiles.tile_configs("attn_fwd", (8, 6), 128)
+    assert BIG_FORWARD in tiles.tile_configs("attn_fwd", (8, 0), 128)
+
+
 def test_what_is_compiled_is_what_fits_the_variants_and_dtypes_launched(compiled: dict) -> None:
     """The plan is compiled with every switch on and in the dtype each architecture runs; checked once:
     switching them off needs no more shared memory, and fp16 needs what bf16 does (both 2 bytes)."""
@@ -158,29 +283,10 @@ def test_the_launch_uses_the_planned_configs(monkeypatch: pytest.MonkeyPatch) ->
     """flash_attention on a (faked) T4 and A100 launches exactly what tile_configs planned: the forward
     autotuned over the plan, each backward kernel with the plan's first config (kernels replaced by
     recorders: nothing runs)."""
-    import importlib
-
-    fa = importlib.import_module("helpers.kernels.flash_attention")
-    launches: list[tuple[str, object, dict]] = []
-
-    class Recorder:
-        def __init__(self, name: str, configs: object = None) -> None:
-            self.name, self.configs = name, configs
-
-        def __getitem__(self, grid: object):
-            return lambda *args, **kwargs: launches.append((self.name, self.configs, kwargs))
-
-    monkeypatch.setattr(fa, "_fwd_kernel", lambda interpret, configs: Recorder("attn_fwd", configs))
-    monkeypatch.setattr(fa, "_bwd_kernels", lambda interpret: (Recorder("attn_bwd_dkdv"),
-                                                                 Recorder("attn_bwd_dq")))
     for capability, dtype in (((7, 5), torch.float16), ((8, 0), torch.bfloat16)):
-        monkeypatch.setattr(fa, "_capability", lambda device, cc=capability: cc)
         for d in tiles.GPU_HEAD_DIMS:
-            launches.clear()
-            q = torch.zeros(1, 2, 40, d, dtype=dtype)
-            fa._forward(q, q, q, None, False, 0.1, None, None, False)
-            fa._backward(q, q, q, q, q, torch.zeros(2, 40), None, False, 0.1, False)
-            (_, fwd_configs, _), (_, _, dkdv), (_, _, dq) = launches
+            fwd, bwd_dkdv, bwd_dq = _launch(monkeypatch, capability, dtype, d)
+            fwd_configs, dkdv, dq = fwd[1], bwd_dkdv[3], bwd_dq[3]
             assert fwd_configs == tiles.tile_configs("attn_fwd", capability, d)
             for name, kw in (("attn_bwd_dkdv", dkdv), ("attn_bwd_dq", dq)):
                 planned = tiles.tile_configs(name, capability, d)[0]
@@ -189,10 +295,10 @@ def test_the_launch_uses_the_planned_configs(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_the_plan_follows_the_per_block_limit_and_refuses_what_it_does_not_plan() -> None:
-    """The 96 KB forward tile is offered only where a block may have 160 KB or more; Turing gets its own
-    smaller tiles; an sm_80+ GPU the table does not list gets the smallest listed limit; below sm_75 and
-    outside the planned head dims there is no plan."""
-    big = tiles.TileConfig(128, 128, 8, 3)
+    """The 128x128 forward tile (160 KB on sm_80) is offered only where a block may have 160 KB or more;
+    Turing gets its own smaller tiles; an sm_80+ GPU the table does not list gets the smallest listed limit;
+    below sm_75 and outside the planned head dims there is no plan."""
+    big = BIG_FORWARD
     for cc, offered in (((8, 0), True), ((9, 0), True), ((8, 6), False), ((8, 9), False)):
         assert (big in tiles.tile_configs("attn_fwd", cc, 128)) == offered, cc
     assert tiles.tile_configs("attn_bwd_dq", (7, 5), 128) != tiles.tile_configs("attn_bwd_dq", (8, 0), 128)

@@ -12,10 +12,16 @@ it is tensor-core `mma` fed by asynchronous copies (`num_stages` tiles in flight
 compiles it to FMAs on the CUDA cores (its AccelerateMatmul pass: "Dot op using MMA for compute capability
 < 80 has been deprecated. It falls back to the FMA path.") and has no asynchronous copies to pipeline.
 
-So each candidate below names the path it is for and the smallest per-block limit it is offered on (with
-room above what it needs, so that a later Triton needing a little more still fits). `tests/
-test_triton_targets.py` compiles every configuration offered here, ahead of time, for sm_75, 80, 86, 89
-and 90, and checks what each needs against that architecture's limit.
+What a launch needs is more than the kernel compiled bare: a launch specialises the kernel on its arguments
+(aligned pointers, strides divisible by 16), so Triton vectorises the loads and, from sm_80 on, pipelines
+them through shared memory (the forward's 128x128 tile at d=128: 160 KB on sm_80, 96 KB compiled bare).
+Each candidate below names the path it is for and the smallest per-block limit it is offered on: at least
+what it needs there, as a launch compiles it. `tests/test_triton_targets.py` compiles every configuration
+offered here that way, ahead of time, for sm_75, 80, 86, 89 and 90, and checks what each needs against that
+architecture's limit. The forward's largest tiles leave about 3 KB of room (160 of sm_80's 163 KB, 96 of
+sm_86's 99 KB, 224 of sm_90's 227 KB). A later Triton that needed more would fail that launch with
+`OutOfResources`, and the forward's autotuner skips a configuration that fails so and times the next; each
+backward kernel launches one configuration, with 26 KB of room or more.
 
 Triton versions: the same configurations compile, needing the same shared memory, with triton 3.4 to 3.9.
 triton 3.3 (torch 2.7's) compiles every sm_80-90 one but no fp16 `tl.dot` for sm_75 ("Unsupported
@@ -80,34 +86,35 @@ def _c(path: str, min_kib: int, bm: int, bn: int, warps: int, stages: int) -> _C
 
 
 # Candidates per (kernel, head dim), in order of preference. The forward is autotuned over every candidate
-# offered; each backward kernel launches the first one offered. What each needed, compiled with triton 3.9
-# (tests/test_triton_targets.py measures it again with the installed Triton): see the comment on each line.
+# offered; each backward kernel launches the first one offered. What each needed, compiled as a launch
+# compiles it, with triton 3.9 (tests/test_triton_targets.py measures it again with the installed Triton):
+# see the comment on each line.
 _CANDIDATES: dict[tuple[str, int], tuple[_Candidate, ...]] = {
     ("attn_fwd", 64): (
-        _c("mma", 64, 128, 64, 4, 3),  # 32 KB on sm_80-90
-        _c("mma", 64, 64, 64, 4, 2),  # 24 KB
+        _c("mma", 64, 128, 64, 4, 3),  # 48 KB on sm_80/86/89, 64 KB on sm_90
+        _c("mma", 64, 64, 64, 4, 2),  # 24 KB on sm_80/86/89, 40 KB on sm_90
         _c("fma", 64, 64, 64, 8, 2),  # 32 KB on sm_75 (stages change nothing there: no asynchronous copies)
     ),
     ("attn_fwd", 128): (
-        _c("mma", 160, 128, 128, 8, 3),  # 96 KB: only where a block may have 160 KB or more (sm_80, sm_90)
-        _c("mma", 96, 128, 64, 8, 3),  # 64 KB
-        _c("mma", 64, 64, 64, 4, 2),  # 48 KB
+        _c("mma", 160, 128, 128, 8, 3),  # 160 KB on sm_80, 224 KB on sm_90: where a block may have 160 KB
+        _c("mma", 96, 128, 64, 8, 3),  # 96 KB on sm_80/86/89, 128 KB on sm_90
+        _c("mma", 64, 64, 64, 4, 2),  # 56 KB on sm_80/86/89, 80 KB on sm_90
         _c("fma", 64, 64, 32, 8, 2),  # 48 KB on sm_75 (64x64 needs all 64 KB there)
     ),
     ("attn_bwd_dkdv", 64): (
-        _c("mma", 64, 64, 64, 4, 2),  # 40 KB on sm_80/86/89, 24 KB on sm_90
+        _c("mma", 64, 64, 64, 4, 2),  # 40 KB
         _c("fma", 64, 32, 64, 8, 2),  # 48 KB on sm_75 (64x64 needs all 64 KB there)
     ),
     ("attn_bwd_dq", 64): (
-        _c("mma", 64, 64, 64, 4, 2),  # 32 KB
+        _c("mma", 64, 64, 64, 4, 2),  # 32 KB on sm_80/86/89, 48 KB on sm_90
         _c("fma", 64, 32, 64, 8, 2),  # 32 KB on sm_75
     ),
     ("attn_bwd_dkdv", 128): (
-        _c("mma", 96, 64, 64, 8, 2),  # 72 KB on sm_80/86/89, 48 KB on sm_90
+        _c("mma", 96, 64, 64, 8, 2),  # 72 KB on sm_80/86/89, 80 KB on sm_90
         _c("fma", 64, 16, 32, 4, 2),  # 48 KB on sm_75 (64x64: 128 KB, what did not fit; 32x32: 64 KB)
     ),
     ("attn_bwd_dq", 128): (
-        _c("mma", 96, 64, 64, 8, 2),  # 64 KB
+        _c("mma", 96, 64, 64, 8, 2),  # 72 KB on sm_80/86/89, 96 KB on sm_90
         _c("fma", 64, 32, 32, 8, 2),  # 48 KB on sm_75 (64x64: 96 KB)
     ),
 }
