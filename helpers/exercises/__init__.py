@@ -41,6 +41,7 @@ from helpers.exercises import (
     lesson06,
     lesson07,
     lesson08,
+    lesson09,
 )
 from helpers.exercises.core import (
     STATUSES,
@@ -91,6 +92,8 @@ EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
              "08_bert_finetuning/new_rung.py", lesson08.new_rung,
              gpu="the check measures it on a tiny BERT on the CPU; on a GPU climb the lesson's ladder with "
                  "it"),
+    Exercise("09-largest-batch", "09_plan_your_run", "The largest batch that fits, from two dry runs",
+             "largest_batch_from", "09_plan_your_run/largest_batch_from.py", lesson09.largest_batch_from),
 )}
 
 _LAST: dict[str, Outcome] = {}  # exercise id -> the outcome of its latest check in this process

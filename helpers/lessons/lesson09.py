@@ -35,7 +35,7 @@ from helpers.plan import (
     predict_step,
     step_time,
 )
-from helpers.regimes import EXCESS, measure_memory_roofs, measure_peak_flops, profile_step
+from helpers.regimes import EXCESS, ROOF_MARGIN, measure_memory_roofs, measure_peak_flops, profile_step
 from helpers.roofline import Roofline, measure_roofline
 from helpers.sizing import Size, fit_sizes
 from helpers.tables import Table
@@ -98,7 +98,9 @@ def check_on_this_machine(model: nn.Module, batch: Mapping[str, Any], *,
     """The planner's step time of `model` on `batch` from this machine's measured roofs, beside the step
     measured here, and the measured step split by lesson 04's causes; (the table, measured / predicted)
     (lesson 09). The model is copied to `device` (default: this lesson's) and trained one fp32 step at a
-    time (fused AdamW), as the plan assumes."""
+    time (fused AdamW), as the plan assumes. Checks that the step is not faster than the prediction by more
+    than lesson 04's noise rule (`ROOF_MARGIN`): a step cannot beat its roofs, so a planner that over-counts
+    fails; prints what it checked."""
     import copy
 
     device = torch.device(device) if device is not None else get_device()
@@ -122,7 +124,13 @@ def check_on_this_machine(model: nn.Module, batch: Mapping[str, Any], *,
     t.add("  of which: calls' cost and time between ops (overhead)", causes["overhead"] * scale * 1e3,
           "lesson 04: the host's Python, dispatcher, autograd")
     t.add(f"  of which: {EXCESS}", causes[EXCESS] * scale * 1e3, "lesson 04: kernels slower than their roof")
-    return t, measured / predicted.seconds
+    ratio = measured / predicted.seconds
+    # the check: a step cannot beat its roofs; by more than lesson 04's noise rule, the planner over-counts
+    assert ratio >= 1 / ROOF_MARGIN, (f"the step ran {1 / ratio:.1f}x faster than the planner's roofs allow "
+                                      f"(rule: at most {ROOF_MARGIN:g}x, lesson 04): its counts are too high")
+    print(f"checked: the measured step is {ratio:.2f}x the planner's prediction (a step cannot beat its "
+          f"roofs: at least 1/{ROOF_MARGIN:g}x, lesson 04's noise rule)")
+    return t, ratio
 
 
 # --- published figures the planner is held to ------------------------------------------------------------
