@@ -21,27 +21,30 @@ from helpers.config import get_profile, pick
 from helpers.device import get_device, last_level_cache_bytes
 from helpers.gpus import GPU, gpu
 from helpers.lessons import LessonSetup
-from helpers.memory import estimate_training_memory
+from helpers.memory import estimate_step_memory, estimate_training_memory
 from helpers.models import SmallTransformer, small_config
 from helpers.opcount import OpCount, labelled_step
 from helpers.optime import per_call_overhead
 from helpers.plan import (
+    Plan,
     Roofs,
     StepTime,
     count_step,
     datasheet_roofs,
     example_batch,
+    gpu_like_attention,
     measured_roofs,
     predict_step,
     step_time,
 )
 from helpers.regimes import EXCESS, ROOF_MARGIN, measure_memory_roofs, measure_peak_flops, profile_step
 from helpers.roofline import Roofline, measure_roofline
-from helpers.sizing import Size, fit_sizes
+from helpers.sizing import MARGIN, Size, fit_sizes
 from helpers.tables import Table
 
 __all__ = ["SIZES", "SMOKE_GPUS", "setup", "check_on_this_machine", "NanoGPT2022", "Published", "PUBLISHED",
-           "PUBLISHED_FACTOR", "counts_by_layers", "published_prediction", "published_table"]
+           "PUBLISHED_FACTOR", "counts_by_layers", "published_prediction", "published_table",
+           "compare_prediction", "measured_table"]
 
 SIZES = {"CHECK_BATCH": Size(full=16, smoke=8, floor=2),  # sequences per step of the step measured here
          "CHECK_SEQ": Size(full=256, smoke=128, floor=64)}  # its tokens per sequence
@@ -306,3 +309,40 @@ def published_table(figures: tuple[Published, ...] = PUBLISHED) -> tuple[Table, 
         t.add(fig.name, fig.gpu.key, fig.measured_s * 1e3, predicted.seconds * 1e3, ratios[-1],
               fig.not_modelled, fig.source)
     return t, ratios
+
+
+# --- the exercise's prediction beside the planner's search, and the lesson's summary ------------------------
+
+def compare_prediction(answer: Callable[..., int], model: nn.Module, the_plan: Plan, key: str = "T4") -> None:
+    """Your `largest_batch_from` for class `key`, from two dry runs (the plan's batch and twice it), beside
+    the largest batch the planner searched (lesson 09); an untouched skeleton shows the planner's alone."""
+    from helpers.exercises import is_skeleton
+
+    c = the_plan[key]
+    rows = the_plan.batch_size
+    batch = example_batch(model, 2 * rows, the_plan.seq_len)
+    with gpu_like_attention():
+        peaks = [estimate_step_memory(model, {k: v[:n] for k, v in batch.items()}, precision="bf16").peak
+                 for n in (rows, 2 * rows)]
+    line = (f"{key}: dry runs {peaks[0] / 2**30:.2f} GiB at batch {rows} and {peaks[1] / 2**30:.2f} GiB at "
+            f"{2 * rows}; {c.gpu.total_memory / 2**30:.1f} GiB, {MARGIN:.0%} kept free")
+    print(line)
+    print(f"the planner's search: {c.largest_batch} (dry runs until one fits next to one that does not)")
+    if is_skeleton(answer):
+        print("your line: write largest_batch_from above to see your prediction here")
+    else:
+        print(f"your line: {answer(rows, peaks[0], peaks[1], c.gpu.total_memory, MARGIN)}")
+
+
+def measured_table(plans: Mapping[str, Plan], here_ratio: float, published: list[float]) -> Table:
+    """This run's numbers next to what the lesson claims (lesson 09)."""
+    t = Table(["claim", "this run", "where"], title="What we measured on this machine")
+    low, high = PUBLISHED_FACTOR
+    t.add("a plan takes seconds on a CPU, nothing on a GPU",
+          ", ".join(f"{name} {p.seconds:.0f} s ({len(p.classes)} classes)" for name, p in plans.items()),
+          "sections 1 and 4")
+    t.add("a real step is slower than every op at its roof", f"{here_ratio:.2f}x on this machine",
+          "section 5, lesson 04's causes")
+    t.add(f"published GPU steps are within {low:.2f}x to {high:.1f}x of the plan",
+          ", ".join(f"{r:.2f}" for r in published), "section 5, tests/test_plan_published.py")
+    return t
