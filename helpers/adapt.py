@@ -22,9 +22,12 @@ estimate, `profile_step` and lesson 08's ladder take it:
   and `loss_fn(logits, labels)` is the loss; logits (..., C) with labels (...) are flattened to (N, C) and
   (N,) first, as `F.cross_entropy` wants them.
 - batches (`as_batch`): a dict is used as it is; an `(x, y)` pair (a tuple or list of two tensors, what a
-  `TensorDataset`'s DataLoader yields) becomes `{"input_ids": x, "labels": y}`. Other keys of a dict batch
-  (`attention_mask`, ...) are passed on to your forward by name when it takes them; when it does not, the
-  wrapper says so rather than drop them (a dropped mask would change what is computed).
+  `TensorDataset`'s DataLoader yields) becomes `{"input_ids": x, "labels": y}`. A model that shifts its
+  labels itself (`shifts_labels`: a Hugging Face causal LM, the course's causal SmallTransformer) predicts
+  `labels[t + 1]` from the tokens up to t: given y = x moved one ahead, it would learn the token two ahead.
+  Such a model takes the pair (x, x) only; any other pair is refused, with that fix named. Other keys of a
+  dict batch (`attention_mask`, ...) are passed on to your forward by name when it takes them; when it does
+  not, the wrapper says so rather than drop them (a dropped mask would change what is computed).
 - the model's shape, for FLOPs and MFU (`helpers.flops`): read from its config (`n_layer`/`n_layers`/
   `num_hidden_layers`, `n_head`/..., `n_embd`/`d_model`/`hidden_size`, ...) or from its attention modules;
   when neither can be read, tell it once: `as_course_model(model, shape=ModelShape(n_layers, n_heads,
@@ -46,7 +49,8 @@ from torch import nn
 from helpers.compat import is_hf_model, unwrap_model
 
 __all__ = ["ModelShape", "CourseOutput", "CourseModel", "as_course_model", "as_batch", "is_batch",
-           "loss_of", "logits_of", "takes_course_batches", "follows_course_contract", "adapter_hint"]
+           "shifts_labels", "loss_of", "logits_of", "takes_course_batches", "follows_course_contract",
+           "adapter_hint"]
 
 _BATCH_KEYS = ("input_ids", "labels")
 
@@ -84,13 +88,43 @@ def is_batch(thing: Any) -> bool:
             and all(isinstance(t, torch.Tensor) for t in thing))
 
 
-def as_batch(batch: Any) -> dict[str, Any]:
+def shifts_labels(model: nn.Module) -> bool:
+    """Whether `model(input_ids=x, labels=y)` predicts y[t + 1] from x[..t], shifting the labels itself: a
+    Hugging Face causal LM (`...ForCausalLM`, `...LMHeadModel`), the course's causal SmallTransformer
+    (lessons 02-08: such a model takes (x, x), never (x, x moved one ahead))."""
+    inner = unwrap_model(model)
+    if isinstance(inner, CourseModel):  # a model of one's own behind the wrapper: its forward(x, y) does not
+        return False
+    if getattr(inner, "course_contract", False):
+        return bool(getattr(getattr(inner, "cfg", None), "causal", False))
+    if not is_hf_model(inner):
+        return False
+    name = type(inner).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return True
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # a transformers without the mapping: the names above
+        return False
+    return name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+
+
+def as_batch(batch: Any, model: nn.Module | None = None) -> dict[str, Any]:
     """A batch as the helpers take it: a dict as it is, an (x, y) pair as {"input_ids": x, "labels": y}
-    (lessons 02-08; see the module docstring)."""
+    (lessons 02-08; see the module docstring). With `model`: a pair whose y is not x is refused for a model
+    that shifts its labels itself (`shifts_labels`), which would learn the token two ahead."""
     if isinstance(batch, Mapping):
         return dict(batch)
     if is_batch(batch):
-        return {"input_ids": batch[0], "labels": batch[1]}
+        x, y = batch
+        if model is not None and y is not x and shifts_labels(model) and not (
+                y.shape == x.shape and torch.equal(y, x)):
+            raise ValueError(
+                f"{type(unwrap_model(model)).__name__} shifts its labels itself (it predicts labels[t + 1] "
+                "from the tokens up to t), and this (x, y) pair's y is not x: with y = x moved one ahead, "
+                "the usual pair, it would learn the token two ahead. Give it (x, x), or a dict "
+                "{'input_ids': x, 'labels': x}")
+        return {"input_ids": x, "labels": y}
     raise ValueError(f"a batch is a dict with `input_ids` (and optionally attention_mask, labels) or an "
                      f"(x, y) pair of tensors; got {_describe(batch)}")
 

@@ -4,7 +4,8 @@
 Names: one checkpoint per saved step, in one folder, named by the optimizer steps done:
 
     <folder>/step_000004.pt   one file (a single process; under DDP rank 0 writes it, replicas are equal)
-    <folder>/step_000004/     a torch.distributed.checkpoint (DCP) folder: each FSDP rank writes its shards
+    <folder>/step_000004/     a torch.distributed.checkpoint (DCP) folder: each FSDP rank writes its shards,
+                              and a file of its own beside them (rank_00001.pt: RNG, GradScaler, scheduler)
 
 A training loop needs two calls: `resume_latest(folder, ...)` on start and `save_step(folder, step, ...)` when
 `is_due`; both work in one process and under torchrun (DDP: rank 0 writes, every rank reads; FSDP: sharded).
@@ -245,11 +246,16 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     if scheduler is not None and state.get("scheduler") is not None:
         scheduler.load_state_dict(state["scheduler"])
     if restore_rng:
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(_as_tuple(state["rng"]["python"]))
-        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        _restore_rng(state["rng"])
     return state
+
+
+def _restore_rng(rng: Mapping[str, Any]) -> None:
+    """The RNG states a checkpoint saved: torch's, Python's and (when there is a GPU) CUDA's."""
+    torch.set_rng_state(rng["torch"])
+    random.setstate(_as_tuple(rng["python"]))
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def _as_tuple(x: Any) -> Any:
@@ -259,11 +265,27 @@ def _as_tuple(x: Any) -> Any:
 
 # --- FSDP: torch.distributed.checkpoint folders ------------------------------------------------------
 
-def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 *, extra: Mapping[str, Any] | None = None) -> Path:
-    """Every rank writes its shards of model and optimizer (DCP) to `folder/step_NNNNNN/` (lesson 07).
+def _rank_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank_{rank:05d}.pt"
 
-    A collective: call it on every rank. Written as step_NNNNNN.tmp/ and renamed by rank 0 at the end."""
+
+def _host_state(scaler: Any, scheduler: Any) -> dict[str, Any]:
+    """What a rank keeps beside its shards: its RNG states (each rank draws its own dropout masks), the
+    GradScaler's and the scheduler's states (the same on every rank)."""
+    return {"rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None}
+
+
+def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 *, extra: Mapping[str, Any] | None = None, scaler: torch.amp.GradScaler | None = None,
+                 scheduler: Any = None) -> Path:
+    """Every rank writes its shards of model and optimizer (DCP) to `folder/step_NNNNNN/`, and a small file
+    of its own (`rank_NNNNN.pt`: RNG states, GradScaler, scheduler) (lessons 07, 08).
+
+    A collective: call it on every rank. Written as step_NNNNNN.tmp/ and renamed by rank 0 when every rank
+    has finished."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -272,30 +294,42 @@ def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimiz
     name = checkpoint_name(step, sharded=True)
     final, tmp = folder / name, folder / (name + ".tmp")
     model_sd, optim_sd = get_state_dict(model, optimizer)  # sharded: each rank holds its part
-    main = not dist.is_initialized() or dist.get_rank() == 0
+    on = dist.is_initialized()
+    rank = dist.get_rank() if on else 0
+    main = rank == 0
     try:
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)  # returns when all wrote
+        own = _rank_file(tmp, rank)
+        torch.save(_host_state(scaler, scheduler), own)
+        with open(own, "rb+") as f:
+            os.fsync(f.fileno())
         if main:
-            (tmp / "meta.json").write_text(json.dumps({"step": int(step), "extra": dict(extra or {})}))
+            (tmp / "meta.json").write_text(json.dumps({"step": int(step), "extra": dict(extra or {}),
+                                                       "world_size": dist.get_world_size() if on else 1}))
     except BaseException as err:  # DCP raises a CheckpointException (a BaseException) on every rank
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
         if _out_of_space(err):
             raise _disk_full(folder, name, _state_bytes([model_sd, optim_sd])) from err
         raise
+    if on:
+        dist.barrier()  # every rank's own file is on disk before the folder is called complete
     if main:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)  # the folder appears complete, or not at all
-    if dist.is_initialized():
+    if on:
         dist.barrier()  # nobody reads the folder before rank 0 has renamed it
     return final
 
 
-def load_sharded(path: str | os.PathLike, model: nn.Module,
-                 optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load a DCP checkpoint folder into this run's shards, on every rank (lesson 07).
+def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 scaler: torch.amp.GradScaler | None = None, scheduler: Any = None,
+                 restore_rng: bool = True, log: Any = print) -> dict[str, Any]:
+    """Load a DCP checkpoint folder into this run's shards, on every rank, and this rank's RNG states,
+    GradScaler and scheduler (lessons 07, 08). Returns {"step": ..., "extra": ...}.
 
-    Returns {"step": ..., "extra": ...}."""
+    Another number of ranks reshards the model and optimizer (DCP); the RNG states then stay as they are."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -309,6 +343,24 @@ def load_sharded(path: str | os.PathLike, model: nn.Module,
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     info = json.loads(meta.read_text())
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    own = _rank_file(path, rank)
+    host_file = own if own.is_file() else _rank_file(path, 0)
+    if host_file.is_file():  # older folders (before issue 39) have none
+        try:
+            host = torch.load(host_file, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise _damaged(host_file, err) from err
+        if scaler is not None and host.get("scaler") is not None:
+            scaler.load_state_dict(host["scaler"])
+        if scheduler is not None and host.get("scheduler") is not None:
+            scheduler.load_state_dict(host["scheduler"])
+        if restore_rng and host_file == own:
+            _restore_rng(host["rng"])
+        elif restore_rng and log is not None and rank == 0:
+            log(f"checkpoints: {path.name} was written by {info.get('world_size')} ranks, this run has "
+                f"{dist.get_world_size() if dist.is_initialized() else 1}: the model and optimizer are "
+                "resharded, the random number generators keep their states")
     return {"step": int(info["step"]), "extra": info.get("extra", {})}
 
 
@@ -329,8 +381,8 @@ def save_step(folder: str | os.PathLike, step: int, model: nn.Module, optimizer:
     Under torch.distributed call it on every rank: sharded (FSDP), each writes its shards; otherwise
     rank 0 writes one file (DDP replicas are equal) and the others wait until it is on disk."""
     main, barrier = _rank0_and_barrier()
-    if sharded:
-        path = save_sharded(folder, step, model, optimizer, extra=extra)  # a failure raises on every rank
+    if sharded:  # a failure raises on every rank
+        path = save_sharded(folder, step, model, optimizer, extra=extra, scaler=scaler, scheduler=scheduler)
     else:
         path = Path(folder) / checkpoint_name(step)
         failure = None
@@ -378,7 +430,8 @@ def resume_latest(folder: str | os.PathLike, model: nn.Module, optimizer: torch.
         raise CheckpointError(f"{path} is {kind} checkpoint, but this run {run} its model: point it at "
                               "another folder")
     if sharded:
-        state = load_sharded(path, model, optimizer)
+        state = load_sharded(path, model, optimizer, scaler=scaler, scheduler=scheduler,
+                             restore_rng=restore_rng, log=log)
     else:
         state = load_checkpoint(path, model, optimizer, scaler, scheduler=scheduler, restore_rng=restore_rng)
     return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path}

@@ -42,7 +42,7 @@ from helpers.device import get_device
 
 __all__ = ["DistEnv", "backend_for", "setup", "teardown", "apply_ddp", "apply_fsdp", "grad_sync", "is_main",
            "print0", "get_logger", "free_port", "torchrun_command", "launch", "LaunchResult", "LaunchError",
-           "RANK_PREFIX", "Overlap", "comm_overlap"]
+           "RANK_PREFIX", "Overlap", "comm_overlap", "is_sharded"]
 
 RANK_PREFIX = "[rank{rank}]:"  # how `launch` prefixes each line a worker prints (its global rank)
 _PREFIX_RE = re.compile(r"^\[rank(\d+)\]:")
@@ -478,3 +478,15 @@ def launch(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int 
             parts.append("--- last lines ---\n" + "\n".join(list(recent)[-tail:]))
         raise LaunchError("\n".join(parts), result)
     return result
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` is sharded by FSDP2 (`fully_shard`: its parameters are DTensors, each rank holding a
+    shard), so that a checkpoint of it is every rank's shards, a DCP folder (lessons 07, 08: `train`)."""
+    if hasattr(model, "set_requires_gradient_sync"):  # an FSDPModule
+        return True
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())

@@ -275,10 +275,10 @@ def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
                      else None))
 
 
-def _to(batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    """A batch (a dict, or an (x, y) pair) on `device`, as a dict."""
+def _to(batch: Any, device: torch.device, model: nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """A batch (a dict, or an (x, y) pair `model` can take: helpers.adapt.as_batch) on `device`, as a dict."""
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-            for k, v in as_batch(batch).items()}
+            for k, v in as_batch(batch, model).items()}
 
 
 def _check_against(stack: RunSpec, reference: Arm, logits: torch.Tensor | None,
@@ -325,14 +325,14 @@ def _pass_stats(batches: Sequence[Mapping[str, torch.Tensor]], model: nn.Module)
 def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable[[], nn.Module],
                   batches: Mapping[str, Sequence[Any]], check: Mapping[str, Any], device: torch.device,
                   lr: float = 5e-5, repeats: int = 5, peak_flops: float | None = None,
-                  timed: bool = True) -> Arm:
+                  timed: bool = True, max_grad_norm: float | None = 1.0) -> Arm:
     """Check `stack` against `reference` (same weights, same samples), run one warm-up pass over its batches,
     then time `repeats` passes unless `timed` is False (`climb` times a candidate beside other stacks anyway:
     its row's rates come from there) (lesson 08). `make_model()` gives a fresh model with the initial weights
     on `device`; `batches[padding]` and `check[padding]` hold the same samples batched as each padding does
     (dicts, or (x, y) pairs). The check runs with dropout off (eval mode) when the model has any; fp16 trains
     with the stack's GradScaler. Raises RungDisagrees when the stack disagrees with the reference."""
-    from helpers.train import make_optimizer
+    from helpers.train import TrainStep, make_optimizer
 
     model = make_model()
     run = stack.apply(model)
@@ -342,7 +342,7 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     dropout = _dropout_on(run)
     run.train(not dropout)
     row["check_mode"] = "eval: the model's dropout off" if dropout else "train (the model has no dropout)"
-    cb = _to(check[stack.padding], device)
+    cb = _to(check[stack.padding], device, model)
     t0 = time.perf_counter()
     with stack.step_context(device), stack.autocast(device):
         out = run(**cb)
@@ -368,18 +368,14 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
         if not step.ok:
             raise RungDisagrees(f"one fused AdamW step differs from the unfused one: {step}")
     opt.zero_grad(set_to_none=True)
-    # 2. timed passes over the stack's batches (the same samples for every stack)
-    dev_batches = [_to(b, device) for b in batches[stack.padding]]
+    # 2. timed passes over the stack's batches (the same samples for every stack), one optimizer step per
+    # batch: the step `train` runs (helpers.train.TrainStep), checked once here
+    dev_batches = [_to(b, device, model) for b in batches[stack.padding]]
+    step = TrainStep(run, opt, spec=stack, device=device, scaler=scaler, max_grad_norm=max_grad_norm)
 
     def one_pass() -> None:
-        with stack.step_context(device):  # TF32 for the whole step, as in training
-            for b in dev_batches:
-                with stack.autocast(device):  # forward and loss only
-                    loss = loss_of(run(**b))
-                scaler.scale(loss).backward()
-                scaler.step(opt)  # skipped by fp16's scaler when a gradient overflowed
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
+        for b in dev_batches:
+            step(b)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -37,16 +37,19 @@ class TrainResult:
     """What a run measured (lessons 02-08).
 
     Throughput leaves out the first step of the call (warm-up: allocator growth, lazy optimizer state,
-    compilation, the memory profiler on CPU); it is None when no later step ran. MFU: see the module
-    docstring. Every number left None says why in `notes` (field name -> reason), and `train` prints
-    those reasons in one line."""
+    compilation) and, on a CPU with memory tracked, the step the profiler read the peak memory in (the
+    second: the first that starts with the optimizer's state in place); it is None when no other step ran.
+    MFU: see the module docstring. Every number left None says why in `notes` (field name -> reason), and
+    `train` prints those reasons in one line."""
 
     losses: list[float]  # mean loss of each optimizer step, from step 0 (resumed runs keep the history)
     step_times_s: list[float]  # time of each step this call: CUDA events on a GPU, wall clock on a CPU
     tokens_per_s: float | None  # real tokens per second, steps after the first; None: not measured
     samples_per_s: float | None
     mfu: float | None  # None when no peak FLOP/s is known for the device, or nothing was timed
-    peak_memory_bytes: int | None  # None when not tracked
+    # None when not tracked; on a CPU the profiler's reading of the call's second step (its first, in a run of
+    # one step: then without the optimizer state that step made)
+    peak_memory_bytes: int | None
     steps_done: int  # optimizer steps done in total, resumed ones included
     resumed_from: int | None  # the step the run resumed from, None for a fresh start
     skipped_steps: list[int] = field(default_factory=list)  # fp16: steps the GradScaler skipped
@@ -80,6 +83,7 @@ class Meter:
         self.timed: Widths = []  # (real tokens, width) of the timed batches
         self.all: Widths = []  # ... and of every batch
         self.samples, self.peak_memory, self.memory_method, self.t0 = 0, None, "", 0.0
+        self.timed_steps: list[bool] = []  # per step of this call: counted in the throughput?
         if track_memory and self.cuda:
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -91,28 +95,34 @@ class Meter:
             self.events[-1][0].record()
         self.t0 = time.perf_counter()
 
-    def memory(self, first: bool, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
-        """On a CPU, the profiler's peak memory during the `first` step; nothing otherwise (the caller
-        says first=False while a profiler of its own runs: two cannot nest)."""
+    def profiles(self, chosen: bool) -> bool:
+        """Whether the step the caller chose for the memory reading runs under the profiler: on a CPU with
+        memory tracked (a GPU's allocator keeps its own statistics, for the whole run)."""
+        return chosen and self.track_memory and self.device.type == "cpu"
+
+    def memory(self, profiled: bool, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+        """On a CPU, the profiler's peak memory during a `profiled` step (`profiles`), the model's and the
+        optimizer's tensors held before it added; nothing otherwise."""
         from helpers.memory import tensor_bytes, track_peak_memory
 
-        if not (first and self.track_memory and self.device.type == "cpu"):
+        if not profiled:
             return contextlib.nullcontext()
         # an FSDP2 rank's DTensors count their local shards (tensor_bytes)
         return track_peak_memory(self.device, baseline_bytes=tensor_bytes(self.model, optimizer))
 
-    def end(self, step: int, out: Any, first: bool, report: Any) -> None:
+    def end(self, step: int, out: Any, timed: bool, report: Any) -> None:
         """A step is done (`out`: its StepOutput): stop its clock, keep its outputs until the next
-        read-back."""
+        read-back. `timed`: whether the throughput counts it (not the warm-up, not a profiled step)."""
         if self.cuda:
             self.events[-1][1].record()
         else:
             self.step_times.append(time.perf_counter() - self.t0)  # a CPU computes synchronously
+        self.timed_steps.append(timed)
         if report is not None:
             self.peak_memory, self.memory_method = report.peak_bytes, report.method
         self.pending.append((step, out))
         self.all += out.widths
-        if not first:  # the run's first step is warm-up: not timed
+        if timed:
             self.timed += out.widths
             self.samples += out.samples
 
@@ -142,7 +152,7 @@ class Meter:
         if self.track_memory and self.cuda:
             self.peak_memory = torch.cuda.max_memory_allocated(self.device)
             self.memory_method = "torch.cuda.max_memory_allocated"
-        timed_s = sum(self.step_times[1:])
+        timed_s = sum(t for t, timed in zip(self.step_times, self.timed_steps) if timed)
         tokens = int(sum(n for n, _ in self.timed))
         flops_problem = flops_unreadable(self.model)
         per_token, timed_flops = useful_flops(self.model, self.all), useful_flops(self.model, self.timed)

@@ -29,7 +29,7 @@ This module is in the base layer: it imports only `helpers.compat`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, get_args
 
 import torch
@@ -37,8 +37,8 @@ import torch
 from helpers import compat
 
 __all__ = ["Precision", "PRECISIONS", "PRECISION_DTYPE", "AUTOCAST_DTYPES", "check_precision",
-           "precision_runs", "training_precision",
-           "autocast_context", "uses_tf32", "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
+           "precision_runs", "training_precision", "autocast_context", "autocast_factory", "uses_tf32",
+           "set_tf32", "tf32_enabled", "tf32_matmuls", "make_scaler"]
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]  # the training precisions, in the order of the ladder
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -118,6 +118,18 @@ def autocast_context(precision: str, device: torch.device | str) -> contextlib.A
     if precision in AUTOCAST_DTYPES:
         return torch.autocast(device_type=device.type, dtype=AUTOCAST_DTYPES[precision])
     return contextlib.nullcontext()
+
+
+def autocast_factory(precision: str, device: torch.device | str, *,
+                     check: bool = True) -> Callable[[], contextlib.AbstractContextManager]:
+    """`autocast_context` checked once (`check=False`: the caller has checked it): a function that makes the
+    context for each forward pass, not checked again (a run checks its precision once) (lessons 02, 08)."""
+    if check:
+        check_precision(precision, device)
+    device_type, dtype = torch.device(device).type, AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=device_type, dtype=dtype)
 
 
 def uses_tf32(precision: str) -> bool:

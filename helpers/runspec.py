@@ -8,6 +8,7 @@ torch calls:
 - `spec.autocast(device)`: autocast around the forward pass and the loss ONLY. Backward ops run in the
   dtype autocast chose for their forward op, and the optimizer updates float32 weights: PyTorch's AMP
   guide keeps backward and `optimizer.step()` outside autocast;
+- `spec.step_contexts(device)`: both, the spec checked on the device once (a run's every step uses them);
 - `spec.make_scaler(device)`: fp16's GradScaler (starting at `init_scale`), a disabled one otherwise;
 - `spec.dataloader(dataset, batch_size)`: the batches of its padding (fixed, dynamic, bucketed, packed),
   in pinned memory when they go to a GPU (the DataLoader pins them; with no worker processes it does so
@@ -38,7 +39,7 @@ import importlib.util
 import os
 import shutil
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -50,6 +51,7 @@ from helpers.precision import (
     PRECISIONS,
     Precision,
     autocast_context,
+    autocast_factory,
     check_precision,
     make_scaler,
     tf32_matmuls,
@@ -67,6 +69,7 @@ PADDINGS: tuple[str, ...] = get_args(Padding)
 ATTNS: tuple[str, ...] = get_args(Attn)
 FUSED_ADAMW_DEVICES = ("cuda", "cpu", "mps", "xpu")  # devices torch has a fused AdamW kernel for
 _HF_ATTN = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention"}  # varlen: packed_model.use_varlen
+ContextFactory = Callable[[], contextlib.AbstractContextManager]  # makes a fresh context at each call
 _DEFAULT_MODEL = (None, False, False, False, False)  # what `_model_switches` gives for an untouched model
 
 
@@ -217,6 +220,13 @@ class RunSpec:
         """Autocast as the spec says, around the forward pass and the loss ONLY (lesson 02): backward runs
         outside it, in the dtypes autocast chose for the forward ops; so does the optimizer step."""
         return autocast_context(self.autocast_precision, device)
+
+    def step_contexts(self, device: torch.device | str) -> tuple[ContextFactory, ContextFactory]:
+        """(step context, autocast) as functions that make them, the spec checked on `device` once, here:
+        what a training step calls at every step without checking again (`helpers.train.TrainStep`)."""
+        self.check(device)
+        tf32 = uses_tf32(self.effective_precision)
+        return (lambda: tf32_matmuls(tf32)), autocast_factory(self.autocast_precision, device, check=False)
 
     def make_scaler(self, device: torch.device | str) -> torch.amp.GradScaler:
         """The run's GradScaler, kept from step to step: enabled for fp16 only, starting at `init_scale`

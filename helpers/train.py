@@ -53,12 +53,12 @@ from helpers.adapt import adapter_hint, as_batch, is_batch, loss_of, takes_cours
 from helpers.checkpoint import is_due, resume_latest, save_step
 from helpers.compat import grad_scaler_scale, make_adamw, profiler_enabled
 from helpers.config import seed_everything
-from helpers.distributed import grad_sync
+from helpers.distributed import grad_sync, is_sharded
 from helpers.meter import Meter, TrainResult
 from helpers.runspec import FUSED_ADAMW_DEVICES, RunSpec
 
 __all__ = ["LRSchedule", "LR_SCHEDULES", "TrainConfig", "StepOutput", "make_optimizer", "make_lr_scheduler",
-           "count_tokens", "train_step", "train"]
+           "count_tokens", "TrainStep", "train_step", "train"]
 
 LRSchedule = Literal["constant", "linear"]  # after the warm-up: held, or decayed to 0 at the last step
 LR_SCHEDULES: tuple[str, ...] = get_args(LRSchedule)
@@ -259,47 +259,91 @@ def _generate(batches: Any, start_step: int, grad_accum: int, indexable: bool) -
 
 # --- one step ----------------------------------------------------------------------------------------
 
-def _step(model: nn.Module, micro: Sequence[Mapping[str, Any]], optimizer: torch.optim.Optimizer,
-          scaler: torch.amp.GradScaler | None, spec: RunSpec, device: torch.device,
-          max_grad_norm: float | None, scheduler: Any) -> StepOutput:
-    """One optimizer step over `micro` (already checked): TF32 (`spec.step_context`) around all of it,
-    autocast (`spec.autocast`) around each forward pass and loss only; under DDP the gradients are
-    all-reduced on the last micro-batch only; no device sync unless fp16's scaler needs one."""
-    micro = [as_batch(b) for b in micro]  # (x, y) pairs as dicts
-    accum = len(micro)
-    optimizer.zero_grad(set_to_none=True)
-    step_loss = torch.zeros((), device=device)
-    tokens: int | torch.Tensor = 0
-    widths: list[tuple[int | torch.Tensor, int]] = []  # (real tokens, padded width T) per micro-batch
-    with spec.step_context(device):
-        for i, host in enumerate(micro):
-            n = _tokens(host)  # counted before the copy: no sync
-            batch = _to_device(host, device)
-            with grad_sync(model, sync=i == accum - 1):  # DDP's no_sync on all but the last micro-batch
-                with spec.autocast(device):  # forward and loss; backward runs in the dtypes chosen here
-                    loss = _loss(model, model(**batch))
-                # average over micro-batches, so accumulation gives the gradient of one big batch
-                (scaler.scale(loss / accum) if scaler is not None else loss / accum).backward()
-            step_loss += loss.detach().float() / accum
-            tokens = tokens + n
-            widths.append((n, batch["input_ids"].shape[-1]))
-        scale = _scale_tensor(scaler)  # the scale this step used (compared after: skipped?)
-        grad_norm = None
-        if max_grad_norm is not None:
+class TrainStep:
+    """One optimizer step of a run, checked once (lessons 02-08): the step `train`, lesson 08's ladder
+    (`helpers.ladder.measure_stack`) and `helpers/scripts/train_ddp.py` all run.
+
+        step = TrainStep(model, optimizer, spec=spec, device=device, scaler=spec.make_scaler(device))
+        for micro_batches in ...:
+            out = step(micro_batches)  # a StepOutput; the loss stays on the device
+
+    Made once per run, it checks the spec on the device, the model, the clipping norm and fp16's scaler;
+    each call then runs one step with no checks: TF32 (`spec.step_contexts`) around all of it, autocast
+    around each forward pass and loss only, the gradients of the micro-batches averaged (accumulated), and
+    under DDP or FSDP2 all-reduced on the last micro-batch only (`grad_sync`; every micro-batch with
+    `sync_every_micro_batch`); then clip (fp16: unscaled first), the optimizer step through fp16's GradScaler
+    (skipped on an overflow), the schedule. No device sync unless fp16's scaler needs one.
+
+    Two hooks, for a script's fault tests: `after_forward(i, n, loss)` returns the loss micro-batch i of n
+    goes on with; `before_update()` runs after the last backward, before clipping and the optimizer step."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 spec: RunSpec | None = None, device: torch.device | str | None = None,
+                 scaler: torch.amp.GradScaler | None = None, max_grad_norm: float | None = 1.0,
+                 scheduler: Any = None, sync_every_micro_batch: bool = False,
+                 after_forward: Callable[[int, int, torch.Tensor], torch.Tensor] | None = None,
+                 before_update: Callable[[], None] | None = None) -> None:
+        self.spec = spec if spec is not None else RunSpec()
+        if not isinstance(self.spec, RunSpec):
+            raise ValueError(f"spec must be a helpers.runspec.RunSpec, got {type(self.spec).__name__}")
+        _check_model(model)
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self._step_context, self._autocast = self.spec.step_contexts(self.device)  # checks the spec, once
+        _check_max_grad_norm(max_grad_norm)
+        if self.spec.precision == "fp16" and (scaler is None or not scaler.is_enabled()):
+            raise ValueError("fp16 needs a GradScaler, kept from step to step: "
+                             "scaler = spec.make_scaler(device)")
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.max_grad_norm = max_grad_norm
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.sync_every_micro_batch = sync_every_micro_batch
+        self.after_forward, self.before_update = after_forward, before_update
+
+    def __call__(self, batch: Any) -> StepOutput:
+        """One optimizer step over `batch`: a batch (a dict or an (x, y) pair), or a list of micro-batches."""
+        micro = [as_batch(b, self.model) for b in ([batch] if is_batch(batch) else batch)]
+        if not micro:
+            raise ValueError("a training step got an empty list of micro-batches")
+        model, optimizer, scaler, device = self.model, self.optimizer, self.scaler, self.device
+        accum = len(micro)
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), device=device)
+        tokens: int | torch.Tensor = 0
+        widths: list[tuple[int | torch.Tensor, int]] = []  # (real tokens, padded width T) per micro-batch
+        with self._step_context():
+            for i, host in enumerate(micro):
+                n = _tokens(host)  # counted before the copy: no sync
+                batch_i = _to_device(host, device)
+                last = i == accum - 1
+                with grad_sync(model, sync=last or self.sync_every_micro_batch):  # DDP's no_sync, FSDP2's
+                    with self._autocast():  # forward and loss; backward runs in the dtypes chosen here
+                        loss = _loss(model, model(**batch_i))
+                    if self.after_forward is not None:
+                        loss = self.after_forward(i, accum, loss)
+                    # average over micro-batches, so accumulation gives the gradient of one big batch
+                    (scaler.scale(loss / accum) if scaler is not None else loss / accum).backward()
+                step_loss += loss.detach().float() / accum
+                tokens = tokens + n
+                widths.append((n, batch_i["input_ids"].shape[-1]))
+            if self.before_update is not None:
+                self.before_update()
+            scale = _scale_tensor(scaler)  # the scale this step used (compared after: skipped?)
+            grad_norm = None
+            if self.max_grad_norm is not None:
+                if scaler is not None:
+                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
             if scaler is not None:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        if scaler is not None:
-            scaler.step(optimizer)  # skipped when an inf/NaN gradient was found
-            scaler.update()
-        else:
-            optimizer.step()
-    if scheduler is not None:
-        with warnings.catch_warnings():  # fp16: a skipped first step makes torch warn about the order
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
-            scheduler.step()
-    samples = sum(b["input_ids"].shape[0] for b in micro)
-    return StepOutput(step_loss, tokens, samples, widths, grad_norm, scale)
+                scaler.step(optimizer)  # skipped when an inf/NaN gradient was found
+                scaler.update()
+            else:
+                optimizer.step()
+        if self.scheduler is not None:
+            with warnings.catch_warnings():  # fp16: a skipped first step makes torch warn about the order
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+                self.scheduler.step()
+        samples = sum(b["input_ids"].shape[0] for b in micro)
+        return StepOutput(step_loss, tokens, samples, widths, grad_norm, scale)
 
 
 def _loss(model: nn.Module, out: Any) -> torch.Tensor:
@@ -323,32 +367,30 @@ def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str
                optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None,
                spec: RunSpec | None = None, device: torch.device | str | None = None,
                max_grad_norm: float | None = 1.0, scheduler: Any = None) -> StepOutput:
-    """One optimizer step, for a loop of your own: forward and loss under `spec.autocast`, backward
-    (scaled for fp16), clip, step, schedule, all inside `spec.step_context` (TF32) (lessons 02, 03).
-    `batch`: one batch dict, or a list of micro-batches whose gradients are accumulated (averaged). The
-    loss is a device tensor."""
-    micro = [batch] if is_batch(batch) else list(batch)
-    if not micro:
-        raise ValueError("train_step got an empty list of micro-batches")
+    """One optimizer step, for a loop of your own (lessons 02, 03): `TrainStep`'s, checked on the first call
+    and again only when an argument changes (the step is kept on the optimizer). `batch`: one batch, or a
+    list of micro-batches whose gradients are accumulated (averaged). The loss is a device tensor."""
     spec = spec if spec is not None else RunSpec()
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    spec.check(device)
-    _check_model(model)
-    _check_max_grad_norm(max_grad_norm)
-    if spec.precision == "fp16" and (scaler is None or not scaler.is_enabled()):
-        raise ValueError("fp16 needs a GradScaler, kept from step to step: scaler = spec.make_scaler(device)")
-    return _step(model, micro, optimizer, scaler, spec, device, max_grad_norm, scheduler)
+    key = (id(model), spec, None if device is None else torch.device(device), id(scaler), max_grad_norm,
+           id(scheduler))
+    kept = getattr(optimizer, "_course_train_step", None)
+    if kept is None or kept[0] != key:
+        kept = (key, TrainStep(model, optimizer, spec=spec, device=device, scaler=scaler,
+                               max_grad_norm=max_grad_norm, scheduler=scheduler))
+        optimizer._course_train_step = kept  # type: ignore[attr-defined]
+    return kept[1](batch)
 
 
 # --- the loop ---------------------------------------------------------------------------------------
 
 def _resume(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any,
-            scheduler: Any) -> tuple[int, dict[str, Any]]:
-    """(first step, history): from the newest checkpoint in cfg.checkpoint_dir, else a fresh start."""
+            scheduler: Any, sharded: bool) -> tuple[int, dict[str, Any]]:
+    """(first step, history): from the newest checkpoint in cfg.checkpoint_dir, else a fresh start
+    (`sharded`: an FSDP2 model's DCP folder, each rank reading its own shards)."""
     history: dict[str, Any] = {"losses": [], "skipped_steps": [], "scales": [], "lrs": [],
                                "resumed_from": None}
     folder = cfg.checkpoint_dir
-    state = (resume_latest(folder, model, optimizer, scaler=scaler, scheduler=scheduler)
+    state = (resume_latest(folder, model, optimizer, scaler=scaler, scheduler=scheduler, sharded=sharded)
              if folder is not None and cfg.resume else None)
     if state is None:
         return 0, history
@@ -367,7 +409,8 @@ def _check_model(model: nn.Module) -> None:
 
 def _check(model: nn.Module, cfg: TrainConfig, spec: RunSpec | None, device: Any,
            scheduler: Any) -> tuple[RunSpec, torch.device]:
-    """ValueError for a wrong argument of `train`; (spec, device) with their defaults filled in."""
+    """ValueError for a wrong argument of `train`; (spec, device) with their defaults filled in (the spec
+    on the device is checked once, by the run's TrainStep)."""
     if not isinstance(cfg, TrainConfig):
         raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
     if spec is not None and not isinstance(spec, RunSpec):
@@ -375,9 +418,8 @@ def _check(model: nn.Module, cfg: TrainConfig, spec: RunSpec | None, device: Any
     if scheduler is not None and (cfg.lr_schedule != "constant" or cfg.warmup):
         raise ValueError("give either a scheduler or cfg.lr_schedule/warm-up, not both")
     spec = spec if spec is not None else RunSpec()
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    spec.check(device)
     _check_model(model)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     if not spec.applied_to(model):
         raise ValueError(f"{spec} changes the model (attention, FP8, compile, activation checkpointing or "
                          "packing): train the model it returns, model = spec.apply(model)")
@@ -403,27 +445,37 @@ def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device
     if scheduler is None:
         scheduler = make_lr_scheduler(optimizer, cfg.steps, cfg.lr_schedule, cfg.warmup)
     scaler = spec.make_scaler(device)
-    start, history = _resume(cfg, model, optimizer, scaler, scheduler)
+    run_step = TrainStep(model, optimizer, spec=spec, device=device, scaler=scaler,
+                         max_grad_norm=cfg.max_grad_norm, scheduler=scheduler)  # checked here, once
+    sharded = is_sharded(model)  # FSDP2: every rank saves and loads its own shards (a DCP folder)
+    start, history = _resume(cfg, model, optimizer, scaler, scheduler, sharded)
     source = _micro_batches(batches, start, cfg.grad_accum)
-    meter = Meter(model, device, scaler if scaler.is_enabled() else None, history, cfg.track_memory)
+    meter = Meter(model, device, run_step.scaler, history, cfg.track_memory)
+    # a CPU's peak memory is read with the profiler over one step: the second of this call, the first that
+    # starts with the optimizer's state in place (AdamW makes its two moments in the first step, after the
+    # step's peak); that step runs slower under the profiler and is left out of the throughput too
+    memory_step = start + 1 if cfg.steps - start >= 2 else start
     bar = tqdm(range(start, cfg.steps), desc=f"train {spec.precision}", disable=not cfg.progress,
                initial=start, total=cfg.steps)
     for step in bar:
         meter.begin(optimizer.param_groups[0]["lr"])
         micro = [next(source) for _ in range(cfg.grad_accum)]  # fetching is part of the step's time
         # the profiler measures the CPU's peak memory: not while one of the caller's runs (they cannot nest)
-        with meter.memory(step == start and not profiler_enabled(), optimizer) as report:
-            out = _step(model, micro, optimizer, meter.scaler, spec, device, cfg.max_grad_norm, scheduler)
-        meter.end(step, out, first=step == start, report=report)
+        profiled = meter.profiles(step == memory_step and not profiler_enabled())
+        if profiled:  # the profiler sees no frees of blocks made before it: the old gradients go first
+            optimizer.zero_grad(set_to_none=True)
+        with meter.memory(profiled, optimizer) as report:
+            out = run_step(micro)
+        meter.end(step, out, timed=step != start and not profiled, report=report)
         done = step + 1
         save = cfg.checkpoint_dir is not None and is_due(done, cfg.checkpoint_every, cfg.steps)
         if save or done % cfg.log_every == 0 or done == cfg.steps:
             meter.read_back(_scale_tensor(meter.scaler))  # the one wait for the device between log points
             bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
-        if save:  # under DDP rank 0 writes, and the others wait until it is on disk
+        if save:  # DDP: rank 0 writes, the others wait until it is on disk; FSDP2: every rank its shards
             extra = {k: history[k] for k in ("losses", "skipped_steps", "scales", "lrs")}
             save_step(cfg.checkpoint_dir, done, model, optimizer, scaler=scaler, scheduler=scheduler,
-                      keep=cfg.keep_checkpoints, extra=extra)
+                      keep=cfg.keep_checkpoints, extra=extra, sharded=sharded)
         if on_step is not None:
             on_step(done, out)
     meter.read_back(_scale_tensor(meter.scaler))

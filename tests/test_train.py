@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from helpers.checkpoint import latest_checkpoint
+from helpers.config import seed_everything
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.precision import autocast_context, check_precision
 from helpers.runspec import RunSpec
@@ -512,3 +513,117 @@ def test_a_damaged_saved_roofline_is_said_and_other_errors_are_not_swallowed(mon
     monkeypatch.setattr(hw, "load_roofline", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         run_peak(torch.device("cpu"))
+
+
+# --- issue 39 ---------------------------------------------------------------------------------------------
+
+def test_5_one_step_checked_once_per_run_for_train_the_ladder_and_train_ddp(monkeypatch):
+    """train, lesson 08's ladder and train_ddp run helpers.train.TrainStep, whose spec is checked when it is
+    made, once per run: not at every step (spec.check) nor at every forward pass (check_precision)."""
+    from helpers import precision, runspec
+    from helpers import train as train_module
+
+    checks, steps = [], []
+    real_check = precision.check_precision
+    monkeypatch.setattr(runspec, "check_precision", lambda *a: (checks.append(a), real_check(*a))[1])
+    monkeypatch.setattr(precision, "check_precision", lambda *a: (checks.append(a), real_check(*a))[1])
+    spec = RunSpec(precision="bf16")
+    train(tiny_model(), synthetic_batch_fn(VOCAB, BATCH, SEQ), quiet(steps=4, grad_accum=2), spec=spec)
+    assert len(checks) == 1, checks  # 4 steps, 8 forward passes: one check
+    real_call = train_module.TrainStep.__call__
+    monkeypatch.setattr(train_module.TrainStep, "__call__",
+                        lambda self, b: (steps.append(1), real_call(self, b))[1])
+
+    from helpers import ladder
+
+    checks.clear(), steps.clear()
+    batches, check = ladder.sample_batches([9, 16, 12, 7], batch_size=2, n_batches=2, seq_len=16, vocab=VOCAB,
+                                           n_classes=2)
+    model = SmallTransformer(TransformerConfig(vocab_size=VOCAB, max_len=16, d_model=32, n_heads=2,
+                                               n_layers=1, n_classes=2))
+    ladder.measure_stack(RunSpec(precision="bf16", fused_adamw=False, padding="fixed"), None,
+                         make_model=lambda: model, batches=batches, check=check, device=torch.device("cpu"),
+                         repeats=2)
+    assert len(steps) == 2 * (1 + 2)  # a warm-up pass and 2 timed passes of 2 batches: train's step
+    assert len(checks) <= 2, checks  # the check pass's autocast, and the step's once: not at each of 6 steps
+
+    from helpers.scripts import train_ddp
+
+    checks.clear(), steps.clear()
+    train_ddp.main(["--steps", "3", "--global-batch", "4", "--seq-len", "8", "--vocab", "32", "--d-model",
+                    "16", "--n-layers", "1", "--n-heads", "2", "--precision", "bf16", "--log-every", "3",
+                    "--micro-batch", "2"])
+    assert len(steps) == 3 and len(checks) <= 2, (len(steps), checks)  # the script's spec.check, the step's
+
+
+def test_6_a_cpu_peak_counts_the_optimizer_state_a_later_step_starts_with():
+    """On a CPU the peak is read with the profiler over one step. The first step's peak comes before AdamW
+    makes its two moments: the steady state holds them during every later forward and backward pass."""
+    from helpers.memory import tensor_bytes, track_peak_memory
+    from helpers.train import make_optimizer, train_step
+
+    batch_fn = synthetic_batch_fn(VOCAB, 8, SEQ)
+    cfg = dict(dropout=0.0, d_model=64, n_layers=2)
+    result = train(tiny_model(**cfg), batch_fn, quiet(steps=3, track_memory=True))
+    model = tiny_model(**cfg)  # the same run by hand: the second step measured as the steady state
+    seed_everything(0)
+    opt = make_optimizer(model, 3e-3, 0.01)
+    train_step(model, batch_fn(0, 0), opt)
+    opt.zero_grad(set_to_none=True)
+    with track_peak_memory("cpu", baseline_bytes=tensor_bytes(model, opt)) as steady:
+        train_step(model, batch_fn(1, 0), opt)
+    moments = tensor_bytes(opt)  # the optimizer state the first step's peak has not got
+    assert moments > 0.05 * steady.peak_bytes  # large enough to tell the two apart
+    assert abs(result.peak_memory_bytes - steady.peak_bytes) < 0.25 * moments, (
+        result.peak_memory_bytes, steady.peak_bytes, moments)
+    assert result.tokens_per_s is not None  # the third step is timed: the profiled second is not
+    assert len(result.step_times_s) == 3
+
+
+def test_7_xy_pairs_for_a_model_that_shifts_its_labels_are_refused_with_the_fix():
+    """A Hugging Face causal LM (and the course's causal SmallTransformer) shifts labels itself: the usual
+    (x, y = x moved one ahead) pair would teach it the token two ahead. (x, x) trains; (x, y) is refused."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from helpers.adapt import as_batch
+
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=SEQ + 1))
+    causal = tiny_model(causal=True)
+    seq = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
+    x, y = seq[:, :-1], seq[:, 1:]  # the pair a next-token data set gives
+    for model in (llama, causal):
+        with pytest.raises(ValueError, match=r"shifts its labels itself.*two ahead.*\(x, x\)"):
+            train(model, [(x, y)], quiet(steps=1))
+        assert train(model, [(x, x)], quiet(steps=1)).losses  # the pair it takes
+    from helpers.adapt import shifts_labels
+
+    assert shifts_labels(llama) and shifts_labels(causal) and not shifts_labels(tiny_model())
+    assert as_batch((x, y))["labels"] is y  # without a model nothing is known, nothing refused
+    assert as_batch((x, y), tiny_model())["labels"] is y  # a classifier's labels are its own
+
+
+def test_1_fsdp2_train_resumes_every_rank_from_its_own_shards_after_a_rank_is_killed(tmp_path):
+    """train() on an FSDP2 model checkpoints every rank's shards (a DCP folder) and resumes each rank from
+    its own: after rank 1 is killed and torchrun restarts both, the final weights are the uninterrupted
+    run's, with shards that split evenly over the ranks and shards that do not (33 / 32 rows)."""
+    import json
+    from pathlib import Path
+
+    from helpers.distributed import launch
+
+    script = Path(__file__).with_name("fsdp_resume.py")
+    out = tmp_path / "report.json"
+    result = launch(script, [str(out)], nproc_per_node=2, max_restarts=2, env={"OMP_NUM_THREADS": "1"},
+                    timeout_s=300, echo=False)
+    killed = [line for line in result.rank_lines(1) if "killed after step 3" in line]
+    assert len(killed) == 2, result.rank_lines(1)[-20:]  # once per model: attempts 0 and 1
+    report = json.loads(out.read_text())
+    for name in ("even", "uneven"):
+        r = report[name]
+        assert r["resumed_from"] == 2, r  # the newest checkpoint before the kill
+        assert "step_000006" in r["folder"] and not any(f.endswith(".pt") for f in r["folder"]), r
+        assert r["resumed_losses"] == r["losses"], r  # the lost steps redone exactly
+        assert r["max_abs_diff"] == 0.0, r  # the same weights to the bit

@@ -57,7 +57,6 @@ from helpers.distributed import (
     apply_ddp,
     apply_fsdp,
     comm_overlap,
-    grad_sync,
     print0,
     setup,
     teardown,
@@ -65,7 +64,7 @@ from helpers.distributed import (
 from helpers.memory import peak_rss_bytes
 from helpers.models import SmallTransformer, TransformerConfig
 from helpers.runspec import RunSpec, flag_parser, spec_flags, spec_from_arguments
-from helpers.train import make_optimizer
+from helpers.train import TrainStep, make_optimizer
 
 FAULT_ENV = "COURSE_FAULT_AT_STEP"  # test hook: rank 1 SIGKILLs itself in this step, first attempt only
 OVERFLOW_ENV = "COURSE_OVERFLOW_AT_STEP"  # test hook: rank 1's gradients overflow in this step (fp16)
@@ -212,36 +211,52 @@ def _plant_overflow_in_shard(model: nn.Module) -> None:
             return
 
 
+@dataclasses.dataclass
+class Faults:
+    """The test hooks of the step about to run on this rank: `crash_in` > 0, this process SIGKILLs itself in
+    that step (after the last forward pass); `overflow`, its gradients overflow (fp16's test)."""
+
+    crash_in: int = 0
+    overflow: bool = False
+
+
+def make_step(model: nn.Module, opt: torch.optim.Optimizer, spec: RunSpec, env: DistEnv, *, no_sync: bool,
+              scaler: torch.amp.GradScaler | None = None, fsdp: bool = False,
+              faults: Faults | None = None) -> TrainStep:
+    """The run's optimizer step, checked once: `helpers.train.TrainStep`, the step `train` and lesson 08's
+    ladder run (TF32 around all of it, autocast around each forward pass and loss only, fp16's GradScaler;
+    with `no_sync` gradients are averaged over ranks once, on the last micro-batch), no clipping; `faults`
+    (read at every step) plants the test hooks' crash and overflow."""
+    faults = faults if faults is not None else Faults()
+    scaler = scaler if scaler is not None else torch.amp.GradScaler(env.device.type, enabled=False)
+
+    def after_forward(i: int, n: int, loss: torch.Tensor) -> torch.Tensor:
+        last = i == n - 1
+        if faults.crash_in and last:
+            print(f"rank {env.rank}: simulated crash in step {faults.crash_in} (SIGKILL)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if faults.overflow and last and not fsdp:
+            loss = loss * float("inf")  # DDP's all-reduce spreads it to every rank
+        return loss
+
+    def before_update() -> None:
+        if faults.overflow and fsdp:
+            _plant_overflow_in_shard(model)  # only this rank's shard: the scaler must tell the others
+
+    return TrainStep(model, opt, spec=spec, device=env.device, scaler=scaler, max_grad_norm=None,
+                     sync_every_micro_batch=not no_sync, after_forward=after_forward,
+                     before_update=before_update)
+
+
 def one_step(model: nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor], spec: RunSpec,
              env: DistEnv, *, no_sync: bool, scaler: torch.amp.GradScaler | None = None, crash_in: int = 0,
              overflow: bool = False, fsdp: bool = False) -> torch.Tensor:
-    """One optimizer step over the micro-batches `xs`: TF32 (`spec.step_context`) around all of it, autocast
-    (`spec.autocast`) around each forward pass and loss only; with `no_sync` gradients are averaged over
-    ranks once, on the last micro-batch. fp16: the loss is scaled before backward, and `scaler.step` unscales
-    and skips the step when a gradient overflowed (a disabled scaler does neither). Returns the summed loss
-    (a device tensor). `crash_in` > 0: the test hook, this process SIGKILLs itself (step number);
-    `overflow`: the overflow test hook on this rank."""
-    scaler = scaler if scaler is not None else torch.amp.GradScaler(env.device.type, enabled=False)
-    accum = len(xs)
-    loss_sum = torch.zeros((), device=env.device)
-    with spec.step_context(env.device):
-        for m, x in enumerate(xs):  # x: (micro, T)
-            last = m == accum - 1
-            with grad_sync(model, last or not no_sync):
-                with spec.autocast(env.device):  # forward and loss; backward in the dtypes chosen here
-                    loss = model(x, labels=x).loss / accum  # mean over this micro-batch's tokens / accum
-                if crash_in and last:
-                    print(f"rank {env.rank}: simulated crash in step {crash_in} (SIGKILL)", flush=True)
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if overflow and last and not fsdp:
-                    loss = loss * float("inf")  # DDP's all-reduce spreads it to every rank
-                scaler.scale(loss).backward()  # the last micro-step's backward also averages over ranks
-            loss_sum += loss.detach()
-        if overflow and fsdp:
-            _plant_overflow_in_shard(model)  # only this rank's shard: the scaler must tell the others
-        scaler.step(opt)  # fp16: unscale, then step unless a gradient is inf/NaN on any rank
-        scaler.update()
-    return loss_sum
+    """One optimizer step over the micro-batches `xs` (each (micro, T), the model trained as
+    `model(input_ids=x, labels=x)`), through `make_step`: the mean loss over them (a device tensor). A loop
+    makes its step once (`train_steps`); this is for one step alone."""
+    step = make_step(model, opt, spec, env, no_sync=no_sync, scaler=scaler, fsdp=fsdp,
+                     faults=Faults(crash_in, overflow))
+    return step([{"input_ids": x, "labels": x} for x in xs]).loss
 
 
 def mean_over_ranks(x: torch.Tensor, env: DistEnv) -> torch.Tensor:
@@ -275,7 +290,7 @@ def build(args: argparse.Namespace,
 def resume(args: argparse.Namespace, model: nn.Module, opt: torch.optim.Optimizer,
            scaler: torch.amp.GradScaler) -> int:
     """The step to start from: the newest checkpoint's in --ckpt-dir, else 0 (fp16: the scale comes back
-    too: in the file for DDP, in the sharded folder's extra for FSDP)."""
+    too: in the file for DDP, in each rank's own file of the sharded folder for FSDP)."""
     if not args.ckpt_dir:
         return 0
     Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
@@ -283,8 +298,6 @@ def resume(args: argparse.Namespace, model: nn.Module, opt: torch.optim.Optimize
                           log=print0)
     if state is None:
         return 0
-    if args.fsdp and scaler.is_enabled() and state["extra"].get("scaler"):
-        scaler.load_state_dict(state["extra"]["scaler"])
     print0(f"resumed from {state['path'].name}: step {state['step']}")
     return state["step"]
 
@@ -315,7 +328,9 @@ def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: t
                 accum: int, n: int, attempt: int) -> dict[str, Any]:
     """Steps start_step..args.steps; what they measured: losses, step times, bytes written, state bytes, the
     GradScaler's scale after each step and the steps it skipped, the profiled step's overlap."""
-    spec = args.spec  # TF32 for every step, autocast for forward + loss
+    faults = Faults()  # the test hooks, set for each step below
+    run_step = make_step(model, opt, args.spec, env, no_sync=not args.sync_every_micro_step, scaler=scaler,
+                         fsdp=args.fsdp, faults=faults)  # checked once, here
     data = make_dataset(n, args.seq_len, args.vocab, args.seed).to(env.device)
     batches = Batches(n, env, micro, accum, args.seed)
     fault_at = int(os.environ.get(FAULT_ENV, "0") or 0)
@@ -327,13 +342,12 @@ def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: t
         prof = _profiler(env.device) if step + 1 == args.profile_step else contextlib.nullcontext()
         t0, w0 = time.perf_counter(), bytes_written()
         calls_before, bytes_before = stats["allreduce_calls"], stats["allreduce_bytes"]
-        crash = step + 1 if fault_at == step + 1 and env.rank == 1 and attempt == 0 else 0
-        xs = [data[batches(step, m)] for m in range(accum)]
+        faults.crash_in = step + 1 if fault_at == step + 1 and env.rank == 1 and attempt == 0 else 0
+        faults.overflow = overflow_at == step + 1 and env.rank == 1
+        xs = [data[batches(step, m)] for m in range(accum)]  # x: (micro, T), trained as labels=x
         scale_before = scaler.get_scale()
         with prof:
-            loss_sum = one_step(model, opt, xs, spec, env, no_sync=not args.sync_every_micro_step,
-                                scaler=scaler, crash_in=crash,
-                                overflow=overflow_at == step + 1 and env.rank == 1, fsdp=args.fsdp)
+            loss_sum = run_step([{"input_ids": x, "labels": x} for x in xs]).loss  # the mean over xs
             if env.device.type == "cuda":
                 torch.cuda.synchronize(env.device)  # the profile holds the step's kernels to their end
         if step == start_step:  # gradients exist between backward and zero_grad: measure here
@@ -362,8 +376,7 @@ def train_steps(args: argparse.Namespace, env: DistEnv, model: nn.Module, opt: t
             print0(f"step {done}/{args.steps} loss {out['losses'][-1]:.6f} step_ms {last * 1e3:.1f} "
                    f"tok/s {args.global_batch * args.seq_len / last:,.0f}")
         if args.ckpt_dir and is_due(done, args.ckpt_every, args.steps):
-            extra = {"scaler": scaler.state_dict()} if args.fsdp and scaler.is_enabled() else None
-            path = save_step(args.ckpt_dir, done, model, opt, scaler=scaler, extra=extra, sharded=args.fsdp,
+            path = save_step(args.ckpt_dir, done, model, opt, scaler=scaler, sharded=args.fsdp,
                              keep=args.keep)
             print0(f"checkpoint saved: {path.name} (step {done})")
     return out
