@@ -233,35 +233,36 @@ def test_kernel_refusal_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -
     assert "Linux only" in fa.kernel_refusal("cuda", torch.float16, 64)
 
 
-def test_lesson01_triton_cells_skip_with_a_reason_without_triton(monkeypatch: pytest.MonkeyPatch,
+def test_lesson01_triton_steps_skip_with_a_reason_without_triton(monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture) -> None:
-    """On a Mac (no triton package) Run All must not stop at a Triton cell: every lesson-01 cell that calls
-    flash_attention runs here with triton faked missing and a flash_attention that fails if called, and
-    says in one line why it skipped. Planted: an unguarded call fails the same harness."""
+    """On a Mac (no triton package) Run All must not stop at a Triton step: each lesson-01 function that calls
+    flash_attention (the check, the backward and the timing) runs here with triton faked missing and a
+    flash_attention that fails if called, and says in one line why it skipped. Planted: the same functions
+    with their guard removed (kernel_refusal answering None) fail the same harness."""
     import importlib
-    from pathlib import Path
+    from types import SimpleNamespace
 
-    import nbformat
+    from helpers.lessons import lesson01
 
     fa = importlib.import_module("helpers.kernels.flash_attention")
     monkeypatch.setattr(fa, "triton_available", lambda: False)
 
     def must_not_run(*args, **kwargs):
-        raise AssertionError("a Triton cell called flash_attention without triton")
+        raise AssertionError("a Triton step called flash_attention without triton")
 
-    def run(source: str) -> str:
-        namespace = dict(torch=torch, device=torch.device("cpu"), DTYPE=torch.float32, HEAD_DIM=64, GPU=False,
-                         kernel_refusal=fa.kernel_refusal, uses_interpreter=fa.uses_interpreter,
-                         flash_attention=must_not_run)
-        exec(compile(source, "<lesson 01 cell>", "exec"), namespace)
-        return capsys.readouterr().out
-
-    path = Path(__file__).resolve().parents[1] / "notebooks" / "01_attention.ipynb"
-    cells = [c.source for c in nbformat.read(path, as_version=4).cells
-             if c.cell_type == "code" and "flash_attention(" in c.source]
-    assert len(cells) == 3, "the check, the backward and the timing cell"
-    for source in cells:
-        out = run(source)
-        assert out.count("\n") == 1 and "triton package" in out and "Linux only" in out, out
-    with pytest.raises(AssertionError, match="without triton"):
-        run("got = flash_attention(1, 2, 3)")
+    monkeypatch.setattr(lesson01, "flash_attention", must_not_run)
+    S = SimpleNamespace(DEVICE=torch.device("cpu"), DTYPE=torch.float32, HEAD_DIM=64, TRITON_SEQ=45,
+                        SCORE_STD=3.0, REL_TOL=1e-5, MIN_RUN_TIME=0.1)
+    q = torch.randn(1, 2, 16, 64)
+    steps = {"forward": lambda: lesson01.check_triton_forward(S),
+             "backward": lambda: lesson01.check_triton_backward(S),
+             "timing": lambda: lesson01.time_triton(q, q, q, q, {}, S)}
+    for name, step in steps.items():
+        step()
+        out = capsys.readouterr().out
+        assert out.count("\n") == 1 and "triton package" in out and "Linux only" in out, (name, out)
+    assert lesson01.time_triton(q, q, q, q, {}, S) == {}  # nothing measured for the summary
+    monkeypatch.setattr(lesson01, "kernel_refusal", lambda *args: None)  # planted: the guard removed
+    for name in ("forward", "backward"):
+        with pytest.raises(AssertionError, match="without triton"):
+            steps[name]()
