@@ -87,9 +87,11 @@ def stamp_note(info: dict) -> str:
 
 
 def page(nb: nbformat.NotebookNode, info: dict) -> nbformat.NotebookNode:
-    """The lesson as a page: the stamp under its title, the kernel named for MyST-NB, and none of the
-    solution cells a test run adds (tag `injected-solution`)."""
-    nb.cells = [c for c in nb.cells if "injected-solution" not in c.get("metadata", {}).get("tags", [])]
+    """The lesson as a page: the stamp under its title, the kernel named for MyST-NB, and neither the install
+    cell (tag `bootstrap`: a page is read, not run) nor the solution cells a test run adds (tag
+    `injected-solution`)."""
+    hidden = ("injected-solution", "bootstrap")
+    nb.cells = [c for c in nb.cells if not set(hidden) & set(c.get("metadata", {}).get("tags", []))]
     nb.cells.insert(1, nbformat.v4.new_markdown_cell(stamp_note(info)))
     kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata.setdefault("kernelspec", kernel)

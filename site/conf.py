@@ -10,9 +10,12 @@ author = "the course's authors"
 extensions = ["myst_nb"]
 html_theme = "sphinx_book_theme"
 html_title = project
-html_theme_options = {"show_navbar_depth": 1, "home_page_in_toc": True}
-html_static_path: list[str] = []
+html_theme_options = {"show_navbar_depth": 1, "home_page_in_toc": True,
+                      "secondary_sidebar_items": []}  # the width goes to the code, not an on-page toc
+html_static_path = ["_static"]
+html_css_files = ["course.css"]  # code at its full width (110 characters), prose at a reading width
 nb_execution_mode = "off"  # the pages hold the outputs of build.py's run on this machine
+nb_output_stderr = "remove"  # warnings and library logs (the profiler's) are not the lesson
 nb_render_markdown_format = "gfm"  # tables printed by the lessons (helpers.tables) are GitHub-flavoured
 myst_enable_extensions = ["dollarmath"]
 exclude_patterns = ["**.ipynb_checkpoints"]

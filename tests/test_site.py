@@ -54,6 +54,8 @@ def test_the_page_is_stamped_and_navigable(page_path: Path) -> None:
         assert info["device"] in html and info["torch"] in html and info["date"] in html
     assert 'href="../index.html"' in html or 'href="../index.html#' in html, "no way back to the contents"
     assert "injected-solution" not in html and "strict_mode" not in html, "a test's solution cell is shown"
+    assert "course_setup" not in html, "the install cell is shown: a page is read, not run"
+    assert "output stderr" not in html, "warnings and logs (stderr) are shown"
 
 
 def test_the_built_page_shows_a_figure_and_a_results_table(page_path: Path, browser) -> None:  # noqa: F811
@@ -74,5 +76,8 @@ def test_the_built_page_shows_a_figure_and_a_results_table(page_path: Path, brow
     table.last.scroll_into_view_if_needed()
     assert table.last.locator("tr").count() > 3
     page.screenshot(path=str(SHOTS / "site-00-table.png"))
+    cut = page.evaluate("""() => [...document.querySelectorAll('div.cell_input div.highlight pre')]
+        .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.split('\\n')[0])""")
+    assert not cut, f"code lines cut at the page's width: {cut[:3]}"
     assert not errors, errors
     context.close()
