@@ -358,3 +358,70 @@ def test_exercise_cases_change_from_run_to_run():
 def test_exercise_skeleton_is_not_attempted(tmp_path):
     skeleton = _load(tmp_path, SIGNATURE + "    # YOUR CODE HERE\n    raise NotImplementedError\n")
     assert evaluate(EX.id, skeleton).status == "not attempted"
+
+
+# --- on a lent GPU: the plan beside the measured step (make gpu-check runs the tests marked cuda) -------
+
+@pytest.mark.cuda
+def test_the_plan_beside_this_gpus_own_step():
+    """The ladder's BERT-base at 32 x 512 in fp32 (its first rung) and the capstone's stack (bf16, SDPA, fused
+    AdamW), each planned from the datasheet (what a learner without this GPU gets) and from the roofs measured
+    on it, beside the step measured here. The table is printed and written to $GPU_CHECK_OUT/work/results/
+    plan/ (the check's summary shows it): the first GPU run grades the planner. Asserted: the step does not
+    beat the datasheet plan by more than lesson 04's noise rule (a planner that over-counts fails)."""
+    import os
+    import re
+
+    from transformers import BertForSequenceClassification
+
+    from helpers.models import bert_config
+    from helpers.optime import per_call_overhead
+    from helpers.plan import datasheet_roofs, measured_roofs, predict_step
+    from helpers.regimes import ROOF_MARGIN
+    from helpers.roofline import measure_roofline
+    from helpers.tables import Table
+    from helpers.timing import benchmark
+
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(dev)
+    known = next((g for g in GPUS.values() if g.name == name and g.count == 1), None)
+    roofline = measure_roofline(dev, precisions=["fp32", "bf16"])
+    here = measured_roofs(roofline, overhead_s=per_call_overhead(dev), device=dev)
+    t = Table(["step", "plan: datasheet (ms)", "plan: measured roofs (ms)", "measured (ms)",
+               "measured / datasheet plan"], title=f"The planner on {name} (BERT-base, batch 32 x 512)")
+    stacks = (("fp32, the ladder's first rung", RunSpec(precision="fp32")),
+              ("bf16 + SDPA + fused AdamW, the capstone's", RunSpec(precision="bf16", attn="sdpa")))
+    for label, spec in stacks:
+        torch.manual_seed(0)
+        model = spec.apply(BertForSequenceClassification(bert_config("base", 5)))
+        batch = example_batch(model, 32, 512)
+        sheet = predict_step(model, batch, datasheet_roofs(known), precision=spec.precision, spec=spec) \
+            if known is not None else None
+        roofs = predict_step(model, batch, here, precision=spec.precision, spec=spec)
+        model = model.to(dev)
+        on_gpu = {k: v.to(dev) for k, v in batch.items()}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+
+        def step(model=model, on_gpu=on_gpu, opt=opt, spec=spec) -> None:
+            with spec.step_context(dev):
+                with spec.autocast(dev):
+                    loss = model(**on_gpu).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+        measured = benchmark(step, name=label, warmup=3, min_run_time=1.0).median_s
+        ratio = measured / sheet.seconds if sheet is not None else None
+        t.add(label, sheet.seconds * 1e3 if sheet is not None else None, roofs.seconds * 1e3, measured * 1e3,
+              ratio)
+        if sheet is not None:
+            assert ratio >= 1 / ROOF_MARGIN, f"{label}: the step beat its datasheet plan {1 / ratio:.1f}x"
+        del model, opt, on_gpu
+        torch.cuda.empty_cache()
+    print(t)
+    out = os.environ.get("GPU_CHECK_OUT")
+    if out:
+        folder = Path(out) / "work" / "results" / "plan"
+        folder.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        (folder / f"plan-vs-measured-{slug}.md").write_text(t.to_markdown() + "\n", encoding="utf-8")
