@@ -102,8 +102,9 @@ def updated_notebook(nb: dict, info: dict[str, str], name: str) -> dict:
         raise ValueError(f"{name}: the first code cell has no `bootstrap` tag")
     boot["source"] = _lines(bootstrap_source(info, name.removesuffix(".ipynb")))
     header = "".join(cells[0]["source"]).split("\n")
-    if len(header) > 2 and BADGE_LINE.match(header[2]):
-        header[2] = badge_line(info, name)
+    at = next((i for i, line in enumerate(header) if BADGE_LINE.match(line)), None)
+    if at is not None:  # wherever the lesson's header puts its badges
+        header[at] = badge_line(info, name)
     else:  # first time: under the title, then a blank line
         header[1:1] = ["", badge_line(info, name)]
     cells[0]["source"] = _lines("\n".join(header))
