@@ -187,8 +187,8 @@ class Meter:
         if flops_problem is not None:
             notes["mfu"] = "no FLOPs per token (flops_per_token's reason)"
         elif not peak:
-            notes["mfu"] = (f"{source}: give TrainConfig(peak_flops=...) in FLOP/s, or run lesson 00 to save "
-                            "this machine's roofline")
+            notes["mfu"] = (f"{source}: give TrainConfig(peak_flops=...) in FLOP/s, or run lesson 00 on a quiet "
+                            "machine to save this machine's roofline")
         elif "tokens_per_s" in notes or tokens == 0:
             notes["mfu"] = "nothing was timed" if "tokens_per_s" in notes else "no real tokens were timed"
         if not peak:
@@ -230,17 +230,13 @@ def useful_flops(model: nn.Module, widths: Widths) -> float | None:
 
 
 def run_peak(device: torch.device) -> tuple[float | None, str]:
-    """(peak FLOP/s, where from) that a run's MFU divides by: helpers.roofline.mfu_peak, with lesson 00's
-    saved roofline when it can be read (lesson 02)."""
-    from helpers.roofline import load_roofline, mfu_peak
+    """(peak FLOP/s, where from) that a run's MFU divides by: helpers.roofline.mfu_peak (a GPU's datasheet,
+    else lesson 00's saved roofline when it is stamped and was measured on a quiet machine); (None, why
+    not) when there is none (lesson 02)."""
+    from helpers.roofline import mfu_peak, saved_roofline
 
-    try:
-        roofline = load_roofline()
-    # a file that cannot be read (OSError), is not JSON (ValueError) or has other fields than this
-    # version's Roofline (TypeError): lesson 00 writes it again; until then, no measured fallback
-    except (OSError, ValueError, TypeError) as err:
-        print(f"MFU: lesson 00's saved roofline could not be read ({type(err).__name__}: {err}); "
-              "run lesson 00 again to save a new one")
-        roofline = None
-    peak = mfu_peak(device, roofline=roofline)
-    return (peak.flops, peak.source) if peak is not None else (None, "no peak known for this device")
+    peak = mfu_peak(device)
+    if peak is not None:
+        return peak.flops, peak.source
+    _, why = saved_roofline()
+    return None, f"no peak known for this device ({why})"

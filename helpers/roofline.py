@@ -5,12 +5,22 @@
 datasheet for known GPUs (`GPU_PEAK_FLOPS`), else the measured roofline; `mfu_peak` is the one peak every
 MFU in the course divides by.
 
+A measured roofline is stamped: its date, the CPU threads it used, what other programs took of the CPUs
+while it ran and how much its timings' rounds disagreed. A roofline measured while the machine was busy
+(`helpers.timing.busy`: too busy to judge) is too low: every MFU divided by it would read too high (a run
+under load once saved 16.8 GFLOP/s for an 800 GFLOP/s CPU, and every later MFU jumped 48x). So the saved
+peak that later runs read is never replaced by one measured under load (`Roofline.save` writes that one to
+`roofline-<device>-under-load.json` beside it), and a saved roofline that is unstamped or was measured under
+load is never used for MFU (`saved_roofline` says why). A roofline given by hand that was measured under
+load is used, and the peak's source says so.
+
 Precision names are the course's one vocabulary: "fp32", "tf32", "fp16", "bf16", "fp8" (the format the
 matmuls run in; "tf32" is fp32 storage with TF32 tensor-core matmuls).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import os
@@ -23,10 +33,11 @@ import torch
 from helpers.device import device_name, get_device
 from helpers.precision import PRECISION_DTYPE, PRECISIONS, tf32_matmuls
 from helpers.tables import Table
+from helpers.timing import LoadProbe, busy, relative_spread
 
-__all__ = ["Roofline", "measure_roofline", "load_roofline", "GPU_PEAK_FLOPS", "DatasheetPeaks",
-           "normalise_gpu_name", "datasheet_peaks", "PeakFlops", "peak_flops", "MFU_PRECISIONS",
-           "CPU_MFU_PRECISIONS", "mfu_peak"]
+__all__ = ["Roofline", "measure_roofline", "load_roofline", "saved_roofline", "GPU_PEAK_FLOPS",
+           "DatasheetPeaks", "normalise_gpu_name", "datasheet_peaks", "PeakFlops", "peak_flops",
+           "MFU_PRECISIONS", "CPU_MFU_PRECISIONS", "mfu_peak"]
 
 # Names of the dtype vocabulary rooflines used before the course settled on one; read, never written.
 _LEGACY_NAMES = {"float32": "fp32", "tfloat32": "tf32", "float16": "fp16", "bfloat16": "bf16"}
@@ -38,16 +49,45 @@ def _precision_key(name: str) -> str:
 
 @dataclass(frozen=True)
 class Roofline:
-    """Measured ceilings of a device: matmul FLOP/s per precision, copy bytes/s (lesson 00)."""
+    """Measured ceilings of a device: matmul FLOP/s per precision, copy bytes/s, and the stamp of the
+    measurement (when, with how many threads, under what load) (lesson 00)."""
 
     device_name: str
     matmul_flops: dict[str, float]  # FLOP/s of an n×n×n matmul, keyed by precision ("fp32", "bf16", ...)
     bandwidth: float  # bytes/s of a large device copy, counting bytes read + written
     matmul_size: int
     copy_bytes: int
+    # the stamp (`measure_roofline` fills it in; a roofline made by hand or saved before issue 39 has none)
+    measured_at: str = ""  # UTC date and time, ISO 8601
+    threads: int | None = None  # torch's CPU threads while measuring
+    device_type: str = ""  # "cpu", "cuda", ...
+    others_load: float | None = None  # share of the CPUs' time other programs took meanwhile (LoadProbe)
+    spread: float | None = None  # the largest IQR / median among its timings
 
     def __post_init__(self) -> None:  # a roofline saved with dtype names ("float32") reads as precisions
         object.__setattr__(self, "matmul_flops", {_precision_key(k): v for k, v in self.matmul_flops.items()})
+
+    @property
+    def stamped(self) -> bool:
+        """Whether it says when, with how many threads and under what load it was measured."""
+        return bool(self.measured_at) and self.threads is not None and self.spread is not None
+
+    @property
+    def under_load(self) -> str | None:
+        """Why it was measured on a machine too busy to judge (helpers.timing.busy: its rounds disagreed, or
+        other programs took the CPUs a CPU roofline is measured on), or None (lesson 00)."""
+        others = self.others_load if self.device_type == "cpu" else None  # a GPU's roof is not the CPUs'
+        state = busy(*([self.spread] if self.spread is not None else []), load=others)
+        return "; ".join(state.reasons) if state.too_busy else None
+
+    def stamp(self) -> str:
+        """The stamp in words: date, threads, load; "unstamped" for a roofline made by hand or an old file."""
+        if not self.stamped:
+            return "unstamped (when, with how many threads and under what load is not known)"
+        others = ("" if self.others_load is None
+                  else f", other programs took {self.others_load:.0%} of the CPUs")
+        return (f"measured {self.measured_at} with {self.threads} threads{others}, rounds within "
+                f"{self.spread:.0%}" + (f"; UNDER LOAD: {self.under_load}" if self.under_load else ""))
 
     def ridge_point(self, precision: str = "fp32") -> float:
         """FLOP per byte above which a kernel is compute-bound rather than memory-bound (lesson 00)."""
@@ -57,9 +97,10 @@ class Roofline:
         return self.matmul_flops[key] / self.bandwidth
 
     def table(self) -> Table:
-        """The roofline as a table (TFLOP/s on GPUs, GFLOP/s on CPUs) (lesson 00)."""
+        """The roofline as a table (TFLOP/s on GPUs, GFLOP/s on CPUs), its stamp in the title (lesson 00)."""
         scale, unit = (1e12, "TFLOP/s") if max(self.matmul_flops.values()) > 5e12 else (1e9, "GFLOP/s")
-        t = Table(["measurement", "value", "unit"], title=f"Measured roofline: {self.device_name}")
+        t = Table(["measurement", "value", "unit"],
+                  title=f"Measured roofline: {self.device_name}, {self.stamp()}")
         for k, v in self.matmul_flops.items():
             t.add(f"matmul {k} ({self.matmul_size}³)", v / scale, unit)
         t.add(f"copy bandwidth ({self.copy_bytes / 1e6:.0f} MB)", self.bandwidth / 1e9, "GB/s")
@@ -72,30 +113,70 @@ class Roofline:
         return str(self.table())
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write the roofline as JSON (default: the course cache, where `load_roofline` looks) (lesson 00)."""
-        path = Path(path) if path is not None else _roofline_path(self.device_name)
+        """Write the roofline as JSON; returns where (lesson 00). The default is the course cache, where
+        `load_roofline` looks: there a roofline measured under load never replaces one measured on a quiet
+        machine (it goes to `roofline-<device>-under-load.json`), and one without a stamp is refused."""
+        if path is None:
+            if not self.stamped:
+                raise ValueError("a roofline saved for later runs' MFU must carry its stamp (date, threads, "
+                                 "load): save the one measure_roofline returns, or give save() a path")
+            path = _roofline_path(self.device_name, under_load=self.under_load is not None)
+        path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(self), indent=2))
         return path
 
 
-def _roofline_path(name: str) -> Path:
+def _roofline_path(name: str, *, under_load: bool = False) -> Path:
     cache = Path(os.environ.get("COURSE_CACHE", Path.home() / ".cache" / "fast-transformers-course"))
-    return cache / f"roofline-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower()}.json"
+    slug = re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower()
+    return cache / (f"roofline-{slug}-under-load.json" if under_load else f"roofline-{slug}.json")
 
 
-def load_roofline(name: str | None = None) -> Roofline | None:
-    """The roofline lesson 00 measured for the device called `name` (default: the current one), or None."""
+def saved_roofline(name: str | None = None) -> tuple[Roofline | None, str]:
+    """(the saved roofline of the device called `name` (default: the current one) that MFU may divide by,
+    or None; where it comes from, or why there is none): a file that is missing, unreadable, unstamped or
+    measured under load gives None and says which (lessons 00, 02, 08)."""
     path = _roofline_path(name if name is not None else device_name())
     if not path.exists():
-        return None
-    return Roofline(**json.loads(path.read_text()))
+        busy_one = _roofline_path(path.stem.removeprefix("roofline-"), under_load=True)
+        return None, ("no roofline saved for this device measured on a quiet machine (the one measured under "
+                      "load was kept apart): run lesson 00" if busy_one.exists()
+                      else "no roofline saved for this device: run lesson 00")
+    try:
+        roof = Roofline(**json.loads(path.read_text()))
+    # a file that cannot be read (OSError), is not JSON (ValueError) or has other fields (TypeError)
+    except (OSError, ValueError, TypeError) as err:
+        return None, f"the saved roofline {path.name} could not be read ({type(err).__name__}: {err}): run " \
+                     "lesson 00 again"
+    if not roof.stamped:
+        return None, (f"the saved roofline {path.name} is unstamped (saved before rooflines carried their "
+                      "date, threads and load: it may have been measured under load): run lesson 00 again")
+    if roof.under_load:
+        return None, (f"the saved roofline {path.name} was measured under load ({roof.under_load}): run "
+                      "lesson 00 on a quiet machine")
+    return roof, f"lesson 00's roofline, {roof.stamp()}"
+
+
+def load_roofline(name: str | None = None, *, any_load: bool = False) -> Roofline | None:
+    """The roofline lesson 00 saved for the device called `name` (default: the current one), or None
+    (lessons 00, 04, 05): only a stamped one measured on a quiet machine (`saved_roofline` says why not);
+    with `any_load`, whatever is saved, the one measured under load if nothing else is (`under_load` says)."""
+    roof, _ = saved_roofline(name)
+    if roof is not None or not any_load:
+        return roof
+    path = _roofline_path(name if name is not None else device_name())
+    for p in (path, _roofline_path(path.stem.removeprefix("roofline-"), under_load=True)):
+        if p.exists():
+            return Roofline(**json.loads(p.read_text()))
+    return None
 
 
 def measure_roofline(device: torch.device | str | None = None, precisions: list[str] | None = None,
                      matmul_size: int | None = None, copy_mb: int | None = None,
                      min_run_time: float = 0.3, *, dtypes: list[str] | None = None) -> Roofline:
-    """Time an n×n matmul per precision (2n³ FLOP) and a large copy (read + write bytes) (lesson 00).
+    """Time an n×n matmul per precision (2n³ FLOP) and a large copy (read + write bytes), stamped with the
+    date, the threads and the load it ran under (lesson 00).
 
     `dtypes` is the old name of `precisions` and also takes the old names ("float32", "bfloat16")."""
     from helpers.timing import benchmark
@@ -111,7 +192,8 @@ def measure_roofline(device: torch.device | str | None = None, precisions: list[
     n = matmul_size or (8192 if gpu else 1024)
     copy_bytes = (copy_mb or (1024 if gpu else 128)) * 2**20
     gen = torch.Generator(device=device).manual_seed(0)
-    flops = {}
+    flops, spreads = {}, []
+    probe = LoadProbe().__enter__()  # what other programs take of the CPUs while we measure
     for name in names:
         # random data: zeros or constants can run faster than real data on some hardware
         a = torch.randn(n, n, device=device, dtype=PRECISION_DTYPE[name], generator=gen)
@@ -120,12 +202,18 @@ def measure_roofline(device: torch.device | str | None = None, precisions: list[
             t = benchmark(functools.partial(torch.matmul, a, b), name=name, warmup=2,
                           min_run_time=min_run_time)
         flops[name] = 2 * n**3 / t.median_s
+        spreads.append(relative_spread(t))
         del a, b
     src = torch.randn(copy_bytes // 4, device=device, generator=gen)
     dst = torch.empty_like(src)
     t = benchmark(lambda: dst.copy_(src), name="copy", warmup=2, min_run_time=min_run_time)
+    spreads.append(relative_spread(t))
+    load = probe.read()
     return Roofline(device_name=device_name(device), matmul_flops=flops,
-                    bandwidth=2 * copy_bytes / t.median_s, matmul_size=n, copy_bytes=copy_bytes)
+                    bandwidth=2 * copy_bytes / t.median_s, matmul_size=n, copy_bytes=copy_bytes,
+                    measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    threads=torch.get_num_threads(), device_type=device.type, others_load=load.others,
+                    spread=max(spreads))
 
 
 # --- peak FLOP/s: the one place that picks the peak MFU is measured against ---------------------------
@@ -253,7 +341,9 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
                roofline: Roofline | None = None, gpu_name: str | None = None,
                measure: bool = False) -> PeakFlops | None:
     """The peak MFU is measured against (lessons 00, 02, 08): the datasheet for a known GPU, else the
-    measured `roofline`, else (with `measure`) a roofline measured now, else None.
+    measured `roofline` (one measured under load is used, and the source says so), else lesson 00's saved
+    roofline of this device (`saved_roofline`: stamped, measured on a quiet machine), else (with `measure`)
+    a roofline measured now, else None.
 
     `gpu_name` looks a GPU up in the datasheet table without having it ("NVIDIA H100 80GB HBM3").
     "tf32" on hardware without TF32 units (a CPU, a pre-Ampere GPU) runs fp32 matmuls: fp32's peak."""
@@ -274,8 +364,12 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
         # a known GPU without units for this precision: try the measurement
     no_tf32 = gpu_name is None and not _has_tf32_units(dev)
     key = "fp32" if precision == "tf32" and no_tf32 else precision
-    if roofline is None and measure and key in PRECISIONS:
-        roofline = measure_roofline(dev, precisions=[key])
+    saved = None
+    if roofline is None and gpu_name is None:  # lesson 00's, stamped and measured on a quiet machine
+        saved, _ = saved_roofline(name or device_name(dev))
+    if roofline is None and (saved is None or not saved.matmul_flops.get(key)):
+        roofline = measure_roofline(dev, precisions=[key]) if measure and key in PRECISIONS else None
+    roofline = roofline if roofline is not None else saved
     if roofline is not None:
         measured = roofline.matmul_flops
         if precision in measured:
@@ -283,8 +377,11 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
         if measured.get(key):
             note = "" if key == precision else "; no TF32 units: the fp32 matmul"
             unknown = f" ({name} is not in the datasheet table)" if name and row is None else ""
+            how = (f", lesson 00's saved one ({roofline.stamp()})" if roofline is saved else
+                   f"; measured under load ({roofline.under_load}): an MFU against it reads high"
+                   if roofline.under_load else "")
             return PeakFlops(float(measured[key]), key,
-                             f"measured matmul roofline on {roofline.device_name}{note}{unknown}")
+                             f"measured matmul roofline on {roofline.device_name}{note}{unknown}{how}")
     return None
 
 
@@ -303,8 +400,9 @@ def mfu_peak(device: torch.device | str | None = None, *, roofline: Roofline | N
     """The one peak every MFU in the course divides by (lessons 02, 08): the device's fastest dense rate
     among the training precisions (MFU_PRECISIONS; a CPU's: CPU_MFU_PRECISIONS), FP8 aside, so that no run in
     fp32, TF32, fp16 or bf16 shows an MFU above 100 %. A known GPU's datasheet figure (bf16 from Ampere on,
-    fp16 on a T4 or V100); an unknown GPU's or a CPU's fastest measured matmul (`roofline`, or with `measure`
-    measured now: same threads, same load; the source says so). None when no peak is known."""
+    fp16 on a T4 or V100); an unknown GPU's or a CPU's fastest measured matmul (`roofline`; else lesson 00's
+    saved roofline when it is stamped and was measured on a quiet machine; else with `measure` measured now:
+    same threads, same load; the source says which). None when no peak is known."""
     dev = get_device(str(device) if device is not None else "auto")
     names = CPU_MFU_PRECISIONS if dev.type == "cpu" else MFU_PRECISIONS
     peaks = (peak_flops(dev, name, roofline=roofline, measure=measure) for name in names)

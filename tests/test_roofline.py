@@ -17,6 +17,12 @@ from helpers.roofline import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Each test its own course cache: a roofline saved on this machine must not decide what a test sees."""
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path / "cache"))
+
+
 def test_roofline_is_measured_and_positive():
     r = measure_roofline(matmul_size=256, copy_mb=8, min_run_time=0.05)
     assert set(r.matmul_flops) >= {"fp32"}  # keyed by the course's precision names
@@ -159,3 +165,57 @@ def test_a_cpus_measured_peak_leaves_out_fp16_which_no_cpu_run_trains_in(monkeyp
     fake_gpu(monkeypatch, "T4")  # fp16 tensor cores, no bf16 ones: its peak is the fp16 datasheet rate
     t4 = mfu_peak("cuda")
     assert t4.precision == "fp16" and t4.flops == 65e12, t4
+
+
+# --- issue 39, point 2: a stamped roofline, never replaced by (nor read from) a measurement under load ----
+
+def _stamped(flops: float, *, others: float = 0.02, spread: float = 0.05) -> Roofline:
+    return Roofline("a test CPU", {"fp32": flops, "bf16": flops / 3}, 1e10, 512, 2**26,
+                    measured_at="2026-12-03T08:00:00+00:00", threads=2, device_type="cpu", others_load=others,
+                    spread=spread)
+
+
+def test_2_a_roofline_measured_under_load_never_replaces_the_quiet_one_nor_becomes_the_peak(tmp_path,
+                                                                                            monkeypatch):
+    import dataclasses
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import roofline
+    from helpers.meter import run_peak
+
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    monkeypatch.setattr(roofline, "device_name", lambda *a: "a test CPU")
+    quiet = _stamped(8e11)
+    assert quiet.under_load is None and "with 2 threads" in quiet.stamp() and quiet.save().name == \
+        "roofline-a-test-cpu.json"
+    # lesson 00 run while two other programs keep both cores busy: its roofline says so
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        busy = measure_roofline("cpu", precisions=["fp32"], matmul_size=128, copy_mb=4, min_run_time=0.2)
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    assert busy.stamped and busy.threads == torch.get_num_threads() and busy.device_type == "cpu"
+    assert busy.under_load and "other programs took" in busy.under_load, busy.stamp()
+    assert busy.save().name == "roofline-a-test-cpu-under-load.json"  # kept apart, said where
+    assert roofline.load_roofline() == quiet  # the quiet one stays the saved one
+    peak = mfu_peak("cpu")  # the ladder's and train's peak: lesson 00's quiet roofline, not None
+    assert peak.flops == 8e11 and "lesson 00's saved one" in peak.source and "2 threads" in peak.source
+    assert peak_flops("cpu", "fp32").flops == 8e11 and run_peak(torch.device("cpu"))[0] == 8e11
+    # a figure measured under load, or one without its stamp, saved where the quiet one was: not the peak
+    for bad, why in ((_stamped(1.68e10, others=0.6), "measured under load"), (_stamped(1.68e10, spread=0.7),
+                     "measured under load"), (Roofline("a test CPU", {"fp32": 1.68e10}, 1e9, 512, 2**26),
+                                              "unstamped")):
+        roofline._roofline_path("a test CPU").write_text(json.dumps(dataclasses.asdict(bad)))
+        assert mfu_peak("cpu") is None and roofline.load_roofline() is None
+        assert why in run_peak(torch.device("cpu"))[1] and why in roofline.saved_roofline()[1]
+    assert roofline.load_roofline(any_load=True).matmul_flops["fp32"] == 1.68e10
+    with pytest.raises(ValueError, match="stamp"):  # a hand-made roofline cannot become the saved peak
+        Roofline("a test CPU", {"fp32": 1e9}, 1e9, 512, 2**26).save()
+    # given by hand, a roofline measured under load is used, and the source says so
+    given = peak_flops("cpu", "fp32", roofline=_stamped(1.68e10, others=0.6))
+    assert given.flops == 1.68e10 and "measured under load" in given.source
