@@ -119,7 +119,7 @@ class Prices:
 EXAMPLE_PRICES = Prices(
     {"T4": 0.5904, "L4": 0.7992, "A100-80": 2.4984, "H100": 3.9492}, "2026-05-07",
     "Modal's on-demand list prices as quoted by techbytes.app, 'Serverless GPU Pricing Matrix [2026 "
-    "Developer Cheat Sheet]' (prices verified there on 2026-05-07); an example, not current")
+    "Developer Cheat Sheet]', which says it verified them on 2026-05-07")
 
 
 # --- the roofs a step is placed on ---------------------------------------------------------------------
@@ -611,12 +611,13 @@ class Plan:
             "6N+12LHQT FLOPs (helpers.flops) / datasheet peak (roofline.mfu_peak)")
         if self.dataset_tokens:
             row(f"hours per epoch of {self.dataset_tokens:,.3g} tokens",
-                [round(c.epoch_s / 3600, 2) if c.fits else None for c in cs], "tokens / tokens/s")
+                [c.epoch_s / 3600 if c.fits else None for c in cs], "tokens / tokens/s")
         if self.prices is not None:
             row("USD per GPU-hour", [c.price for c in cs],
-                f"EXAMPLE, not current: {self.prices.source} ({self.prices.date})")
+                f"EXAMPLE, not current: {self.prices.source} ({self.prices.date})"
+                if self.prices is EXAMPLE_PRICES else f"{self.prices.source} ({self.prices.date})")
             if self.dataset_tokens:
-                row("USD per epoch", [round(c.epoch_cost, 2) if c.fits and c.epoch_cost is not None else None
+                row("USD per epoch", [c.epoch_cost if c.fits and c.epoch_cost is not None else None
                                       for c in cs], "hours × price × GPUs")
         if self.kv_bytes_per_token is not None:
             row("decode tokens/s, batch 1 (at most)", [_num(c.decode_tokens_per_s) for c in cs],
@@ -640,8 +641,10 @@ class Plan:
         else:
             lines.append(f"Fastest that fits: {fast.gpu.key}, {_ms(fast)} ms per step (predicted).")
         if cheap is not None:
-            lines.append(f"Cheapest per epoch that fits: {cheap.gpu.key}, {cheap.epoch_cost:,.2f} USD at the "
-                         f"EXAMPLE prices of {self.prices.date} (not current).")
+            example = self.prices is EXAMPLE_PRICES
+            lines.append(f"Cheapest per epoch that fits: {cheap.gpu.key}, {cheap.epoch_cost:,.3g} USD at the "
+                         + ("EXAMPLE prices" if example else "prices") + f" of {self.prices.date}"
+                         + (" (not current)." if example else "."))
         return "\n".join(lines)
 
     def assumptions_text(self) -> str:
@@ -721,8 +724,8 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
     assumptions[1] = assumptions[1].replace(f"{LAUNCH_S * 1e6:g} µs", f"{launch_s * 1e6:g} µs")
     assumptions += ([_FP8] if spec.fp8 else []) + ([_COMPILE] if spec.compile else []) + notes
     if prices is not None:
-        assumptions.append(f"prices: {prices.source}, read {prices.date}: an example for the arithmetic, not "
-                           "current prices; pass your own (Prices)")
+        assumptions.append(f"prices per GPU-hour: {prices.source} ({prices.date}); prices change: pass your "
+                           "own (Prices) with the day you read them")
     lm = not _per_row_labels(model)
     weights = 2 * sum(p.numel() for p in prepared.parameters())
     return Plan(_describe(model), rows, seq, spec, tuple(out), weights,
