@@ -724,8 +724,9 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
     assumptions[1] = assumptions[1].replace(f"{LAUNCH_S * 1e6:g} µs", f"{launch_s * 1e6:g} µs")
     assumptions += ([_FP8] if spec.fp8 else []) + ([_COMPILE] if spec.compile else []) + notes
     if prices is not None:
-        assumptions.append(f"prices per GPU-hour: {prices.source} ({prices.date}); prices change: pass your "
-                           "own (Prices) with the day you read them")
+        example = "an EXAMPLE, not current: " if prices is EXAMPLE_PRICES else ""
+        assumptions.append(f"prices per GPU-hour: {example}{prices.source} ({prices.date}); prices change: "
+                           "pass your own (Prices) with the day you read them")
     lm = not _per_row_labels(model)
     weights = 2 * sum(p.numel() for p in prepared.parameters())
     return Plan(_describe(model), rows, seq, spec, tuple(out), weights,
