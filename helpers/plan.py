@@ -470,22 +470,34 @@ def _reaches(seen: Mapping[int, int], usable: int, near: int) -> int | None:
 
 
 def largest_batch(peak: Callable[[int], int], usable: int, *, start: int = 1, limit: int = 1 << 16,
-                  known: Mapping[int, int] | None = None) -> int:
+                  known: Mapping[int, int] | None = None, miss: float | None = None) -> int:
     """The largest batch n <= `limit` with peak(n) <= `usable` bytes, 0 if none fits, searched with `peak`
     (the dry run, a function of the batch size; `known`: peaks it gave before, by size) (lesson 09).
 
     Each size tried is where the line through the two nearest sizes tried so far reaches `usable` (doubling
     or halving before there are two). The answer n is a size that fits; n + 1 was tried and does not, or the
     line puts it over `usable` by more than twice the line's own miss at n plus 1 MiB (the dry run's peak
-    grows by the same bytes per sample, so the line is exact up to the miss it shows): a dry run saved."""
+    grows by the same bytes per sample, so the line is exact up to the miss it shows): a dry run saved.
+    `miss`: how far the line through `known` missed a dry run made to check it (`_check_line`): an answer
+    between known sizes then comes from the line alone when it clears `usable` by twice that plus 1 MiB."""
     if not 1 <= start <= limit:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
     seen: dict[int, int] = dict(known or {})
+    if miss is not None and len(seen) >= 3:
+        n = _reaches(seen, usable, start)
+        n = _reaches(seen, usable, n) if n is not None else None  # again, between the sizes nearest it
+        room = 2 * miss + 2**20
+        if n is not None and min(seen) <= n < max(seen) and n <= limit:
+            fits = seen[n] <= usable if n in seen else _line(seen, n) <= usable - room
+            above = seen[n + 1] > usable if n + 1 in seen else _line(seen, n + 1) > usable + room
+            if fits and above:
+                return n
     lo, hi = 0, limit + 1  # peak(lo) fits (0: trivially), peak(hi) does not (limit + 1: never tried)
     n = start
     while True:
-        predicted = _line(seen, n)
-        seen[n] = peak(n)
+        predicted = _line({m: b for m, b in seen.items() if m != n}, n)
+        if n not in seen:
+            seen[n] = peak(n)
         lo, hi = (n, hi) if seen[n] <= usable else (lo, n)
         lo = max([lo] + [m for m, b in seen.items() if b <= usable and m < hi])  # what `known` says
         hi = min([hi] + [m for m, b in seen.items() if b > usable and m > lo])
@@ -500,6 +512,19 @@ def largest_batch(peak: Callable[[int], int], usable: int, *, start: int = 1, li
         if nxt is None:
             nxt = 2 * lo if hi > limit else (lo + hi) // 2
         n = min(max(nxt, lo + 1), hi - 1)  # strictly inside the bracket: every try narrows it
+
+
+def _check_line(runs: _DryRuns, rows: int, usables: Sequence[int]) -> float | None:
+    """Dry runs at `rows` and twice it draw a line; a third, at the largest batch the line gives for the
+    classes' `usables`, checks it: how far the line missed that run (None: nothing to check)."""
+    runs(rows)
+    runs(2 * rows)
+    guesses = [g for g in (_reaches(runs.peaks, u, rows) for u in usables) if g is not None and g > 0]
+    far = max(guesses, default=None)
+    if far is None or far in runs.peaks:
+        return None
+    predicted = _line(runs.peaks, far)
+    return abs(runs(far) - predicted)
 
 
 # --- the plan ----------------------------------------------------------------------------------------------
@@ -702,6 +727,8 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
     per_token = model_flops_per_token(prepared, seq)
     counts: dict[str, dict] = {}
     runs: dict[str, _DryRuns] = {}
+    misses: dict[str, float | None] = {}  # per precision family: how far the dry runs' line missed its check
+    usables = [int(g.total_memory * (1 - MARGIN)) for g in classes]
     out = []
     for g in classes:
         precision, why, techniques, mfu_flops, mfu_source = _techniques(g)
@@ -712,8 +739,10 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
         roofs = datasheet_roofs(g, launch_s=launch_s)
         usable = int(g.total_memory * (1 - MARGIN))
         fp8 = spec.fp8 and "FP8" in techniques
-        largest = (largest_batch(runs[family], usable, start=rows, known=runs[family].peaks) if search
-                   else None)
+        if search and family not in misses:
+            misses[family] = _check_line(runs[family], rows, usables)
+        largest = (largest_batch(runs[family], usable, start=rows, known=runs[family].peaks,
+                                 miss=misses[family]) if search else None)
         weights = 2 * sum(p.numel() for p in prepared.parameters())
         decode = g.bandwidth / weights if not _per_row_labels(model) else None
         out.append(ClassPlan(g, precision, why, tuple(techniques), runs[family](rows), usable, largest,

@@ -126,11 +126,12 @@ def _brute(peak, usable: int, limit: int) -> int:
 
 @pytest.mark.parametrize("shape", ["affine", "a jump at 40", "flat then steep"])
 def test_largest_batch_is_the_largest_that_fits(shape):
-    peaks = {"affine": lambda n: 5_000 + 300 * n,
-             "a jump at 40": lambda n: 5_000 + 300 * n + (4_000 if n >= 40 else 0),
-             "flat then steep": lambda n: 20_000 if n < 16 else 20_000 + 2_000 * (n - 15)}
+    mib = 2**20  # peaks in MiB, as a step's are: the line's 1 MiB of slack is small beside a sample's bytes
+    peaks = {"affine": lambda n: (5_000 + 300 * n) * mib,
+             "a jump at 40": lambda n: (5_000 + 300 * n + (4_000 if n >= 40 else 0)) * mib,
+             "flat then steep": lambda n: (20_000 if n < 16 else 20_000 + 2_000 * (n - 15)) * mib}
     peak = peaks[shape]
-    for usable in (4_000, 5_300, 9_999, 17_100, 21_500, 60_000, 10**9):
+    for usable in (u * mib for u in (4_000, 5_300, 9_999, 17_100, 21_500, 60_000, 10**9)):
         calls = []
 
         def counted(n, peak=peak, calls=calls):
@@ -141,6 +142,17 @@ def test_largest_batch_is_the_largest_that_fits(shape):
         assert got == _brute(peak, usable, 4096), (shape, usable, calls)
         if shape == "affine" and 0 < got < 4096:
             assert len(calls) <= 4, f"an affine peak needs at most 4 dry runs, took {calls}"
+        # the plan's way: a line through 8 and 16, checked by a third run far out; an answer between them may
+        # come from the line alone, only where the check shows it exact (the jump is not: the search runs on)
+        known = {n: peak(n) for n in (8, 16)}
+        far = 300
+        miss = abs(peak(far) - (known[8] + (known[16] - known[8]) * (far - 8) / 8))
+        known[far] = peak(far)
+        calls.clear()
+        got = largest_batch(counted, usable, start=8, limit=4096, known=known, miss=miss)
+        assert got == _brute(peak, usable, 4096), (shape, usable, calls, "with the checked line")
+        if shape == "affine" and 8 <= got < far:  # a dry run only where the edge is within the line's slack
+            assert len(calls) <= 1, f"an exact line needs at most one more dry run, made {calls}"
 
 
 def test_a_step_too_big_for_a_t4_is_refused_with_the_largest_batch_that_fits():
