@@ -1,126 +1,261 @@
-"""Lesson 06's GPU-only code, run on a CPU (issues 18, 24): step 3's GPU branch executed with the device a
-CPU, `pin_memory` an identity and the CUDA calls no-ops, so a name it breaks for later cells fails here, not
-on the first GPU; every way of batching is pinned alike on a GPU; pinning is timed where it happens (with 0
-workers the DataLoader pins inside next(), on the loop's thread); no loop pins by hand batch after batch."""
+"""Lesson 06's code (helpers.lessons.lesson06), its GPU-only parts run on a CPU (issues 18, 24, 38).
+Section 3's copies run with the device a CPU, `pin_memory` an identity and the CUDA calls no-ops, so an error
+in them fails here, not on the first GPU; the GPU-only cell binds no name a later cell uses; every way of
+batching is pinned alike on a GPU; pinning is timed where it happens (with 0 workers the DataLoader pins
+inside next(), on the loop's thread); no loop pins by hand batch after batch; each check fails on a planted
+error."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 import json
+import re
+import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
+from helpers.data import TokenizedDataset
+from helpers.lessons import lesson06
+from helpers.runspec import PADDINGS
+from helpers.timing import Timing
+
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_input_pipeline.ipynb"
-STEP3_COPIES = "d0b79338"  # the cell id of step 3's timed copies (GPU only)
-WORKER_SWEEP = "0adbe798"  # step 2: the num_workers (and, on a GPU, pin_memory) sweep
-PADDING_ARMS = "4068bf3d"  # step 5: loader_for, the DataLoader of each way of batching
+STEP3_COPIES = "d0b79338"  # the cell id of section 3's timed copies (GPU only)
+
+
+def _python(source: str) -> str:
+    """A cell's source with its IPython magics (`%pip ...`) made `pass`, so that ast can read it."""
+    return "\n".join(re.sub(r"^(\s*)[%!].*", r"\1pass", line) for line in source.split("\n"))
 
 
 def _code_cells() -> list[tuple[str, str]]:
     cells = json.loads(NOTEBOOK.read_text())["cells"]
-    return [(c.get("id", ""), "".join(c["source"])) for c in cells if c["cell_type"] == "code"]
+    return [(c.get("id", ""), _python("".join(c["source"]))) for c in cells if c["cell_type"] == "code"]
 
 
-def _functions_defined(source: str) -> list[ast.FunctionDef]:
-    return [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
+def _setup(device: str = "cpu", **extra) -> SimpleNamespace:
+    return SimpleNamespace(DEVICE=torch.device(device), BATCH=2, SYNC_STEPS=3, PROFILE_STEPS=2, ROUNDS=1,
+                           LOADER_STEPS=2, WORKERS=[0, 1, 2], CORES=2, PROFILE="smoke", COPY_MB=1, **extra)
 
 
-def _called_names(source: str) -> set[str]:
-    return {n.func.id for n in ast.walk(ast.parse(source))
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+# --- section 3 on a CPU: the GPU branch ---------------------------------------------------------------------
+
+def _fake_timing(fn, name="", **kwargs) -> Timing:
+    fn()  # run once: an error in the arm shows here
+    return Timing(name=name, median_s=1e-3, iqr_s=0.0, runs=1, calls_per_run=1, times_s=(1e-3,))
 
 
-def test_step_3_gpu_branch_keeps_the_helpers_later_cells_call(monkeypatch):
-    from helpers.tables import Table
-    from helpers.timing import Timing
+def test_section_3_copies_run_on_a_cpu_with_pinning_faked(monkeypatch) -> None:
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(lesson06, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(lesson06, "benchmark", _fake_timing)
+    numbers, table = lesson06.time_copies(1, torch.device("cpu"))
+    assert numbers["pinned GB/s"] > 0 and numbers["pageable blocked ms"] >= 0
+    assert len(table.rows) == 3
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long)}
+    assert torch.equal(lesson06.pin_batch(batch, gpu=True)["input_ids"], batch["input_ids"])
+    assert lesson06.pin_batch(batch, gpu=False)["input_ids"] is batch["input_ids"]  # a CPU pins nothing
 
+
+def _rebinds(gpu_cell: str, later: list[str]) -> set[str]:
+    """Names the GPU-only cell binds that a later cell loads (the cell is skipped on a CPU: such a name
+    would be defined on a GPU only, or defined differently there)."""
+    bound = {t.id for n in ast.walk(ast.parse(gpu_cell)) if isinstance(n, (ast.Assign, ast.AugAssign))
+             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    bound |= {n.name for n in ast.walk(ast.parse(gpu_cell)) if isinstance(n, ast.FunctionDef)}
+    loaded = {n.id for src in later for n in ast.walk(ast.parse(src))
+              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return bound & loaded
+
+
+def test_the_gpu_only_cell_binds_no_name_a_later_cell_uses() -> None:
     cells = _code_cells()
     at = next(i for i, (cid, _) in enumerate(cells) if cid == STEP3_COPIES)
-    # the lesson's functions defined before step 3, as a GPU run has them
-    ns = {"torch": torch, "GPU": True, "device": torch.device("cpu"), "COPY_MB": 1, "measured": {},
-          "Table": Table, "display": lambda *a: None, "time": __import__("time")}
-    helpers = set()
-    for _, source in cells[:at]:
-        functions = _functions_defined(source)
-        exec(compile(ast.Module(body=functions, type_ignores=[]), str(NOTEBOOK), "exec"), ns)
-        helpers |= {f.name for f in functions}
-    # the GPU branch, on this CPU: only the device and the size differ
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    ns["synchronize"] = lambda *a, **k: None
-    ns["benchmark"] = lambda fn, name="", **k: (fn(), Timing(name=name, median_s=1e-3, iqr_s=0.0, runs=1,
-                                                              calls_per_run=1, times_s=(1e-3,)))[1]
-    exec(compile(cells[at][1], f"{NOTEBOOK.name} step 3", "exec"), ns)
-    assert ns["measured"]["pinned GB/s"] > 0
-    later = set().union(*(_called_names(source) for _, source in cells[at + 1:]))
-    broken = {name: type(ns[name]).__name__ for name in later & helpers if not callable(ns[name])}
-    assert not broken, f"step 3's GPU branch rebinds {broken}, which later cells call"
-    pin = next(n for n in helpers & later if "pin" in n)  # the helper that pins batches reused in step 4
-    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long)}
-    assert torch.equal(ns[pin](batch)["input_ids"], batch["input_ids"])
+    later = [src for _, src in cells[at + 1:]]
+    assert _rebinds(cells[at][1], later) == set()
+    planted = cells[at][1] + "\n    collate = None\n"  # planted: the GPU branch rebinds what section 4 uses
+    assert _rebinds(planted, later) == {"collate"}
 
 
-def test_batches_are_pinned_by_the_dataloader_not_step_by_step_on_the_main_thread():
-    cells = _code_cells()
-    # functions of the lesson that pin (call .pin_memory())
-    pins = {f.name for _, source in cells for f in _functions_defined(source)
-            if any(isinstance(n, ast.Attribute) and n.attr == "pin_memory" for n in ast.walk(f))}
-    assert pins, "the lesson defines no helper that pins a batch (step 4 pins its batches once)"
-    per_step = []
-    for cid, source in cells:
+# --- no loop pins batch after batch -------------------------------------------------------------------------
+
+def _per_step_pinning(sources: dict[str, str]) -> list[str]:
+    pins = {"pin_batch", "pin_memory"}
+    found = []
+    for where, source in sources.items():
         for loop in (n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.For, ast.While))):
             for call in (n for n in ast.walk(loop) if isinstance(n, ast.Call)):
                 func = call.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if name == "pin_memory" or name in pins:
-                    per_step.append(f"cell {cid}, line {call.lineno}: {ast.unparse(call)}")
+                if name in pins:
+                    found.append(f"{where}, line {call.lineno}: {ast.unparse(call)}")
+    return found
+
+
+def test_batches_are_pinned_by_the_dataloader_not_step_by_step_on_the_main_thread() -> None:
+    sources = {f"cell {cid}": src for cid, src in _code_cells()}
+    sources["helpers/lessons/lesson06.py"] = inspect.getsource(lesson06)
+    per_step = _per_step_pinning(sources)
     assert not per_step, ("pinning a batch by hand each step, then copying, is usually slower than a "
-                          "plain .to(device): pin batches once (step 4), or let DataLoader(pin_memory=True) "
-                          "pin them (in its pin thread with workers, in next() without; step 2 times both): "
-                          + "; ".join(per_step))
+                          "plain .to(device): pin batches once (section 4), or let "
+                          "DataLoader(pin_memory=True) pin them (in its pin thread with workers, in next() "
+                          "without; section 2 times both): " + "; ".join(per_step))
+    planted = {"a loop": "for b in batches:\n    train_step(lesson06.pin_batch(b, GPU))"}
+    assert len(_per_step_pinning(planted)) == 1
 
 
-def _loader_for(gpu: bool, plant: tuple[str, str] | None = None):
-    """Step 5's `loader_for`, defined as a GPU run (gpu=True) or a CPU run defines it; `plant` mutates it."""
-    from torch.utils.data import DataLoader
+# --- every way of batching pinned alike ---------------------------------------------------------------------
 
-    from helpers.packing import PackCollate, PackedBatchSampler
-    from helpers.runspec import RunSpec
-
-    source = next(src for cid, src in _code_cells() if cid == PADDING_ARMS)
-    if plant is not None:
-        assert plant[0] in source
-        source = source.replace(*plant)
-    ns = {"torch": torch, "DataLoader": DataLoader, "PackCollate": PackCollate,
-          "PackedBatchSampler": PackedBatchSampler, "RunSpec": RunSpec, "BATCH": 2, "MAX_LEN": 16,
-          "pad_id": 0, "SEED": 0, "GPU": gpu, "device": torch.device("cuda" if gpu else "cpu")}
-    loader_for = next(f for f in _functions_defined(source) if f.name == "loader_for")
-    exec(compile(ast.Module(body=[loader_for], type_ignores=[]), str(NOTEBOOK), "exec"), ns)
-    return ns["loader_for"]
-
-
-def _unpinned(loader_for) -> list[str]:
-    from helpers.data import TokenizedDataset
-    from helpers.runspec import PADDINGS
-
+def _unpinned(loader_for, gpu: bool) -> list[str]:
     ids = [[101, 5, 6, 102], [101, 7, 102], [101, 8, 9, 10, 102], [101, 11, 102]]
     ds = TokenizedDataset(ids, [0, 1, 0, 1])
-    return [p for p in PADDINGS if not loader_for(ds, p).pin_memory]
+    S = _setup("cuda" if gpu else "cpu")
+    return [p for p in PADDINGS if not loader_for(ds, p, S, pad_id=0, max_len=16).pin_memory]
 
 
-def test_every_way_of_batching_is_pinned_alike_on_a_gpu():
-    assert _unpinned(_loader_for(gpu=True)) == []  # the same kind of copy to the device in every arm
-    assert set(_unpinned(_loader_for(gpu=False))) == {"fixed", "dynamic", "bucketed", "packed"}  # no GPU
-    planted = _loader_for(gpu=True, plant=("collate_fn=collate_packed, pin_memory=GPU)",
-                                           "collate_fn=collate_packed)"))
-    assert _unpinned(planted) == ["packed"]  # the packed arm left pageable is caught
+def _planted_loader_for(old: str, new: str):
+    """lesson06.loader_for with `old` replaced by `new` in its source (a planted bug)."""
+    source = textwrap.dedent(inspect.getsource(lesson06.loader_for))
+    assert old in source
+    namespace = dict(vars(lesson06))
+    exec(compile(source.replace(old, new), "<planted loader_for>", "exec"), namespace)
+    return namespace["loader_for"]
 
 
-def test_the_worker_sweep_times_pinning_on_the_loop_thread_and_in_the_pin_thread():
-    source = next(src for cid, src in _code_cells() if cid == WORKER_SWEEP)
-    line = next(x for x in source.splitlines() if x.startswith("settings = "))
-    gpu = eval(line.split(" = ", 1)[1], {"WORKERS": [0, 1, 2], "GPU": True, "max": max})
-    cpu = eval(line.split(" = ", 1)[1], {"WORKERS": [0, 1, 2], "GPU": False, "max": max})
+def test_every_way_of_batching_is_pinned_alike_on_a_gpu() -> None:
+    assert _unpinned(lesson06.loader_for, gpu=True) == []  # the same kind of copy to the device in every arm
+    assert set(_unpinned(lesson06.loader_for, gpu=False)) == set(PADDINGS)  # a CPU has nothing to pin
+    planted = _planted_loader_for(', pin_memory=S.DEVICE.type == "cuda")', ")")  # the packed arm unpinned
+    assert _unpinned(planted, gpu=True) == ["packed"]
+
+
+def test_the_worker_sweep_times_pinning_on_the_loop_thread_and_in_the_pin_thread() -> None:
+    gpu = lesson06.worker_settings([0, 1, 2], gpu=True)
+    cpu = lesson06.worker_settings([0, 1, 2], gpu=False)
     assert (0, True) in gpu and (2, True) in gpu  # 0 workers: pinned inside next(); 2: by the pin thread
     assert all(not pin for _, pin in cpu)  # a CPU has nothing to pin
+    with pytest.raises(ValueError, match="must start with 0"):  # planted: no baseline
+        lesson06.worker_settings([1, 2], gpu=False)
+
+
+def test_fastest_rounds_interleaves_and_keeps_the_fastest() -> None:
+    calls = []
+    times = iter([3.0, 5.0, 1.0, 4.0])
+
+    def fn(w, pin):
+        calls.append(w)
+        return (next(times), 0.0)
+
+    assert lesson06.fastest_rounds(fn, [(0, False), (1, False)], rounds=2) == {(0, False): (1.0, 0.0),
+                                                                                (1, False): (4.0, 0.0)}
+    assert calls == [0, 1, 0, 1]  # interleaved, not one setting after the other
+
+
+# --- section 4: the hidden-sync checks ----------------------------------------------------------------------
+
+class _Prof:
+    """Stands in for a torch.profiler profile: key_averages() -> events with key and count."""
+
+    def __init__(self, scalar_reads: int, syncs: int = 0) -> None:
+        self.events = [SimpleNamespace(key="aten::_local_scalar_dense", count=scalar_reads),
+                       SimpleNamespace(key="cudaStreamSynchronize", count=syncs)]
+
+    def key_averages(self):
+        return self.events
+
+
+def _opt(device: str = "cpu") -> SimpleNamespace:
+    return SimpleNamespace(state={0: {"step": torch.tensor(1.0, device=device)}})
+
+
+def _results(losses_b=(1.0, 0.9, 0.8), reads=(9, 6), syncs=(0, 0), step_device="cpu") -> dict:
+    return {"loss.item() every step": ([1.0, 0.9, 0.8], _opt(step_device), _Prof(reads[0], syncs[0]), 0.2),
+            "losses kept on the device": (list(losses_b), _opt(), _Prof(reads[1], syncs[1]), 0.1)}
+
+
+def test_the_sync_checks_pass_and_fail_on_planted_errors(capsys) -> None:
+    S, batches = _setup(), [{"input_ids": torch.ones(2, 3)}]
+    found = lesson06.check_syncs(_results(), batches, S)
+    assert found["items per step"] == 1 and found["sync time ratio"] == 2
+    assert "checked: same losses" in capsys.readouterr().out
+    assert len(lesson06.syncs_table(found, S).rows) == 2
+    with pytest.raises(AssertionError, match="losses differ"):  # planted: the loops ran different steps
+        lesson06.check_syncs(_results(losses_b=(1.0, 0.9, 0.7)), batches, S)
+    with pytest.raises(AssertionError, match="not one hidden sync per step removed"):  # planted: .item() kept
+        lesson06.check_syncs(_results(reads=(9, 9)), batches, S)
+    with pytest.raises(AssertionError, match="step counters live on"):  # planted: counters on the device
+        lesson06.check_syncs(_results(step_device="meta"), batches, S)
+
+
+def test_on_a_gpu_the_sync_checks_read_the_device_syncs_and_the_pinning(monkeypatch) -> None:
+    S = _setup("cuda")
+    pinned = [{"input_ids": torch.ones(2, 3)}]
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
+    assert lesson06.check_syncs(_results(syncs=(4, 1)), pinned, S)["syncs"] == (4, 1)
+    with pytest.raises(AssertionError, match="device syncs: 4 with .item\\(\\), 3 without"):  # planted
+        lesson06.check_syncs(_results(syncs=(4, 3)), pinned, S)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: False)
+    with pytest.raises(AssertionError, match="not pinned"):  # planted: pageable batches on a GPU
+        lesson06.check_syncs(_results(syncs=(4, 1)), pinned, S)
+
+
+# --- section 5: padding -------------------------------------------------------------------------------------
+
+def test_the_padding_order_check_fails_on_planted_shares() -> None:
+    ok = {"x padding fixed": 0.6, "x padding dynamic": 0.5, "x padding bucketed": 0.1,
+          "x padding packed": 0.05}
+    lesson06.check_padding_order(ok, "x")
+    with pytest.raises(AssertionError, match="bucketing added padding"):
+        lesson06.check_padding_order(dict(ok, **{"x padding bucketed": 0.55}), "x")
+    lesson06.check_padding_order(dict(ok, **{"x padding bucketed": 0.55}), "x", bucketing=False)
+    with pytest.raises(AssertionError, match="packing must leave less padding"):
+        lesson06.check_padding_order(dict(ok, **{"x padding packed": 0.5}), "x")
+    with pytest.raises(AssertionError, match="more padding than fixed"):
+        lesson06.check_padding_order(dict(ok, **{"x padding fixed": 0.4}), "x")
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from helpers.models import SmallTransformer, small_config
+
+    torch.manual_seed(0)
+    return SmallTransformer(small_config("smoke", n_classes=2, max_len=32)).eval()
+
+
+def _articles(n: int = 8) -> TokenizedDataset:
+    g = torch.Generator().manual_seed(0)
+    lengths = [3, 4, 5, 6, 20, 24, 28, 30][:n]
+    ids = [[101] + torch.randint(1000, 2000, (k - 2,), generator=g).tolist() + [102] for k in lengths]
+    return TokenizedDataset(ids, [i % 2 for i in range(n)])
+
+
+def test_padding_keeps_the_loss_and_a_leaking_pack_fails(tiny_model, monkeypatch) -> None:
+    import helpers.packed_model as packed_model
+
+    S = _setup()
+    S.BATCH = 4
+    lesson06.check_padding_keeps_the_loss(tiny_model, _articles(), 0, S, max_len=32)
+    # planted: a mask that leaks between the documents of a row (every real token of the row visible)
+    monkeypatch.setattr(packed_model, "document_mask",
+                        lambda doc: (doc[:, None, None, :] >= 0).expand(-1, 1, doc.shape[1], -1))
+    with pytest.raises(AssertionError, match="packed and padded articles give different losses"):
+        lesson06.check_padding_keeps_the_loss(tiny_model, _articles(), 0, S, max_len=32)
+
+
+# --- section 6: the trace -----------------------------------------------------------------------------------
+
+def test_the_trace_check_fails_without_our_labels(tmp_path) -> None:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({"traceEvents": [{"name": "forward"}, {"name": "aten::mm"}]}))
+    bad.write_text(json.dumps({"traceEvents": [{"name": "aten::mm"}]}))
+    lesson06.check_trace(good)
+    with pytest.raises(AssertionError, match=r"lacks the labels \['forward'\]"):
+        lesson06.check_trace(bad)
+
+
+def test_the_short_texts_keep_the_headline_and_first_sentence() -> None:
+    assert lesson06.headline_and_first_sentence("Title\n\nOne. Two. Three.") == "Title. One."
