@@ -1865,3 +1865,1293 @@ NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic",
                        "each batch padded to its own longest: fewer padded tokens than fixed padding")
 ''',
 }
+
+
+# --- a second batch (issue 39), written from scratch before the checks were changed -------------------------
+# Mistakes learners make that the first batch lacks: numerically unstable answers that pass on well-scaled
+# inputs, uneven sizes, a hard-coded world size, endless loops, malformed answers (wrong parameters, a value
+# where a function belongs, no return). Merged into WRONG below; BATCH_39 keeps them apart for the count.
+
+BATCH_39: dict[str, dict[str, str]] = {}
+
+BATCH_39["00-roofline"] = {
+    "flops-exact-adds": '''
+def intensity_and_regime(op, n, roof):
+    # every output element takes n multiplications and n - 1 additions
+    if op == "matmul":
+        flops, elements = n * n * (2 * n - 1), 3 * n * n
+    elif op == "add":
+        flops, elements = n, 3 * n
+    elif op == "matvec":
+        flops, elements = n * (2 * n - 1), n * n + 2 * n
+    nbytes = 4 * elements
+    ai = flops / nbytes
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, ai, "compute-bound" if ai >= ridge else "memory-bound"
+''',
+    "ridge-hard-coded": '''
+RIDGE = 12.5  # FLOP/byte: the fp32 ridge point the roofline above printed
+
+
+def intensity_and_regime(op, n, roof):
+    counts = {"matmul": (2 * n ** 3, 3 * n * n), "add": (n, 3 * n), "matvec": (2 * n * n, n * n + 2 * n)}
+    flops, elems = counts[op]
+    moved = elems * 4
+    return flops, moved, flops / moved, "compute-bound" if flops / moved >= RIDGE else "memory-bound"
+''',
+    "intensity-floor-division": '''
+def intensity_and_regime(op, n, roof):
+    if op == "matmul":
+        flops, moved = 2 * n ** 3, 12 * n ** 2
+    elif op == "add":
+        flops, moved = n, 12 * n
+    else:
+        flops, moved = 2 * n ** 2, 4 * n ** 2 + 8 * n
+    intensity = flops // moved
+    ridge = roof.matmul_flops["fp32"] // roof.bandwidth
+    return flops, moved, intensity, "compute-bound" if intensity >= ridge else "memory-bound"
+''',
+    "ridge-tf32": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    moved = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    # fp32 matmuls run on the TF32 tensor cores where a GPU has them
+    peak = roof.matmul_flops.get("tf32", roof.matmul_flops["fp32"])
+    ai = flops / moved
+    return flops, moved, ai, "compute-bound" if ai >= peak / roof.bandwidth else "memory-bound"
+''',
+    "time-limit": '''
+def intensity_and_regime(op, n, roof):
+    flops = 0  # count them as the loops would run them
+    if op == "matmul":
+        for i in range(n):
+            for j in range(n):
+                for k in range(n):
+                    flops += 2
+        moved = 12 * n * n
+    elif op == "add":
+        flops, moved = n, 12 * n
+    else:
+        for i in range(n):
+            for j in range(n):
+                flops += 2
+        moved = 4 * (n * n + 2 * n)
+    ai = flops / moved
+    return flops, moved, ai, "compute-bound" if ai >= roof.ridge_point("fp32") else "memory-bound"
+''',
+    "signature": '''
+def intensity_and_regime(op, n):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n * n}[op]
+    moved = {"matmul": 12 * n * n, "add": 12 * n, "matvec": 4 * n * n + 8 * n}[op]
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth  # noqa: F821 (the lesson's roof)
+    return flops, moved, flops / moved, "compute-bound" if flops / moved >= ridge else "memory-bound"
+''',
+    "not-a-function": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n * n}[op]
+    moved = {"matmul": 12 * n * n, "add": 12 * n, "matvec": 4 * n * n + 8 * n}[op]
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, moved, flops / moved, "compute-bound" if flops / moved >= ridge else "memory-bound"
+
+
+class _Roof:  # the lesson's roofline, as the learner tried the function on it
+    matmul_flops, bandwidth = {"fp32": 1e11}, 2e10
+
+
+intensity_and_regime = intensity_and_regime("matmul", 1024, _Roof())  # tried it, kept the result
+''',
+    "return-shape#forgot-return": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n * n}[op]
+    moved = {"matmul": 12 * n * n, "add": 12 * n, "matvec": 4 * n * n + 8 * n}[op]
+    intensity = flops / moved
+    regime = "compute-bound" if intensity >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+    print(op, n, flops, moved, intensity, regime)
+''',
+    "regime-name#lesson04-names": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n * n}[op]
+    moved = {"matmul": 12 * n * n, "add": 12 * n, "matvec": 4 * n * n + 8 * n}[op]
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, moved, flops / moved, "compute" if flops / moved >= ridge else "memory"
+''',
+}
+
+_FLASH_HEAD = '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    B, H, N, d = q.shape
+    scale = 1 / d ** 0.5
+'''
+BATCH_39["01-flash-forward"] = {
+    "overflow": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    d = q.shape[-1]
+    total = torch.zeros(q.shape[:-1])  # sum of exp(scores) per query row
+    out = torch.zeros_like(q)
+    for i in range(0, k.shape[-2], block_k):
+        scores = q @ k[..., i:i + block_k, :].transpose(-1, -2) / d ** 0.5
+        w = scores.exp()
+        total = total + w.sum(-1)
+        out = out + w @ v[..., i:i + block_k, :]
+    return out / total.unsqueeze(-1), total.log()
+''',
+    "max-from-zero": _FLASH_HEAD + '''
+    m = torch.zeros(B, H, N)  # running max
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    for j in range(0, k.shape[2], block_k):
+        s = torch.einsum("bhnd,bhkd->bhnk", q, k[:, :, j:j + block_k]) * scale
+        new_m = torch.max(m, s.max(dim=-1).values)
+        p = torch.exp(s - new_m.unsqueeze(-1))
+        fix = torch.exp(m - new_m)
+        l = fix * l + p.sum(dim=-1)
+        acc = fix.unsqueeze(-1) * acc + torch.einsum("bhnk,bhkd->bhnd", p, v[:, :, j:j + block_k])
+        m = new_m
+    return acc / l.unsqueeze(-1), m + l.log()
+''',
+    "max-not-running": _FLASH_HEAD + '''
+    m = torch.full((B, H, N), float("-inf"))
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(2, 3) * scale
+        m_blk = s.amax(-1)  # this block's max is the reference from now on
+        corr = torch.exp(m - m_blk)  # what was summed under m, moved to m_blk
+        p = torch.exp(s - m_blk[..., None])
+        l = l * corr + p.sum(-1)
+        acc = acc * corr[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_blk
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "per-block-softmax": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    outs, lses = [], []
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        outs.append(torch.softmax(s, dim=-1) @ v[:, :, start:start + block_k])
+        lses.append(torch.logsumexp(s, dim=-1))
+    return torch.stack(outs).mean(0), torch.logsumexp(torch.stack(lses), dim=0)
+''',
+    "last-block-only": _FLASH_HEAD + '''
+    m = torch.full((B, H, N), -float("inf"))
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    for j in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        old = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * old + p.sum(-1)
+        acc = acc * old[..., None] + p @ v[:, :, j:j + block_k]
+    return acc / l[..., None], m_new + torch.log(l)
+''',
+    "keys-from-d": _FLASH_HEAD + '''
+    n_keys = k.size(-1)
+    m = torch.full((B, H, N), float("-inf"))
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    for j in range(0, n_keys, block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "signature": '''
+import torch
+
+BLOCK_K = 16
+
+
+def flash_forward(q, k, v):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], BLOCK_K):
+        s = q @ k[:, :, j:j + BLOCK_K].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + BLOCK_K]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "signature#renamed": '''
+import torch
+
+
+def flash_forward(q, k, v, block_size=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros(q.shape)
+    for j in range(0, k.shape[2], block_size):
+        s = q @ k[:, :, j:j + block_size].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, j:j + block_size]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "not-a-function": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+flash_forward = flash_forward(*torch.randn(3, 1, 1, 8, 4))  # tried it on small inputs, under the same name
+''',
+    "endless": _FLASH_HEAD + '''
+    m = torch.full((B, H, N), float("-inf"))
+    l = torch.zeros(B, H, N)
+    acc = torch.zeros(B, H, N, d)
+    start = 0
+    while start < k.shape[2]:
+        kb, vb = k[:, :, start:start + block_k], v[:, :, start:start + block_k]
+        s = q @ kb.transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        a = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ vb
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+}
+
+BATCH_39["02-fp16-step"] = {
+    "clip-default-norm": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad()
+    with torch.autocast(device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the usual clipping norm
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "own-scaler": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    scaler = torch.amp.GradScaler(device.type)  # a scaler for this step
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+    "normalised-not-clipped": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    for p in model.parameters():
+        p.grad = None
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.sqrt(sum((g.float() ** 2).sum() for g in grads))
+    for g in grads:
+        g.mul_(max_norm / total)  # clip: bring the norm to max_norm
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "clip-per-parameter": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        out = model(**batch)
+    loss = out.loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    for p in model.parameters():
+        torch.nn.utils.clip_grad_norm_(p, max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "no-autocast#cuda-hard-coded": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "stepped-twice": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    optimizer.step()
+    scaler.update()
+    return loss
+''',
+    "return-loss#item": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
+''',
+    "signature": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, max_norm=1.0):
+    device = next(model.parameters()).device
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+    "no-scale#by-hand": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    s = scaler.get_scale()
+    (loss * s).backward()  # scale the loss so small gradients survive
+    for p in model.parameters():
+        p.grad /= s
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+''',
+}
+
+BATCH_39["03-largest-batch"] = {
+    "endless": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def ok(n):
+        try:
+            step_fn(n)
+            fits = True
+        except torch.cuda.OutOfMemoryError:
+            fits = False
+        gc.collect()
+        return fits
+
+    lo, hi = 0, 1
+    while hi <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+''',
+    "endless#limit-again": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    best, n = 0, 1
+    while True:
+        try:
+            step_fn(n)
+        except torch.cuda.OutOfMemoryError:
+            break
+        best = n
+        n = min(2 * n, limit)  # never past the limit
+    gc.collect()
+    lo, hi = best, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            step_fn(mid)
+            lo = mid
+        except torch.cuda.OutOfMemoryError:
+            hi = mid
+        gc.collect()
+    return lo
+''',
+    "swallowed-error#memory-in-message": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except RuntimeError as e:
+            if "memory" not in str(e):
+                raise
+        gc.collect()
+        torch.cuda.empty_cache()
+        return False
+
+    if not fits(1):
+        return 0
+    good, bad = 1, None
+    while bad is None:
+        n = min(2 * good, limit)
+        if n == good:
+            return good
+        if fits(n):
+            good = n
+        else:
+            bad = n
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+''',
+    "oom-not-caught#fits-from-return": '''
+import gc
+
+
+def largest_batch(step_fn, limit):
+    lo, hi = 0, 1
+    while hi <= limit and step_fn(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if step_fn(mid):
+            lo = mid
+        else:
+            hi = mid
+        gc.collect()
+    return lo
+''',
+    "wrong-size#halving": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    n = limit
+    while n >= 1:
+        try:
+            step_fn(n)
+            return n
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        n //= 2  # too big: try half
+    return 0
+''',
+    "signature": '''
+import gc
+
+import torch
+
+LIMIT = 1024
+
+
+def largest_batch(step_fn):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    good, n = 0, 1
+    while n <= LIMIT and fits(n):
+        good, n = n, 2 * n
+    bad = min(n, LIMIT + 1)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+''',
+    "not-a-function": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    good, n = 0, 1
+    while n <= limit and fits(n):
+        good, n = n, 2 * n
+    bad = min(n, limit + 1)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
+def _try(n):  # the lesson's step, as the learner tried it
+    if n > 30:
+        raise torch.cuda.OutOfMemoryError("too big")
+
+
+largest_batch = largest_batch(_try, 32)  # the answer for this machine, under the same name
+''',
+}
+
+BATCH_39["04-predict-time"] = {
+    "models-swapped": '''
+def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):
+    compute, memory, over = flops / peak_flops, bytes_moved / bandwidth, calls * overhead_s
+    times = {"compute": compute, "memory": memory, "overhead": over}
+    regime = max(times, key=times.get)
+    if synchronous:  # the host waits: the slowest of the three sets the pace
+        return regime, max(compute, memory, over)
+    return regime, over + max(compute, memory)
+''',
+    "no-overhead-on-asynchronous": '''
+def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):
+    t = {"compute": flops / peak_flops, "memory": bytes_moved / bandwidth, "overhead": calls * overhead_s}
+    work = max(t["compute"], t["memory"])
+    seconds = t["overhead"] + work if synchronous else work  # launches hide on a GPU
+    return max(t, key=t.get), seconds
+''',
+    "floor-division": '''
+def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):
+    compute = flops // peak_flops
+    memory = bytes_moved // bandwidth
+    over = calls * overhead_s
+    regime = "compute" if compute >= max(memory, over) else "memory" if memory >= over else "overhead"
+    return regime, (over + max(compute, memory)) if synchronous else max(compute, memory, over)
+''',
+    "regime-name#lesson00-names": '''
+def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):
+    t = {"compute-bound": flops / peak_flops, "memory-bound": bytes_moved / bandwidth,
+         "overhead-bound": calls * overhead_s}
+    work = max(t["compute-bound"], t["memory-bound"])
+    return max(t, key=t.get), t["overhead-bound"] + work if synchronous else max(t.values())
+''',
+    "signature": '''
+def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s):
+    t = {"compute": flops / peak_flops, "memory": bytes_moved / bandwidth, "overhead": calls * overhead_s}
+    return max(t, key=t.get), t["overhead"] + max(t["compute"], t["memory"])
+''',
+    "not-a-function": '''
+def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):
+    t = {"compute": flops / peak_flops, "memory": bytes_moved / bandwidth, "overhead": calls * overhead_s}
+    work = max(t["compute"], t["memory"])
+    return max(t, key=t.get), t["overhead"] + work if synchronous else max(t.values())
+
+
+predict_time = predict_time(2e9, 4e8, 1, 1e12, 1e11, 1e-5, True)  # this machine's op, kept
+''',
+    "ridge-only#two-times": '''
+def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):
+    compute, memory = flops / peak_flops, bytes_moved / bandwidth
+    regime = "compute" if compute > memory else "memory"  # the roofline's two regimes
+    over = calls * overhead_s
+    return regime, over + max(compute, memory) if synchronous else max(compute, memory, over)
+''',
+}
+
+BATCH_39["05-graph-break"] = {
+    "gradient-zero#minimum": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    return torch.minimum(loss, torch.tensor(max_loss))
+''',
+    "loss-differs#always-scaled": '''
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    return loss * (max_loss / loss.detach())  # the same scaling, without the if
+''',
+    "graph-break#float": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    factor = min(1.0, max_loss / float(loss))
+    return loss * factor
+''',
+    "no-grad": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss.detach()  # no graph to break
+    return torch.where(loss > max_loss, torch.full_like(loss, max_loss), loss)
+''',
+    "signature": '''
+import torch
+
+MAX_LOSS = 4.0
+
+
+def loss_without_breaks(model, batch):
+    loss = model(**batch).loss
+    return torch.where(loss > MAX_LOSS, loss * (MAX_LOSS / loss.detach()), loss)
+''',
+    "return-loss#tuple": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    scaled = torch.where(loss > max_loss, loss * (max_loss / loss.detach()), loss)
+    return scaled, loss > max_loss  # and whether it was scaled
+''',
+}
+
+BATCH_39["06-hidden-syncs"] = {
+    "inf-unnoticed": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = [train_step(b) for b in batches]
+    t = torch.stack(losses)
+    if torch.isnan(t).any():
+        raise FloatingPointError("a loss is NaN")
+    return t.tolist()
+''',
+    "inf-unnoticed#math-isnan": '''
+import math
+
+import torch
+
+
+def train_loop(train_step, batches):
+    kept = []
+    for batch in batches:
+        kept.append(train_step(batch))
+    values = torch.stack(kept).tolist()
+    for i, x in enumerate(values):
+        if math.isnan(x):
+            raise FloatingPointError(f"step {i}: loss {x}")
+    return values
+''',
+    "nan-unnoticed#last-only": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for batch in batches:
+        losses.append(train_step(batch))
+    if not torch.isfinite(losses[-1]):  # a NaN spreads to every later loss
+        raise FloatingPointError("the loss is not finite")
+    return [x.item() for x in losses]
+''',
+    "per-step-read#running-check": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    bad = torch.zeros((), dtype=torch.bool)
+    for batch in batches:
+        loss = train_step(batch)
+        losses.append(loss)
+        bad = bad | ~torch.isfinite(loss)
+        if bad:  # stop as soon as one goes wrong
+            raise FloatingPointError("a loss is not finite")
+    return torch.stack(losses).tolist()
+''',
+    "signature": '''
+import torch
+
+
+def train_loop(train_step, batches, device):
+    losses = torch.zeros(len(batches), device=device)
+    for i, batch in enumerate(batches):
+        losses[i] = train_step(batch)
+    if not torch.isfinite(losses).all():
+        raise FloatingPointError("a loss is not finite")
+    return losses.tolist()
+''',
+    "losses-differ#mean": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = torch.stack([train_step(b) for b in batches])
+    if not torch.isfinite(losses).all():
+        raise FloatingPointError("a loss is not finite")
+    return losses.mean().item()
+''',
+    "endless": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    i = 0
+    while i < len(batches):
+        losses.append(train_step(batches[i]))
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("a loss is not finite")
+    return stacked.tolist()
+''',
+}
+
+BATCH_39["07-bucketed-allreduce"] = {
+    "world-size-hard-coded": '''
+import torch
+import torch.distributed as dist
+
+
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, inflight = [], []
+    nbytes = [0]
+
+    def send():
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+        inflight.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+        bucket.clear()
+        nbytes[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        nbytes[0] += p.grad.numel() * p.grad.element_size()
+        if nbytes[0] >= bucket_cap_bytes:
+            send()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            send()
+        for work, flat, params in inflight:
+            work.wait()
+            flat /= 2  # the two processes
+            i = 0
+            for p in params:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        inflight.clear()
+
+    return finish
+''',
+    "world-size-hard-coded#half": '''
+import torch
+import torch.distributed as dist
+
+
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    state = {"params": [], "size": 0, "pending": []}
+
+    def flush():
+        params = state["params"]
+        flat = torch.cat([p.grad.flatten() for p in params]).mul_(0.5)  # average of the two ranks
+        state["pending"].append((dist.all_reduce(flat, async_op=True), flat, params))
+        state["params"], state["size"] = [], 0
+
+    def on_ready(p):
+        state["params"].append(p)
+        state["size"] += p.grad.nbytes
+        if state["size"] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(on_ready)
+
+    def finish():
+        if state["params"]:
+            flush()
+        for handle, flat, params in state["pending"]:
+            handle.wait()
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
+        state["pending"] = []
+
+    return finish
+''',
+    "later-steps#hooks-removed": '''
+import torch
+import torch.distributed as dist
+
+
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, pending, hooks = [], [], []
+    used = [0]
+
+    def flush():
+        flat = torch.cat([p.grad.view(-1) for p in bucket])
+        pending.append((dist.all_reduce(flat, async_op=True), flat, bucket[:]))
+        bucket.clear()
+        used[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        used[0] += p.grad.numel() * p.grad.element_size()
+        if used[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        hooks.append(p.register_post_accumulate_grad_hook(hook))
+
+    def finish():
+        if bucket:
+            flush()
+        for work, flat, params in pending:
+            work.wait()
+            flat.div_(world)
+            start = 0
+            for p in params:
+                p.grad.copy_(flat[start:start + p.numel()].view_as(p.grad))
+                start += p.numel()
+        pending.clear()
+        for h in hooks:  # tidy up: the hooks have done their job
+            h.remove()
+
+    return finish
+''',
+    "later-steps#count-not-reset": '''
+import torch
+import torch.distributed as dist
+
+
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    params = [p for p in model.parameters() if p.requires_grad]
+    world = dist.get_world_size()
+    seen, bucket, jobs = [], [], []
+
+    def reduce_bucket():
+        flat = torch.cat([p.grad.flatten() for p in bucket])
+        jobs.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+        bucket.clear()
+
+    def hook(p):
+        seen.append(p)
+        bucket.append(p)
+        full = sum(x.grad.numel() * x.grad.element_size() for x in bucket) >= bucket_cap_bytes
+        if full or len(seen) == len(params):  # full, or the last gradient of backward
+            reduce_bucket()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for job, flat, ps in jobs:
+            job.wait()
+            flat /= world
+            at = 0
+            for p in ps:
+                p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
+                at += p.numel()
+        jobs.clear()
+
+    return finish
+''',
+    "signature": '''
+import torch
+import torch.distributed as dist
+
+CAP = 25 * 2 ** 20  # DDP's default bucket size
+
+
+def attach_grad_allreduce(model):
+    world = dist.get_world_size()
+    bucket, size, pending = [], [0], []
+
+    def flush():
+        flat = torch.cat([p.grad.flatten() for p in bucket])
+        pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+        bucket.clear()
+        size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= CAP:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            flush()
+        for h, flat, ps in pending:
+            h.wait()
+            flat /= world
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    "return-finish": '''
+import torch
+import torch.distributed as dist
+
+
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, size, pending = [], [0], []
+
+    def flush():
+        flat = torch.cat([p.grad.flatten() for p in bucket])
+        pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+        bucket.clear()
+        size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            flush()
+        for h, flat, ps in pending:
+            h.wait()
+            flat /= world
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+''',
+}
+
+_KEEP = "t_b.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)"
+BATCH_39["08-greedy-climb"] = {
+    "two-sessions": f'''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c = time_side_by_side(cand, best)[0]
+        t_b = time_side_by_side(cand, best)[1]
+        keep = {_KEEP}
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+    "spread-over-best-median": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        noise = max(t_c.iqr_s, t_b.iqr_s) / t_b.median_s  # the larger spread, relative to where we are
+        keep = t_b.median_s / t_c.median_s > 1 + noise
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+    "endless": f'''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept, i = baseline, [], 0
+    while i < len(rungs):
+        cand = rungs[i].on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        keep = {_KEEP}
+        kept.append(keep)
+        if keep:
+            best = cand
+            i += 1
+    return best, kept
+''',
+    "return-shape#stops-at-first-drop": f'''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        if not ({_KEEP}):
+            break  # the ladder stops paying here
+        kept.append(True)
+        best = cand
+    return best, kept
+''',
+    "return-shape#names": f'''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        if {_KEEP}:
+            kept.append(rung.name)
+            best = cand
+    return best, kept
+''',
+    "signature": f'''
+from helpers import ladder
+
+
+def greedy_climb(baseline, rungs):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = ladder.time_side_by_side(cand, best)
+        keep = {_KEEP}
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+    "not-a-function": f'''
+from types import SimpleNamespace
+
+
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        keep = {_KEEP}
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+
+
+def _fake_timer(a, b):  # a made-up machine to try it on: every stack as fast
+    t = SimpleNamespace(median_s=1.0, iqr_s=0.01)
+    return t, t
+
+
+greedy_climb = greedy_climb("baseline", [], _fake_timer)  # tried it, kept the result
+''',
+    "inverted#unpacked-the-other-way": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_best, t_cand = time_side_by_side(cand, best)
+        spread = max(t_best.iqr_s / t_best.median_s, t_cand.iqr_s / t_cand.median_s)
+        keep = t_best.median_s / t_cand.median_s > 1 + spread
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+}
+
+BATCH_39["08-new-rung"] = {
+    "no-claim#none": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ activation checkpointing", "activation_checkpointing", True, None)
+''',
+    "no-claim#number": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic", 1.3)  # 1.3x faster
+''',
+    "no-name": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung(None, "padding", "dynamic", "fewer padded tokens than fixed padding")
+''',
+    "duplicate#a-rung-of-the-ladder": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.RUNGS[4]  # torch.compile
+''',
+    "bad-value#string-for-bool": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ checkpointing", "activation_checkpointing", "yes", "less activation memory")
+''',
+    "not-a-rung#two-rungs": '''
+from helpers import ladder
+
+NEW_RUNG = (ladder.Rung("+ dynamic padding", "padding", "dynamic", "fewer padded tokens"),
+            ladder.Rung("+ checkpointing", "activation_checkpointing", True, "less activation memory"))
+''',
+    "not-a-rung#the-class": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung
+''',
+    "bad-value#varlen-alone": '''
+from helpers import ladder
+
+NEW_RUNG = ladder.Rung("+ varlen attention", "attn", "varlen", "no compute spent on padding")
+''',
+}
+
+# Two answers of the batch proved right, not wrong: they pass, and belong with the right variants.
+# `finally: gc.collect()` runs once the `except` block has ended (the exception is no longer held); gloo
+# averages with ReduceOp.AVG in this torch.
+RIGHT_39: dict[str, dict[str, str]] = {
+    "03-largest-batch": {
+    "collect-in-finally": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            return False
+        finally:
+            gc.collect()  # always clean up after a try
+
+    good, n = 0, 1
+    while n <= limit and fits(n):
+        good, n = n, 2 * n
+    if good == 0:
+        return 0
+    bad = n
+    if n > limit:
+        if fits(limit):
+            return limit
+        bad = limit
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+''',
+    },
+    "07-bucketed-allreduce": {
+    "reduce-op-avg": '''
+import torch
+import torch.distributed as dist
+
+
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    bucket, size, pending = [], [0], []
+
+    def flush():
+        flat = torch.cat([p.grad.flatten() for p in bucket])
+        pending.append((dist.all_reduce(flat, op=dist.ReduceOp.AVG, async_op=True), flat, list(bucket)))
+        bucket.clear()
+        size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            flush()
+        for h, flat, ps in pending:
+            h.wait()
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    },
+}
+
+for _id, _answers in BATCH_39.items():  # the second batch joins the first (04's go to test_exercise04.py)
+    if _id in WRONG:
+        assert not set(_answers) & set(WRONG[_id]), (_id, set(_answers) & set(WRONG[_id]))
+        WRONG[_id].update(_answers)
+for _id, _answers in RIGHT_39.items():
+    RIGHT[_id].update(_answers)

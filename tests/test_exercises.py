@@ -14,14 +14,22 @@ The notebooks themselves run every exercise's solution strictly in CI (conftest.
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 import json
+import random
 import re
 import runpy
+import signal
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from exercise_answers import RIGHT, WRONG  # tests/exercise_answers.py
+from fakegpu import fake_gpu  # tests/fakegpu.py
 
 import helpers.exercises as exercises
 from helpers.exercises import (
@@ -34,7 +42,7 @@ from helpers.exercises import (
     lesson06,
     lesson07,
 )
-from helpers.exercises.core import draw_seed
+from helpers.exercises.core import TIME_LIMIT_ENV, call_shape, draw_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -48,6 +56,8 @@ def _roof():
 
 
 def _context(ex) -> dict:
+    if ex.id == "08-new-rung":  # measured on the CPU on any machine: its answers include a CPU-only refusal
+        return {"device": "cpu"}
     return {"roof": _roof()} if "roof" in ex.needs else {}
 
 
@@ -79,8 +89,22 @@ def _mistake(key: str) -> str:
     return key.split("#")[0]  # "whole-score-matrix#sdpa": the same mistake in other code
 
 
+def _global_state() -> dict:
+    """What a check must leave as it found it: the random generators (torch's, Python's, numpy's), torch's
+    threads, grad mode, default dtype and matmul precision, the profiler hook, the garbage collector, the
+    SIGALRM handler, an earlier alarm (pytest-timeout's) still armed, GradScaler's constructor."""
+    return {"torch_rng": torch.get_rng_state().numpy().tobytes(), "python_rng": random.getstate(),
+            "numpy_rng": [x.tobytes() if isinstance(x, np.ndarray) else x for x in np.random.get_state()],
+            "threads": torch.get_num_threads(), "grad": torch.is_grad_enabled(),
+            "dtype": torch.get_default_dtype(), "matmul": torch.get_float32_matmul_precision(),
+            "profile": sys.getprofile(), "gc": gc.isenabled(), "alarm": signal.getsignal(signal.SIGALRM),
+            "alarm_armed": signal.getitimer(signal.ITIMER_REAL)[0] > 0,
+            "scaler_init": torch.amp.GradScaler.__init__}
+
+
 IDS = sorted(EXERCISES)
-ELSEWHERE = {"04-predict-time"}  # its solution and answers are tested in tests/test_exercise04.py
+# their solutions and answers are tested in their lessons' own files (tests/test_exercise04.py, lesson 09's)
+ELSEWHERE = {"04-predict-time", "09-largest-batch"}
 OURS = [i for i in IDS if i not in ELSEWHERE]
 LOCAL = [i for i in OURS if i != "07-bucketed-allreduce"]  # lesson 07's runs under torchrun: its own test
 WRONG_CASES = [pytest.param(i, key, id=f"{i}:{key}") for i in LOCAL for key in WRONG[i]]
@@ -102,9 +126,11 @@ def test_every_exercise_has_answers_and_a_solution():
 def test_the_solution_passes(exercise_id, tmp_path):
     ex = EXERCISES[exercise_id]
     answer = _load(tmp_path / "solution.py", ex.solution_path.read_text(encoding="utf-8"), ex.answer)
+    before = _global_state()
     outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
     assert outcome.status == "passed", outcome.line
     assert outcome.seed == SEED and f"seed {SEED}" in outcome.line
+    assert _global_state() == before  # no global state changed (02, 05 and 08-new-rung reseeded torch's)
 
 
 @pytest.mark.parametrize("exercise_id, key", RIGHT_CASES)
@@ -116,13 +142,18 @@ def test_a_right_variant_passes(exercise_id, key, tmp_path):
 
 
 @pytest.mark.parametrize("exercise_id, key", WRONG_CASES)
-def test_a_wrong_answer_fails_with_its_hint(exercise_id, key, tmp_path, capsys):
+def test_a_wrong_answer_fails_with_its_hint(exercise_id, key, tmp_path, capsys, monkeypatch):
     ex = EXERCISES[exercise_id]
+    if _mistake(key) == "time-limit":  # an answer that never ends: stopped after 2 s, not the lesson's 60
+        monkeypatch.setenv(TIME_LIMIT_ENV, "2")
     answer = _load(tmp_path / "wrong.py", WRONG[exercise_id][key], ex.answer)
+    before = _global_state()
     outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
     assert (outcome.status, outcome.mistake) == ("failed", _mistake(key)), outcome.line
+    assert _global_state() == before
     assert outcome.hint and "Hint: " in outcome.line and "\n" not in outcome.line
-    assert f"seed={SEED}) replays them" in outcome.line
+    if outcome.mistake not in ("signature", "not-a-function"):  # these are told before any input is drawn
+        assert f"seed={SEED}) replays them" in outcome.line
 
 
 @pytest.mark.parametrize("exercise_id", IDS)
@@ -145,6 +176,15 @@ def test_lesson_07_answers_in_one_torchrun_launch(tmp_path):
         answers["passed", key] = _load(tmp_path / f"right-{key}.py", source, ex.answer)
     for key, source in WRONG[ex.id].items():
         answers["failed", key] = _load(tmp_path / f"wrong-{key.replace('#', '-')}.py", source, ex.answer)
+    # a planted fault, not a learner's answer: every gradient right, a parameter moved by 0.1 % after the
+    # last step's finish(): only the parameter error the workers report can tell (the check never read it)
+    planted = ex.solution_path.read_text().replace("        pending.clear()", """        pending.clear()
+        done.append(1)
+        if len(done) == 2:  # the last of the check's 2 steps
+            next(model.parameters()).data.mul_(1.001)""")
+    planted = planted.replace("    world = dist", "    done = []\n    world = dist")
+    assert planted.count("done") == 3
+    answers["failed", "params-differ"] = _load(tmp_path / "planted.py", planted, ex.answer)
     lesson07.prefetch_allreduce(answers.values(), SEED)
     for (status, key), answer in answers.items():
         outcome = evaluate(ex.id, answer, seed=SEED)
@@ -271,6 +311,92 @@ def test_a_bug_of_the_check_itself_is_not_blamed_on_the_learner(monkeypatch, tmp
     monkeypatch.setitem(EXERCISES, ex.id, type(ex)(**{**ex.__dict__, "check": broken_check}))
     with pytest.raises(KeyError, match="a bug in the course"):
         evaluate(ex.id, _climb(SOLUTION_08.read_text(), tmp_path))
+
+
+FUNCTIONS = [i for i in IDS if call_shape(EXERCISES[i]) is not None]  # every exercise but 08-new-rung
+
+
+@pytest.mark.parametrize("exercise_id", FUNCTIONS)
+def test_an_answer_that_cannot_be_called_gets_one_line(exercise_id):
+    """None, a number, or a function with other parameters: one line naming it, no traceback into the course
+    (every function exercise crashed into helpers/exercises with a TypeError before)."""
+    ex = EXERCISES[exercise_id]
+    for answer, mistake in ((None, "not-a-function"), (300, "not-a-function"), (lambda x: x, "signature")):
+        outcome = evaluate(exercise_id, answer, **_context(ex))
+        assert (outcome.status, outcome.mistake) == ("failed", mistake), outcome.line
+        assert f"def {ex.answer}(" in outcome.hint and "\n" not in outcome.line
+    assert len(FUNCTIONS) >= 9
+
+
+def test_an_endless_answer_is_stopped_even_if_it_catches_everything(tmp_path, monkeypatch):
+    """A loop that swallows every exception, the time limit's own included: stopped, and the line says where
+    (the limit raises again every 50 ms while the learner's code runs)."""
+    monkeypatch.setenv(TIME_LIMIT_ENV, "1")
+    answer = _load(tmp_path / "stubborn.py", """
+def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):
+    while True:
+        try:
+            sum(range(1000))
+        except BaseException:
+            pass
+""", "predict_time")
+    before, start = _global_state(), time.monotonic()
+    outcome = evaluate("04-predict-time", answer, seed=SEED)
+    assert (outcome.status, outcome.mistake) == ("failed", "time-limit"), outcome.line
+    assert "more than 1 s" in outcome.line and "at line" in outcome.line and TIME_LIMIT_ENV in outcome.hint
+    assert time.monotonic() - start < 10
+    assert _global_state() == before
+
+
+def test_the_time_limit_puts_back_an_earlier_alarm(tmp_path):
+    """pytest-timeout (and anyone else) may have an alarm set: the check's own limit leaves it as it was."""
+    def earlier(signum, frame):
+        raise AssertionError("the earlier alarm went off")
+
+    previous = signal.signal(signal.SIGALRM, earlier)
+    old = signal.setitimer(signal.ITIMER_REAL, 100.0)
+    try:
+        ex = EXERCISES["04-predict-time"]
+        solution = _load(tmp_path / "s.py", ex.solution_path.read_text(), ex.answer)
+        outcome = evaluate(ex.id, solution, seed=SEED)
+        assert outcome.status == "passed", outcome.line
+        assert signal.getsignal(signal.SIGALRM) is earlier
+        assert 90 < signal.getitimer(signal.ITIMER_REAL)[0] <= 100
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *old)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_08_new_rung_measures_on_the_lessons_device(monkeypatch):
+    """On a GPU the rung is measured there (FlexAttention trains on CUDA, not on this CPU): the check picks
+    the lesson's device (helpers.device.get_device) unless told, and hands it to the ladder. A faked A100
+    here: the ladder itself is replaced by a spy, since nothing can run on a faked GPU."""
+    from helpers import ladder
+
+    fake_gpu(monkeypatch, "A100-80")
+    seen = {}
+
+    def climb_stacks(make_model, batches, check, *, device, rungs, **kwargs):
+        seen["device"] = device
+        return {"rows": [{}, {"samples_per_s": 1.0, "kept": True, "vs_below": 1.3, "check_logits": "ok"}]}
+
+    monkeypatch.setattr(ladder, "climb_stacks", climb_stacks)
+    flex = ladder.Rung("+ FlexAttention", "attn", "flex", "custom masks at fused-kernel speed")
+    outcome = evaluate("08-new-rung", flex, seed=SEED)
+    assert outcome.status == "passed", outcome.line
+    assert seen["device"].type == "cuda" and "on cuda" in outcome.line
+    evaluate("08-new-rung", flex, seed=SEED, device="cpu")
+    assert seen["device"].type == "cpu"  # told: the device given
+
+
+@pytest.mark.cuda
+def test_08_new_rung_runs_flex_attention_on_a_gpu():
+    """On a real GPU, the FlexAttention rung the CPU refuses is measured and passes (make gpu-check)."""
+    from helpers import ladder
+
+    flex = ladder.Rung("+ FlexAttention", "attn", "flex", "custom masks at fused-kernel speed")
+    outcome = evaluate("08-new-rung", flex, seed=SEED)
+    assert outcome.status == "passed" and "on cuda" in outcome.line, outcome.line
 
 
 def test_show_solution_prints_the_file(capsys):

@@ -15,6 +15,14 @@ Inputs are drawn per run: a check that takes a `seed` argument gets one (`draw_s
 or COURSE_EXERCISE_SEED / `check(..., seed=N)` to replay), draws its sizes and values from it, and the line it
 shows ends with the seed, so that a failure can be replayed exactly while an answer tailored to one set of
 inputs fails on the next.
+
+Every answer gets a line, never a traceback into the course: a value where a function belongs, or a function
+whose parameters cannot take what the check passes (read from the solution's `def`), is named before the check
+runs; an answer still running after the time limit (60 s; `time_limit(None)` on a check that runs no code of
+the learner's; COURSE_EXERCISE_TIME_LIMIT for a slow machine) is stopped inside its own code and the line says
+where; a check can stop an answer that would grow without end by raising `Halt` from what it hands the learner
+(a simulated step, a recorded op). A check leaves the process as it found it: torch's, Python's and numpy's
+random generators (checks seed their own draws) and torch's thread count.
 """
 
 from __future__ import annotations
@@ -24,7 +32,11 @@ import inspect
 import math
 import os
 import random
+import signal
+import sys
 import textwrap
+import threading
+import time
 import traceback
 import types
 from collections.abc import Callable
@@ -34,14 +46,17 @@ from typing import Any
 
 from helpers.paths import solutions_dir
 
-__all__ = ["Exercise", "Outcome", "Wrong", "ExerciseFailed", "ExerciseNotAttempted", "is_skeleton",
+__all__ = ["Exercise", "Outcome", "Wrong", "Halt", "ExerciseFailed", "ExerciseNotAttempted", "is_skeleton",
            "run_check", "strict_from_env", "learner_line", "close", "unpack", "solutions_dir", "STATUSES",
-           "SEED_ENV", "draw_seed", "course_code_running", "course_module", "tensors_in"]
+           "SEED_ENV", "TIME_LIMIT_ENV", "DEFAULT_TIME_LIMIT_S", "draw_seed", "time_limit", "time_limit_s",
+           "course_code_running", "course_module", "tensors_in", "call_shape"]
 
 
 STATUSES = ("passed", "failed", "not attempted")
 STRICT_ENV = "COURSE_EXERCISES"  # "strict": an untouched skeleton is an error too (CI's solutions pass)
 SEED_ENV = "COURSE_EXERCISE_SEED"  # an integer: every check draws its inputs from it (to replay a failure)
+TIME_LIMIT_ENV = "COURSE_EXERCISE_TIME_LIMIT"  # seconds: a longer (or shorter) limit for every timed check
+DEFAULT_TIME_LIMIT_S = 60.0  # a right answer takes about a second; a busy 2-core machine, a few
 _HELPERS_DIR = Path(__file__).resolve().parents[1]  # helpers/: the course's own code
 _EXERCISES_DIR = Path(__file__).resolve().parent  # helpers/exercises/: the checks
 
@@ -82,6 +97,20 @@ class Wrong(Exception):
     def __init__(self, mistake: str, what: str, hint: str) -> None:
         super().__init__(f"{what} Hint: {hint}")
         self.mistake, self.what, self.hint = mistake, what, hint
+
+
+class Halt(BaseException):
+    """Raised by a check from inside what it hands the learner (a simulated step, a recorded op) to stop an
+    answer that would run or grow without end; reported like `Wrong`. A BaseException, so that the learner's
+    `except Exception:` does not swallow it."""
+
+    def __init__(self, mistake: str, what: str, hint: str) -> None:
+        super().__init__(f"{what} Hint: {hint}")
+        self.mistake, self.what, self.hint = mistake, what, hint
+
+
+class _TimeUp(BaseException):
+    """Raised inside the learner's code when a check's time limit has passed."""
 
 
 class _CellError(AssertionError):
@@ -131,6 +160,88 @@ def draw_seed() -> int:
             raise ValueError(f"{SEED_ENV}={value!r}: give an integer (the seed a check printed), or unset it "
                              "for fresh inputs on every run") from None
     return random.SystemRandom().randrange(1, 1_000_000)
+
+
+def time_limit(seconds: float | None) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Decorator of a check function: its own time limit in seconds (None: no limit, for a check that runs no
+    code of the learner's, or one whose answer runs in other processes with a timeout of their own)."""
+    def mark(check: Callable[..., str]) -> Callable[..., str]:
+        check.time_limit_s = seconds  # type: ignore[attr-defined]
+        return check
+
+    return mark
+
+
+def time_limit_s(ex: Exercise) -> float | None:
+    """The seconds a check of `ex` may run: COURSE_EXERCISE_TIME_LIMIT when set, else the check's own limit
+    (`time_limit`), else DEFAULT_TIME_LIMIT_S; None where the check has no limit (every lesson)."""
+    own = getattr(ex.check, "time_limit_s", DEFAULT_TIME_LIMIT_S)
+    if own is None:
+        return None
+    value = os.environ.get(TIME_LIMIT_ENV, "").strip()
+    if not value:
+        return float(own)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{TIME_LIMIT_ENV}={value!r}: give the seconds a check may run (e.g. 120 on a slow "
+                         "machine), or unset it")
+    return seconds
+
+
+def call_shape(ex: Exercise) -> tuple[list[str], list[str], str] | None:
+    """How the check calls the learner's function, read from the solution's `def` (the skeleton's
+    parameters): (the names passed by position, the names passed by keyword: those with a default, the
+    parameter list as written); None when the answer is a value, not a function (every lesson)."""
+    try:
+        tree = ast.parse(ex.solution_path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == ex.answer), None)
+    if fn is None:
+        return None
+    args = fn.args.args
+    first_default = len(args) - len(fn.args.defaults)
+    return ([a.arg for a in args[:first_default]], [a.arg for a in args[first_default:]],
+            ast.unparse(fn.args))
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, (bool, int, float, complex)):
+        return f"the number {value!r}"
+    shown = " ".join(repr(value).split())  # one line
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    size = f" of {len(value)}" if isinstance(value, (tuple, list, dict)) else ""
+    return f"a {type(value).__name__}{size} ({shown})"
+
+
+def _malformed(ex: Exercise, answer: Any) -> Wrong | None:
+    """Wrong for an answer the check could not even call: not a function, or a function whose parameters do
+    not take what the check passes; None otherwise (and for exercises whose answer is a value)."""
+    shape = call_shape(ex)
+    if shape is None:
+        return None
+    positional, keyword, params = shape
+    if not callable(answer):
+        return Wrong("not-a-function", f"`{ex.answer}` is {_describe(answer)}, not a function",
+                     f"define it with `def {ex.answer}({params}):` and run that cell again; a later "
+                     f"`{ex.answer} = {ex.answer}(...)` keeps the result under the function's name")
+    try:
+        signature = inspect.signature(answer)
+    except (TypeError, ValueError):  # a builtin without a signature: the call itself will tell
+        return None
+    try:
+        signature.bind(*positional, **{name: None for name in keyword})
+    except TypeError as err:
+        call = ", ".join([*positional, *(f"{name}=..." for name in keyword)])
+        return Wrong("signature", f"`{ex.answer}{signature}` cannot take what the check passes, "
+                     f"{ex.answer}({call}): {err}", f"keep the skeleton's parameters: "
+                     f"`def {ex.answer}({params}):` (use the ones you need, leave the others)")
+    return None
 
 
 # --- tools of the checks (every lesson's module) ------------------------------------------------------------
@@ -306,20 +417,99 @@ def _failed(ex: Exercise, mistake: str, what: str, hint: str, seed: int | None =
     return Outcome(ex.id, "failed", line, mistake, hint, seed)
 
 
-class _one_thread:
-    """torch on one thread while a check runs: its small ops are then not slowed by a busy machine's other
-    work (a thread pool waits for its slowest thread), and its timings (08-new-rung) are steadier."""
+class _Isolated:
+    """What a check leaves as it found it: torch's random generators (CPU, and CUDA where it is in use),
+    Python's and numpy's, and torch's thread count. The check runs on one thread: its small ops are then not
+    slowed by a busy machine's other work (a thread pool waits for its slowest thread), and its timings
+    (08-new-rung) are steadier."""
 
     def __enter__(self) -> None:
         import torch
 
         self.threads = torch.get_num_threads()
+        self.python_rng = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy_rng = numpy.random.get_state() if numpy is not None else None
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.fork = torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else [])
+        self.fork.__enter__()
         torch.set_num_threads(1)
 
     def __exit__(self, *exc: object) -> None:
         import torch
 
         torch.set_num_threads(self.threads)
+        self.fork.__exit__(None, None, None)
+        random.setstate(self.python_rng)
+        if self.numpy_rng is not None:
+            sys.modules["numpy"].random.set_state(self.numpy_rng)
+
+
+class _Deadline:
+    """Stop the learner's code once `seconds` have passed, inside that code only (never inside the course's
+    code or torch's, whose clean-up must run): SIGALRM, every 50 ms from the deadline on, raises _TimeUp when
+    it lands in the learner's own code, and otherwise sets a trace on the learner's frames under way, so that
+    their next line raises it. The main thread of a POSIX system only (a notebook's cell runs there);
+    elsewhere no limit. An earlier timer (pytest-timeout's) and trace function (a debugger's) are put
+    back."""
+
+    def __init__(self, seconds: float | None, answer: Any) -> None:
+        self.seconds, self.fired, self.armed, self.tracing = seconds, False, False, False
+        self.where = ""  # the learner's line the first stop hit
+        self.codes = _answer_codes(answer)
+        self.files = {c.co_filename for c in self.codes}
+
+    def _learners(self, frame: types.FrameType) -> bool:
+        return frame.f_code in self.codes or frame.f_code.co_filename in self.files
+
+    def _stop(self, frame: types.FrameType) -> None:
+        if not self.fired:
+            line = _source_line(frame.f_code.co_filename, frame.f_lineno)
+            self.where = f" at line {frame.f_lineno} (`{line}`)" if line else ""
+        self.fired = True
+        raise _TimeUp()
+
+    def _line(self, frame: types.FrameType, event: str, arg: Any) -> Any:  # a learner frame's trace
+        if event == "line" and self.armed:
+            self._stop(frame)
+        return self._line
+
+    def _call(self, frame: types.FrameType, event: str, arg: Any) -> Any:  # the global trace: new frames
+        return self._line if self._learners(frame) else None
+
+    def _alarm(self, signum: int, frame: types.FrameType | None) -> None:
+        if frame is not None and self._learners(frame):
+            self._stop(frame)
+        while frame is not None:  # the learner's frames under way raise at their next line
+            if self._learners(frame):
+                frame.f_trace, frame.f_trace_lines = self._line, True
+            frame = frame.f_back
+        if not self.tracing:
+            self.previous_trace, self.tracing = sys.gettrace(), True
+            sys.settrace(self._call)
+
+    def __enter__(self) -> _Deadline:
+        if (self.seconds is None or not self.codes or not hasattr(signal, "setitimer")
+                or threading.current_thread() is not threading.main_thread()):
+            return self
+        self.start = time.monotonic()
+        self.previous = signal.signal(signal.SIGALRM, self._alarm)
+        self.previous_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds, 0.05)
+        self.armed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.armed:
+            return
+        self.armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous)
+        if self.tracing:
+            sys.settrace(self.previous_trace)
+        delay, interval = self.previous_timer
+        if delay > 0:
+            left = delay - (time.monotonic() - self.start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), interval)
 
 
 def _takes_seed(check: Callable[..., str]) -> bool:
@@ -339,16 +529,29 @@ def run_check(ex: Exercise, answer: Any, context: dict[str, Any], seed: int | No
                          f"{ex.answer}, {names})")
     if is_skeleton(answer):
         return _not_attempted(ex)
+    malformed = _malformed(ex, answer)
+    if malformed is not None:
+        return _failed(ex, malformed.mistake, malformed.what, malformed.hint)
     kwargs = dict(context)
     if _takes_seed(ex.check):
         seed = draw_seed() if seed is None else int(seed)
         kwargs["seed"] = seed
     else:
         seed = None
+    limit = time_limit_s(ex)
+    deadline = _Deadline(limit, answer)
     try:
-        with _one_thread():
+        with _Isolated(), deadline:
             detail = ex.check(answer, **kwargs)
-    except Wrong as w:
+        if deadline.fired:  # stopped, and the learner's code caught it and went on
+            raise _TimeUp()
+    except _TimeUp:
+        return _failed(ex, "time-limit", f"it ran for more than {limit:g} s and was stopped{deadline.where}",
+                       "a right answer takes about a second on these small inputs: look for a loop that "
+                       "never ends (an index or a bound that stops moving) or work that grows fast with the "
+                       f"sizes; run it on small inputs yourself (a slow machine? {TIME_LIMIT_ENV}=120 "
+                       "gives every check longer)", seed)
+    except (Wrong, Halt) as w:
         return _failed(ex, w.mistake, w.what, w.hint, seed)
     except NotImplementedError as err:
         if _raised_here(err, answer):  # the skeleton's own `raise`, left after some code

@@ -26,11 +26,19 @@ _OPS = {  # op -> n -> (FLOPs, elements moved, elements of the output), each ten
 }
 _SIZES = {"matmul": (8, 4096), "add": (1_000, 100_000_000), "matvec": (8, 8192)}
 
+_EXACT_ADDS_HINT = ("the roofline's convention counts every multiply-add as two FLOPs, the first product's "
+                    "add included: 2n per output element")
 _FLOP_MISTAKES = {  # op -> [(key, FLOPs that mistake gives, what, hint)]
     "matmul": [("flops-multiply-add", lambda n: n ** 3, "a multiply-add counted as one FLOP",
-                "a multiply-add is two FLOPs: 2n³ for the matmul")],
+                "a multiply-add is two FLOPs: 2n³ for the matmul"),
+               ("flops-exact-adds", lambda n: n * n * (2 * n - 1),
+                "n multiplications and n − 1 additions per output element, n²(2n − 1)",
+                f"{_EXACT_ADDS_HINT}: 2n³ for the matmul")],
     "matvec": [("flops-multiply-add", lambda n: n * n, "a multiply-add counted as one FLOP",
-                "a multiply-add is two FLOPs: 2n² for the matrix-vector product")],
+                "a multiply-add is two FLOPs: 2n² for the matrix-vector product"),
+               ("flops-exact-adds", lambda n: n * (2 * n - 1),
+                "n multiplications and n − 1 additions per output element, n(2n − 1)",
+                f"{_EXACT_ADDS_HINT}: 2n² for the matrix-vector product")],
     "add": [("flops-add-doubled", lambda n: 2 * n, "two FLOPs per element of an add",
              "an add is one FLOP per element; only a multiply-add counts two")],
 }
@@ -88,7 +96,7 @@ def _check_costs(op: str, sizes: list[int], rows: list[tuple]) -> None:
         _named(op, sizes, flops, _FLOP_MISTAKES[op])
         n, g, w = next((n, g, w) for n, g, w in zip(sizes, flops, want) if not close(g, w))
         raise Wrong("flops", f"{op} at n={n:,}: {g:g} FLOPs, expected {w:g} ({g / w:.3g}x)",
-                    "count one FLOP per multiply and one per add")
+                    "count two FLOPs per multiply-add (a multiply and an add), one per add alone")
     bytes_ = [r[1] for r in rows]
     want = [_OPS[op](n)[1] * _E for n in sizes]
     if not all(close(g, w) for g, w in zip(bytes_, want)):
@@ -98,6 +106,10 @@ def _check_costs(op: str, sizes: list[int], rows: list[tuple]) -> None:
                     "count every input read once and the output written once, 4 bytes per fp32 element")
     for n, (f, b, i) in zip(sizes, rows):
         if not close(i, f / b):
+            if close(i, f // b):
+                raise Wrong("intensity-floor-division", f"{op} at n={n:,}: intensity {i:g}, which is "
+                            f"FLOPs // bytes rounded down, not {f / b:g}", "divide with `/`: `//` drops the "
+                            "fraction (an add's 1/12 FLOP per byte becomes 0)")
             if close(i, b / f):
                 raise Wrong("intensity-inverted", f"{op} at n={n:,}: intensity {i:g}, which is bytes / FLOPs",
                             "arithmetic intensity = FLOPs / bytes moved (FLOP per byte)")
@@ -119,6 +131,10 @@ _REGIME_MISTAKES = {  # key -> (ridge-or-rule from (roof, intensity) -> regime, 
     "ridge-first-precision": (lambda r, i: _side(i, next(iter(r.matmul_flops.values())) / r.bandwidth),
                               "the ridge of the first precision the roofline lists",
                               'take the fp32 entry by name: roof.matmul_flops["fp32"]'),
+    "ridge-tf32": (lambda r, i: _side(i, r.matmul_flops.get("tf32", r.matmul_flops["fp32"]) / r.bandwidth),
+                   "the ridge of TF32 where the roofline lists it",
+                   'these ops are fp32: TF32 is a matmul mode a program opts into, not what an add or a '
+                   'matrix-vector product runs; the ridge is roof.matmul_flops["fp32"] / roof.bandwidth'),
     "ridge-slowest": (lambda r, i: _side(i, min(r.matmul_flops.values()) / r.bandwidth),
                       "the ridge of the slowest precision", 'these ops are fp32: roof.matmul_flops["fp32"]'),
     "ridge-not-a-ratio": (lambda r, i: _side(i, min(r.matmul_flops["fp32"], r.bandwidth)),
@@ -139,8 +155,9 @@ _REGIME_MISTAKES = {  # key -> (ridge-or-rule from (roof, intensity) -> regime, 
 
 def _made_up_roofs(rng: random.Random, intensity: float) -> list[tuple[Any, str]]:
     """Rooflines around an op's intensity: on each side of its fp32 ridge, and with other precisions listed
-    first or after fp32, so that the ridge of the fastest, of the slowest and of the first-listed precision
-    each put the op on the wrong side of some of them (and not of the same ones)."""
+    first or after fp32, so that the ridge of the fastest, of the slowest, of the first-listed precision and
+    of TF32 each put the op on the wrong side of some of them (and not of the same ones): one GPU has the
+    op's intensity between its TF32 ridge (6-10x fp32's) and its bf16 one (12-30x)."""
     from helpers.roofline import Roofline
 
     def roof(label: str, fp32_ridge: float, order: tuple[str, ...], **others: float) -> tuple[Any, str]:
@@ -158,6 +175,7 @@ def _made_up_roofs(rng: random.Random, intensity: float) -> list[tuple[Any, str]
         roof("fp32-only device", intensity * rng.uniform(2, 8), ("fp32",)),
         roof(gpu_label, intensity / rng.uniform(1.3, 3), ("fp32", "tf32", "bf16", "fp16"), **gpu()),
         roof(gpu_label, intensity / rng.uniform(1.3, 3), ("bf16", "fp16", "fp32", "tf32"), **gpu()),
+        roof(gpu_label, intensity / rng.uniform(11, 11.9), ("fp32", "tf32", "bf16", "fp16"), **gpu()),
         roof(cpu_label, intensity * rng.uniform(1.2, 2), ("bf16", "fp32"), bf16=1 / rng.uniform(2.5, 4)),
         roof(cpu_label, intensity * rng.uniform(1.2, 2), ("fp32", "bf16"), bf16=1 / rng.uniform(2.5, 4)),
     ]
@@ -180,6 +198,7 @@ def _check_regimes(cases: list[tuple[str, int, Any, str, Any]]) -> None:
     if len(matched) == 1:  # one mistake gives exactly these regimes: name it
         key, what, hint = matched[0]
         raise Wrong(key, f"every regime ({len(cases)} cases) is the one {what} gives", hint)
+    _roof_ignored(cases, got, want)
     i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
     op, n, roof, label, regime = cases[i]
     intensity = _OPS[op](n)[0] / (_OPS[op](n)[1] * _E)
@@ -190,13 +209,35 @@ def _check_regimes(cases: list[tuple[str, int, Any, str, Any]]) -> None:
                 "below it memory-bound")
 
 
+def _roof_ignored(cases: list[tuple[str, int, Any, str, Any]], got: list[str], want: list[str]) -> None:
+    """Wrong when, for each op and size, the answer gives one regime on every roofline, though the right ones
+    change with the roof: a ridge point of its own (a number copied from one roofline), not the roof's."""
+    by_size: dict[tuple[str, int], tuple[set, set]] = {}
+    for (op, n, *_), g, w in zip(cases, got, want):
+        mine, right = by_size.setdefault((op, n), (set(), set()))
+        mine.add(g)
+        right.add(w)
+    varied = [key for key, (mine, right) in by_size.items() if len(right) > 1]
+    if varied and all(len(mine) == 1 for mine, _ in by_size.values()):
+        op, n = varied[0]
+        raise Wrong("ridge-hard-coded", f"{op} at n={n:,} is {next(iter(by_size[op, n][0]))} on every "
+                    f"roofline ({sum(c[:2] == (op, n) for c in cases)} of them), though their fp32 ridge "
+                    "points put it on both sides: the regime does not depend on the roofline",
+                    'take the ridge from the roofline you are given, roof.matmul_flops["fp32"] / '
+                    "roof.bandwidth: a number copied from this machine's roofline fits no other")
+
+
 def roofline_regime(answer: Callable, roof: Any, seed: int) -> str:
     """00-roofline: answer(op, n, roof) -> (FLOPs, bytes, intensity, regime) for matmul, add and matvec at
     sizes drawn from `seed`, on the lesson's roofline and on made-up ones."""
     rng = random.Random(seed)
     regimes, shown, made_up_count = [], [], 0
     for op, (lo, hi) in _SIZES.items():
-        sizes = sorted({int(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(3)})
+        # two sizes anywhere in the range and one in its top quarter (in log scale): every run has a large
+        # matmul, whose 2n³ FLOPs pass 2³¹ (an int32 count overflows; a Python loop counting them never ends)
+        top = math.log(lo) + 0.75 * (math.log(hi) - math.log(lo))
+        sizes = sorted({int(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(2)}
+                       | {int(math.exp(rng.uniform(top, math.log(hi))))})
         rows = [unpack(answer(op, n, roof), 4, "flops, bytes_moved, intensity, regime") for n in sizes]
         _check_costs(op, sizes, [r[:3] for r in rows])
         regimes += [(op, n, roof, "this machine's roofline", r[3]) for n, r in zip(sizes, rows)]

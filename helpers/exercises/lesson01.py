@@ -9,7 +9,13 @@ It checks what the lesson teaches, not only the numbers:
   rows of it for a block of queries. The check gives N_k ≠ N_q keys (a prime number of them, larger than
   every other size), so that a key dimension can be told from a query one by its length;
 - the inputs are left as they were, and the answer is the learner's own: no `scaled_dot_product_attention`
-  (which returns the logsumexp too), no course attention code.
+  (which returns the logsumexp too), no course attention code;
+- **large scores**: three cases whose scores reach ±10⁴ (exact in float32: integer q and k, d = 16), where an
+  answer that skips the running max overflows (exp(s) is inf above s ≈ 88), one whose max starts at 0 instead
+  of -inf underflows (every exp(s − 0) is 0 when a row's scores are all far below 0), and one that takes each
+  block's own max instead of the running one overflows when a block's scores sit far below an earlier
+  block's: each mistake fails its own subset of the three, which names it.
+An answer that runs more than 10,000 tensor operations in one call is stopped (a loop that does not end).
 
 A wrong O or L is compared with what each typical mistake gives on the same inputs (no rescale, one of l
 and acc rescaled, no normalisation, no or a wrong scale, keys left out by the loop or the slice, L without its
@@ -27,7 +33,7 @@ from typing import Any
 
 import torch
 
-from helpers.exercises.core import Wrong, course_code_running, tensors_in, unpack
+from helpers.exercises.core import Halt, Wrong, course_code_running, tensors_in, unpack
 
 __all__ = ["flash_forward"]
 
@@ -35,6 +41,7 @@ _FUSED = ("scaled_dot_product", "flash_attention", "efficient_attention", "flex_
 _KEY_COUNTS = (29, 31, 37, 41, 43, 47)  # primes: no product of the other sizes, longer than all of them
 _QUERY_COUNTS = (5, 7, 11, 13)  # shorter than any key block a learner would pick by themselves (16, 32, ...)
 _HEAD_DIMS = (12, 20, 24)  # not a power of two: a tile of block_q × N_k is not the size of k itself
+_MAX_OPS = 10_000  # tensor operations in one call: a right answer runs about 10 per block of keys
 
 
 # --- the reference and the mistakes, in float64 ------------------------------------------------------------
@@ -117,6 +124,22 @@ def _o_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int) -> li
          f"{b}",
          "k[:, :, start:start + block_k] holds block_k keys: the next block starts where this one ends"),
     ]
+    out += [
+        ("per-block-softmax", (torch.stack([_reference(q, k[:, :, i:i + b], v[:, :, i:i + b])[0]
+                                            for i in every]).mean(0), None),
+         "O is the mean of each block's own softmax·v: every block was normalised alone and the blocks "
+         "weighted equally", "a block's share depends on its scores: carry the running max m and sum l "
+         "across blocks and divide by l once, at the end"),
+        ("last-block-only", _online(q, k, v, every[-1:], b),
+         "O is softmax·v over the last block of keys alone: the running max m was never updated, so "
+         "exp(m - m_new) = exp(-inf) = 0 wiped every earlier block",
+         "after each block, m = m_new: the running max carries from block to block"),
+    ]
+    if d < nk:
+        out.append(("keys-from-d", _online(q, k, v, range(0, d, b), b),
+                    f"O attends to the first keys only: the loop ran over d = {d} (k.shape[-1], the head "
+                    f"dimension), not over the N_k = {nk} keys (k.shape[2])",
+                    "loop over the keys: range(0, k.shape[2], block_k); the last dimension is the head's"))
     if nq < nk:
         out.append(("keys-from-q", _online(q, k, v, range(0, nq, b), b),
                     f"O attends to the first keys only: the loop ran over N_q = {nq} (q's length), not over "
@@ -146,10 +169,11 @@ class _Recorder:
     """What the answer did: every op's output shapes, a fused attention kernel it called, course code it
     called (a TorchDispatchMode sees each op the answer runs, below autograd)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nk: int, b: int) -> None:
         self.outputs: list[tuple[str, tuple[int, ...]]] = []
         self.fused: str | None = None
         self.course: str | None = None
+        self.nk, self.b = nk, b
 
     def mode(self) -> Any:
         from helpers.compat import TorchDispatchMode
@@ -163,6 +187,11 @@ class _Recorder:
                     rec.fused = name
                 if rec.course is None:
                     rec.course = course_code_running()
+                if len(rec.outputs) > _MAX_OPS:  # a bound on time and on memory: the check stops it here
+                    raise Halt("endless", f"it ran more than {_MAX_OPS:,} tensor operations in one call, for "
+                               f"N_k = {rec.nk} keys in blocks of {rec.b} (a right answer runs about 10 per "
+                               "block): a loop that does not end", "loop over the key blocks once: for start "
+                               "in range(0, k.shape[2], block_k) (a while loop must add block_k to start)")
                 out = func(*args, **(kwargs or {}))
                 rec.outputs += [(name, tuple(t.shape)) for t in tensors_in(out)]
                 return out
@@ -172,7 +201,7 @@ class _Recorder:
 
 def _run(answer: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
          block_k: int) -> tuple[torch.Tensor, torch.Tensor, _Recorder]:
-    rec = _Recorder()
+    rec = _Recorder(k.shape[2], block_k)
     given = [t.clone() for t in (q, k, v)]
     with rec.mode():
         got = answer(q, k, v, block_k=block_k)
@@ -316,6 +345,85 @@ def _draw(rng: random.Random, b: int, h: int, nq: int, nk: int, d: int) -> tuple
     return q, k, torch.randn(b, h, nk, d, generator=g)
 
 
+# --- large scores: the cases that break the numerically naive forward ---------------------------------------
+
+_LARGE = {  # case -> what its scores are like
+    "high": "rows whose scores are all about +10⁴",
+    "low": "rows whose scores are all about -10⁴",
+    "steps": "keys in three runs: the middle one 3,000 below the others, so blocks' maxima differ by 3,000",
+}
+_LARGE_MISTAKES = {  # the cases a mistake fails -> (key, what, hint)
+    frozenset({"high", "low"}): (
+        "overflow", "O or L is NaN or inf when the scores are large (about ±10⁴): exp(s) overflowed to "
+        "inf (float32's exp does above s ≈ 88), or underflowed to 0 in every term of a row",
+        "subtract the running max before exp: p = exp(s - m_new[..., None]) is at most 1, and every row "
+        "keeps a term equal to 1"),
+    frozenset({"low"}): (
+        "max-from-zero", "O or L is NaN or inf in rows whose scores are all far below 0 (about -10⁴), and "
+        "right elsewhere: the running max started at 0, so every exp(s - 0) underflowed to 0 and O = 0 / 0",
+        'start the running max at -inf (torch.full(..., float("-inf"))): then m is the largest score seen'),
+    frozenset({"steps"}): (
+        "max-not-running", "O or L is NaN or inf when a block's scores sit 3,000 below an earlier block's: "
+        "the block's own max replaced the running max, so exp(m - m_block) = exp(3000) overflowed",
+        "m_new = torch.maximum(m, s.amax(-1)): the running max never goes down, so exp(m - m_new) is at "
+        "most 1"),
+}
+
+
+def _draw_large(rng: random.Random, kind: str, nq: int, nk: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v whose scores are exact in float32 (integer q and k, d = 16: the scale 1/4 is exact):
+    s = a_i + b_j + e_ij, a per-row offset a, a per-key offset b, and a spread e of up to about ±10."""
+    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    bsz, h, d = 2, 2, 16
+    q = torch.randint(-2, 3, (bsz, h, nq, d), generator=g).float()
+    k = torch.randint(-2, 3, (bsz, h, nk, d), generator=g).float()
+    big = torch.randint(8000, 12001, (bsz, h, nq), generator=g).float()
+    rows = {"high": big, "low": -big, "steps": torch.randint(-5, 6, (bsz, h, nq), generator=g).float()}[kind]
+    keys = torch.zeros(nk)
+    if kind == "steps":
+        keys[nk // 3:2 * nk // 3] = -3000.0
+    q[..., 0], k[..., 0] = rows, 4.0  # q·k / 4 gets a_i from these ...
+    q[..., 1], k[..., 1] = 4.0, keys  # ... and b_j from these
+    return q, k, torch.randn(bsz, h, nk, d, generator=g)
+
+
+def _large_ok(answer: Callable, case: tuple) -> tuple[bool, str]:
+    """Whether O and L are right on a large-score case (within float32's precision at scores of 10⁴: 1 %
+    for O, 0.05 for L); and what went wrong if not."""
+    q, k, v, b = case
+    o, lse, _ = _run(answer, q, k, v, b)
+    want_o, want_l = _reference(q, k, v)
+    bad = int((~torch.isfinite(o)).any(-1).sum() + (~torch.isfinite(lse)).sum())
+    if bad:
+        return False, f"{bad} row(s) of O or L NaN or inf"
+    err = _o_error(o, want_o)
+    l_err = (lse.double() - want_l).abs().max().item()
+    # float32 is 1e-3 apart at 10⁴: a right answer that keeps a rounded L (or s·log2 e) there is off by up to
+    # about 1e-3, while the mistakes these cases catch give NaN or inf
+    if err > 1e-2 or l_err > 0.05:
+        return False, f"O off by up to {err:.2g} (relative), L by up to {l_err:.2g}"
+    return True, ""
+
+
+def _check_large(answer: Callable, rng: random.Random) -> str:
+    nq, nk = rng.choice(_QUERY_COUNTS), rng.choice(_KEY_COUNTS)
+    b = rng.randrange(3, nk // 6 + 1)  # several blocks in each run of keys of the "steps" case
+    failed = {}
+    for kind in _LARGE:
+        ok, why = _large_ok(answer, (*_draw_large(rng, kind, nq, nk), b))
+        if not ok:
+            failed[kind] = why
+    if not failed:
+        return f"scores of ±10⁴ ({nk} keys in blocks of {b})"
+    if frozenset(failed) in _LARGE_MISTAKES:
+        key, what, hint = _LARGE_MISTAKES[frozenset(failed)]
+        raise Wrong(key, what, hint)
+    shown = "; ".join(f"{_LARGE[kind]}: {why}" for kind, why in failed.items())
+    raise Wrong("large-scores", f"O and L are right on the scores above, wrong on large ones ({nk} keys in "
+                f"blocks of {b}): {shown}", "keep every exp's argument at most 0: subtract the running max m "
+                "(it starts at -inf and never goes down), and rescale by exp(m - m_new)")
+
+
 def flash_forward(answer: Callable, seed: int) -> str:
     """01-flash-forward: answer(q, k, v, block_k) -> (O, L), on inputs drawn from `seed`: values at several
     block sizes, no tensor holding more than block_k keys, inputs unchanged."""
@@ -334,15 +442,15 @@ def flash_forward(answer: Callable, seed: int) -> str:
             raise
         one_block_ok = False
     for b in (small, mid):  # several blocks, the last one partial (N_k is prime)
-        others = tuple(x for x in (small, mid, 3, 4, nk - 1) if x != b)
+        others = tuple(x for x in (small, mid, 3, 4, nk - 1, nq, d) if x != b)  # nq, d: keys-from-q or -d
         rec = _check_values(answer, (q, k, v, b), one_block_ok, others)
         _check_tiles(rec, q, k, b)
     _check_values(answer, (q, k, v, whole), None)  # one block: the plain softmax (the error, if any)
     per, m = rng.choice((4, 5, 6)), rng.choice((3, 4, 5))  # self-attention, N = per·m keys in whole blocks
     qs, ks, vs = _draw(rng, bsz, h, per * m, per * m, d)
     _check_values(answer, (qs, ks, vs, per), True)
+    large = _check_large(answer, rng)
     return (f"O and L agree with softmax(q·kᵀ/√d)·v and its logsumexp (float64 reference, relative error "
             f"< 1e-5) for N_q={nq} queries and N_k={nk} keys in blocks of {small}, {mid} and {whole}, and "
-            f"N={per * m} "
-            f"in whole blocks of {per}; no op made a tensor holding more than block_k keys; q, k, v "
-            f"unchanged")
+            f"N={per * m} in whole blocks of {per}, and with {large}; no op made a tensor holding more than "
+            "block_k keys; q, k, v unchanged")

@@ -1,14 +1,19 @@
 """The check of exercise 02-fp16-step (lesson 02, `02_mixed_precision`): one fp16 training step with a
 GradScaler, run on the CPU with a spied scaler and optimizer, on a model, batch, loss scale and clipping norm
 drawn per run: the order of autocast (fp16, forward and loss only), scale, unscale, clip, step and update; the
-update's size (clipped after unscaling, matched to what each mistake's update would be); stale gradients
-cleared (at the start of the step, or at its end); a planted inf gradient skipped and the scale halved.
+scaler passed in used (not one of the step's own), the optimizer stepped once; the update's size (clipped
+after unscaling, matched to what each mistake's update would be: no clipping, clipping before unscaling, a
+norm of 1.0 whatever `max_norm`, each parameter clipped alone); a step whose `max_norm` is above the
+gradient's norm, which must not be clipped at all (a step that always scales the gradient to `max_norm` passes
+wherever clipping bites); stale gradients cleared (at the start of the step, or at its end); a planted inf
+gradient skipped and the scale halved.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+import sys
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -69,10 +74,21 @@ def _spies(log: _Log, lr: float, params: Iterable[nn.Parameter], init_scale: flo
 
     class SpySGD(torch.optim.SGD):
         def step(self, closure: Any = None) -> Any:
-            log.append(("optimizer.step", scaler.in_step))
+            log.append(("optimizer.step", scaler.in_step or _foreign_scaler(scaler)))
             return super().step(closure)
 
     return scaler, SpySGD(params, lr=lr)
+
+
+def _foreign_scaler(ours: Any) -> str | bool:
+    """"foreign" when a GradScaler other than `ours` is stepping the optimizer now (one the step made), else
+    False."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is torch.amp.GradScaler.step.__code__ and frame.f_locals.get("self") is not ours:
+            return "foreign"
+        frame = frame.f_back
+    return False
 
 
 _FP16 = dict(device_type="cpu", dtype=torch.float16)
@@ -92,6 +108,13 @@ def _fp16_case(answer: Callable, model0: nn.Module, batch: dict, max_norm: float
         for p in model.parameters():
             p.grad = torch.full_like(p, float("nan"))
     scaler, opt = _spies(log, 0.1, model.parameters(), init_scale=init_scale)
+    made = torch.amp.GradScaler.__init__
+
+    def note_new_scaler(self: Any, *args: Any, **kwargs: Any) -> None:  # a scaler the step makes itself
+        log.append(("new-scaler",))
+        made(self, *args, **kwargs)
+
+    torch.amp.GradScaler.__init__ = note_new_scaler  # type: ignore[method-assign]
     try:
         loss = answer(model, batch, opt, scaler, torch.device("cpu"), max_norm=max_norm)
     except AssertionError as err:  # the scaler's own: unscale_ or step before any scale()
@@ -100,6 +123,8 @@ def _fp16_case(answer: Callable, model0: nn.Module, batch: dict, max_norm: float
                         f"refused to go on: {str(err).split('.')[0]}", "scaler.scale(loss).backward(): small "
                         "fp16 gradients would underflow to zero otherwise") from None
         raise
+    finally:
+        torch.amp.GradScaler.__init__ = made  # type: ignore[method-assign]
     return log, model, scaler, loss
 
 
@@ -120,12 +145,21 @@ def _check_fp16_order(log: _Log) -> None:
         raise Wrong("backward-in-autocast", "backward ran inside the autocast block",
                     "autocast wraps forward and loss only: close the `with` block before calling backward "
                     "(backward ops already run in the dtypes autocast chose for their forward ops)")
+    steps = [e for e in log if e[0] == "optimizer.step"]
+    if "new-scaler" in names or any(e[1] == "foreign" for e in steps):
+        raise Wrong("own-scaler", "the optimizer was stepped by a GradScaler the step made itself, not by "
+                    "the `scaler` passed in", "use the scaler argument: its loss scale carries from step to "
+                    "step (halved after an overflow, grown after clean steps); a new one each step starts "
+                    "over every time")
     if "scale" not in names:
         raise Wrong("no-scale", "the loss was not scaled before backward",
                     "scaler.scale(loss).backward(): small fp16 gradients would underflow to zero otherwise")
-    steps = [e for e in log if e[0] == "optimizer.step"]
     if not steps:
         raise Wrong("no-step", "the optimizer never stepped", "scaler.step(optimizer) steps it")
+    if len(steps) > 1 and any(e[1] for e in steps):
+        raise Wrong("stepped-twice", f"the optimizer stepped {len(steps)} times in one step: through "
+                    "scaler.step(optimizer) and by optimizer.step() as well", "scaler.step(optimizer) steps "
+                    "it (or skips the step after an overflow): remove the optimizer.step() call")
     if not all(e[1] for e in steps):
         raise Wrong("direct-step", "optimizer.step() was called directly",
                     "call scaler.step(optimizer): it skips the step when a gradient is inf or NaN")
@@ -146,11 +180,14 @@ def _clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
 def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_norm: float,
                      scale: float) -> None:
     """Name the mistake whose update matches the learner's (updates are lr x the gradient SGD used)."""
-    hypotheses = (
+    hypotheses = [
         (None, _clip(grads, max_norm)),
         ("no-clip", grads),
         ("clip-before-unscale", [g / scale for g in _clip([g * scale for g in grads], max_norm)]),
-    )
+        ("clip-per-parameter", [_clip([g], max_norm)[0] for g in grads]),
+    ]
+    if abs(max_norm - 1.0) > 0.1:  # a norm of 1.0 whatever max_norm: tutorials' usual value
+        hypotheses.append(("clip-default-norm", _clip(grads, 1.0)))
     flat = torch.cat([u.flatten() for u in update])
     for mistake, g in hypotheses:
         want = torch.cat([x.flatten() for x in g]) * 0.1
@@ -164,6 +201,14 @@ def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_
                             "while still scaled", "clip the true gradients: scaler.unscale_(optimizer) "
                             "first, then clip_grad_norm_, then scaler.step(optimizer) (which will not "
                             "unscale twice)")
+            if mistake == "clip-per-parameter":
+                raise Wrong(mistake, "each parameter's gradient was clipped to max_norm on its own",
+                            "clip the norm of all the gradients together, as one vector: "
+                            "clip_grad_norm_(model.parameters(), max_norm)")
+            if mistake == "clip-default-norm":
+                raise Wrong(mistake, f"the gradients were clipped to a norm of 1.0, not max_norm = "
+                            f"{max_norm:.3g}", "pass the step's max_norm: "
+                            "clip_grad_norm_(model.parameters(), max_norm)")
             return
     want = torch.cat([x.flatten() for x in hypotheses[0][1]]) * 0.1
     if not bool(flat.any()):
@@ -177,6 +222,32 @@ def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_
                 f"gradient, in a direction {cosine:.2f} cosine-similar to it",
                 "zero the gradients, autocast the forward and loss, scale(loss).backward(), unscale_, clip, "
                 "scaler.step, scaler.update: in that order")
+
+
+def _check_unclipped(update: list[torch.Tensor], grads: list[torch.Tensor], max_norm: float,
+                     norm: float) -> None:
+    """With max_norm above the gradient's norm, the update is the learning rate times the gradient itself."""
+    flat = torch.cat([u.flatten() for u in update])
+    for target, g in ((None, grads), ("normalised", [x * (max_norm / norm) for x in grads]),
+                      ("default", _clip(grads, 1.0))):
+        want = torch.cat([x.flatten() for x in g]) * 0.1
+        if torch.allclose(flat, want, rtol=2e-2, atol=1e-7 + 2e-2 * want.abs().max().item()):
+            if target is None:
+                return
+            if target == "default":
+                raise Wrong("clip-default-norm", f"the gradients were clipped to a norm of 1.0, not "
+                            f"max_norm = {max_norm:.3g}", "pass the step's max_norm: "
+                            "clip_grad_norm_(model.parameters(), max_norm)")
+            raise Wrong("normalised-not-clipped", f"with max_norm = {max_norm:.3g} above the gradient's norm "
+                        f"({norm:.3g}) the gradients were scaled up to max_norm: they were normalised, not "
+                        "clipped", "clipping only shrinks: scale by min(1, max_norm / norm), or call "
+                        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)")
+    want = torch.cat([x.flatten() for x in grads]) * 0.1
+    ratio = (flat.norm() / want.norm()).item()
+    raise Wrong("update", f"with max_norm = {max_norm:.3g} above the gradient's norm ({norm:.3g}), where "
+                f"clipping changes nothing, the update's norm is {ratio:.3g}x the learning rate times the "
+                "gradient", "clip only when the norm is above max_norm: clip_grad_norm_(model.parameters(), "
+                "max_norm) after scaler.unscale_(optimizer)")
 
 
 def fp16_step(answer: Callable, seed: int) -> str:
@@ -195,6 +266,8 @@ def fp16_step(answer: Callable, seed: int) -> str:
     grads = [p.grad.detach().clone() for p in ref.parameters()]
     norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
     max_norm = norm * rng.uniform(0.05, 0.4)  # clipping bites
+    while abs(max_norm - 1.0) < 0.2:  # 1.0, tutorials' usual norm, must give another update than max_norm's
+        max_norm = norm * rng.uniform(0.05, 0.4)
     log, model, scaler, loss = _fp16_case(answer, model0, batch, max_norm, init_scale)
     _check_fp16_order(log)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -204,6 +277,10 @@ def fp16_step(answer: Callable, seed: int) -> str:
                     "scaler.scale(loss)")
     update = [(p0 - p).detach() for p0, p in zip(model0.parameters(), model.parameters())]
     _diagnose_update(update, grads, max_norm, init_scale)
+    loose = norm * rng.uniform(2, 5)  # max_norm above the gradient's norm: clipping must change nothing
+    _, loose_model, _, _ = _fp16_case(answer, model0, batch, loose, init_scale)
+    _check_unclipped([(p0 - p).detach() for p0, p in zip(model0.parameters(), loose_model.parameters())],
+                     grads, loose, norm)
     cleared_at_end = all(p.grad is None or not bool(p.grad.any()) for p in model.parameters())
     stale_log, stale_model, _, _ = _fp16_case(answer, model0, batch, max_norm, init_scale, stale=True)
     if not cleared_at_end and all(torch.equal(a, b) for a, b in zip(model0.parameters(),
@@ -222,6 +299,6 @@ def fp16_step(answer: Callable, seed: int) -> str:
         raise Wrong("no-backoff", "after an inf gradient the scale did not come down",
                     "scaler.update() after scaler.step(optimizer) halves it")
     return (f"forward and loss under fp16 autocast, backward outside it, scaled (by {init_scale:g}); "
-            f"unscaled "
-            f"before clipping to {max_norm:.3g} (the gradient's norm: {norm:.3g}); the update is the clipped "
-            "gradient's; stale gradients cleared; a planted inf skipped the step and halved the scale")
+            f"unscaled before clipping to {max_norm:.3g} (the gradient's norm: {norm:.3g}); the update is "
+            f"the clipped gradient's, and the gradient's own with max_norm {loose:.3g}; stale gradients "
+            "cleared; a planted inf skipped the step and halved the scale")

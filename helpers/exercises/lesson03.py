@@ -4,7 +4,9 @@ them, for capacities and limits drawn per run: doubling then bisecting, memory r
 not out-of-memory (a CUDA fault, which is a RuntimeError like the out-of-memory error itself, and a
 ValueError) propagated. A wrong size is named only when it is what a typical mistake gives in every case (no
 bisection, the limit never tried, the first size that failed); a memory problem by an experiment that tells
-them apart (the same search without reference cycles; whether `gc.collect()` ran at all).
+them apart (the same search without reference cycles; whether `gc.collect()` ran at all). A search that tries
+one size more than five times, or makes more tries than a linear search would, is stopped there (with the
+garbage collector off, its failed tries would hold memory without bound) and told where it loops.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from helpers.exercises.core import Wrong, course_code_running
+from helpers.exercises.core import Halt, Wrong, course_code_running
 
 __all__ = ["largest_batch"]
 
@@ -31,6 +33,7 @@ class _Memory:
     """A simulated device: `capacity` units; a try uses n units until the tensors of that try are freed."""
 
     capacity: int
+    limit: int = 0  # the search's limit: more tries than limit + 64 is a search that does not end
     live: int = 0
     calls: list[int] = field(default_factory=list)
     course: str | None = None  # a course function the learner's search went through
@@ -53,6 +56,7 @@ def _sim_step(mem: _Memory, cycle: bool, poison: tuple[int, type] | None = None)
     def step(n: int) -> None:  # a training step on a batch of n, on the simulated device
         mem.calls.append(n)
         mem.course = mem.course or course_code_running()
+        _stop_endless(mem, n)
         if poison is not None and n >= poison[0]:
             raise poison[1](_CUDA_FAULT if poison[1] is RuntimeError else
                             "simulated: a bug in the step itself (a ValueError), not an out-of-memory error")
@@ -65,6 +69,24 @@ def _sim_step(mem: _Memory, cycle: bool, poison: tuple[int, type] | None = None)
     return step
 
 
+def _stop_endless(mem: _Memory, n: Any) -> None:
+    """Halt a search that tries one size again and again, or more sizes than a linear search would."""
+    again = mem.calls.count(n) if len(mem.calls) < 10_000 else 6
+    if again <= 5 and len(mem.calls) <= mem.limit + 64:
+        return
+    last = ", ".join(map(str, mem.calls[-8:]))
+    if again > 5:
+        raise Halt("endless", f"it tried batch size {n} {again} times (the last tries: {last}; limit "
+                   f"{mem.limit}): the search does not end", "each try must shrink the range between the "
+                   "last size that fitted and the first that failed, and the search stops when they are 1 "
+                   "apart; "
+                   "with lo = mid after a fit, take mid = (lo + hi + 1) // 2, or lo stays where it is; stop "
+                   "doubling at the limit")
+    raise Halt("endless", f"{len(mem.calls)} tries with limit {mem.limit} (the last: {last}): more than a "
+               "linear search makes, and still going", "double from 1 while it fits (up to the limit), then "
+               "bisect: about 2·log2(limit) tries")
+
+
 @dataclass
 class _Search:
     got: Any
@@ -74,7 +96,7 @@ class _Search:
 
 def _search(answer: Callable, capacity: int, limit: int, cycle: bool,
             poison: tuple[int, type] | None = None) -> _Search:
-    mem = _Memory(capacity)
+    mem = _Memory(capacity, limit)
     collections = []
 
     def count(phase: str, info: dict) -> None:
@@ -87,6 +109,13 @@ def _search(answer: Callable, capacity: int, limit: int, cycle: bool,
     gc.callbacks.append(count)
     try:
         got = answer(_sim_step(mem, cycle, poison), limit)
+    except torch.cuda.OutOfMemoryError as err:
+        if "(simulated)" not in str(err):
+            raise
+        raise Wrong("oom-not-caught", f"an out-of-memory error escaped your function (batch {mem.calls[-1]} "
+                    f"does not fit a capacity of {capacity}; limit {limit})", "catch "
+                    "torch.cuda.OutOfMemoryError around step_fn(n): that is how a size that does not fit "
+                    "shows (step_fn returns nothing when it fits)") from None
     finally:
         gc.callbacks.remove(count)
         gc.unfreeze()

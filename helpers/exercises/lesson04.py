@@ -129,52 +129,58 @@ def _watch_course_functions() -> Iterator[list[str]]:
 
 
 def _hypotheses(case: Case) -> list[tuple[str, float, str]]:
-    """(mistake, the seconds it gives on this case, its hint): what a learner's wrong time would equal."""
+    """(mistake, the seconds it gives on this case, its hint) for every mistake, on every case: a mistake that
+    touches only one time model gives the right time in the other."""
     t = case.terms
     c, m, o = t["compute"], t["memory"], t["overhead"]
     once = case.overhead_s  # the overhead of one call, not of `calls`
     work = max(c, m)
+    right = case.seconds
     # FLOPs over bandwidth and bytes over peak: the counts swapped between the two roofs
     roofs_swapped = roof_times(case.bytes_moved, case.flops, 0, peak_flops=case.peak_flops,
                                bandwidth=case.bandwidth, overhead_s=0.0)
     swapped = max(roofs_swapped["compute"], roofs_swapped["memory"])
-    right = case.seconds
+    floored = max(case.flops // case.peak_flops, case.bytes_moved // case.bandwidth)  # both 0 below 1 s
+    sync = case.synchronous
     both = ("compute and memory overlap inside one op's kernel: take the larger of the two; the calls' cost "
             "adds to it on a synchronous device (a CPU) and hides under it on an asynchronous one (a GPU)")
-    out = [("sum", c + m + o, both)]
-    if case.synchronous:
-        out.append(("max-on-synchronous", max(work, o),
-                    "on a synchronous device (a CPU) each call is paid before its work starts, so the two "
-                    "add: calls × overhead + max(compute, memory); the largest of the three is the GPU's "
-                    "model"))
-    else:
-        out.append(("additive-on-asynchronous", o + work,
-                    "on an asynchronous device (a GPU) the host launches the next kernels while earlier ones "
-                    "run, so the calls' cost hides under the work: max(compute, memory, calls × overhead)"))
-    out += [
-        ("one-call", once + work if case.synchronous else max(work, once),
+    return [
+        ("sum", c + m + o, both),
+        ("max-on-synchronous", max(work, o) if sync else right,
+         "on a synchronous device (a CPU) each call is paid before its work starts, so the two add: "
+         "calls × overhead + max(compute, memory); the largest of the three is the GPU's model"),
+        ("additive-on-asynchronous", right if sync else o + work,
+         "on an asynchronous device (a GPU) the host launches the next kernels while earlier ones run, so "
+         "the calls' cost hides under the work: max(compute, memory, calls × overhead)"),
+        ("models-swapped", max(work, o) if sync else o + work,
+         "the two time models are swapped: synchronous (a CPU, synchronous=True) adds the calls' cost, "
+         "calls × overhead + max(compute, memory); asynchronous (a GPU) takes the largest of the three"),
+        ("no-overhead-on-asynchronous", right if sync else work,
+         "on a GPU the launches hide under the work only while there is more work than launching: the time "
+         "is max(compute, memory, calls × overhead), so an op of many tiny kernels is overhead-bound"),
+        ("one-call", once + work if sync else max(work, once),
          "overhead_s is the cost of ONE call: the op pays it `calls` times"),
         ("no-overhead", work, "every call costs at least its fixed overhead (dispatch, launch): take "
                               "calls × overhead_s into the time"),
-        ("units", (o + swapped) if case.synchronous else max(swapped, o),
+        ("units", (o + swapped) if sync else max(swapped, o),
          "compute time = FLOPs ÷ peak FLOP/s; memory time = bytes ÷ bandwidth (you divided the other way)"),
+        ("floor-division", o + floored if sync else max(floored, o),
+         "divide with `/`: `//` rounds each time down to whole seconds, and an op's microseconds become 0"),
         ("milliseconds", right * 1e3, "return seconds, not milliseconds"),
         ("microseconds", right * 1e6, "return seconds, not microseconds"),
     ]
-    return out
 
 
-def _diagnose_seconds(wrong: list[tuple[Case, float]]) -> None:
-    """Name the mistake whose time equals the answer's on every case it got wrong (one hypothesis across all
-    of them: on one case two mistakes can give the same time); else say what differs on the first."""
-    common: list[tuple[str, str]] | None = None
-    for case, seconds in wrong:
-        matching = [(mistake, hint) for mistake, value, hint in _hypotheses(case)
-                    if close(seconds, value, 1e-6) and not close(value, case.seconds, 1e-3)]
-        common = matching if common is None else [m for m in common if m in matching]
-    case, seconds = wrong[0]
-    if common:
-        mistake, hint = common[0]
+def _diagnose_seconds(answers: list[tuple[Case, float]]) -> None:
+    """Name the one mistake whose time equals the answer's on every case (the right ones included: a mistake
+    of one time model leaves the other's times right); else say what differs on the first wrong case."""
+    tables = [(case, seconds, _hypotheses(case)) for case, seconds in answers]
+    keys = [key for key, _, _ in tables[0][2]]
+    matched = [i for i, key in enumerate(keys)
+               if all(close(seconds, hyps[i][1], 1e-6) for _, seconds, hyps in tables)]
+    case, seconds = next((c, s) for c, s in answers if not close(s, c.seconds, 1e-6))
+    if len(matched) == 1:
+        mistake, _, hint = tables[0][2][matched[0]]
         raise Wrong(mistake, f"for {case}: {seconds:.4g} s, expected {case.seconds:.4g} s", hint)
     t = case.terms
     raise Wrong("seconds", f"for {case}: {seconds:.4g} s, expected {case.seconds:.4g} s "
@@ -223,9 +229,8 @@ def predict_time(answer: Callable, seed: int | None = None, device: Any = None) 
             raise Wrong("seconds-type", f"seconds is a {type(seconds).__name__}",
                         "return the time as a number")
         answers.append((case, regime, float(seconds)))
-    wrong_times = [(case, s) for case, _, s in answers if not close(s, case.seconds, 1e-6)]
-    if wrong_times:
-        _diagnose_seconds(wrong_times)
+    if any(not close(s, case.seconds, 1e-6) for case, _, s in answers):
+        _diagnose_seconds([(case, s) for case, _, s in answers])
     for case, regime, _ in answers:
         if regime != case.regime:
             _diagnose_regime(case, regime)

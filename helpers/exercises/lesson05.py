@@ -2,7 +2,9 @@
 breaks (`loss_with_breaks`, which the notebook shows as it stands here) written again in one graph:
 the same loss and gradients with `max_loss` below and above the loss, on a small Transformer and a batch drawn
 per run, and no break (`torch._dynamo.explain`). A wrong gradient is named by what it is (all zero where the
-guard scales the loss, as a clamp or a division by the loss itself gives), or by where it differs.
+guard scales the loss, as a clamp or a division by the loss itself gives; none at all, from a detached loss),
+or by where it differs. `torch._dynamo.explain` resets Dynamo's cache (a compiled model compiles again on its
+next call).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ def _loss_and_grads(fn: Callable, model: nn.Module, batch: dict, max_loss: float
     if not isinstance(out, torch.Tensor) or out.numel() != 1:
         raise Wrong("return-loss", f"it returned {type(out).__name__}",
                     "return the loss, a one-element tensor")
+    if not out.requires_grad:
+        raise Wrong("no-grad", "the loss it returned has no gradient (requires_grad is False): it was "
+                    "detached, or rebuilt from Python numbers", "compute it from model(**batch).loss with "
+                    "tensor operations, so that backward reaches the weights; detach only the factor "
+                    "(max_loss / loss.detach())")
     out.backward()
     return out.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
                           for p in model.parameters()]

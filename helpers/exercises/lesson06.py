@@ -13,8 +13,11 @@ What synchronises is counted, not a list of method names: everything the loop do
 - a copy of device data to the host (`.cpu()`, `.to("cpu")`, writing into a host tensor, `.tolist()`,
   `.numpy()` / `np.asarray`, printing, `torch.tensor` of device tensors).
 The reads made while steps are still to come must not grow with the number of steps; reads after the last
-step are free (the device has nothing queued behind them). The losses must be the given loop's, and a NaN
-planted in a step drawn per run must still raise FloatingPointError.
+step are free (the device has nothing queued behind them). The losses must be the given loop's, and a NaN,
+then an inf, planted in a step drawn per run (never the last) must still raise FloatingPointError: the step
+skips its update when its loss is not finite, as a GradScaler's step does, so a bad loss stays in its own step
+instead of spreading to every later one (where checking the last loss alone would find it), and
+`torch.isnan` misses the inf. A loop that calls the training step more than twice per batch is stopped.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.exercises.core import Wrong, close, learner_line, tensors_in
+from helpers.exercises.core import Halt, Wrong, close, learner_line, tensors_in
 
 __all__ = ["hidden_syncs", "train_loop_with_syncs"]
 
@@ -162,9 +165,9 @@ class _Device:
         return out
 
 
-def _count(answer: Callable, n: int, seed: int, nan_at: int | None = None) -> tuple[Any, list[_Sync]]:
+def _count(answer: Callable, n: int, seed: int) -> tuple[Any, list[_Sync]]:
     """Run the loop over n steps on the modelled device: (its result, the syncs it made)."""
-    train_step, batches = _sync_setup(n, seed, nan_at)
+    train_step, batches = _sync_setup(n, seed)
     dev = _Device(answer)
     before_last = [0]  # syncs made before the latest step began
 
@@ -184,7 +187,11 @@ def _count(answer: Callable, n: int, seed: int, nan_at: int | None = None) -> tu
     return result, dev.syncs
 
 
-def _sync_setup(n: int, seed: int, nan_at: int | None = None) -> tuple[Callable, list]:
+def _sync_setup(n: int, seed: int, plant: tuple[int, float] | None = None) -> tuple[Callable, list]:
+    """The training step and n batches drawn from `seed`; `plant` = (step, value): that step's loss gets the
+    value (NaN or inf) added. A step whose loss is not finite leaves the weights alone (a GradScaler's skip,
+    done without a host read), so later losses stay finite. The step stops a loop that calls it more than
+    twice per batch."""
     g = torch.Generator().manual_seed(seed)
     width, classes = 4 + seed % 7, 2 + seed % 4
     model = nn.Linear(width, classes)
@@ -194,12 +201,21 @@ def _sync_setup(n: int, seed: int, nan_at: int | None = None) -> tuple[Callable,
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = [{"x": torch.randn(3 + seed % 3, width, generator=g),
                 "y": torch.randint(classes, (3 + seed % 3,), generator=g)} for _ in range(n)]
-    if nan_at is not None:
-        batches[nan_at]["x"][0, 0] = float("nan")
+    calls = [0]
 
     def train_step(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] > 2 * n + 2:
+            raise Halt("endless", f"it called train_step {calls[0]} times for {n} batches: the loop does not "
+                       "end", "train on each batch once: for batch in batches (a while loop must advance "
+                       "its index)")
         loss = F.cross_entropy(model(batch["x"]), batch["y"])
+        if plant is not None and calls[0] == plant[0] + 1:
+            loss = loss + plant[1]
         loss.backward()
+        finite = torch.isfinite(loss)
+        for p in model.parameters():  # a non-finite loss: no update (no read of the value: torch.where)
+            p.grad = torch.where(finite, p.grad, torch.zeros_like(p.grad))
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
@@ -251,20 +267,27 @@ def hidden_syncs(answer: Callable, seed: int) -> str:
         key, why, hint = _HINTS[last.kind]
         raise Wrong(key, f"{per_step:g} synchronisation(s) per step remain inside the loop; the last: "
                     f"{last.call} at `{last.line}`: {why}", hint)
-    nan_at = rng.randrange(0, few)
-    try:
-        answer(*_sync_setup(few, data, nan_at=nan_at))
-    except FloatingPointError:
-        pass
-    except Exception as err:  # noqa: BLE001 - another error than the one asked for
-        raise Wrong("wrong-error", f"a NaN loss (planted in step {nan_at}) raised {type(err).__name__}, not "
-                    "FloatingPointError", "raise FloatingPointError(...) when a loss is not finite") from None
-    else:
-        raise Wrong("nan-unnoticed", f"a NaN loss (planted in step {nan_at} of {few}) went unnoticed",
-                    "after the loop: if not torch.isfinite(stacked).all(), raise FloatingPointError")
+    nan_at, inf_at = rng.randrange(0, few - 1), rng.randrange(0, few - 1)  # never the last step
+    for what, value, at in (("NaN", float("nan"), nan_at), ("inf", float("inf"), inf_at)):
+        try:
+            answer(*_sync_setup(few, data, plant=(at, value)))
+        except FloatingPointError:
+            continue
+        except Exception as err:  # noqa: BLE001 - another error than the one asked for
+            raise Wrong("wrong-error", f"a{'n' if what == 'inf' else ''} {what} loss (planted in step {at}) "
+                        f"raised {type(err).__name__}, not FloatingPointError",
+                        "raise FloatingPointError(...) when a loss is not finite") from None
+        if what == "NaN":
+            raise Wrong("nan-unnoticed", f"a NaN loss (planted in step {at} of {few}; the step skipped its "
+                        "update, so the later losses stayed finite) went unnoticed",
+                        "after the loop: if not torch.isfinite(stacked).all(), raise FloatingPointError "
+                        "(every loss, not the last one only)")
+        raise Wrong("inf-unnoticed", f"an inf loss (planted in step {at} of {few}) went unnoticed, though a "
+                    "NaN was caught", "torch.isnan (and math.isnan) say False for inf: test "
+                    "torch.isfinite(stacked).all(), which catches NaN and ±inf")
     given = [s for s in _count(train_loop_with_syncs, many, data)[1] if s.steps_left]
     after = len(syncs_many) - len(inside_many)
     return (f"same losses as the given loop; {len(inside_many)} synchronisation(s) inside the loop whether "
             f"{few} or {many} steps, {after} after it (the given loop: {len(given)} inside for {many} "
             f"steps); "
-            f"a NaN planted in step {nan_at} raised FloatingPointError")
+            f"a NaN planted in step {nan_at} and an inf in step {inf_at} raised FloatingPointError")

@@ -12,8 +12,10 @@ in every simulated climb; otherwise the line says at which rung it differs and w
 08-new-rung: a rung the ladder lacks, and a measured task: the rung runs on a tiny BERT (built here, weights
 and batches drawn per run), is checked against the baseline by `helpers.ladder.measure_stack` (correct before
 fast) and timed beside it by the ladder's keep rule (`ladder.climb_stacks`, one thread, in well under a
-second). Kept or dropped, the line says what this machine measured; a rung this device cannot run, one that
-disagrees with the baseline, or one whose switch changes nothing here fails with the reason.
+second), on the device the lesson runs on (`helpers.device.get_device`, as the lesson picks it; `device=`
+to choose): a rung a GPU runs (FlexAttention, FP8 on Hopper) is measured there. Kept or dropped, the line says
+what this device measured; a rung this device cannot run, one that disagrees with the baseline, or one whose
+switch changes nothing here fails with the reason. A name and a claim are required, as strings.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from helpers.exercises.core import Wrong, course_module
+from helpers.exercises.core import Halt, Wrong, course_module, time_limit
 
 __all__ = ["greedy_climb", "new_rung"]
 
@@ -49,6 +51,7 @@ def _rule(name: str) -> Callable[[Any, Any], bool]:
             "no-spread": ratio > 1,
             "sum-of-spreads": ratio > 1 + rc + rb,
             "min-of-spreads": ratio > 1 + min(rc, rb),
+            "spread-over-best-median": ratio > 1 + max(ci, bi) / bm,
             "intervals": cm + ci < bm - bi,
         }[name]
 
@@ -72,6 +75,10 @@ _RULE_HINTS = {
                        "the rule takes the larger of the two relative spreads, not their sum"),
     "min-of-spreads": ("its decisions are those of the smaller of the two relative spreads",
                        "the rule takes the larger of the two relative spreads: the noisier arm decides"),
+    "spread-over-best-median": ("its decisions are those of the larger IQR divided by the best stack's "
+                                "median (the candidate's IQR is relative to its own median)",
+                                "take each arm's relative spread, IQR / its own median, then the larger: "
+                                "max(candidate.iqr_s / candidate.median_s, best.iqr_s / best.median_s)"),
     "intervals": ("its decisions are those of non-overlapping intervals (candidate median + IQR below the "
                   "best's median - IQR)", "the ladder's rule is a ratio: keep when best.median_s / "
                   "candidate.median_s > 1 + max(candidate.iqr_s / candidate.median_s, best.iqr_s / "
@@ -135,6 +142,8 @@ class _Machine:
         self.effect: dict[tuple[str, Any], float] = {}
         self.calls: list[tuple[Any, Any]] = []
         self.rng = rng
+        self.max_calls: int | None = None  # the learner's climb: stopped beyond this many sessions
+        self.sessions: dict[tuple[str, ...], int] = {}  # each pair: how many times it was timed so far
 
     def factor(self, switch: str, value: Any) -> float:
         if (switch, value) not in self.effect:
@@ -161,8 +170,14 @@ class _Machine:
         """Two stacks timed side by side in one session: (a's Timing, b's Timing)."""
         from helpers.timing import Timing
 
+        if self.max_calls is not None and len(self.calls) >= self.max_calls:
+            raise Halt("endless", f"it timed more than {self.max_calls} sessions for "
+                       f"{(self.max_calls - 8) // 4} rungs: the climb does not end", "one session per rung: "
+                       "for rung in rungs (a while loop must move on to the next rung whether the rung was "
+                       "kept or dropped)")
         key = tuple(sorted((repr(a), repr(b))))  # one session, whichever arm is named first
-        k = sum(1 for x in self.calls if _pair(x) == key)
+        k = self.sessions.get(key, 0)
+        self.sessions[key] = k + 1
         self.calls.append((a, b))
         load = 1 + _draw(self.salt, key, k).uniform(0, 1.0)  # the machine's load now: both arms alike
         out = []
@@ -213,23 +228,18 @@ def _climbs(seed: int, n: int) -> tuple[tuple[int, tuple], ...]:
         return res
 
     chosen: list[tuple[int, tuple]] = []
-    seen: list[list] = []
+    unsplit = {(i, j) for i in range(len(_HYPOTHESES)) for j in range(i + 1, len(_HYPOTHESES))}
     for _ in range(400):
         rungs = rng.sample(ladder.RUNGS, rng.randrange(5, len(ladder.RUNGS) + 1))
         m_seed = rng.randrange(2 ** 31)
         outs = outputs(m_seed, rungs)
-        split_before = _pairs_split(seen)
-        if len(chosen) < n or _pairs_split([*seen, outs]) > split_before:
+        splits = {(i, j) for i, j in unsplit if outs[i] != outs[j]}  # pairs this climb tells apart
+        if len(chosen) < n or splits:
             chosen.append((m_seed, tuple(rungs)))
-            seen.append(outs)
-        if len(chosen) >= n and _pairs_split(seen) == len(_HYPOTHESES) * (len(_HYPOTHESES) - 1) // 2:
+            unsplit -= splits
+        if len(chosen) >= n and not unsplit:
             break
     return tuple(chosen)
-
-
-def _pairs_split(seen: list[list]) -> int:
-    n = len(_HYPOTHESES)
-    return sum(any(o[i] != o[j] for o in seen) for i in range(n) for j in range(i + 1, n))
 
 
 class _CourseCalls:
@@ -262,6 +272,7 @@ def _run_climb(answer: Callable, seed: int, rungs: list) -> tuple[Any, list, lis
 
     m = _Machine(random.Random(seed), ladder.BASELINE)
     m.draw_effects(rungs)
+    m.max_calls = 4 * len(rungs) + 8
     with _CourseCalls() as course:
         got = answer(ladder.BASELINE, list(rungs), m.time_pair)
     if course.found:
@@ -311,6 +322,22 @@ def _first_difference(answer_run: tuple, right_run: tuple, seed: int, rungs: lis
     return f"the decisions are right, but it returned {_shown(stack)}, not {_shown(r_stack)}"
 
 
+def _check_sessions(runs: list, climbs: tuple) -> None:
+    """Wrong when a climb timed other than one session per rung: twice per rung (its two timings taken from
+    two sessions), or some other count."""
+    for (stack, kept, calls), (_, rungs) in zip(runs, climbs):
+        if len(calls) == len(rungs):
+            continue
+        pairs = [_pair(c) for c in calls]
+        if len(calls) == 2 * len(rungs) and all(pairs[i] == pairs[i + 1] for i in range(0, len(pairs), 2)):
+            raise Wrong("two-sessions", f"it timed each rung twice ({len(calls)} sessions for {len(rungs)} "
+                        "rungs): the candidate's and the best stack's timings came from different sessions",
+                        "call time_side_by_side(candidate, best) once per rung and use both timings it "
+                        "returns: they share one session's load, which a second session does not")
+        raise Wrong("sessions-per-rung", f"it timed {len(calls)} sessions for {len(rungs)} rungs",
+                    "one session per rung: t_c, t_b = time_side_by_side(candidate, best)")
+
+
 def greedy_climb(answer: Callable, seed: int) -> str:
     """08-greedy-climb: answer(baseline, rungs, time_side_by_side) -> (your stack, [kept?]) on simulated
     machines drawn from `seed`."""
@@ -350,6 +377,7 @@ def greedy_climb(answer: Callable, seed: int) -> str:
         how, rule = matched[0]
         key, (what, hint) = (how, _CLIMB_HINTS[how]) if how != "greedy" else (rule, _RULE_HINTS[rule])
         raise Wrong(key, f"{what}, in all {len(climbs)} simulated climbs", hint)
+    _check_sessions(runs, climbs)
     i = next(i for i, (a, r) in enumerate(zip(runs, rights)) if not same(a, r))
     raise Wrong("climb", _first_difference(runs[i], rights[i], *climbs[i]),
                 "for each rung: candidate = rung.on(best); t_c, t_b = time_side_by_side(candidate, best); "
@@ -388,15 +416,18 @@ def _form(answer: Any) -> Any:
         raise Wrong("no-effect", f"RunSpec.{answer.switch}={answer.value!r} changes nothing on the baseline: "
                     f"{_NO_EFFECT[answer.switch][1]}", "pick a switch that changes what the step computes or "
                                                        "how")
-    if len(answer.claim.split()) < 2:
-        raise Wrong("no-claim", f"its claim is {answer.claim!r}", "say what is commonly claimed for it, in a "
-                                                                  "few "
-                    "words: the ladder prints it next to what this machine measured")
+    if not isinstance(answer.name, str) or not answer.name.strip():
+        raise Wrong("no-name", f"its name is {answer.name!r}", 'name it as the ladder\'s rungs are named, '
+                    'e.g. "+ activation checkpointing": the ladder\'s table prints it')
+    if not isinstance(answer.claim, str) or len(answer.claim.split()) < 2:
+        raise Wrong("no-claim", f"its claim is {answer.claim!r}, not a sentence", "say what is commonly "
+                    "claimed for it, in a few words: the ladder prints it next to what this machine measured")
     return stack
 
 
-def _tiny_ladder(rng: random.Random) -> tuple[Callable, dict, dict]:
-    """A tiny random-weight BERT and batches for every padding: the ladder in well under a second."""
+def _tiny_ladder(rng: random.Random, device: Any) -> tuple[Callable, dict, dict]:
+    """A tiny random-weight BERT (each copy on `device`) and batches for every padding: the ladder in well
+    under a second."""
     import copy
 
     import torch
@@ -423,7 +454,7 @@ def _tiny_ladder(rng: random.Random) -> tuple[Callable, dict, dict]:
             check[padding] = _repadded(check["fixed"], padding, seq)
 
     def make_model() -> Any:
-        return copy.deepcopy(pristine)
+        return copy.deepcopy(pristine).to(device)
 
     return make_model, batches, check
 
@@ -439,15 +470,20 @@ def _repadded(batch: dict, padding: str, seq: int) -> dict:
     return next(iter(loader))
 
 
-def new_rung(answer: Any, seed: int) -> str:
+@time_limit(None)  # no code of the learner's runs: the course's ladder measures a value
+def new_rung(answer: Any, seed: int, device: Any = None) -> str:
     """08-new-rung: answer is a helpers.ladder.Rung the ladder does not have yet; it is measured on a tiny
-    BERT (checked against the baseline, timed beside it, judged by the keep rule)."""
+    BERT (checked against the baseline, timed beside it, judged by the keep rule) on `device`: the lesson's
+    (None: the one `helpers.device.get_device` picks, as the lesson does), so a rung a GPU runs is measured
+    on the GPU."""
     import torch
 
     from helpers import ladder
+    from helpers.device import get_device
 
     stack = _form(answer)
-    make_model, batches, check = _tiny_ladder(random.Random(seed))
+    device = get_device() if device is None else torch.device(device)
+    make_model, batches, check = _tiny_ladder(random.Random(seed), device)
     import transformers
 
     quiet: list[str] = []
@@ -455,12 +491,13 @@ def new_rung(answer: Any, seed: int) -> str:
     transformers.logging.set_verbosity_error()  # its notes on switches (checkpointing sets use_cache=False)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            climbed = ladder.climb_stacks(make_model, batches, check, device=torch.device("cpu"),
-                                          rungs=(answer,), repeats=3, log=quiet.append)
+            climbed = ladder.climb_stacks(make_model, batches, check, device=device, rungs=(answer,),
+                                          repeats=3, log=quiet.append)
     except Exception as err:  # noqa: BLE001 - the ladder could not measure this switch value here
         raise Wrong("not-measured", f"the ladder could not measure {stack.describe()!r} here: "
                     f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-                    "pick a switch value this device runs (RunSpec.check(device) says which)") from None
+                    f"pick a switch value this device ({device}) runs (RunSpec.check(device) says which)") \
+            from None
     finally:
         transformers.logging.set_verbosity(verbosity)
     row = climbed["rows"][1]
@@ -470,13 +507,11 @@ def new_rung(answer: Any, seed: int) -> str:
             raise Wrong("disagrees", f"it was not timed: {why}", "a faster rung must compute what the "
                                                                  "baseline "
                         "does, within the looser precision's tolerance (helpers.agreement)")
-        raise Wrong("cannot-run-here", f"it was not timed: {why}", "pick a switch value this device can run; "
-                                                                   "on "
-                    "a GPU the rung may run: try it in the lesson")
+        raise Wrong("cannot-run-here", f"it was not timed on this device ({device}): {why}",
+                    "pick a switch value this device can run (another device may run this one)")
     verdict = "kept" if row["kept"] else "dropped"
-    return (f"{answer.name!r} (RunSpec.{answer.switch}={answer.value!r}) ran on a tiny BERT, agreed with the "
-            f"baseline (logits {row.get('check_logits', 'checked')}), and was timed beside it: "
-            f"{row['vs_below']:.2f}x "
-            f"its speed, {verdict} by the keep rule here; on the lesson's model: "
-            f"ladder.climb_stacks(make_model, "
-            "batches, check, device=device, rungs=(*ladder.RUNGS, NEW_RUNG), ...)")
+    return (f"{answer.name!r} (RunSpec.{answer.switch}={answer.value!r}) ran on a tiny BERT on {device}, "
+            f"agreed with the baseline (logits {row.get('check_logits', 'checked')}), and was timed beside "
+            f"it: {row['vs_below']:.2f}x its speed, {verdict} by the keep rule here; on the lesson's model: "
+            "ladder.climb_stacks(make_model, batches, check, device=device, rungs=(*ladder.RUNGS, NEW_RUNG), "
+            "...)")

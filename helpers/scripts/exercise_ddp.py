@@ -6,28 +6,35 @@ report what each did; `helpers.exercises` launches it and reads the report.
 
 c.json holds [{"name", "source", "function"}]: the source of a function `function(model, bucket_cap_bytes)`
 that registers gradient hooks on `model` and returns `finish()`. The model's widths, the bucket cap and the
-data are drawn from --seed (the same on every rank). For each candidate, every rank builds the same small
-model, attaches the candidate, and trains STEPS SGD steps on its own half of each global batch (forward,
-backward, finish(), step). Beside it, each rank trains a copy of the model on the whole global batch as one
-process would: the reference, which averaged gradients must equal. Every `dist.all_reduce` call is recorded
+data are drawn from --seed (the same on every rank). Each candidate runs in two worlds, one after the other:
+2 processes (ranks 0 and 1, a process group of their own: the candidate's default-group calls go to it and
+`dist.get_world_size()` says 2), then all 3 (an answer that divides by 2 passes the first and fails the
+second); with fewer processes, in the one world there is. In each, every rank builds the same small model,
+attaches the candidate, and trains STEPS SGD steps on its own share of each global batch (forward, backward,
+finish(), step). Beside it, each rank trains a copy of the model on the whole global batch as one process
+would: the reference, which averaged gradients must equal. Every `dist.all_reduce` call is recorded
 with the phase it was made in (during backward, or after it in finish), whether it was async, its bytes, and
 the phase in which its handle was waited for (`wait()` on the handle or on its future); the order in which
 gradients became ready (and their bytes) is recorded by a hook registered before the candidate's. Rank 0
-writes, per candidate, in order: status ("ok", "not attempted", "error"), the cap, all-reduce calls per step,
-how many started during backward, how many of those blocked (synchronous) and how many were waited for during
-backward, each call of the first step (phase, bytes, async, waited), the gradients' bytes in the order they
-became ready, the gradients' largest relative error and norm ratio against the reference, the parameters whose
-gradients stayed each rank's own, and the parameters' largest difference from the reference after all steps.
+writes, per candidate and world, in order: status ("ok", "not attempted", "no finish", "error"), the cap,
+all-reduce calls per step, how many started during backward, how many of those blocked (synchronous) and how
+many were waited for during backward, each call of the first step (phase, bytes, async, waited), the
+gradients' bytes in the order they became ready, the gradients' largest relative error and norm ratio against
+the reference, the parameters whose gradients stayed each rank's own (first step), the largest relative error
+of each step's gradients, and the parameters' largest difference from the reference after all steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import inspect
 import json
 import math
 import random
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +47,16 @@ from helpers.distributed import setup, teardown
 from helpers.exercises.lesson07 import bucket_sizes
 
 STEPS = 2  # SGD steps per candidate
-GLOBAL_BATCH = 8  # rows per step over all ranks
+GLOBAL_BATCH = 12  # rows per step over all ranks: an even share for 2 and for 3 processes
 LR = 0.1
+WORLDS = (2, 3)  # the worlds each candidate runs in, when the job has 3 processes
+
+
+class _World:
+    """The world the candidate sees now: the whole job (group None), or its first ranks (a subgroup)."""
+
+    group: object | None = None
+    size = 1
 
 
 class _Phase:
@@ -81,12 +96,45 @@ class _Future:
         return getattr(self._future, name)
 
 
+def _in_world(fn: Any) -> Any:
+    """`fn` (a collective of torch.distributed) with its group defaulting to the candidate's world."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)  # its signature stays fn's (the recorder binds against it)
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if _World.group is not None:
+            bound = signature.bind_partial(*args, **kwargs)
+            if bound.arguments.get("group") is None:
+                bound.arguments["group"] = _World.group
+            args, kwargs = bound.args, bound.kwargs
+        return fn(*args, **kwargs)
+
+    return collective
+
+
+def _enter_worlds() -> None:
+    """Patch torch.distributed so that the candidate's calls (through the module) stay in its world:
+    get_world_size() says the world's size, the collectives default to the world's group."""
+    size = dist.get_world_size
+
+    def get_world_size(group: Any = None) -> int:
+        return _World.size if group is None else size(group)
+
+    dist.get_world_size = get_world_size
+    for name in ("all_reduce", "barrier", "broadcast", "all_gather", "all_gather_into_tensor",
+                 "reduce_scatter_tensor"):
+        if hasattr(dist, name):
+            setattr(dist, name, _in_world(getattr(dist, name)))
+
+
 def _record_all_reduce(calls: list[dict[str, Any]]) -> None:
     """Patch dist.all_reduce so that every call is recorded (the candidate calls it through the module)."""
     original = dist.all_reduce
+    signature = inspect.signature(original)
 
     def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        is_async = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
+        bound = signature.bind(tensor, *args, **kwargs)
+        is_async = bool(bound.arguments.get("async_op", False))
         call = {"phase": _Phase.now, "async": is_async, "bytes": tensor.numel() * tensor.element_size()}
         calls.append(call)
         work = original(tensor, *args, **kwargs)
@@ -160,6 +208,10 @@ def _step_report(model: nn.Module, ref: nn.Module, local: nn.Module) -> dict[str
             "grad_norm_ratio": math.sqrt(norms[0] / max(norms[1], 1e-30))}
 
 
+class _NoFinish(Exception):
+    """The candidate returned something that is not callable instead of finish()."""
+
+
 def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, world: int, seed: int,
          report: dict[str, Any]) -> None:
     """Train with the candidate's hooks, filling `report` as it goes (step 0's findings outlive an error)."""
@@ -178,6 +230,9 @@ def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, worl
         p.register_post_accumulate_grad_hook(note_ready)
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=LR), torch.optim.SGD(ref.parameters(), lr=LR)
     finish = attach(model, cap)
+    if not callable(finish):
+        report["returned"] = "None" if finish is None else f"a {type(finish).__name__}"
+        raise _NoFinish()
     xs, ys = _data(seed, widths)
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
     for step in range(STEPS):
@@ -194,6 +249,7 @@ def _run(candidate: dict[str, str], calls: list[dict[str, Any]], rank: int, worl
         _Phase.now = "setup"
         ref_opt.zero_grad(set_to_none=True)
         F.mse_loss(ref(xs[step]), ys[step]).backward()  # one process, the whole global batch
+        report.setdefault("step_grad_errs", []).append(_step_report(model, ref, local)["max_grad_err"])
         if step == 0:
             mine = calls[first:]
             during = [c for c in mine if c["phase"] == "backward"]
@@ -226,22 +282,35 @@ def main() -> None:
                                                        "data")
     args = p.parse_args()
     env = setup("cpu", timeout_s=60)
+    worlds = [w for w in WORLDS if w <= env.world_size] or [env.world_size]
+    groups = {w: None if w == env.world_size else  # every rank makes every group, in the same order
+              dist.new_group(list(range(w)), timeout=timedelta(seconds=30)) for w in worlds}
     calls: list[dict[str, Any]] = []
+    _enter_worlds()
     _record_all_reduce(calls)
+    n_params = len(list(_model(_draw(args.seed)[0]).parameters()))
     reports = []
     for candidate in json.loads(args.candidates.read_text()):
-        base = {"name": candidate["name"], "world_size": env.world_size, "steps": STEPS, "seed": args.seed,
-                "n_params": len(list(_model(_draw(args.seed)[0]).parameters()))}
-        try:
-            _run(candidate, calls, env.rank, env.world_size, args.seed, base)
-            base["status"] = "ok"
-        except NotImplementedError:
-            base["status"] = "not attempted"
-        except Exception as err:  # noqa: BLE001 - a learner's code may raise anything: report it
-            base.update(status="error", error=_where(err, candidate))
-        _Phase.now = "setup"
-        dist.barrier()  # every rank finished this candidate: the next one starts together
-        reports.append(base)
+        runs = []
+        for world in worlds:
+            _World.group, _World.size = groups[world], world
+            base = {"name": candidate["name"], "world_size": world, "steps": STEPS, "seed": args.seed,
+                    "n_params": n_params}
+            if env.rank < world:  # the other ranks wait at the barrier below
+                try:
+                    _run(candidate, calls, env.rank, world, args.seed, base)
+                    base["status"] = "ok"
+                except NotImplementedError:
+                    base["status"] = "not attempted"
+                except _NoFinish:
+                    base["status"] = "no finish"
+                except Exception as err:  # noqa: BLE001 - a learner's code may raise anything: report it
+                    base.update(status="error", error=_where(err, candidate))
+            _Phase.now = "setup"
+            _World.group, _World.size = None, env.world_size
+            dist.barrier()  # every rank finished this run: the next one starts together
+            runs.append(base)
+        reports.append({"name": candidate["name"], "runs": runs})
     if env.rank == 0:
         args.out.write_text(json.dumps(reports))
     teardown()
