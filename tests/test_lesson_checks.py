@@ -85,6 +85,18 @@ def _planted_is_caught(run, capsys, what: str) -> None:
         assert not judged, f"{what} passed the check"
 
 
+def test_l00_noise_rule_judges_quiet_measurements_and_refuses_noisy_ones(capsys):
+    """The rule itself, on fixed values: quiet measurements are judged (a point 1.5x above the roof fails, one
+    at the roof passes); noise of 50 % or a planted error inside the margin is "too busy to judge"."""
+    assert lesson00.judge_under_roof("a point", 1.0, 0.05, planted=2.0).judged
+    with pytest.raises(AssertionError, match="1.50x the roof"):
+        lesson00.judge_under_roof("a point", 1.5, 0.05, planted=2.0)
+    assert lesson00.judge_under_roof("a point", 1.2, 0.05, planted=2.0).allowed == pytest.approx(1.3)
+    assert not lesson00.judge_under_roof("a point", 3.0, 0.6, planted=9.0).judged  # noise 60 %
+    assert not lesson00.judge_under_roof("a point", 3.0, 0.05, planted=1.2).judged  # planted error unseen
+    assert capsys.readouterr().out.count("too busy to judge") == 2
+
+
 def _matmul(n: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, n), torch.randn(n, n)
 
