@@ -15,7 +15,10 @@ which prints one line and
   that mistake gives, and otherwise says what differs (which output, where, by how much).
 
 Each check draws its inputs (sizes and values) per run and ends its line with the seed: `check(..., seed=N)`
-or COURSE_EXERCISE_SEED=N replays them.
+or COURSE_EXERCISE_SEED=N replays them. Any answer gets one line, never a traceback into the course: a value
+where a function belongs, other parameters than the skeleton's, an answer still running after the time limit
+(60 s; COURSE_EXERCISE_TIME_LIMIT=120 on a slow machine), each is said so; a check leaves the random
+generators as it found them.
 
 Strict mode (`check(..., strict=True)`, `with strict_mode():`, or COURSE_EXERCISES=strict) makes an untouched
 skeleton an error too (`ExerciseNotAttempted`): CI runs every lesson with the solutions filled in that way
@@ -90,8 +93,8 @@ EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
              lesson08.greedy_climb),
     Exercise("08-new-rung", "08_bert_finetuning", "A new rung for the ladder, measured", "NEW_RUNG",
              "08_bert_finetuning/new_rung.py", lesson08.new_rung,
-             gpu="the check measures it on a tiny BERT on the CPU; on a GPU climb the lesson's ladder with "
-                 "it"),
+             gpu="the check measures it on a tiny BERT on the lesson's device (a rung only a GPU runs is "
+                 "measured on the GPU); then climb the lesson's ladder with it"),
     Exercise("09-largest-batch", "09_plan_your_run", "The largest batch that fits, from two dry runs",
              "largest_batch_from", "09_plan_your_run/largest_batch_from.py", lesson09.largest_batch_from),
 )}
