@@ -118,6 +118,7 @@ def to_markdown(result: Mapping[str, Any]) -> str:
         ladder_table(result).to_markdown(),
         "",
         *[f"- {r['name']}: {r['why']}" for r in result["rows"][1:]],
+        *_too_busy(result),
         "",
         "One timing per row: each stack was timed in alternation with the stack it was added to and with the "
         "fp32 eager baseline, and every number of its row (samples/s, the baseline's samples/s, speed-up, vs "
@@ -135,6 +136,16 @@ def to_markdown(result: Mapping[str, Any]) -> str:
         *_targets(result, yours),
     ]
     return "\n".join(lines)
+
+
+def _too_busy(result: Mapping[str, Any]) -> list[str]:
+    """The line naming the rungs the machine was too busy to judge (helpers.timing.busy), or none."""
+    if not result.get("too_busy"):
+        return []
+    leaves = " and your stack leaves them out" if result["mode"] == "greedy" else ""
+    return [f"**Too busy to judge:** {', '.join(result['too_busy'])} (helpers.timing.busy: their rounds "
+            "disagreed by half or more, or other programs took a quarter or more of the CPUs while they were "
+            f"timed): no verdict was drawn for them{leaves}. Rerun on a quiet machine."]
 
 
 def _targets(result: Mapping[str, Any], best: Mapping[str, Any]) -> list[str]:

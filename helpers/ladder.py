@@ -8,7 +8,9 @@ GradScaler (GPUs without bf16 tensor cores: compute capability below 8.0, a T4, 
 + torch.compile, + fused AdamW, + length bucketing, + packing, + FP8 (GPUs of compute capability 8.9+).
 `climb` adds each rung to the stack below it (cumulative) or to the best stack so far (greedy), keeping it
 only when it is faster beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the
-two arms); what survives is "your stack", printed as its code (`RunSpec.describe`).
+two arms); what survives is "your stack", printed as its code (`RunSpec.describe`). On a machine too busy to
+judge (`helpers.timing.busy`: the arms' rounds disagree by half or more, or other programs took a quarter or
+more of the CPUs while they ran) a rung gets no verdict: it is not kept, and its row and a line say so.
 
 One timing source per row: a candidate is timed in alternation with the stack it is added to and with the
 baseline (`time_interleaved`: abc, cba, ...), so a change in load falls on every arm alike and every
@@ -18,8 +20,11 @@ that one session. Correct before fast: `measure_stack` first checks a stack agai
 with its own spec's TF32 and autocast; the fused-AdamW rung by one optimizer step); a stack that disagrees
 is not timed (`RungDisagrees`); one the device cannot run (`RunSpec.check`, a rung's `where`) or the model
 cannot take (`RunSpec.check_model`: attention of its own, no packed forward) is skipped with its reason, and
-`plan` says which before anything runs. Dropout is off for the checks (the model in eval mode: two passes
-with dropout on draw different masks) and on for the timed passes. Throughput counts real tokens, MFU useful
+`plan` says which before anything runs; a rung that would run the same computation as the stack below on
+this device is skipped too (+ TF32 where there are no TF32 units: a CPU, a GPU before compute capability 8.0).
+Dropout is off for the checks (the model in eval mode, which turns off dropout modules and functional dropout
+alike: two passes with dropout on draw different masks) and on for the timed passes, which run `train`'s own
+step (`helpers.train.TrainStep`). Throughput counts real tokens, MFU useful
 FLOPs (`helpers.packed_model.packed_padding_stats`). Each rung's row, the table and why it measured what it
 did: `helpers.ladder_report`, which this module imports (never the other way round).
 
@@ -46,10 +51,22 @@ from helpers.agreement import agree, looser, optimizer_step_agreement
 from helpers.diagnosis import OOMReport
 from helpers.ladder_report import ladder_rows, your_stack
 from helpers.runspec import RunSpec
-from helpers.timing import Timing, synchronize, time_interleaved, time_passes
+from helpers.timing import (
+    OTHERS_BUSY,
+    TOO_BUSY,
+    Busy,
+    CpuLoad,
+    LoadProbe,
+    Timing,
+    busy,
+    synchronize,
+    time_interleaved,
+    time_passes,
+)
 
 __all__ = ["Rung", "BASELINE", "RUNGS", "RULE", "Decision", "Step", "Arm", "keeps", "climb", "RungDisagrees",
-           "measure_stack", "climb_stacks", "sample_batches", "baseline_for", "plan", "fp16_rung_problem"]
+           "measure_stack", "climb_stacks", "sample_batches", "baseline_for", "plan", "fp16_rung_problem",
+           "tf32_rung_problem"]
 
 @dataclass(frozen=True)
 class Rung:
@@ -86,10 +103,26 @@ def fp16_rung_problem(device: torch.device | str) -> str | None:
     return None
 
 
+def tf32_rung_problem(device: torch.device | str) -> str | None:
+    """Why the ladder leaves out its TF32 rung on `device`, or None where it runs it: TF32 runs fp32 matmuls
+    on the TF32 tensor cores of GPUs of compute capability 8.0 and up; elsewhere (a CPU, a T4, a V100) the
+    same fp32 matmuls run, and timing them twice measures nothing but noise (lessons 02, 08)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return (f"a {device.type.upper()} has no TF32 units: + TF32 runs the same fp32 matmuls, nothing to "
+                "time")
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 0):
+        return (f"{torch.cuda.get_device_name(device)} (compute capability {cap[0]}.{cap[1]}) has no TF32 "
+                "tensor cores (8.0 and up): + TF32 runs the same fp32 matmuls, nothing to time")
+    return None
+
+
 # fp32, eager attention, no compile, the default (unfused) AdamW, every batch padded to the longest allowed
 BASELINE = RunSpec(precision="fp32", attn="eager", compile=False, fused_adamw=False, padding="fixed")
 RUNGS: tuple[Rung, ...] = (
-    Rung("+ TF32", "precision", "tf32", "up to ~2-3x on fp32 matmuls (Ampere+ GPUs)"),
+    Rung("+ TF32", "precision", "tf32", "up to ~2-3x on fp32 matmuls (Ampere+ GPUs)",
+         where=tf32_rung_problem),
     Rung("+ bf16 autocast", "precision", "bf16", "1.5-2.3x, ~40 % less memory (docs/claims.md#c2)"),
     Rung("+ fp16 autocast + GradScaler", "precision", "fp16",
          "bf16's speed-up on GPUs with fp16 tensor cores only (T4, V100), a loss scale against underflow "
@@ -102,32 +135,47 @@ RUNGS: tuple[Rung, ...] = (
     Rung("+ FP8", "fp8", True, "doubles bf16's speed on Hopper (docs/claims.md#c13)"),
 )
 
-RULE = "keep a rung when best median / candidate median > 1 + max(IQR / median of both arms)"
+RULE = ("keep a rung when best median / candidate median > 1 + max(IQR / median of both arms); no verdict "
+        f"(not kept) when the arms' rounds disagree by {TOO_BUSY:.0%} or more, or other programs took "
+        f"{OTHERS_BUSY:.0%} or more of the CPUs while they ran (helpers.timing.busy)")
 
 # --- the greedy rule and the climb ------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether a candidate arm beats the best one beyond the spread: ratio > 1 + spread (lesson 08)."""
+    """Whether a candidate arm beats the best one beyond the spread: ratio > 1 + spread (lesson 08); on a
+    machine too busy to judge (`busy`, helpers.timing's one rule) neither kept nor dropped by the rule: not
+    kept, and said so."""
 
     keep: bool
     ratio: float  # best median time / candidate median time: > 1 means the candidate is faster
     threshold: float  # 1 + the larger relative IQR of the two arms
+    busy: Busy | None = None  # the timings' state; too busy: no verdict
+
+    @property
+    def too_busy(self) -> bool:
+        """True when the timings could not judge the rung (`busy` says why)."""
+        return self.busy is not None and self.busy.too_busy
 
     def __str__(self) -> str:
+        if self.too_busy:
+            return f"{self.ratio:.2f}x, {self.busy}: not judged, not kept"
         verdict = "kept" if self.keep else "dropped"
         return f"{self.ratio:.2f}x vs threshold {self.threshold:.2f}x: {verdict}"
 
 
-def keeps(candidate: Timing, best: Timing) -> Decision:
+def keeps(candidate: Timing, best: Timing, *, load: CpuLoad | None = None) -> Decision:
     """The greedy rule: keep the candidate when its median is faster than the best arm's by more than the
-    larger relative spread (IQR / median) of the two arms (lesson 08)."""
+    larger relative spread (IQR / median) of the two arms; on a machine too busy to judge
+    (`helpers.timing.busy` of the two arms and `load`, what other programs took of the CPUs meanwhile) no
+    verdict: not kept, and the decision says why (lesson 08)."""
     for name, t in (("candidate", candidate), ("best", best)):
         if not t.median_s > 0 or t.iqr_s < 0:
             raise ValueError(f"the {name} timing needs a positive median and a non-negative IQR, got {t}")
     ratio = best.median_s / candidate.median_s
     threshold = 1.0 + max(candidate.iqr_s / candidate.median_s, best.iqr_s / best.median_s)
-    return Decision(ratio > threshold, ratio, threshold)
+    state = busy(candidate, best, load=load)
+    return Decision(ratio > threshold and not state.too_busy, ratio, threshold, state)
 
 
 class RungDisagrees(AssertionError):
@@ -164,11 +212,14 @@ def _side_by_side(arm: Arm, ref: Arm, base: Arm, repeats: int) -> tuple[Decision
     """Time `arm`, the stack it is added to and the baseline in alternation (the baseline once when it is
     the reference); the arm's row from that one session; (the rule's decision, speed-up over the baseline).
     Arms without a pass to repeat (`run` None) are compared with their own timings."""
+    load = None
     if arm.run is None or ref.run is None or base.run is None:
         t_arm, t_ref, t_base = arm.timing, ref.timing, base.timing
     else:
         runs = [arm.run, ref.run] + ([base.run] if base is not ref else [])
-        t_arm, t_ref, *rest = time_interleaved(*runs, repeats=repeats)
+        with LoadProbe() as probe:  # what other programs took of the CPUs while the arms ran
+            t_arm, t_ref, *rest = time_interleaved(*runs, repeats=repeats)
+        load = probe.load
         t_base = rest[0] if rest else t_ref
         arm.timing = t_arm
         arm.row.update(_rates(arm.row, t_arm))
@@ -176,7 +227,7 @@ def _side_by_side(arm: Arm, ref: Arm, base: Arm, repeats: int) -> tuple[Decision
         arm.row.update({f"{who}_median_s": t.median_s, f"{who}_iqr_s": t.iqr_s})
         if "documents_per_pass" in arm_of.row:
             arm.row[f"{who}_samples_per_s"] = arm_of.row["documents_per_pass"] / t.median_s
-    return keeps(t_arm, t_ref), t_base.median_s / t_arm.median_s
+    return keeps(t_arm, t_ref, load=load), t_base.median_s / t_arm.median_s
 
 
 def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], *, greedy: bool = False,
@@ -229,7 +280,8 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
                 on_step(base_arm, steps, done())
             continue
         steps.append(Step(rung, stack, arm, ref.stack, decision, speedup=speedup))
-        log(f"{rung.name}: {decision}" if greedy else f"{rung.name}: {decision.ratio:.2f}x the rung below")
+        log(f"{rung.name}: {decision}" if greedy else f"{rung.name}: {decision.ratio:.2f}x the rung below"
+            + (f" ({decision.busy})" if decision.too_busy else ""))
         below = arm
         if decision.keep or not greedy:
             best = arm
@@ -295,10 +347,23 @@ def _check_against(stack: RunSpec, reference: Arm, logits: torch.Tensor | None,
             "check_loss": str(ok_s)}
 
 
-def _dropout_on(model: nn.Module) -> bool:
-    """Whether a forward pass in training mode drops out anything (an nn.Dropout with p > 0)."""
-    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
-    return any(isinstance(m, kinds) and m.p > 0 for m in model.modules())
+def _random_forward(run: nn.Module, batch: Mapping[str, Any], stack: RunSpec, device: torch.device,
+                    logits: torch.Tensor | None, loss: torch.Tensor) -> str:
+    """Why a check failed when the model itself is random in eval mode: the same forward pass again must give
+    the same outputs; when it does not, "" becomes the sentence that names dropout (or another random op)."""
+    run.eval()
+    with torch.no_grad(), stack.step_context(device), stack.autocast(device):
+        again = run(**batch)
+    run.train()
+    tol = looser(stack.effective_precision, stack.effective_precision)
+    same_loss = agree(loss_of(again).detach().float().cpu().reshape(1), loss, tol)
+    same = same_loss.ok and (logits is None or agree(logits_of(again).detach().float().cpu(), logits, tol).ok)
+    if same:
+        return ""
+    return (f". Two forward passes of this same stack in eval mode differ too (loss {same_loss}): the model "
+            "draws random numbers with dropout off, most likely dropout that ignores model.eval(), e.g. "
+            "F.dropout(x, p) with training=True, or an attention's dropout_p not read from self.training: "
+            "make its dropout follow self.training")
 
 
 def _pass_stats(batches: Sequence[Mapping[str, torch.Tensor]], model: nn.Module) -> tuple[Any, str | None]:
@@ -330,18 +395,21 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     then time `repeats` passes unless `timed` is False (`climb` times a candidate beside other stacks anyway:
     its row's rates come from there) (lesson 08). `make_model()` gives a fresh model with the initial weights
     on `device`; `batches[padding]` and `check[padding]` hold the same samples batched as each padding does
-    (dicts, or (x, y) pairs). The check runs with dropout off (eval mode) when the model has any; fp16 trains
-    with the stack's GradScaler. Raises RungDisagrees when the stack disagrees with the reference."""
+    (dicts, or (x, y) pairs). The check runs in eval mode (dropout off, modules and functional alike; a model
+    random in eval mode is named as the cause of a failed check); the timed passes train, with dropout on,
+    through `helpers.train.TrainStep` (train's own step, clipping at `max_grad_norm`; fp16 with the stack's
+    GradScaler). Raises RungDisagrees when the stack disagrees with the reference."""
     from helpers.train import TrainStep, make_optimizer
 
     model = make_model()
     run = stack.apply(model)
     row: dict[str, Any] = {}
-    # 1. agreement with the reference: one forward pass (the first call also compiles, when asked), with
-    # dropout off: two passes with dropout on draw different masks, and would never agree
-    dropout = _dropout_on(run)
-    run.train(not dropout)
-    row["check_mode"] = "eval: the model's dropout off" if dropout else "train (the model has no dropout)"
+    # 1. agreement with the reference: one forward pass (the first call also compiles, when asked) in eval
+    # mode, so that dropout is off whatever form it takes: nn.Dropout modules, or F.dropout and attention's
+    # dropout_p read from self.training (Llama's attention_dropout); two passes with dropout on draw
+    # different masks, and would never agree
+    run.eval()
+    row["check_mode"] = "eval: dropout off (modules and functional)"
     cb = _to(check[stack.padding], device, model)
     t0 = time.perf_counter()
     with stack.step_context(device), stack.autocast(device):
@@ -355,7 +423,10 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     logits = logits.detach().float().cpu() if logits is not None else None
     loss_ref = loss.detach().float().cpu().reshape(1)
     if reference is not None:
-        row.update(_check_against(stack, reference, logits, loss_ref))
+        try:
+            row.update(_check_against(stack, reference, logits, loss_ref))
+        except RungDisagrees as err:  # is the model itself random in eval mode? then that is the cause
+            raise RungDisagrees(f"{err}{_random_forward(run, cb, stack, device, logits, loss_ref)}") from None
     # the applied model's parameters: on transformers 4.x an attention switch rebuilds the model
     opt = make_optimizer(run, lr, 0.01, fused=stack.fused_adamw)
     scaler = stack.make_scaler(device)  # fp16's loss scale; a disabled one passes everything through
@@ -561,7 +632,8 @@ def climb_stacks(make_model: Callable[[], nn.Module], batches: Mapping[str, Sequ
         rows = ladder_rows(base, steps, device, greedy=greedy)
         return {"mode": "greedy" if greedy else "cumulative", "rows": rows,
                 "your_stack": dataclasses.asdict(final), "your_stack_code": final.describe(),
-                "your_stack_vs_baseline": your_stack(rows, final), "stack": final}
+                "your_stack_vs_baseline": your_stack(rows, final), "stack": final,
+                "too_busy": [r["name"] for r in rows if r.get("too_busy")]}
 
     def progress(base: Arm, steps: list[Step], final: RunSpec) -> None:
         if on_rung is not None and len(steps) < len(rungs):  # the last one is the result itself
@@ -572,4 +644,8 @@ def climb_stacks(make_model: Callable[[], nn.Module], batches: Mapping[str, Sequ
     line = _none_line(out["rows"])
     if line:
         log(line)
+    if out["too_busy"]:
+        leaves = " and your stack leaves them out" if greedy else ""
+        log(f"ladder: too busy to judge {', '.join(out['too_busy'])}: the machine was too busy while they "
+            f"were timed (helpers.timing.busy), so no verdict was drawn{leaves}; rerun on a quiet machine")
     return out

@@ -68,6 +68,8 @@ def _why_padding(rung: Rung, padded_removed: float | None, padded_left: float | 
 
 
 def _verdict(decision: Decision) -> str:
+    if getattr(decision, "too_busy", False):
+        return f"{decision.busy}: no verdict, not kept (rerun on a quiet machine)"
     if decision.keep:
         return "faster beyond the noise: it pays here"
     if decision.ratio > 1:
@@ -136,6 +138,8 @@ def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
             row.update(**s.arm.row, speedup=s.speedup, vs_below=s.decision.ratio,
                        threshold=s.decision.threshold, kept=s.decision.keep if greedy else True,
                        why=explain(s.rung, s.decision, device, padded_removed=removed, padded_left=left))
+            if getattr(s.decision, "too_busy", False):  # no verdict: helpers.timing.busy's reasons
+                row["too_busy"] = str(s.decision.busy)
         rows.append(row)
     return rows
 
@@ -154,7 +158,8 @@ def ladder_table(result: Mapping[str, Any]):
             continue
         mem = r["peak_memory_bytes"] / 1e9 if r.get("peak_memory_bytes") else None
         mfu = f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else None
-        last = ("yes" if r["kept"] else "no") if greedy else r.get("check_logits", "reference")
+        last = ("too busy to judge" if r.get("too_busy") else "yes" if r["kept"] else "no") if greedy \
+            else r.get("check_logits", "reference")
         table.add(r["name"], r["samples_per_s"], r["tokens_per_s"],
                   r.get("baseline_samples_per_s", r["samples_per_s"]), f"{r['speedup']:.2f}x",
                   f"{r['vs_below']:.2f}x" if r["vs_below"] else "", mfu, mem,

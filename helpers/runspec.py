@@ -130,9 +130,11 @@ class RunSpec:
         activation_checkpointing and init_scale run on every device (checked when the spec is made; what
         a model supports is checked by `apply`)."""
         device = torch.device(device)
+        fp8 = self._fp8_problem(device)  # before the precision: FP8's bf16 autocast fails where FP8 does
+        if fp8:
+            raise ValueError(f"RunSpec.{fp8} (device {device})")
         check_precision(self.autocast_precision, device)
-        why = (self._fp8_problem(device) or self._attn_problem(device) or self._compile_problem(device)
-               or self._fused_problem(device))
+        why = self._attn_problem(device) or self._compile_problem(device) or self._fused_problem(device)
         if why:
             raise ValueError(f"RunSpec.{why} (device {device})")
 

@@ -280,6 +280,9 @@ def _cpu_jiffies() -> tuple[int, int] | None:
     return total - idle, total
 
 
+_MIN_TICKS = 20  # all CPUs' clock ticks a reading needs (0.1 s on 2 CPUs): fewer are too coarse to tell
+
+
 def _own_cpu_s() -> float:
     """CPU seconds this process used (all its threads)."""
     t = os.times()
@@ -309,11 +312,11 @@ class LoadProbe:
         wall, own, j1 = time.perf_counter() - t0, _own_cpu_s() - own0, _cpu_jiffies()
         avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         cpus = os.cpu_count() or 1
-        if j0 is None or j1 is None or j1[1] <= j0[1]:
+        if j0 is None or j1 is None or j1[1] - j0[1] < _MIN_TICKS:  # no /proc/stat, or too short to tell
             return CpuLoad(None, wall, cpus, avg)
-        busy_ticks, total_ticks = j1[0] - j0[0], j1[1] - j0[1]
-        tick_s = wall * cpus / total_ticks  # seconds per tick of one CPU, as the kernel counted them
-        others = (busy_ticks * tick_s - own) / (wall * cpus)
+        hz = os.sysconf("SC_CLK_TCK")  # the kernel's clock ticks per second (100 on Linux)
+        busy_s, capacity_s = (j1[0] - j0[0]) / hz, (j1[1] - j0[1]) / hz  # all CPUs' seconds: busy, in all
+        others = (busy_s - own) / capacity_s
         return CpuLoad(min(1.0, max(0.0, others)), wall, cpus, avg)
 
 

@@ -166,8 +166,10 @@ def test_every_rung_is_checked_then_timed():
     rows = result["rows"]
     assert [r["name"] for r in rows[1:]] == [r.name for r in NO_COMPILE]
     timed = [r for r in rows[1:] if "skipped" not in r]
-    # on a CPU: FP8 needs compute capability 8.9, fp16 + GradScaler is the rung of GPUs without bf16
-    assert {r["name"] for r in rows[1:] if "skipped" in r} == {"+ FP8", "+ fp16 autocast + GradScaler"}
+    # on a CPU: FP8 needs compute capability 8.9, fp16 + GradScaler is the rung of GPUs without bf16, and
+    # TF32 would run the same fp32 matmuls (no TF32 units)
+    assert {r["name"] for r in rows[1:] if "skipped" in r} == {"+ FP8", "+ fp16 autocast + GradScaler",
+                                                               "+ TF32"}
     assert all("≤" in r["check_logits"] and "≤" in r["check_loss"] for r in timed), [r["why"] for r in timed]
     fused = next(r for r in rows if r["name"] == "+ fused AdamW")
     assert "≤" in fused["check_optimizer"]
@@ -245,10 +247,13 @@ def test_a_run_stopped_after_its_first_rung_leaves_a_file_with_that_rung(tmp_pat
         bench.main(["--model", "test", "--seq-len", "32", "--batch-size", "4", "--batches", "2", "--repeats",
                     "2", "--device", "cpu", "--greedy", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "ladder-cpu-greedy.json").read_text())
-    assert [r["name"] for r in data["rows"]] == ["fp32 eager (baseline)", ladder.RUNGS[0].name]
-    assert "samples_per_s" in data["rows"][1] and data["rows"][1]["kept"] in (True, False)
-    assert data["partial"] == f"1 of {len(ladder.RUNGS)} rungs done"
-    assert "Partial result: 1 of" in (tmp_path / "ladder-cpu-greedy.md").read_text()
+    # on a CPU + TF32 is skipped (no TF32 units), + bf16 autocast is the first rung measured
+    assert [r["name"] for r in data["rows"]] == ["fp32 eager (baseline)", "+ TF32", "+ bf16 autocast",
+                                                 "+ fp16 autocast + GradScaler"]  # then + SDPA was stopped
+    assert "skipped" in data["rows"][1] and "samples_per_s" in data["rows"][2]
+    assert data["rows"][2]["kept"] in (True, False)
+    assert data["partial"] == f"3 of {len(ladder.RUNGS)} rungs done"
+    assert "Partial result: 3 of" in (tmp_path / "ladder-cpu-greedy.md").read_text()
 
 
 def test_bad_arguments_are_rejected():
@@ -585,3 +590,92 @@ def test_the_gpu_target_asks_for_cuda_instead_of_running_hours_on_a_cpu(monkeypa
     with pytest.raises(DeviceUnavailableError, match="CUDA was requested"):
         bench.main(["--gpu-target", "--out", "unused"])
     assert not seen, "the ladder started on a CPU at the GPU targets' sizes"
+
+
+# --- issue 39: verdicts under load, rungs a device runs no differently, dropout of every form -------------
+
+def test_3_a_rung_timed_on_a_machine_too_busy_to_judge_gets_no_verdict():
+    best = _t(1.0, 0.05)
+    assert ladder.keeps(_t(0.5, 0.02), best).keep  # 2x beyond a 5 % spread: kept on a quiet machine
+    noisy = ladder.keeps(_t(0.5, 0.3), best)  # the candidate's rounds disagree by 60 %: no verdict
+    assert not noisy.keep  # before: kept, 2.00x beyond a threshold of 1.60x
+    from helpers.timing import CpuLoad
+
+    loaded = ladder.keeps(_t(0.5, 0.02), best, load=CpuLoad(0.6, 2.0, 2))  # others took 60 % of the CPUs
+    for d in (noisy, loaded):
+        assert d.too_busy and not d.keep and "too busy to judge" in str(d) and "not kept" in str(d)
+    # a climb: the noisy rung is neither kept by noise nor dropped by it; its row and a line say so
+    logged = []
+    _, steps, stack = ladder.climb(ONE_16_BIT[3:5], _fake_measure({"+ fused AdamW": 0.5}, iqr=0.6),
+                                   greedy=True, log=logged.append)
+    rows = ladder_report.ladder_rows(_fake_measure({})(ladder.BASELINE, None), steps, torch.device("cpu"),
+                                     greedy=True)
+    assert stack == ladder.BASELINE and all(s.decision.too_busy for s in steps)
+    assert all("too busy to judge" in line and "not kept" in line for line in logged)
+    assert all(r["too_busy"] and not r["kept"] and "no verdict" in r["why"] for r in rows[1:])
+    result = {"mode": "greedy", "rows": [{**rows[0], "samples_per_s": 1.0, "tokens_per_s": 1.0,
+                                          "pass_median_s": 1.0, "pass_iqr_s": 0.1, "first_call_s": 0.0,
+                                          "padded_fraction": 0.0, "peak_memory_bytes": None}]
+              + [{**r, "samples_per_s": 2.0, "tokens_per_s": 2.0, "pass_median_s": 0.5, "pass_iqr_s": 0.3,
+                  "first_call_s": 0.0, "padded_fraction": 0.0, "peak_memory_bytes": None} for r in rows[1:]]}
+    assert ladder_report.ladder_table(result).column("kept")[1:] == ["too busy to judge"] * 2
+
+
+def test_3_rungs_a_device_runs_no_differently_are_skipped_with_their_own_reason(monkeypatch):
+    from fakegpu import fake_gpu
+
+    cpu = {p["name"]: p["skipped"] for p in ladder.plan("cpu")}
+    assert "no TF32 units" in cpu["+ TF32"] and "same fp32 matmuls" in cpu["+ TF32"]
+    fake_gpu(monkeypatch, "T4")
+    t4 = {p["name"]: p["skipped"] for p in ladder.plan("cuda")}
+    assert "compute capability 7.5" in t4["+ TF32"] and "no TF32" in t4["+ TF32"]
+    assert "fp8" in t4["+ FP8"].lower() and "bf16 needs" not in t4["+ FP8"], t4["+ FP8"]  # FP8's own reason
+    with pytest.raises(ValueError, match="fp8=True"):  # the stack FP8 is added to on a T4: fp16
+        RunSpec(precision="fp16", fp8=True).check("cuda")
+    fake_gpu(monkeypatch, "A100-40")
+    assert ladder.plan("cuda")[0]["skipped"] is None  # Ampere has TF32 tensor cores: + TF32 is timed
+
+
+def _llama(attention_dropout: float):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                      attention_dropout=attention_dropout, attn_implementation="eager")
+    return LlamaForCausalLM(cfg)
+
+
+def test_4_the_check_runs_with_functional_dropout_off_and_names_dropout_that_ignores_eval():
+    import copy
+
+    from torch import nn
+    from torch.nn import functional as F
+
+    from helpers.adapt import as_course_model
+
+    llama = _llama(0.1)  # attention dropout applied functionally: there is no nn.Dropout module in it
+    x = torch.randint(1, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": x, "labels": x, "attention_mask": torch.ones_like(x)}
+    kw = dict(make_model=lambda: copy.deepcopy(llama), batches={"fixed": [batch]}, check={"fixed": batch},
+              device=torch.device("cpu"), repeats=1)
+    base = ladder.measure_stack(ladder.BASELINE, None, **kw)
+    sdpa = ladder.measure_stack(ladder.BASELINE.replace(attn="sdpa"), base, **kw)  # before: |Δlogits| ~0.3
+    assert "≤" in sdpa.row["check_logits"] and sdpa.row["check_mode"].startswith("eval")
+
+    class DropsInEval(nn.Module):  # dropout that ignores model.eval(): its check fails, and says why
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(96, 16), nn.Linear(16, 96)
+
+        def forward(self, idx, targets=None):
+            logits = self.head(F.dropout(self.emb(idx), 0.1, training=True))
+            return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    torch.manual_seed(0)
+    odd = DropsInEval()
+    kw.update(make_model=lambda: as_course_model(copy.deepcopy(odd)), batches={"fixed": [(x, x)]},
+              check={"fixed": (x, x)})
+    base = ladder.measure_stack(ladder.BASELINE.replace(attn=None), None, **kw)
+    with pytest.raises(ladder.RungDisagrees, match=r"dropout that ignores model\.eval\(\)"):
+        ladder.measure_stack(ladder.BASELINE.replace(attn=None, fused_adamw=True), base, **kw)

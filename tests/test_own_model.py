@@ -167,6 +167,7 @@ def test_7_random_batches_fit_a_small_vocabulary():
 
 def test_6_dropout_is_off_for_the_check_and_on_for_the_timed_passes(monkeypatch):
     # a Hugging Face BERT with its dropout on, as from_pretrained gives it: before, every rung "disagreed"
+    from torch import nn
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
@@ -180,9 +181,10 @@ def test_6_dropout_is_off_for_the_check_and_on_for_the_timed_passes(monkeypatch)
     base = ladder.measure_stack(ladder.BASELINE, None, **kw)
     arm = ladder.measure_stack(ladder.BASELINE.replace(precision="tf32"), base, **kw)
     assert "≤" in arm.row["check_logits"] and arm.row["check_mode"].startswith("eval")
-    # planted: the check in training mode (dropout on) disagrees, as it did
-    monkeypatch.setattr(ladder, "_dropout_on", lambda model: False)
-    with pytest.raises(ladder.RungDisagrees):
+    # planted: dropout that ignores model.eval() (its modules stay in training mode): the check disagrees,
+    # and names dropout as the cause
+    monkeypatch.setattr(nn.Dropout, "train", lambda self, mode=True: self)
+    with pytest.raises(ladder.RungDisagrees, match="dropout"):
         ladder.measure_stack(ladder.BASELINE.replace(precision="tf32"),
                              ladder.measure_stack(ladder.BASELINE, None, **kw), **kw)
 
@@ -197,8 +199,8 @@ def test_1_the_greedy_ladder_climbs_a_model_of_ones_own():
     rows = {r["name"]: r for r in out["rows"]}
     assert rows["fp32 eager (baseline)"]["attn"] is None  # the model's own attention, left alone
     timed = [r for r in out["rows"] if "samples_per_s" in r]
-    assert {r["name"] for r in timed} == {"fp32 eager (baseline)", "+ TF32", "+ bf16 autocast",
-                                          "+ fused AdamW"}
+    assert {r["name"] for r in timed} == {"fp32 eager (baseline)", "+ bf16 autocast", "+ fused AdamW"}
+    assert "no TF32 units" in rows["+ TF32"]["skipped"]  # a CPU: the same fp32 matmuls, nothing to time
     assert all("≤" in r["check_loss"] and "≤" in r["check_logits"] for r in timed[1:])  # dropout off to check
     assert all(r["mfu"] > 0 for r in timed)
     assert "attn=None" in rows["+ SDPA"]["skipped"]
@@ -213,7 +215,8 @@ def test_a_plan_names_what_a_model_and_a_device_cannot_run(monkeypatch):
 
     gpt = as_course_model(_gpt()[0])
     skipped = {p["name"]: p["skipped"] for p in ladder.plan(CPU, model=gpt, paddings=["fixed"])}
-    assert skipped["+ TF32"] is None and "attn=None" in skipped["+ SDPA"]
+    assert "no TF32 units" in skipped["+ TF32"] and "attn=None" in skipped["+ SDPA"]
+    assert skipped["+ bf16 autocast"] is None
     fake_gpu(monkeypatch, "T4")  # compute capability 7.5: fp16 is its 16-bit rung, bf16 is not
     skipped = {p["name"]: p["skipped"] for p in ladder.plan("cuda")}
     assert skipped["+ fp16 autocast + GradScaler"] is None and "use fp16" in skipped["+ bf16 autocast"]
