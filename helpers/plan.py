@@ -442,6 +442,7 @@ class _DryRuns:
     def __init__(self, model: nn.Module, batch: Mapping[str, Any], precision: str, fused: bool) -> None:
         self.model, self.batch, self.precision, self.fused = model, batch, precision, fused
         self.peaks: dict[int, int] = {}
+        self.states = 0  # bytes of the weights and AdamW's state at a peak: held at every batch size
 
     def __call__(self, rows: int) -> int:
         if rows not in self.peaks:
@@ -449,6 +450,7 @@ class _DryRuns:
                 est = estimate_step_memory(self.model, _resized(self.batch, rows), precision=self.precision,
                                            optimizer="adamw", fused=self.fused)
             self.peaks[rows] = est.peak
+            self.states = max(self.states, est.parameters + est.optimizer)
         return self.peaks[rows]
 
 
@@ -741,8 +743,10 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
         fp8 = spec.fp8 and "FP8" in techniques
         if search and family not in misses:
             misses[family] = _check_line(runs[family], rows, usables)
-        largest = (largest_batch(runs[family], usable, start=rows, known=runs[family].peaks,
-                                 miss=misses[family]) if search else None)
+        largest = None
+        if search:  # the weights and AdamW's state alone over the memory: no batch fits, none to search
+            largest = 0 if runs[family].states > usable else largest_batch(
+                runs[family], usable, start=rows, known=runs[family].peaks, miss=misses[family])
         weights = 2 * sum(p.numel() for p in prepared.parameters())
         decode = g.bandwidth / weights if not _per_row_labels(model) else None
         out.append(ClassPlan(g, precision, why, tuple(techniques), runs[family](rows), usable, largest,
