@@ -1,7 +1,7 @@
 """Timing a training step's ops (lesson 04): `torch.profiler` over a few steps after a warm-up gives each
 (phase, op) its time per step, the step's wall time, and on a GPU the time some kernel ran; the fixed cost of
-one call; a step recorded as one CUDA graph. Counting the ops is `helpers.opcount`, their regimes
-`helpers.regimes`.
+one call, for each class of op; a step recorded as one CUDA graph. Counting the ops is `helpers.opcount`,
+their regimes `helpers.regimes`.
 
 Each op is timed as the profiler's outermost event of that name (its children, e.g. the `aten::item` inside a
 fused optimizer, belong to it): CPU time on a CPU, the time of the kernels it launched on a GPU. What no op
@@ -13,7 +13,13 @@ The profiler is not free: it records every event (each op, and each op an op cal
 step next to a plain one, in alternating order (the noise rule: a change in the machine's load falls on both
 alike), and measures what one event costs in the same rounds: a loop of one-element adds, timed with and
 without the profiler. The profiled step less its events times that cost is what the profile says the plain
-step takes; `helpers.regimes` checks it against the plain step measured beside it.
+step takes; `helpers.regimes` checks it against the plain step measured beside it. What other programs took
+of the CPUs meanwhile is measured too (`helpers.timing.LoadProbe`): a busy machine cannot judge that check.
+
+A call costs more than its work: Python, the dispatcher, autograd's bookkeeping, the output's allocation, a
+parallel region, a kernel launch. How much depends on the op: a one-element add only dispatches, a GELU sets
+up its vectorised `erf`, dropout draws from its generator. `per_call_costs` times the smallest call of each
+op class (`helpers.opcount.op_class`) on 64 elements, so that each op takes the code path it takes in a step.
 """
 
 from __future__ import annotations
@@ -27,11 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
 
-from helpers.opcount import DEFAULT_PHASE, StepFn, check_phase, is_communication
-from helpers.timing import benchmark, synchronize
+from helpers.opcount import DEFAULT_PHASE, StepFn, check_phase, is_communication, op_class
+from helpers.timing import LoadProbe, benchmark, synchronize
 
-__all__ = ["OpTimes", "time_ops", "busy_time", "per_call_overhead", "cuda_graphed"]
+__all__ = ["OpTimes", "time_ops", "busy_time", "per_call_overhead", "per_call_costs", "call_cost",
+           "CALL_CLASSES", "fastest_call", "cuda_graphed"]
 
 PHASE_PREFIX = "phase: "  # the profiler labels each phase "phase: forward", ...
 CALIBRATION = "profiler: cost of one event"  # the record_function around the calibration loop
@@ -57,6 +67,7 @@ class OpTimes:
     events: float = 0.0  # profiler events per step (every op, the ops they call, the phases)
     inside_events: dict[tuple[str, str], float] = field(default_factory=dict)  # events inside an op's spans
     event_cost_s: float = 0.0  # host seconds the profiler adds per event (measured in the same rounds)
+    others: float | None = None  # share of the CPUs other programs took meanwhile (LoadProbe; None: unknown)
 
     @property
     def profiler_cost_s(self) -> float:
@@ -148,8 +159,6 @@ class _Totals:
 
 def _read_round(events: list, totals: _Totals, is_counted: Callable[[str, str], bool], gpu: bool) -> None:
     """Add one profiled round's events to `totals` (the calibration loop's events left out)."""
-    from torch.autograd import DeviceType
-
     cpu = [e for e in events if e.device_type == DeviceType.CPU and not e.is_async]
     calibration = [e for e in cpu if e.name == CALIBRATION]
     spans = sorted((e.time_range.start, e.time_range.end, e.name[len(PHASE_PREFIX):])
@@ -193,9 +202,8 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
              counted: Mapping[tuple[str, str], Any] | None = None) -> OpTimes:
     """Profile `steps` runs of `step(phase)` after `warmup`, each next to a plain run (alternating which goes
     first): time per (phase, op) of the ops in `counted` (default: every op the profiler names aten::), the
-    profiled and unprofiled wall time per step, the profiler's events and what one costs (lesson 04)."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
+    profiled and unprofiled wall time per step, the profiler's events and what one costs, and what other
+    programs took of the CPUs meanwhile (lesson 04)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
     device = torch.device(device)
@@ -225,6 +233,7 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
     calibration()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     totals, pairs, costs = _Totals(), [], []
+    probe = LoadProbe().__enter__()  # what other programs take of the CPUs while the rounds run
     for r in range(steps):
         plain_first = r % 2 == 0  # ab, ba, ab, ...: a change of load falls on both arms alike
         if plain_first:
@@ -238,6 +247,7 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
         pairs.append((profiled, plain))
         costs.append(max(profiled_loop - plain_loop, 0.0) / CALIBRATION_CALLS)
         _read_round(list(prof.events()), totals, is_counted, gpu)
+    load = probe.read()
     per = 1 / steps
     busy = totals.busy_us / 1e6 * per if gpu else None
     return OpTimes({k: v / 1e6 * per for k, v in totals.times.items()},
@@ -247,7 +257,7 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
                    totals.kernels * per if gpu else None, statistics.median(u for _, u in pairs),
                    tuple(pairs),
                    totals.events * per, {k: v * per for k, v in totals.inside.items()},
-                   statistics.median(costs))
+                   statistics.median(costs), load.others)
 
 
 def per_call_overhead(device: torch.device | str = "cpu", *, min_run_time: float = 0.2) -> float:
@@ -258,6 +268,108 @@ def per_call_overhead(device: torch.device | str = "cpu", *, min_run_time: float
     out = torch.empty_like(x)
     return benchmark(lambda: torch.add(x, x, out=out), name="one-element add", warmup=10,
                      min_run_time=min_run_time).median_s
+
+
+# The smallest call of each op class (helpers.opcount.op_class), on 8 x 8 tensors: 64 elements take the
+# code path a step's ops take (vectorised, with their set-up), where one element can take a scalar shortcut.
+# Each is one op as the counter and the profiler see it (F.dropout on a CPU is bernoulli_, then div_, mul).
+CALL_CLASSES = ("matmul", "attention", "LayerNorm", "GELU", "cross-entropy", "softmax", "dropout",
+                "embedding", "copies and layout", "elementwise and reductions", "views (no data)",
+                "optimizer step")
+DEFAULT_CLASS = "elementwise and reductions"  # the price of a call of a class with no probe of its own
+
+
+def _call_probes(device: torch.device) -> dict[str, Callable[[], Any]]:
+    """One zero-argument call per op class, each as small as its op allows."""
+    x = torch.randn(8, 8, device=device)
+    w, b = torch.ones(8, device=device), torch.zeros(8, device=device)
+    ids = torch.arange(8, device=device)
+    q = x.view(1, 1, 8, 8)  # (batch, heads, tokens, head dim)
+    param, grad, m, v = (torch.zeros(8, device=device) for _ in range(4))
+    count = torch.ones((), device=device)
+    mask = torch.empty(8, 8, device=device)
+
+    def optimizer_step() -> None:  # fused AdamW, as helpers.train builds it, on one tensor
+        torch._fused_adamw_([param], [grad], [m], [v], [], [count], lr=1e-3, beta1=0.9, beta2=0.999,
+                            weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False)
+
+    # a CPU's dropout draws its mask with bernoulli_; a GPU's runs one fused native_dropout kernel
+    dropout = ((lambda: torch.native_dropout(x, 0.1, True)) if device.type == "cuda" else
+               (lambda: mask.bernoulli_(0.9)))
+    return {"matmul": lambda: torch.mm(x, x),
+            "attention": lambda: F.scaled_dot_product_attention(q, q, q),
+            "LayerNorm": lambda: torch.native_layer_norm(x, [8], w, b, 1e-5),
+            "GELU": lambda: F.gelu(x),
+            "cross-entropy": lambda: F.nll_loss(x, ids),
+            "softmax": lambda: torch.softmax(x, -1),
+            "dropout": dropout,
+            "embedding": lambda: F.embedding(ids, x),
+            "copies and layout": lambda: x.clone(),
+            DEFAULT_CLASS: lambda: torch.add(x, x),
+            "views (no data)": lambda: x.view(-1),
+            "optimizer step": optimizer_step}
+
+
+def fastest_call(fn: Callable[[], Any], *, num_threads: int | None = None, min_run_time: float = 0.01,
+                 blocks: int = 5, device: torch.device | str | None = None) -> float:
+    """Seconds per call of `fn` in its fastest block of calls, with `num_threads` threads (default: all), the
+    device synchronised after each block: the least a call takes here, as a roof is the most a machine does;
+    other programs only add time (lesson 04). Blocks of calls back to back for `min_run_time` seconds, two
+    blocks at least, each sized to about min_run_time / blocks from the fastest call so far: a parallel op's
+    threads sleep when idle, and waking them (milliseconds on a busy machine) is not what a call costs when
+    ops follow each other, as in a step."""
+    if not min_run_time > 0 or blocks < 1:
+        raise ValueError(f"need min_run_time > 0 and blocks >= 1, got {min_run_time} and {blocks}")
+    prior = torch.get_num_threads()
+    torch.set_num_threads(num_threads or prior)
+    try:
+        fn()  # warm-up
+        synchronize(device)
+        best, start, done, number = math.inf, time.perf_counter(), 0, 1
+        while done < 2 or time.perf_counter() - start < min_run_time:
+            best = min(best, _block(fn, number, device))
+            done += 1
+            number = max(1, int(min_run_time / blocks / max(best, 1e-9)))
+    finally:
+        torch.set_num_threads(prior)
+    return best
+
+
+def _block(fn: Callable[[], Any], number: int, device: torch.device | str | None) -> float:
+    """Seconds per call of `number` calls back to back, the device synchronised at the end."""
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / number
+
+
+def per_call_costs(device: torch.device | str = "cpu", *, min_run_time: float = 0.01) -> dict[str, float]:
+    """Seconds per call of the smallest op of each op class (`CALL_CLASSES`), each at its fastest block
+    (`fastest_call`): what an op of that class pays to be called, before its work (lesson 04). A class whose
+    probe cannot run here (an op this build lacks) gets the price of an elementwise call."""
+    device = torch.device(device)
+    costs = {}
+    for cls, fn in _call_probes(device).items():
+        try:
+            costs[cls] = fastest_call(fn, min_run_time=min_run_time, device=device)
+        except (RuntimeError, NotImplementedError):  # e.g. fused AdamW on a build without it for this device
+            continue
+    for cls in CALL_CLASSES:
+        costs.setdefault(cls, costs[DEFAULT_CLASS])
+    return costs
+
+
+def call_cost(costs: float | Mapping[str, float], op: str, phase: str = DEFAULT_PHASE, *,
+              is_view: bool = False) -> float:
+    """The fixed cost of one call of `op`: one price for every op (a float, `per_call_overhead`), or its
+    class's (a mapping from `per_call_costs`) (lesson 04)."""
+    if not isinstance(costs, Mapping):
+        return float(costs)
+    cls = op_class(op, phase, is_view=is_view)
+    if cls in costs:
+        return costs[cls]
+    return costs.get(DEFAULT_CLASS, min(costs.values()))
 
 
 def cuda_graphed(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], Any]:

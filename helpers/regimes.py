@@ -5,12 +5,14 @@ predictions is `helpers.predictions`.
 
 How an op is placed (the lesson says the same next to its tables):
 
-- **its roofs**: compute, FLOPs / the measured matmul peak; memory, bytes / the copy bandwidth *at the op's
-  working set*: a copy as large as the op's bytes per call, measured (`MemoryRoofs`), while that fits in the
-  last-level cache, and lesson 00's copy beyond the caches above it (a tensor that stays in a cache moves at
-  the cache's bandwidth: a roof from a copy larger than the caches would put it above its roof);
+- **its roofs**: compute, FLOPs / the measured matmul peak; memory, bytes / the memory roof *at the op's
+  working set* (`MemoryRoofs`): the most bytes per second the memory moved, at that working set, in any of
+  three patterns (read only, copy, read two and write one), within the last-level cache and beyond it. A
+  copy alone is not the roof: it counts two bytes per element, but a CPU that reads a cache line before
+  writing it moves three, so an op that mostly reads runs faster than a copy;
 - **overhead, one definition**: the time a step spends on calling ops rather than on their work: every call's
-  fixed cost (calls × the measured cost of the smallest op, `helpers.optime.per_call_overhead`) and, on a CPU,
+  fixed cost (calls × the measured cost of the smallest call of its class, `helpers.optime.per_call_costs`)
+  and, on a CPU,
   the time between ops (Python, the autograd engine); on a GPU the host's costs hide behind running kernels
   and overhead is the time the GPU sat idle waiting for launches;
 - **regime**: the largest of the three predicted times (compute, memory, overhead); compute-bound is the same
@@ -26,7 +28,8 @@ How an op is placed (the lesson says the same next to its tables):
 
 The profiler's own cost is taken out (`helpers.optime` measures it beside each profiled step): op times lose
 the events recorded inside them, the step loses all of its events, and `check_reconciled` compares what is
-left with the step timed without the profiler.
+left with the step timed without the profiler, unless the machine was too busy to judge (`OpTable.busy`: the
+rounds disagree, or other programs took the CPUs; `helpers.timing.busy`, the course's one rule).
 """
 
 from __future__ import annotations
@@ -34,20 +37,21 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from helpers.opcount import OpCount, StepFn, count_ops, op_class
-from helpers.optime import OpTimes, per_call_overhead, time_ops
+from helpers.optime import OpTimes, call_cost, fastest_call, per_call_costs, time_ops
 from helpers.roofline import Roofline
 from helpers.tables import Table
+from helpers.timing import TOO_BUSY, Busy, benchmark, busy
 
 __all__ = ["REGIMES", "LABELS", "REGIME_COLORS", "EXCESS", "roof_times", "classify", "predicted_time",
            "is_synchronous", "MemoryRoofs", "measure_memory_roofs", "measure_peak_flops", "OpRow", "OpTable",
            "op_table", "profile_step", "check_regimes", "check_roofs", "check_reconciled", "check_flops",
-           "fixed_work_s", "ROOF_MARGIN", "RECONCILE_MARGIN", "TOO_BUSY", "fusion_report", "amdahl_bound",
-           "OPTIMISATION_TARGETS", "why_it_paid"]
+           "fixed_work_s", "ROOF_MARGIN", "RECONCILE_MARGIN", "TOO_BUSY", "MEMORY_PATTERNS", "fusion_report",
+           "amdahl_bound", "OPTIMISATION_TARGETS", "why_it_paid"]
 
 EXCESS = "below the roof"  # the time ops ran slower than their roof allows
 LABELS = ("compute", "memory", "overhead", "communication")  # the regime an op is labelled with
@@ -60,7 +64,7 @@ ROOF_MARGIN = 10.0  # an op may show at most 10x above its roof: the roofs and t
 # ~6x below what an op reached in a quiet one; the errors this catches are far beyond (a gather charged for
 # its whole table: ~100x for BERT's embedding; a loss charged for all N x V log-probabilities: V x)
 RECONCILE_MARGIN = 0.25  # the profile less the profiler's events: within 25 % (+ how far the rounds disagree)
-TOO_BUSY = 0.5  # rounds that disagree by 50 % or more (IQR / median): too busy to judge, and said so
+# TOO_BUSY (helpers.timing): rounds that disagree by 50 % or more (IQR / median): too busy to judge, said so
 
 
 def roof_times(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
@@ -110,15 +114,23 @@ def predicted_time(flops: float, nbytes: float, calls: float, *, peak_flops: flo
 
 # --- memory roofs by working set -------------------------------------------------------------------------
 
+# The access patterns a memory roof is measured with: tensors read and written per element, each counted as
+# (read + written) x 4 bytes per fp32 element; the roof is the fastest of them (a copy counts 2 bytes per
+# element where a CPU that reads each cache line before writing it moves 3: reading alone runs faster).
+MEMORY_PATTERNS = {"read": (1, 0), "copy": (1, 1), "read 2, write 1": (2, 1)}
+
+
 @dataclass(frozen=True)
 class MemoryRoofs:
-    """Copy bandwidth by working set (bytes read + written per call): copies that fit in the last-level cache,
-    measured, and lesson 00's copy beyond the caches (lesson 04)."""
+    """Memory bandwidth by working set (bytes read + written per call), the most any access pattern
+    (`MEMORY_PATTERNS`) reached: working sets within the last-level cache, measured, and beyond the caches
+    (lesson 04)."""
 
-    sizes: tuple[int, ...]  # working sets of the measured copies, ascending, all within the cache
-    bandwidths: tuple[float, ...]  # bytes/s at each (made non-increasing with the size: see below)
-    beyond: float  # bytes/s beyond the last-level cache: the roofline's copy (lesson 00)
+    sizes: tuple[int, ...]  # working sets measured, ascending, all within the cache
+    bandwidths: tuple[float, ...]  # bytes/s at each: the fastest pattern (made non-increasing with the size)
+    beyond: float  # bytes/s beyond the last-level cache
     cache_bytes: int | None  # the last-level cache (helpers.device.last_level_cache_bytes)
+    by_pattern: tuple[Mapping[str, float], ...] = ()  # bytes/s of each pattern at each size, then beyond
 
     def __post_init__(self) -> None:
         if len(self.sizes) != len(self.bandwidths) or list(self.sizes) != sorted(self.sizes):
@@ -126,7 +138,7 @@ class MemoryRoofs:
         if not self.beyond > 0 or any(not b > 0 for b in self.bandwidths):
             raise ValueError("bandwidths must be > 0 bytes/s")
         # a larger working set can only be slower: a smaller set measured slower (a burst of load) takes the
-        # larger set's bandwidth, so that a roof never sits below what a larger copy reached
+        # larger set's bandwidth, so that a roof never sits below what a larger working set reached
         monotone, best = [], self.beyond
         for b in reversed(self.bandwidths):
             best = max(best, b)
@@ -134,7 +146,7 @@ class MemoryRoofs:
         object.__setattr__(self, "bandwidths", tuple(reversed(monotone)))
 
     def bandwidth_for(self, working_set: float) -> float:
-        """The copy bandwidth an op moving `working_set` bytes per call can reach at most."""
+        """The bandwidth an op moving `working_set` bytes per call can reach at most."""
         if self.cache_bytes is None or working_set > self.cache_bytes or not self.sizes:
             return self.beyond
         below = [b for s, b in zip(self.sizes, self.bandwidths) if s <= working_set]
@@ -146,46 +158,74 @@ class MemoryRoofs:
         return "cache" if in_cache else "memory"
 
     def table(self) -> Table:
-        """The roofs as a table: working set, bandwidth."""
-        t = Table(["copy's working set", "GB/s", "where"], title="Memory roofs by working set")
-        for s, b in zip(self.sizes, self.bandwidths):
-            t.add(f"{s / 2**20:,.2f} MiB", b / 1e9, "in the last-level cache")
-        t.add("beyond the last-level cache" + (f" ({self.cache_bytes / 2**20:,.0f} MiB)" if self.cache_bytes
-                                               else ""), self.beyond / 1e9, "lesson 00's copy")
+        """The roofs as a table: working set, each pattern's GB/s, the roof (the fastest)."""
+        names = list(MEMORY_PATTERNS) if self.by_pattern else []
+        t = Table(["working set", *[f"{n} GB/s" for n in names], "roof GB/s", "where"],
+                  title="Memory roofs by working set (the fastest pattern)")
+        measured = list(self.by_pattern) or [{}] * (len(self.sizes) + 1)
+        for s, b, p in zip(self.sizes, self.bandwidths, measured):
+            t.add(f"{s / 2**20:,.2f} MiB", *[p.get(n, math.nan) / 1e9 for n in names], b / 1e9,
+                  "in the last-level cache")
+        cache = f" ({self.cache_bytes / 2**20:,.0f} MiB)" if self.cache_bytes else ""
+        t.add("beyond the last-level cache" + cache, *[measured[-1].get(n, math.nan) / 1e9 for n in names],
+              self.beyond / 1e9, "memory")
         return t
 
     def _repr_markdown_(self) -> str:
         return self.table().to_markdown()
 
 
+def _pattern_rates(device: torch.device, working_set: int, threads: list[int],
+                   min_run_time: float, overhead_s: float) -> dict[str, float]:
+    """Bytes/s of each access pattern at one working set: each at its fastest block, over `threads`."""
+    sync = is_synchronous(device)
+    rates = {}
+    for name, (reads, writes) in MEMORY_PATTERNS.items():
+        n = max(working_set // (4 * (reads + writes)), 1)  # fp32 elements per tensor
+        src = [torch.ones(n, device=device) for _ in range(reads)]  # the values do not change the time
+        fn = _pattern(name, src, torch.empty(n, device=device))
+        t = min(fastest_call(fn, num_threads=k, min_run_time=min_run_time, device=device) for k in threads)
+        work = max(t - overhead_s, t / 2) if sync else t  # a synchronous call's fixed cost is not memory time
+        rates[name] = 4 * n * (reads + writes) / work
+    return rates
+
+
+def _pattern(name: str, src: list[torch.Tensor], dst: torch.Tensor) -> Callable[[], Any]:
+    """The call that moves memory in that pattern: a sum reads, a copy, an add of two."""
+    if name == "read":
+        return lambda: torch.sum(src[0])
+    if name == "copy":
+        return lambda: dst.copy_(src[0])
+    return lambda: torch.add(src[0], src[1], out=dst)
+
+
 def measure_memory_roofs(device: torch.device | str, roofline: Roofline, *, cache_bytes: int | None,
                          overhead_s: float = 0.0, smallest: int = 256 * 2**10,
-                         min_run_time: float = 0.05) -> MemoryRoofs:
-    """Time copies of working sets 256 KiB, 1 MiB, 4 MiB, ... up to half the last-level cache (`cache_bytes`);
-    beyond the caches, `roofline`'s bandwidth (lesson 04). On a synchronous device a copy's call cost
-    (`overhead_s`) is taken out of its time, as the additive model says. On a CPU each copy is timed with all
-    threads and with one, and the faster counts: on a busy machine a copy split over two threads waits for the
-    slower one, and a roof must be the most the machine reaches: each copy's fastest block counts."""
-    from helpers.timing import benchmark
-
+                         min_run_time: float = 0.01) -> MemoryRoofs:
+    """Time each access pattern (`MEMORY_PATTERNS`) at working sets of 256 KiB, 1 MiB, 4 MiB, ... up to half
+    the last-level cache (`cache_bytes`), and at twice the cache; the roof at each is the fastest pattern,
+    and beyond the caches at least `roofline`'s copy (lesson 04). On a synchronous device a call's fixed cost
+    (`overhead_s`) is taken out of its time, as the additive model says. On a CPU each pattern is timed with
+    all threads and with one, and the faster counts: on a busy machine an op split over two threads waits for
+    the slower one, and a roof must be the most the machine reaches: each at its fastest block."""
     if cache_bytes is not None and cache_bytes <= 0:
         raise ValueError(f"cache_bytes must be > 0 or None (unknown), got {cache_bytes}")
     device = torch.device(device)
-    sync = is_synchronous(device)
     threads = _threads(device)
-    sizes, bws = [], []
+    sizes, bws, by_pattern = [], [], []
     size = smallest
     while cache_bytes is not None and size <= cache_bytes // 2:
-        src = torch.randn(size // 8, device=device)  # read + written: 2 x 4 bytes per element
-        dst = torch.empty_like(src)
-        t = min(min(benchmark(lambda: dst.copy_(src), name=f"copy of {size} bytes", warmup=2,
-                              min_run_time=min_run_time, num_threads=n).times_s) for n in threads)
-        work = max(t - overhead_s, t / 2) if sync else t
-        sizes.append(2 * src.nbytes)
-        bws.append(2 * src.nbytes / work)
+        rates = _pattern_rates(device, size, threads, min_run_time, overhead_s)
+        sizes.append(size)
+        bws.append(max(rates.values()))
+        by_pattern.append(rates)
         size *= 4
-        del src, dst
-    return MemoryRoofs(tuple(sizes), tuple(bws), roofline.bandwidth, cache_bytes)
+    beyond = roofline.bandwidth
+    if cache_bytes is not None:  # beyond the caches: every pattern at twice the cache, and lesson 00's copy
+        rates = _pattern_rates(device, 2 * cache_bytes, threads, min_run_time, overhead_s)
+        beyond = max(beyond, *rates.values())
+        by_pattern.append(rates)
+    return MemoryRoofs(tuple(sizes), tuple(bws), beyond, cache_bytes, tuple(by_pattern))
 
 
 def _threads(device: torch.device) -> list[int]:
@@ -200,8 +240,6 @@ def measure_peak_flops(device: torch.device | str, *, sizes: Sequence[int] = (12
     each at its fastest block: the compute roof an op's rate is held to (lesson 04). On a shared machine a
     long matmul is interrupted more often than a short one, so one large matmul's median can sit far below
     what a small one reaches."""
-    from helpers.timing import benchmark
-
     device = torch.device(device)
     best = 0.0
     for n in sizes:
@@ -280,7 +318,7 @@ class OpTable:
     precision: str
     peak_flops: float
     bandwidth: float  # beyond the caches (lesson 00's copy)
-    overhead_s: float
+    overhead_s: float  # the fixed cost of one call: of the cheapest class (per class: `call_costs`)
     comm_s: float = 0.0
     busy_s: float | None = None
     ridge: float = math.nan  # Roofline.ridge_point(precision), FLOP per byte
@@ -290,10 +328,22 @@ class OpTable:
     noise: float = 0.0  # how much the rounds disagree (OpTimes.noise)
     untimed: tuple[str, ...] = ()  # counted ops the profiler never saw, and what was done with each
     memory_roofs: MemoryRoofs | None = None
+    call_costs: tuple[tuple[str, float], ...] = ()  # (op class, seconds per call); empty: overhead_s for all
+    others: float | None = None  # share of the CPUs other programs took while it was profiled (None: unknown)
 
     @property
     def synchronous(self) -> bool:
         return self.device not in ("cuda", "mps")
+
+    @property
+    def busy(self) -> Busy:
+        """Whether the profile can be judged: its rounds' spread and what other programs took of the CPUs
+        while it ran, by the course's one rule (`helpers.timing.busy`)."""
+        return busy(self.noise, load=self.others)
+
+    def call_cost(self, op_class: str) -> float:
+        """Seconds one call of an op of `op_class` costs before its work (the table's per-call prices)."""
+        return dict(self.call_costs).get(op_class, self.overhead_s)
 
     @property
     def op_time_s(self) -> float:
@@ -384,7 +434,8 @@ class OpTable:
             roof = sum(r.roof_s for r in rs)  # each op at its own roof
             bw = b / sum(r.bytes / r.bandwidth for r in rs) if b > 0 else self.bandwidth
             regime = ("communication" if name == "communication" else
-                      classify(f, b, c, peak_flops=self.peak_flops, bandwidth=bw, overhead_s=self.overhead_s))
+                      classify(f, b, c, peak_flops=self.peak_flops, bandwidth=bw,
+                               overhead_s=sum(r.fixed_s for r in rs) / c if c else self.overhead_s))
             phases = sorted({r.phase for r in rs})
             sources = sorted({r.flops_source for r in rs if r.flops > 0})
             wheres = sorted({r.where for r in rs})
@@ -446,18 +497,24 @@ def _median(values: Sequence[float]) -> float:
 
 
 def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, roofline: Roofline, *,
-             precision: str = "fp32", overhead_s: float, memory_roofs: MemoryRoofs | None = None,
-             untimed: str = "error") -> OpTable:
+             precision: str = "fp32", overhead_s: float | Mapping[str, float],
+             memory_roofs: MemoryRoofs | None = None, untimed: str = "error") -> OpTable:
     """Join counts (`count_ops`) and times (`time_ops`; None: counts only, every time 0) into rows placed on
     `roofline` and its memory roofs by working set (`memory_roofs`; default: lesson 00's copy for all)
-    (lesson 04). A counted op that moves data or computes but is missing from the profile is an error; with
+    (lesson 04). `overhead_s`: the fixed cost of one call, the same for every op (a float) or per op class
+    (`helpers.optime.per_call_costs`). A counted op that moves data or computes but is missing from the
+    profile is an error; with
     `untimed="estimate"` its time is the model's (`predicted_time`) instead, taken out of the time between ops
     (where its real time went), and listed in `OpTable.untimed` (the autograd engine's gradient sums are ops
     the profiler does not record). A missing view (no data) is listed only."""
     if not counts:
         raise ValueError("counts is empty: count_ops saw no op; does the step run anything?")
-    if overhead_s < 0:
-        raise ValueError(f"overhead_s must be >= 0 (seconds per call), got {overhead_s}")
+    costs = dict(overhead_s) if isinstance(overhead_s, Mapping) else {}
+    if not costs and isinstance(overhead_s, Mapping):
+        raise ValueError("overhead_s is an empty mapping: give seconds per call, or per_call_costs(device)")
+    if any(not isinstance(v, (int, float)) or not v >= 0 for v in (costs.values() or [overhead_s])):
+        raise ValueError(f"overhead_s must be >= 0 (seconds per call) or a mapping of them, got {overhead_s}")
+    cheapest = min(costs.values()) if costs else float(overhead_s)
     if untimed not in ("error", "estimate"):
         raise ValueError(f"untimed must be 'error' or 'estimate', got {untimed!r}")
     ridge = roofline.ridge_point(precision)  # raises ValueError for a precision the roofline lacks
@@ -484,8 +541,9 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
         cls = op_class(op, ph, is_view=c.is_view)
         working_set = c.bytes / c.calls if c.calls else 0.0
         bw = roofs.bandwidth_for(working_set)
+        per_call = call_cost(overhead_s, op, ph, is_view=c.is_view)
         regime = ("communication" if cls == "communication" else
-                  classify(c.flops, c.bytes, c.calls, peak_flops=peak, bandwidth=bw, overhead_s=overhead_s))
+                  classify(c.flops, c.bytes, c.calls, peak_flops=peak, bandwidth=bw, overhead_s=per_call))
         profiled = times.times_s.get((ph, op), 0.0) if times is not None else 0.0
         inside = times.inside_events.get((ph, op), 0.0) if times is not None else 0.0
         # the profiler's events inside the op's spans (the ops it called) cost it host time: taken out (a GPU
@@ -493,17 +551,18 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
         time_s = max(profiled - inside * event_cost, 0.0) if synchronous else profiled
         if (ph, op) in estimated:
             time_s = predicted_time(c.flops, c.bytes, c.calls, peak_flops=peak, bandwidth=bw,
-                                    overhead_s=overhead_s, synchronous=synchronous)
+                                    overhead_s=per_call, synchronous=synchronous)
         rows.append(OpRow(op, ph, cls, c.calls, time_s, c.flops, c.bytes, regime,
                           max(c.flops / peak, c.bytes / bw), c.flops_source, profiled, bw,
-                          roofs.where(working_set), c.calls * overhead_s, c.flops / peak))
+                          roofs.where(working_set), c.calls * per_call, c.flops / peak))
     rows.sort(key=lambda r: -r.time_s)
+    prices = tuple(sorted(costs.items()))
     if times is None:
-        return OpTable(tuple(rows), 0.0, "cpu", precision, peak, roofline.bandwidth, overhead_s, ridge=ridge,
-                       memory_roofs=roofs)
-    table = OpTable(tuple(rows), times.wall_s, times.device, precision, peak, roofline.bandwidth, overhead_s,
+        return OpTable(tuple(rows), 0.0, "cpu", precision, peak, roofline.bandwidth, cheapest, ridge=ridge,
+                       memory_roofs=roofs, call_costs=prices)
+    table = OpTable(tuple(rows), times.wall_s, times.device, precision, peak, roofline.bandwidth, cheapest,
                     times.comm_s, times.busy_s, ridge, times.unprofiled_s, times.profiler_cost_s, times.pairs,
-                    times.noise, tuple(notes), roofs)
+                    times.noise, tuple(notes), roofs, prices, times.others)
     guessed = sum(r.time_s for r in rows if (r.phase, r.label) in estimated)
     if synchronous and guessed > 0 and table.wall_s - table.profiler_cost_s < table.op_time_s + table.comm_s:
         raise ValueError(f"the model's time of the ops the profiler did not record ({guessed * 1e3:.3g} ms) "
@@ -512,13 +571,15 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
 
 
 def profile_step(step: StepFn, roofline: Roofline, *,
-                 device: torch.device | str = "cpu", precision: str = "fp32", overhead_s: float | None = None,
+                 device: torch.device | str = "cpu", precision: str = "fp32",
+                 overhead_s: float | Mapping[str, float] | None = None,
                  steps: int = 3, warmup: int = 1, memory_roofs: MemoryRoofs | None = None,
                  untimed: str = "error") -> OpTable:
     """`count_ops`, `time_ops` and `op_table` in one call: a step's op table on the roofline, each profiled
-    step beside a plain one (lesson 04). `untimed`: what to do with a counted op the profiler did not record
-    (`op_table`)."""
-    overhead = per_call_overhead(device) if overhead_s is None else overhead_s
+    step beside a plain one (lesson 04). `overhead_s`: the fixed cost of a call, one for all ops or per op
+    class (default: `helpers.optime.per_call_costs(device)`, measured now); `untimed`: what to do with a
+    counted op the profiler did not record (`op_table`)."""
+    overhead = per_call_costs(device) if overhead_s is None else overhead_s
     counts = count_ops(step, warmup=warmup)
     times = time_ops(step, device=device, steps=steps, warmup=warmup, counted=counts)
     return op_table(counts, times, roofline, precision=precision, overhead_s=overhead,
@@ -566,11 +627,12 @@ def check_reconciled(table: OpTable, *, margin: float = RECONCILE_MARGIN) -> lis
     """The profile against the plain step timed beside it (lesson 04): on a CPU, the profiled step less the
     profiler's events (events x the measured cost of one) must be the plain step within `margin` plus how much
     the rounds disagree (`OpTimes.noise`; the median of the rounds' ratios is judged); on a GPU, the kernels'
-    busy time cannot exceed the plain step by more. Empty when it holds, and when the rounds disagree by
-    `TOO_BUSY` or more (the machine too busy to judge: the caller says so)."""
+    busy time cannot exceed the plain step by more. Empty when it holds, and when the machine was too busy to
+    judge (`OpTable.busy`: the rounds disagree by `TOO_BUSY` or more, or other programs took the CPUs; the
+    caller says so)."""
     if not table.pairs:
         return ["no plain step was timed beside the profiled one: use helpers.optime.time_ops"]
-    if table.noise >= TOO_BUSY:
+    if table.busy.too_busy:
         return []
     ratio, allowed = table.reconciled_ratio, margin + table.noise
     if table.synchronous and abs(ratio - 1) > allowed:

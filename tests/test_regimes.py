@@ -302,6 +302,8 @@ def test_check_reconciled_catches_a_profile_that_does_not_account_for_the_step()
     assert check_reconciled(_reconciled(pairs, cost=0.0))  # planted: the profiler's cost not taken out
     assert check_reconciled(_reconciled(pairs, cost=12.7)) == []  # its events x their measured cost
     assert check_reconciled(_reconciled(pairs, cost=12.7, noise=TOO_BUSY)) == []  # too busy: not judged
+    loaded = dataclasses.replace(_reconciled(pairs, cost=0.0), others=0.6)  # other programs took the CPUs
+    assert loaded.busy.too_busy and check_reconciled(loaded) == []
     assert check_reconciled(_reconciled(pairs, cost=0.0, device="cuda", busy=40.0))  # kernels > the step
     assert check_reconciled(_reconciled(pairs, cost=0.0, device="cuda", busy=15.0)) == []
     empty = dataclasses.replace(_reconciled(pairs, cost=0.0), pairs=())
@@ -328,6 +330,83 @@ def test_memory_roofs_by_working_set():
     assert MemoryRoofs((), (), 10e9, None).bandwidth_for(1) == 10e9  # cache unknown: lesson 00's roof
     with pytest.raises(ValueError):
         MemoryRoofs((2**20, 2**18), (1e9, 1e9), 1e9, 2**23)
+
+
+def test_a_read_heavy_op_is_held_to_the_fastest_pattern_not_to_a_copy(monkeypatch):
+    """Issue 39, point 10: a roof from a copy alone (2 bytes counted per element) put an op that mostly reads
+    above its roof ("166 % of its roof"). On a made-up memory that reads at 20 GB/s and writes at 10 GB/s (a
+    written line is read first), a copy reaches 13.3 GB/s and a sum 20: the sum must be held to 20."""
+    import helpers.regimes as regimes
+    from helpers.regimes import measure_memory_roofs
+
+    read_bw, write_bw = 20e9, 10e9
+
+    def machine_time(fn):  # seconds this memory takes for the bytes fn reads and writes
+        c = count_ops(lambda phase: fn(), warmup=0).values()
+        return sum(x.bytes_read for x in c) / read_bw + sum(x.bytes_written for x in c) / write_bw
+
+    def fake_benchmark(fn, *, name="", warmup=2, min_run_time=0.5, num_threads=None):
+        t = machine_time(fn)
+        return Timing(name, t, 0.0, 3, 1, (t, t, t))
+
+    monkeypatch.setattr("helpers.timing.benchmark", fake_benchmark)  # what a copy was timed with
+    monkeypatch.setattr(regimes, "fastest_call", lambda fn, **kw: machine_time(fn), raising=False)
+    copy_bw = 2 / (1 / read_bw + 1 / write_bw)
+    roof = Roofline("made-up memory", {"fp32": 1e15}, copy_bw, 512, 2**20)
+    roofs = measure_memory_roofs("cpu", roof, cache_bytes=2**20, overhead_s=0.0)
+    x = torch.randn(2**16)  # 256 KiB: the smallest working set measured
+    counts = count_ops(one_op(lambda: torch.sum(x)), warmup=0)
+    t = machine_time(lambda: torch.sum(x))
+    times = OpTimes({k: t for k in counts}, {k: c.calls for k, c in counts.items()}, t, 1, "cpu")
+    row = op_table(counts, times, roof, overhead_s=0.0, memory_roofs=roofs).row("aten::sum")
+    assert row.roof_fraction <= 1 + 1e-9, f"a sum ran at {row.roof_fraction:.0%} of its roof"
+    assert roofs.beyond == pytest.approx(read_bw, rel=1e-4)  # beyond the caches too: reading is fastest
+
+
+def test_the_cost_of_a_call_is_measured_for_each_class_of_op(monkeypatch):
+    """Issue 39, point 11: priced at a one-element add, the calls of a step of small ops (a GELU sets up its
+    vectorised erf, a LayerNorm its statistics) left most of its time "below the roof", where there is no work
+    to be below a roof. On a made-up machine whose calls cost 15 µs (GELU), 10 µs (LayerNorm) and 1 µs (any
+    other op), and whose ops take their call's cost and no more, the step's time must all be its calls'."""
+    import helpers.optime as optime
+    import helpers.regimes as regimes
+
+    price = {"GELU": 15e-6, "LayerNorm": 10e-6}
+
+    def cost(ops):  # seconds the made-up machine takes for these counted ops
+        return sum(price.get(op_class(op, ph), 1e-6) * c.calls for (ph, op), c in ops.items())
+
+    def fake_benchmark(fn, *, name="", warmup=2, min_run_time=0.5, num_threads=None):
+        t = cost(count_ops(lambda phase: fn(), warmup=0))
+        return Timing(name, t, 0.0, 3, 1, (t, t, t))
+
+    monkeypatch.setattr(optime, "fastest_call", lambda fn, **kw: fake_benchmark(fn).median_s, raising=False)
+
+    def fake_time_ops(step, *, device="cpu", steps=3, warmup=1, counted=None):
+        times = {k: cost({k: c}) for k, c in counted.items()}
+        total = sum(times.values())
+        return OpTimes(times, {k: c.calls for k, c in counted.items()}, total, steps, "cpu",
+                       unprofiled_s=total, pairs=((total, total),) * steps)
+
+    monkeypatch.setattr(optime, "benchmark", fake_benchmark)
+    monkeypatch.setattr(regimes, "time_ops", fake_time_ops)
+    x, w, b = torch.randn(8, 8), torch.ones(8), torch.zeros(8)
+
+    def step(phase):
+        with phase("forward"):
+            for _ in range(20):
+                F.gelu(x), F.layer_norm(x, (8,), w, b), torch.add(x, x)
+    table = profile_step(step, ROOF, steps=3)  # the default: each call priced by its class, measured now
+    shares = table.shares()
+    assert shares[EXCESS] < 0.01, f"{shares[EXCESS]:.0%} of a step of calls ran 'below the roof'"
+    assert table.row("aten::gelu").split(True)["overhead"] == pytest.approx(20 * 15e-6)
+
+
+def test_per_call_costs_are_measured_for_every_class():
+    from helpers.optime import CALL_CLASSES, per_call_costs
+
+    costs = per_call_costs("cpu", min_run_time=0.01)
+    assert set(costs) == set(CALL_CLASSES) and all(0 < v < 0.1 for v in costs.values())
 
 
 def test_the_two_time_models():
