@@ -2471,11 +2471,11 @@ def largest_batch(step_fn, limit):
 
 
 def _try(n):  # the lesson's step, as the learner tried it
-    if n > 30:
+    if n > 3:
         raise torch.cuda.OutOfMemoryError("too big")
 
 
-largest_batch = largest_batch(_try, 32)  # the answer for this machine, under the same name
+largest_batch = largest_batch(_try, 4)  # the answer for this machine, under the same name
 ''',
 }
 

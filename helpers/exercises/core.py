@@ -460,7 +460,11 @@ class _Deadline:
         self.files = {c.co_filename for c in self.codes}
 
     def _learners(self, frame: types.FrameType) -> bool:
-        return frame.f_code in self.codes or frame.f_code.co_filename in self.files
+        """The learner's code: the answer's, its file's (or cell's), or any notebook cell's (a helper of
+        theirs defined in another cell)."""
+        name = frame.f_code.co_filename
+        return (frame.f_code in self.codes or name in self.files or "ipykernel_" in name
+                or name.startswith("<ipython-input"))
 
     def _stop(self, frame: types.FrameType) -> None:
         if not self.fired:
