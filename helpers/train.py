@@ -36,6 +36,15 @@ With `checkpoint_dir` and `checkpoint_every=K` (0 = never), the state after ever
 last is written atomically to `<checkpoint_dir>/step_NNNNNN.pt` (`helpers.checkpoint`), the newest
 `keep_checkpoints` kept. `train` resumes from the newest: model, optimizer, scaler, learning-rate schedule,
 RNG states, step and loss history. Under DDP rank 0 writes (the replicas are equal) and every rank reads.
+An FSDP2 model (`helpers.distributed.is_sharded`) is checkpointed sharded end to end: every rank writes its
+own shards and RNG states into a DCP folder `<checkpoint_dir>/step_NNNNNN/`, and reads its own back.
+
+One step
+--------
+`TrainStep` is the one optimizer step of the course: `train` runs it, and so do lesson 08's ladder (its timed
+passes) and helpers/scripts/train_ddp.py. It checks the spec on the device once, when it is made, not at
+every step or forward pass. On a CPU the peak memory is read with the profiler over the call's second step,
+the first that starts with AdamW's state in place; that step is left out of the throughput, like the first.
 """
 
 from __future__ import annotations
