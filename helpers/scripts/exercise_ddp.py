@@ -1,7 +1,7 @@
 """Run learners' bucketed all-reduce functions (lesson 07's exercise) in every process of a torchrun job, and
 report what each did; `helpers.exercises` launches it and reads the report.
 
-    torchrun --standalone --nproc-per-node=2 -m helpers.scripts.exercise_ddp --candidates c.json \
+    torchrun --standalone --nproc-per-node=3 -m helpers.scripts.exercise_ddp --candidates c.json \
         --out r.json --seed 7
 
 c.json holds [{"name", "source", "function"}]: the source of a function `function(model, bucket_cap_bytes)`
