@@ -303,6 +303,13 @@ def test_bad_calls_are_clear_errors():
         exercises.expect_status("08-new-rung", "done")
 
 
+def test_a_bad_time_limit_is_a_clear_error(monkeypatch, tmp_path):
+    ex = EXERCISES["04-predict-time"]
+    monkeypatch.setenv(TIME_LIMIT_ENV, "soon")
+    with pytest.raises(ValueError, match=f"{TIME_LIMIT_ENV}='soon': give the seconds"):
+        evaluate(ex.id, _load(tmp_path / "s.py", ex.solution_path.read_text(), ex.answer))
+
+
 def test_a_bug_of_the_check_itself_is_not_blamed_on_the_learner(monkeypatch, tmp_path):
     def broken_check(answer):
         raise KeyError("a bug in the course")
