@@ -50,6 +50,7 @@ from helpers.adapt import as_batch, logits_of, loss_of
 from helpers.agreement import agree, looser, optimizer_step_agreement
 from helpers.diagnosis import OOMReport
 from helpers.ladder_report import ladder_rows, your_stack
+from helpers.roofline import mfu_peak, saved_roofline
 from helpers.runspec import RunSpec
 from helpers.timing import (
     OTHERS_BUSY,
@@ -468,7 +469,10 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
     if flops_why is not None:
         notes["mfu"] = f"no FLOPs per token: {flops_why}"
     elif not peak_flops:
-        notes["mfu"] = "no peak FLOP/s given (climb_stacks(peak_flops=...): helpers.roofline.mfu_peak)"
+        found = mfu_peak(device)
+        notes["mfu"] = ("no peak FLOP/s given: climb_stacks(peak_flops=helpers.roofline.mfu_peak(device)"
+                        ".flops)" + (f", {found.flops / 1e9:,.1f} GFLOP/s here ({found.source})" if found
+                                     else f"; none is known here: {saved_roofline()[1]}"))
     row["notes"] = notes
     if timing is not None:
         row.update(_rates(row, timing))
