@@ -132,7 +132,8 @@ def test_header_says_what_is_downloaded_online(path):
     assert time_line.strip(), path.name
 
 
-USES = {"05": {"04"}, "06": {"04"}, "08": {"01", "03", "04"}, "09": {"03", "04", "08"}}  # lessons a later lesson uses
+# lessons a later lesson builds on (issue 32)
+USES = {"05": {"04"}, "06": {"04"}, "08": {"01", "03", "04"}, "09": {"03", "04", "08"}}
 
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if _number(p) in USES], ids=lambda p: p.name)
