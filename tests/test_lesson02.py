@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.lessons import lesson02
+from helpers.runspec import RunSpec
 from helpers.tables import Table
 
 # --- section 1: the formats ---------------------------------------------------------------------------
@@ -51,7 +52,7 @@ def test_autocast_groups_on_this_cpu(capsys):
 
 def test_planted_autocast_that_does_nothing_fails(monkeypatch):
     # autocast not applied at all (a context that does nothing): the matmul follows its input
-    monkeypatch.setattr(lesson02, "autocast_context", lambda precision, device: contextlib.nullcontext())
+    monkeypatch.setattr(RunSpec, "autocast", lambda self, device: contextlib.nullcontext())
     _, groups = lesson02.autocast_table(OPS, ["bf16"], "cpu")
     with pytest.raises(AssertionError, match="F.linear under bf16 autocast: expected the 16-bit list"):
         lesson02.check_autocast_groups(groups, ["bf16"])

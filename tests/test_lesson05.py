@@ -20,13 +20,15 @@ from helpers.regimes import OpRow, OpTable
 
 
 def test_a_cold_compile_gets_a_new_empty_folder_and_fills_it(tmp_path, capsys):
-    caches = lesson05.ColdCaches(tmp_path)
+    cleared = []
+    caches = lesson05.ColdCaches(tmp_path, clear=lambda: cleared.append(1))
     with caches.cold("a") as path:
+        assert len(cleared) == 1  # Inductor's in-memory caches emptied before the compile
         assert not any(path.iterdir()) and path.parent == tmp_path
         (path / "kernel.so").write_text("stands in for what a compile writes")
     with caches.cold("b") as other:
         (other / "kernel.so").write_text("x")
-    assert other != path
+    assert other != path and len(cleared) == 4  # and again after it: each cold compile clears twice
     with caches.warm("a") as again:
         assert again == path
     caches.check_each_cold()
@@ -153,11 +155,11 @@ def test_fullgraph_refuses_a_break_and_the_check_fails_when_it_does_not(capsys):
     torch._dynamo.reset()
     x = torch.randn(4)
     strict = torch.compile(_with_break, fullgraph=True, backend="eager")
-    assert lesson05.check_fullgraph_refuses(lambda: strict(x))
+    assert lesson05.check_fullgraph_refuses(lambda: strict(x), torch._dynamo.exc.Unsupported)
     torch._dynamo.reset()
     clean = torch.compile(_without_break, fullgraph=True, backend="eager")  # planted: nothing to refuse
     with pytest.raises(AssertionError, match="should have refused the graph break"):
-        lesson05.check_fullgraph_refuses(lambda: clean(x))
+        lesson05.check_fullgraph_refuses(lambda: clean(x), torch._dynamo.exc.Unsupported)
 
 
 def test_graph_counts():

@@ -22,8 +22,9 @@ from helpers.memory import estimate_training_memory
 from helpers.meter import TrainResult
 from helpers.models import SmallTransformer, TransformerConfig, small_config
 from helpers.plots import bar_chart, loss_curves_chart
-from helpers.precision import AUTOCAST_DTYPES, PRECISIONS, autocast_context, precision_runs
+from helpers.precision import AUTOCAST_DTYPES, PRECISIONS, precision_runs
 from helpers.roofline import measure_roofline, mfu_peak, peak_flops
+from helpers.runspec import RunSpec
 from helpers.sizing import Size, fit_sizes
 from helpers.tables import Table
 from helpers.timing import LoadProbe, benchmark_interleaved, busy
@@ -167,7 +168,7 @@ def autocast_table(ops: Mapping[str, Callable[[dict], torch.Tensor]], modes: Seq
         row = [_short(fn(op_inputs(torch.float32, device)).dtype)]
         for p in modes:
             low = AUTOCAST_DTYPES[p]
-            with autocast_context(p, device):
+            with RunSpec(precision=p).autocast(device):  # torch.autocast(device.type, dtype=low)
                 from_fp32 = fn(op_inputs(torch.float32, device)).dtype
                 from_16bit = fn(op_inputs(low, device)).dtype
             groups[name, p] = autocast_group(from_fp32, from_16bit, low)

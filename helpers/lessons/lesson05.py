@@ -40,7 +40,7 @@ from helpers.tables import Table
 from helpers.timing import CpuLoad, Timing, busy
 from helpers.verdicts import AtMost, MeasuredTable, Range
 
-__all__ = ["SIZES", "COPIES", "BIG_GPU_SMS", "setup", "clear_inductor_caches", "cache_files", "ColdCaches",
+__all__ = ["SIZES", "COPIES", "BIG_GPU_SMS", "setup", "cache_files", "ColdCaches",
            "RTOL", "ATOL", "check_matches_eager", "check_graph_breaks", "check_fullgraph_refuses",
            "check_graph_counts", "modes_table", "recompile_table", "step_time_chart", "compile_time_chart",
            "session_roofs", "KEPT", "OPTIMIZER", "compile_shares", "why_compile_paid", "summary_table"]
@@ -89,15 +89,6 @@ def setup(profile: str | None = None) -> LessonSetup:
 
 # --- compile caches: cold and warm compiles ----------------------------------------------------------------
 
-def clear_inductor_caches() -> None:
-    """Inductor's in-memory caches cleared (its helper's name changed across torch versions) (lesson 05)."""
-    # imported here: torch._dynamo and Inductor take seconds to import, and setup() (which the GPU-matrix
-    # tests run for every GPU class) needs neither
-    from torch._inductor import utils as inductor_utils
-
-    (getattr(inductor_utils, "clear_caches", None) or inductor_utils.clear_inductor_caches)()
-
-
 def cache_files(path: str | Path) -> int:
     """How many files a compile cache folder holds (lesson 05)."""
     return sum(1 for p in Path(path).rglob("*") if p.is_file())
@@ -113,30 +104,30 @@ def _cache_env(path: Path) -> Iterator[Path]:
 
 class ColdCaches:
     """The compile cache folders of lesson 05's measurements: a cold compile gets a new, empty folder, with
-    Dynamo reset and Inductor's in-memory caches cleared first (the steps of PyTorch's private
-    `torch._inductor.utils.fresh_cache`); a warm compile reuses the folder a cold one filled (lesson 05)."""
+    Dynamo reset (`torch.compiler.reset`) and `clear` called first: the lesson passes Inductor's private
+    helper that empties its in-memory caches, as PyTorch's own `torch._inductor.utils.fresh_cache` does. A
+    warm compile reuses the folder a cold one filled (lesson 05)."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, clear: Callable[[], None] | None = None) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise ValueError(f"the cache root {self.root} is not a folder: pass setup()'s CACHE_ROOT")
+        self.clear = clear or (lambda: None)  # Inductor's in-memory caches (a private helper of torch)
         self.folders: dict[str, Path] = {}  # measurement -> the folder its cold compile used
 
     @contextlib.contextmanager
     def cold(self, label: str) -> Iterator[Path]:
         """A compile with nothing to reuse: no compiled frames, no kernels in memory, a new empty folder;
         AssertionError if the folder was used before, was not empty, or the compile wrote nothing there."""
-        import torch._dynamo  # seconds to import: see clear_inductor_caches
-
-        torch._dynamo.reset()
-        clear_inductor_caches()
+        torch.compiler.reset()  # no compiled frames
+        self.clear()  # no kernels in memory
         path = Path(tempfile.mkdtemp(prefix="cold-", dir=self.root))
         assert path not in self.folders.values(), f"{label}: cache folder {path} was used before"
         assert not any(path.iterdir()), f"{label}: cache folder {path} is not empty"
         self.folders[label] = path
         with _cache_env(path):
             yield path
-        clear_inductor_caches()  # what this compile loaded stays with its model, not in Inductor's caches
+        self.clear()  # what this compile loaded stays with its model, not in Inductor's caches
         assert any(path.iterdir()), f"{label}: the compile wrote nothing into {path}: it did not use it"
 
     @contextlib.contextmanager
@@ -259,14 +250,12 @@ def check_graph_breaks(before: Any, after: Any) -> None:
     print(f"checked: {len(before.break_reasons)} break(s) before, one graph and no break after")
 
 
-def check_fullgraph_refuses(run: Callable[[], Any]) -> str:
-    """`run()` compiles with fullgraph=True something that breaks the graph: it must raise Dynamo's
-    Unsupported; returns the first line of the reason (lesson 05)."""
-    import torch._dynamo  # seconds to import: see clear_inductor_caches
-
+def check_fullgraph_refuses(run: Callable[[], Any], error: type[BaseException]) -> str:
+    """`run()` compiles with fullgraph=True something that breaks the graph: it must raise `error`, Dynamo's
+    `torch._dynamo.exc.Unsupported`; returns the first line of the reason (lesson 05)."""
     try:
         run()
-    except torch._dynamo.exc.Unsupported as err:
+    except error as err:
         reason = str(err).splitlines()[0]
         print(f"checked: fullgraph=True refused it: {reason}")
         return reason
