@@ -504,7 +504,8 @@ def _gpu_paths() -> tuple[set, set, set]:
             if cell["cell_type"] == "code" and (tagged or GPU_PROBE.search(source) or _gpu_branch(source)):
                 cells.add((nb.stem, cell["id"]))
     files = {p.relative_to(ROOT).as_posix() for p in sorted(ROOT.glob("benchmarks/*.py")) +
-             sorted(ROOT.glob("scripts/**/*.py")) if _gpu_branch(p.read_text())}
+             sorted(ROOT.glob("scripts/**/*.py")) + sorted(ROOT.glob("helpers/scripts/*.py")) +
+             sorted(ROOT.glob("helpers/lessons/*.py")) if _gpu_branch(p.read_text())}
     return tests, cells, files
 
 
@@ -517,7 +518,8 @@ def test_the_docs_list_every_gpu_path_and_nothing_that_is_gone():
                     for t in re.findall(r"`(\w+)`", r[1])}
     listed_cells = {(r[0], c) for r in rows if re.fullmatch(r"\d\d_\w+", r[0])
                     for c in re.findall(r"`([\w-]+)`", r[1])}
-    listed_files = {r[0].strip("`") for r in rows if r[0].startswith(("`benchmarks/", "`scripts/"))}
+    listed_files = {r[0].strip("`") for r in rows
+                    if r[0].startswith(("`benchmarks/", "`scripts/", "`helpers/scripts/", "`helpers/lessons/"))}
     tests, cells, files = _gpu_paths()
     assert listed_tests == tests, (f"docs/gpu-check.md: list {sorted(tests - listed_tests)}; "
                                    f"gone: {sorted(listed_tests - tests)}")
