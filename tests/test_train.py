@@ -493,24 +493,21 @@ def test_accumulation_under_ddp_all_reduces_once_per_step(tmp_path):
         dist.destroy_process_group()
 
 
-def test_a_damaged_saved_roofline_is_said_and_other_errors_are_not_swallowed(monkeypatch, capsys):
+def test_a_damaged_saved_roofline_is_said_and_other_errors_are_not_swallowed(monkeypatch, tmp_path):
     # issue 25: the peak lookup caught every exception; now only what reading lesson 00's file can raise
-    import json
-
     import helpers.roofline as hw
     from helpers.meter import run_peak
 
-    def damaged():
-        raise json.JSONDecodeError("Expecting value", "", 0)  # a half-written file
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    hw._roofline_path(hw.device_name()).write_text('{"device_name": "half a')  # a half-written file
+    peak, source = run_peak(torch.device("cpu"))  # no peak on a CPU, and it says why
+    assert peak is None and "could not be read" in source and "run lesson 00" in source
 
-    monkeypatch.setattr(hw, "load_roofline", damaged)
-    peak, source = run_peak(torch.device("cpu"))  # no saved roofline on a CPU: no peak, and it says why
-    assert "could not be read" in capsys.readouterr().out and (peak is None) == (source.startswith("no peak"))
-
-    def broken():
+    def broken(**fields):
         raise RuntimeError("a bug, not a damaged file")
 
-    monkeypatch.setattr(hw, "load_roofline", broken)
+    hw._roofline_path(hw.device_name()).write_text('{"device_name": "x"}')
+    monkeypatch.setattr(hw, "Roofline", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         run_peak(torch.device("cpu"))
 
