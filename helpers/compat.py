@@ -50,7 +50,8 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "optional_impor
            "packing_attention_mask", "triton_interpret_enabled", "triton_compiles_for",
            "check_triton_interpreter", "fully_shard",
            "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
-           "scaled_mm_supports", "scaled_mm", "TorchDispatchMode", "op_schema", "explain_graphs",
+           "scaled_mm_supports", "scaled_mm", "TorchDispatchMode", "op_schema", "storage_identity",
+           "explain_graphs",
            "TRANSFORMERS_V5",
            "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
 
@@ -506,6 +507,12 @@ def op_schema(func: Any) -> Any:
     """The schema of an op overload a dispatch mode receives: its name, its arguments, which of them it
     writes (lesson 04)."""
     return func._schema
+
+
+def storage_identity(t: Any) -> int:
+    """Which storage a tensor views, also for fake tensors (whose data pointers all read 0): the storage's
+    C++ handle (lesson 09's planner counts the bytes of each storage once)."""
+    return t.untyped_storage()._cdata
 
 
 # --- torch.compile's graphs -------------------------------------------------------------------------------

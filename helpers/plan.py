@@ -294,7 +294,7 @@ def _prepared(model: nn.Module, spec: RunSpec) -> tuple[nn.Module, list[str]]:
 
 def _storage_key(t: torch.Tensor) -> tuple:
     """A tensor's identity that fake tensors have too: its storage, offset, shape and strides."""
-    return (t.untyped_storage()._cdata, t.storage_offset(), t.numel(), tuple(t.shape), tuple(t.stride()))
+    return (compat.storage_identity(t), t.storage_offset(), t.numel(), tuple(t.shape), tuple(t.stride()))
 
 
 def _rows_at_most(weight: torch.Tensor, indices: torch.Tensor) -> int:

@@ -12,8 +12,8 @@ gradient skipped and the scale halved.
 from __future__ import annotations
 
 import copy
+import inspect
 import random
-import sys
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -83,7 +83,7 @@ def _spies(log: _Log, lr: float, params: Iterable[nn.Parameter], init_scale: flo
 def _foreign_scaler(ours: Any) -> str | bool:
     """"foreign" when a GradScaler other than `ours` is stepping the optimizer now (one the step made), else
     False."""
-    frame = sys._getframe(1)
+    frame = inspect.currentframe().f_back
     while frame is not None:
         if frame.f_code is torch.amp.GradScaler.step.__code__ and frame.f_locals.get("self") is not ours:
             return "foreign"

@@ -43,6 +43,7 @@ from helpers.regimes import (
     measure_memory_roofs,
     measure_peak_flops,
     predicted_time,
+    roof_times,
 )
 from helpers.roofline import Roofline, load_roofline, measure_roofline
 from helpers.sizing import Size, fit_sizes
@@ -261,7 +262,8 @@ def time_against_roofs(ops: Mapping[str, tuple[OpCount, Callable[[], Any]]], pea
         regime = classify(c.flops, c.bytes, c.calls, peak_flops=peak, bandwidth=bw,
                           overhead_s=call_cost(call_costs, c.op, c.phase))
         rows.append(dict(op=name, flops=c.flops, bytes=c.bytes, regime=regime, bandwidth=bw,
-                         roof_s=max(c.flops / peak, c.bytes / bw), time_s=t))
+                         roof_s=max(roof_times(c.flops, c.bytes, 0, peak_flops=peak, bandwidth=bw,
+                                               overhead_s=0.0).values()), time_s=t))
     return Placed(tuple(rows), peak / memory_roofs.beyond)
 
 
@@ -776,7 +778,7 @@ def measure_effects(kinds: OpKinds, optimisations: Sequence[str], bigger: int, c
                 out.base_s[kind] = base_t.median_s
             if "compile" in optimisations:
                 if kind == "memory-bound" or compile_all:
-                    torch._dynamo.reset()  # a fresh compile of this arm, not a recompile of another's graph
+                    torch.compiler.reset()  # a fresh compile of this arm, not a recompile of another's graph
                     compiled = torch.compile(fn)
                     t0 = time.perf_counter()
                     got = compiled(*args)

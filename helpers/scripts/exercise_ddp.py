@@ -122,9 +122,8 @@ def _enter_worlds() -> None:
 
     dist.get_world_size = get_world_size
     for name in ("all_reduce", "barrier", "broadcast", "all_gather", "all_gather_into_tensor",
-                 "reduce_scatter_tensor"):
-        if hasattr(dist, name):
-            setattr(dist, name, _in_world(getattr(dist, name)))
+                 "reduce_scatter_tensor"):  # all in torch.distributed since torch 2.0
+        setattr(dist, name, _in_world(getattr(dist, name)))
 
 
 def _record_all_reduce(calls: list[dict[str, Any]]) -> None:
