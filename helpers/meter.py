@@ -187,8 +187,8 @@ class Meter:
         if flops_problem is not None:
             notes["mfu"] = "no FLOPs per token (flops_per_token's reason)"
         elif not peak:
-            notes["mfu"] = (f"{source}: give TrainConfig(peak_flops=...) in FLOP/s, or run lesson 00 on a quiet "
-                            "machine to save this machine's roofline")
+            notes["mfu"] = (f"{source}: give TrainConfig(peak_flops=...) in FLOP/s, or run lesson 00 on a "
+                            "quiet machine to save this machine's roofline")
         elif "tokens_per_s" in notes or tokens == 0:
             notes["mfu"] = "nothing was timed" if "tokens_per_s" in notes else "no real tokens were timed"
         if not peak:

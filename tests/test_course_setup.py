@@ -19,7 +19,8 @@ def _check_in(folder: Path, lesson: str = "00_setup") -> subprocess.CompletedPro
     """course_setup.check run by a fresh Python whose working folder is `folder` (a notebook's folder: the
     kernel puts it first on sys.path)."""
     code = f"import sys; sys.path.insert(0, ''); import course_setup; course_setup.check({lesson!r})"
-    return subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_the_course_as_installed_passes_with_one_line(tmp_path):
@@ -44,7 +45,8 @@ def test_without_the_check_the_shadow_shows_later_as_a_puzzle(tmp_path):
     """What the learner saw before the check (issue 40): the next cell's import fails far from the cause."""
     (tmp_path / "helpers.py").write_text("def load(): ...\n")
     code = "import sys; sys.path.insert(0, ''); from helpers.config import get_profile"
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
     assert "No module named 'helpers.config'" in done.stderr and str(tmp_path) not in done.stderr
 
 

@@ -518,8 +518,8 @@ def test_the_docs_list_every_gpu_path_and_nothing_that_is_gone():
                     for t in re.findall(r"`(\w+)`", r[1])}
     listed_cells = {(r[0], c) for r in rows if re.fullmatch(r"\d\d_\w+", r[0])
                     for c in re.findall(r"`([\w-]+)`", r[1])}
-    listed_files = {r[0].strip("`") for r in rows
-                    if r[0].startswith(("`benchmarks/", "`scripts/", "`helpers/scripts/", "`helpers/lessons/"))}
+    homes = ("`benchmarks/", "`scripts/", "`helpers/scripts/", "`helpers/lessons/")
+    listed_files = {r[0].strip("`") for r in rows if r[0].startswith(homes)}
     tests, cells, files = _gpu_paths()
     assert listed_tests == tests, (f"docs/gpu-check.md: list {sorted(tests - listed_tests)}; "
                                    f"gone: {sorted(listed_tests - tests)}")

@@ -56,8 +56,8 @@ def test_python_range_is_the_same_everywhere():
 
 
 def test_the_readmes_library_install_takes_the_tested_set():
-    """`pip install .` as the README writes it installs the newest tested set (issue 40), and that set is the one
-    `make test` runs in: each pin of ci/constraints-newest.txt equals the version installed here."""
+    """`pip install .` as the README writes it installs the newest tested set (issue 40), and that set is the
+    one `make test` runs in: each pin of ci/constraints-newest.txt equals the version installed here."""
     from importlib.metadata import version
 
     readme = (ROOT / "README.md").read_text()
