@@ -102,10 +102,8 @@ def shifts_labels(model: nn.Module) -> bool:
     name = type(inner).__name__
     if name.endswith(("ForCausalLM", "LMHeadModel")):
         return True
-    try:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    except ImportError:  # a transformers without the mapping: the names above
-        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # 4.52 to 5.x
+
     return name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 

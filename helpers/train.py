@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -372,6 +373,10 @@ def _scale_tensor(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
     return grad_scaler_scale(scaler)
 
 
+# train_step's TrainStep per optimizer (made again when an argument changes), gone with the optimizer
+_KEPT_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
                optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None,
                spec: RunSpec | None = None, device: torch.device | str | None = None,
@@ -382,11 +387,11 @@ def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str
     spec = spec if spec is not None else RunSpec()
     key = (id(model), spec, None if device is None else torch.device(device), id(scaler), max_grad_norm,
            id(scheduler))
-    kept = getattr(optimizer, "_course_train_step", None)
+    kept = _KEPT_STEPS.get(optimizer)
     if kept is None or kept[0] != key:
         kept = (key, TrainStep(model, optimizer, spec=spec, device=device, scaler=scaler,
                                max_grad_norm=max_grad_norm, scheduler=scheduler))
-        optimizer._course_train_step = kept  # type: ignore[attr-defined]
+        _KEPT_STEPS[optimizer] = kept
     return kept[1](batch)
 
 
