@@ -366,7 +366,8 @@ def model_state_table(ddp: Summary, fsdp: Summary) -> Table:
 def model_state_chart(ddp: Summary, fsdp: Summary) -> Figure:
     """One bar per rank: the model state it holds, DDP beside FSDP (lesson 07)."""
     return bar_chart(model_state(ddp, fsdp), title=f"Model state per rank, DDP vs FSDP "
-                     f"({ddp['world_size']} processes)", ylabel="model state (KiB)", xlabel="run and rank")
+                     f"({ddp['world_size']} processes)", ylabel="model state (KiB)", xlabel="run and rank",
+                     annotate="{:,.0f}")
 
 
 def fsdp_traffic_table(ddp: Summary, fsdp: Summary) -> Table:
@@ -400,7 +401,7 @@ def scaling_chart(single: Summary, ddp: Summary, fsdp: Summary) -> Figure:
                       f"{n} workers (DDP)": ddp["tokens_per_s_per_process"],
                       f"{n} workers (FSDP)": fsdp["tokens_per_s_per_process"]},
                      title="Throughput per process (CPU, gloo)", ylabel="tokens/s per process", xlabel="run",
-                     baseline="1 worker")
+                     annotate="{:,.0f}", baseline="1 worker")
 
 
 def fault_table(ddp: Summary, fault: Summary, S: LessonSetup, ckpt_every: int, lost: int) -> Table:
