@@ -25,8 +25,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-__all__ = ["HOST_SHIPS", "IPYWIDGETS", "REPO_ROOT", "host_links", "make_host", "course_archive", "release",
-           "hosted_copy", "run_notebook"]
+__all__ = ["HOST_SHIPS", "IPYWIDGETS", "REPO_ROOT", "host_links", "make_host", "course_source",
+           "course_archive", "release", "hosted_copy", "run_notebook"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What Colab's CPU runtime ships before the course (with their dependencies): torch, numpy, transformers,
@@ -113,17 +113,37 @@ def release(root: Path = REPO_ROOT) -> str:
     return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["course"]["release"]
 
 
+def _tree(root: Path) -> list[str]:
+    """The working tree's files: tracked and new, unignored, as they are now."""
+    listed = _run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+    return [rel for rel in sorted(set(filter(None, listed.split("\0")))) if (root / rel).is_file()]
+
+
+def course_source(folder: Path, root: Path = REPO_ROOT) -> str:
+    """The working tree's course as a git repository in `folder` whose branch named by the release holds it
+    -> its file:// URL (tests/test_learner_copy.py clones it as a learner clones the course)."""
+    import shutil
+
+    folder.mkdir(parents=True)
+    for rel in _tree(root):
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, folder / rel)
+    git = ["git", "-C", str(folder), "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    _run(git[:3] + ["init", "--quiet", "--initial-branch", release(root)])
+    _run(git + ["add", "-A"])
+    _run(git + ["commit", "--quiet", "-m", "the course as tested"])
+    return folder.resolve().as_uri()
+
+
 def course_archive(path: Path, root: Path = REPO_ROOT) -> str:
     """The working tree's course (tracked and new, unignored files, as they are now) as GitHub's zip of a
     release (one top folder) at `path` -> its file:// URL, which the install cell's pip installs."""
     import zipfile
 
-    listed = _run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"])
     top = f"fast-transformers-course-{release(root)}"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for rel in sorted(set(filter(None, listed.split("\0")))):
-            if (root / rel).is_file():
-                zf.write(root / rel, f"{top}/{rel}")
+        for rel in _tree(root):
+            zf.write(root / rel, f"{top}/{rel}")
     return path.resolve().as_uri()
 
 
