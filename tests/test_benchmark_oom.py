@@ -105,4 +105,6 @@ def test_ladder_reports_the_stack_that_ran_out_of_memory(ladder_bench, monkeypat
             assert saved["rows"][0]["name"] and len(saved["rows"]) == 1  # the baseline it finished is kept
     else:  # helpers.ladder.climb reports an out-of-memory rung as skipped: the run went on
         assert fails == "rung"
-        assert "asked for 1.50 GiB" in result["rows"][1]["why"], result["rows"][1]
+        # the first rung this device measures (a CPU skips "+ TF32" before measuring: it has no TF32 units)
+        measured = [r for r in result["rows"][1:] if "no TF32 units" not in (r.get("why") or "")]
+        assert "asked for 1.50 GiB" in measured[0]["why"], measured[0]
