@@ -20,7 +20,7 @@ from helpers.precision import tf32_matmuls
 from helpers.roofline import Roofline, measure_roofline, peak_flops
 from helpers.sizing import Size, fit_sizes
 from helpers.tables import Table
-from helpers.timing import ColdStart, benchmark, time_interleaved
+from helpers.timing import ColdStart, CpuLoad, LoadProbe, benchmark, busy, time_interleaved
 from helpers.verdicts import AtLeast, AtMost, MeasuredTable, PairedRatio
 
 __all__ = ["SIZES", "setup", "DATASHEET", "QUOTED", "datasheet_verdicts", "datasheet_table", "memory_off",
@@ -171,15 +171,19 @@ class RoofCheck:
     judged: bool
 
 
-def judge_under_roof(what: str, value: float, noise: float, planted: float) -> RoofCheck:
+def judge_under_roof(what: str, value: float, noise: float, planted: float,
+                     load: CpuLoad | None = None) -> RoofCheck:
     """The noise rule: a point may sit above the roof by ROOF_MARGIN - 1, or by twice the noise if that is
-    larger. It judges only where the noise is below TOO_NOISY and the planted error lies above that line;
-    otherwise it says the machine is too busy to judge (lesson 00)."""
+    larger. It judges only where the noise is below TOO_NOISY, the planted error lies above that line and
+    other programs left the CPUs alone while it measured (`load`, helpers.timing.busy's rule); otherwise it
+    says the machine is too busy to judge (lesson 00)."""
     allowed = 1 + max(ROOF_MARGIN - 1, 2 * noise)
-    judged = planted > allowed and noise < TOO_NOISY
+    others = busy(load=load) if load is not None else None
+    judged = planted > allowed and noise < TOO_NOISY and not (others is not None and others.too_busy)
     if not judged:
+        why = f"; {' and '.join(others.reasons)}" if others is not None and others.too_busy else ""
         print(f"{what}: this machine was too busy to judge (noise {noise:.0%}; the planted error at "
-              f"{planted:.2f}x against {allowed:.2f}x allowed); close other programs, rerun")
+              f"{planted:.2f}x against {allowed:.2f}x allowed{why}); close other programs, rerun")
     else:
         assert value <= allowed, f"{what} at {value:.2f}x the roof (allowed {allowed:.2f}x)"
     return RoofCheck(what, value, noise, planted, allowed, judged)
@@ -214,10 +218,11 @@ def check_matmul_under_roof(a: torch.Tensor, b: torch.Tensor, *, flop: float, pa
         quick = measure_roofline(a.device, ["fp32"], matmul_size=n, copy_mb=1, min_run_time=0.05)
         return quick.matmul_flops["fp32"]
 
-    rates, roofs = one_thread_pairs(ours, roof, pairs)
+    with LoadProbe() as probe:  # what other programs took of the CPUs meanwhile
+        rates, roofs = one_thread_pairs(ours, roof, pairs)
     point = PairedRatio.of(rates, roofs)
     planted = PairedRatio.of(rates, [r / 2 for r in roofs])  # the roof's FLOPs counted as n³
-    check = judge_under_roof("a matmul", point.median, point.spread, planted.median)
+    check = judge_under_roof("a matmul", point.median, point.spread, planted.median, probe.load)
     if check.judged:
         print(f"check_matmul_under_roof: the matmul runs at {point.median:.2f}x the fp32 roof (median of "
               f"{pairs} pairs on one thread, spread {point.spread:.0%}); a roof counted with n³: "
@@ -249,7 +254,8 @@ def check_add_under_roof(x: torch.Tensor, y: torch.Tensor, *, flop_per_byte: flo
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        adds, copies = time_interleaved(add, copy, repeats=pairs, device=device)
+        with LoadProbe() as probe:  # what other programs took of the CPUs meanwhile
+            adds, copies = time_interleaved(add, copy, repeats=pairs, device=device)
     finally:
         torch.set_num_threads(threads)
     add_rates = [x.numel() / s for s in adds.times_s]  # 1 FLOP per element, FLOP/s
@@ -261,7 +267,7 @@ def check_add_under_roof(x: torch.Tensor, y: torch.Tensor, *, flop_per_byte: flo
 
     planted_intensity = 1 / (3 * x.element_size())  # a read of each operand and a write: 12 bytes in fp32
     value, planted = over_roof(flop_per_byte), over_roof(planted_intensity)
-    check = judge_under_roof("x + x", value, max(add_noise, bw_noise), planted)
+    check = judge_under_roof("x + x", value, max(add_noise, bw_noise), planted, probe.load)
     if check.judged:
         print(f"check_add_under_roof: x + x at {flop_per_byte:.3g} FLOP per byte runs at {value:.2f}x the "
               f"memory roof (each arm's fastest of {pairs} interleaved calls on one thread, noise "
