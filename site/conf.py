@@ -22,3 +22,7 @@ exclude_patterns = ["**.ipynb_checkpoints"]
 # A lesson links to the course's files (../docs/claims.md, ../helpers/solutions/): those live in the
 # repository, not in the site; leave such links as they are instead of warning for each.
 suppress_warnings = ["myst.xref_missing", "myst.header", "misc.highlighting_failure"]
+# Widgets (lesson 01's attention explorer) are drawn by @jupyter-widgets/html-manager served from this site
+# (site/_static/html-manager/: see its README), not from a CDN: a page's widgets render offline. Its embed.js
+# bundles the ipywidgets 8 and 7 controls and needs no RequireJS.
+nb_ipywidgets_js = {"html-manager/embed.js": {}}
