@@ -126,13 +126,19 @@ _WRITE_ONLY = re.compile(r"::(fill_|zero_|bernoulli_|normal_|uniform_|random_|ex
 
 # SDPA's CPU kernel, counted with the library's own formulas (FlopCounterMode has them for the GPU kernels);
 # FlopCounterMode hands a custom formula the shapes of the op's arguments, in the op's order.
+def _query_heads(query: Any, kv: Any) -> tuple[int, ...]:
+    # grouped-query attention: key/value (b, h_kv, s, d) counted as broadcast to the query's h heads, as
+    # torch >= 2.12's formulas count them (torch 2.11's refuse h_kv != h)
+    return (kv[0], query[1], *kv[2:])
+
+
 def _sdpa_cpu_flop(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    return sdpa_flop_count(query, key, value)
+    return sdpa_flop_count(query, _query_heads(query, key), _query_heads(query, value))
 
 
 def _sdpa_cpu_backward_flop(grad_out: Any, query: Any, key: Any, value: Any, *args: Any,
                             out_shape: Any = None, **kwargs: Any) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
+    return sdpa_backward_flop_count(grad_out, query, _query_heads(query, key), _query_heads(query, value))
 
 
 _SDPA_CPU = {"_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu_flop,
