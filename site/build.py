@@ -89,7 +89,26 @@ def execute(lesson: Path, work: Path, profile: str) -> tuple[nbformat.NotebookNo
     with LoadProbe() as probe:  # what the CPUs did while the lesson ran; its kernel is our child
         client.execute(env=env, cwd=str(work))  # shuts the kernel down and reaps it: its CPU time is ours now
     info = {**stamp(get_device()), "profile": profile, "seconds": time.perf_counter() - start}
+    nb = relative_paths(nb, {work: "", ROOT: ""})  # outputs/06_input_pipeline/..., not the builder's folders
     return nb, {**info, "others_busy": others_share(probe.load, _children_cpu_s() - kernel_cpu_s)}
+
+
+def relative_paths(nb: nbformat.NotebookNode, folders: dict[Path, str]) -> nbformat.NotebookNode:
+    """The builder's folders in the outputs' text replaced (folder/ -> its replacement), first key first: the
+    page shows `outputs/06_input_pipeline/lesson06_trace.json` where the run printed this machine's path."""
+    def short(text: str) -> str:
+        for folder, instead in folders.items():
+            text = text.replace(f"{folder}{os.sep}", instead)
+        return text
+
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = short(out["text"])
+            for mime in ("text/plain", "text/markdown", "text/html"):
+                if isinstance(out.get("data", {}).get(mime), str):
+                    out["data"][mime] = short(out["data"][mime])
+    return nb
 
 
 def _children_cpu_s() -> float:

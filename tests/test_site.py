@@ -242,6 +242,20 @@ def test_the_stamp_warns_by_the_courses_rule_when_the_machine_was_busy() -> None
     assert build.others_share(load, kernel_cpu_s=8.0) == pytest.approx(0.2)  # 8 of them were its kernel's
 
 
+def test_a_page_shows_paths_relative_to_the_run_not_the_builders_folders(tmp_path: Path) -> None:
+    build = _builder()
+    work = tmp_path / "site-outputs" / "06_input_pipeline"
+    printed = f"checked: the trace holds our labels; {work}/outputs/06_input_pipeline/lesson06_trace.json\n"
+    cell = nbformat.v4.new_code_cell("print(trace_path)")
+    python = {"text/plain": f"'{REPO}/.venv/bin/python'"}
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed),
+                    nbformat.v4.new_output("execute_result", data=python, execution_count=1)]
+    nb = build.relative_paths(nbformat.v4.new_notebook(cells=[cell]), {work: "", REPO: ""})
+    assert nb.cells[0].outputs[0]["text"] == ("checked: the trace holds our labels; "
+                                             "outputs/06_input_pipeline/lesson06_trace.json\n")
+    assert nb.cells[0].outputs[1]["data"]["text/plain"] == "'.venv/bin/python'"
+
+
 def test_a_widget_the_sites_manager_cannot_draw_stops_the_build() -> None:
     build = _builder()
 
