@@ -71,6 +71,12 @@ def page_path(built_site: Path) -> Path:
     return built_site / "lessons" / "00_setup.html"
 
 
+def _cut_code(page) -> list[str]:
+    """The first line of each code cell wider than the page shows (cut, or scrolled sideways)."""
+    return page.evaluate("""() => [...document.querySelectorAll('div.cell_input div.highlight pre')]
+        .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.split('\\n')[0])""")
+
+
 def test_the_page_is_stamped_and_navigable(page_path: Path) -> None:
     html = page_path.read_text(encoding="utf-8")
     info = json.loads((EXECUTED / "00_setup.stamp.json").read_text()) if (EXECUTED / "00_setup.stamp.json"
@@ -102,8 +108,7 @@ def test_the_built_page_shows_a_figure_and_a_results_table(page_path: Path, brow
     table.last.scroll_into_view_if_needed()
     assert table.last.locator("tr").count() > 3
     page.screenshot(path=str(SHOTS / "site-00-table.png"))
-    cut = page.evaluate("""() => [...document.querySelectorAll('div.cell_input div.highlight pre')]
-        .filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.split('\\n')[0])""")
+    cut = _cut_code(page)
     assert not cut, f"code lines cut at the page's width: {cut[:3]}"
     assert not errors, errors
     context.close()
@@ -208,6 +213,7 @@ def test_the_attention_explorer_renders_with_the_network_off(built_site: Path, b
     assert figure.count() == 1, "the explorer's figure (its Output widget) is not drawn"
     assert figure.evaluate("e => e.complete && e.naturalWidth > 100"), "the explorer's figure does not render"
     assert "layer" in explorer.inner_text() and "running notebook redraws" in page.content()
+    assert not _cut_code(page), f"code lines cut at the page's width: {_cut_code(page)[:3]}"
     needed = [a for a in asked if not a.startswith("image ")]  # the Colab/Kaggle badges are links out
     assert not needed, f"the page asked the network for what it needs to work: {needed}"
     assert not errors, errors
