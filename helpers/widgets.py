@@ -108,5 +108,9 @@ class AttentionExplorer:
         self.figure = fig
         return fig
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _ipython_display_(self) -> None:
+        # the explorer shows as its widget: display() draws it with ipywidgets 7 (Colab's), which has no
+        # _repr_mimebundle_ on widgets, and with 8 alike
+        from IPython.display import display
+
+        display(self.widget)

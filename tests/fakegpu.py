@@ -114,5 +114,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, gpu: str | GPUClass | tuple[str | 
     monkeypatch.setattr(cuda, "get_device_properties", properties)
     monkeypatch.setattr(cuda, "is_bf16_supported", bf16)
     monkeypatch.setattr(cuda, "mem_get_info", memory)
+    # no CUDA graph is ever captured on it (optimizers ask; a CUDA build of torch would ask the real driver)
+    monkeypatch.setattr(cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", g.cuda)
     return g
