@@ -284,22 +284,56 @@ _MIN_TICKS = 20  # all CPUs' clock ticks a reading needs (0.1 s on 2 CPUs): fewe
 
 
 def _own_cpu_s() -> float:
-    """CPU seconds this process used (all its threads)."""
+    """CPU seconds this process used (all its threads), and its children that have ended (DataLoader
+    workers, torchrun's processes): ours, not other programs'."""
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _descendant_ticks() -> dict[int, int]:
+    """pid -> clock ticks of CPU (user + system) of each live process below this one (compile workers,
+    DataLoader workers still running), from /proc; empty where there is none."""
+    parent, ticks = {}, {}
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()  # after "pid (name)": state ppid ... utime stime
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        parent[pid], ticks[pid] = int(rest[1]), int(rest[11]) + int(rest[12])
+    below, todo = set(), [os.getpid()]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in below]
+        below.update(kids)
+        todo += kids
+    return {p: ticks[p] for p in below}
 
 
 class LoadProbe:
     """A context manager that measures what other programs took of the CPUs while its block ran:
-    `with LoadProbe() as probe: ...`, then `probe.load` (a CpuLoad) (lessons 00, 04, 08)."""
+    `with LoadProbe() as probe: ...`, then `probe.load` (a CpuLoad) (lessons 00-09). Children that ended
+    count as this process's own; with `children=True` so do the ones still running (a lesson's whole run:
+    Inductor's compile workers, DataLoader workers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, children: bool = False) -> None:
         self._start: tuple[float, float, tuple[int, int] | None] | None = None
+        self._children = children
+        self._kids: dict[int, int] = {}
         self.load: CpuLoad | None = None
 
     def __enter__(self) -> LoadProbe:
+        self._kids = _descendant_ticks() if self._children else {}
         self._start = (time.perf_counter(), _own_cpu_s(), _cpu_jiffies())
         return self
+
+    def start(self) -> LoadProbe:
+        """Start measuring without a `with` block (a lesson's setup: its summary reads the whole run)."""
+        return self.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         self.load = self.read()
@@ -315,8 +349,10 @@ class LoadProbe:
         if j0 is None or j1 is None or j1[1] - j0[1] < _MIN_TICKS:  # no /proc/stat, or too short to tell
             return CpuLoad(None, wall, cpus, avg)
         hz = os.sysconf("SC_CLK_TCK")  # the kernel's clock ticks per second (100 on Linux)
+        kids = (sum(t - self._kids.get(p, 0) for p, t in _descendant_ticks().items())  # our running children
+                if self._children else 0)
         busy_s, capacity_s = (j1[0] - j0[0]) / hz, (j1[1] - j0[1]) / hz  # all CPUs' seconds: busy, in all
-        others = (busy_s - own) / capacity_s
+        others = (busy_s - own - max(kids, 0) / hz) / capacity_s
         return CpuLoad(min(1.0, max(0.0, others)), wall, cpus, avg)
 
 
@@ -329,6 +365,7 @@ class Busy:
     others: float | None = None  # what other programs took of the CPUs (CpuLoad.others); None: unknown
     noise_limit: float = TOO_BUSY
     others_limit: float = OTHERS_BUSY
+    signs: tuple[str, ...] = ()  # other signs a check saw, in words (lesson 00: a planted error unseen)
 
     @property
     def too_busy(self) -> bool:
@@ -345,7 +382,7 @@ class Busy:
         if self.others is not None and self.others >= self.others_limit:
             out.append(f"other programs took {self.others:.0%} of the CPUs' time (the rule: under "
                        f"{self.others_limit:.0%})")
-        return out
+        return out + list(self.signs)
 
     def __str__(self) -> str:
         if self.too_busy:

@@ -145,3 +145,21 @@ def test_source_from_prints_from_the_marker() -> None:
     assert lesson01.source_from(naive_attention, "def naive_attention").startswith("def naive_attention")
     with pytest.raises(ValueError, match="no line of the source contains"):
         lesson01.source_from("a\nb", "zzz")
+
+
+def test_the_sweeps_times_get_no_verdict_on_a_busy_machine(S) -> None:
+    from helpers.timing import CpuLoad
+
+    measured = {"backends": {"kernel": "flash", "backends": ["math", "flash"], "unexpected": [],
+                             "kernel expected": ["flash"]},
+                "memory slope naive": 2.0, "memory slope sdpa": 1.0, "memory ratio": 8.0,
+                "tiled vs naive memory": 8.0, "time ratio short": 1.2, "time ratio long": 2.5,
+                "largest relative error": 1e-7, "swapped heads error": 1.0}
+    timed = ["naive / SDPA time at N=64", "the latency advantage, longest N / shortest N"]
+    for load, want in ((None, "holds"), (CpuLoad(0.0, 5.0, 2), "holds"), (CpuLoad(0.7, 5.0, 2),
+                                                                           "too busy to judge")):
+        verdicts = lesson01.summary_table(dict(measured, **{"sweep load": load}), S).verdicts
+        # planted: other programs took 70 % of the CPUs while the sweep ran (issue 39: two Run Alls under load
+        # said "holds", then "does not hold" at 0.63x, for the latency advantage)
+        assert [verdicts[k] for k in timed] == [want, want], (load, verdicts)
+        assert verdicts["naive / SDPA peak memory at N=64 (SDPA: its flash kernel here)"] == "holds"  # memory

@@ -259,3 +259,36 @@ def test_the_trace_check_fails_without_our_labels(tmp_path) -> None:
 
 def test_the_short_texts_keep_the_headline_and_first_sentence() -> None:
     assert lesson06.headline_and_first_sentence("Title\n\nOne. Two. Three.") == "Title. One."
+
+
+# --- the summary -------------------------------------------------------------------------------------------
+
+class _Probe:
+    """A LoadProbe that read `others` over the lesson's run."""
+
+    def __init__(self, others: float) -> None:
+        self.others = others
+
+    def read(self):
+        from helpers.timing import CpuLoad
+
+        return CpuLoad(self.others, 60.0, 2)
+
+
+def test_the_summary_judges_no_timing_when_other_programs_took_the_cpus(capsys) -> None:
+    measured = {"workers": {(0, False): 1.0, (1, False): 0.8, (2, False): 0.7}, "batch build s": 0.01,
+                "wait share 0": 0.3, "items per step": 1, "sync time ratio": 1.1,
+                "articles round spread": 0.05, "articles tokens bucketed": 500, "articles tokens fixed": 1000}
+    for p in PADDINGS:
+        measured.update({f"articles padding {p}": 0.4, f"articles epoch {p} s": {"fixed": 2.0}.get(p, 1.0)})
+    for name in ("articles", "short"):
+        measured.update({f"{name} real tokens/s packed": 200.0, f"{name} real tokens/s dynamic": 100.0,
+                         f"{name} padding dynamic": 0.4, f"{name} round spread": 0.05})
+    timed = ["step time, 0 workers / the fastest with workers",
+             "articles: real tokens/s packed / dynamic (padding 40%, bound 1.67x)"]
+    for others, want in ((0.0, "holds"), (0.7, "too busy to judge")):
+        summary = lesson06.summary_table(measured, _setup(LOAD=_Probe(others)))
+        # planted: other programs took 70 % of the CPUs over the run (issue 39: verdicts printed under load)
+        assert [summary.verdicts[k] for k in timed] == [want, want], (others, summary.verdicts)
+        out = capsys.readouterr().out
+        assert ("2.00x faster" in out) == (want == "holds") and ("too busy" in out) == (want != "holds"), out

@@ -199,3 +199,23 @@ def test_the_tables_and_the_summary_read_the_summaries():
     summary = lesson07.summary_table(S, runs, 0.4, 0, {})
     assert summary.verdicts["model state of the largest FSDP rank / a DDP rank"] == "holds"
     assert summary.verdicts["GPU: DDP scaling efficiency"] == "not testable here"
+    # the timed claims: judged on a quiet machine; planted: other programs took 70 % of the CPUs meanwhile
+    timed = ["all-reduce time hidden behind backward, 0.05 MB buckets (best rank; checked in step 4)",
+             f"scaling efficiency, {NPROC} CPU workers"]
+    for others, want in ((0.0, ["holds"] * 2), (0.7, ["too busy to judge"] * 2)):
+        quiet_or_busy = SimpleNamespace(**vars(S), LOAD=_Probe(others))
+        summary = lesson07.summary_table(quiet_or_busy, runs, 0.4, 0, {})
+        assert [summary.verdicts[k] for k in timed] == want, (others, summary.verdicts)
+        assert summary.verdicts["model state of the largest FSDP rank / a DDP rank"] == "holds"  # no timing
+
+
+class _Probe:
+    """A LoadProbe that read `others` over the lesson's run."""
+
+    def __init__(self, others: float) -> None:
+        self.others = others
+
+    def read(self):
+        from helpers.timing import CpuLoad
+
+        return CpuLoad(self.others, 60.0, 2)

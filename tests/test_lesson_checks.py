@@ -153,6 +153,38 @@ def test_last_level_cache_bytes(monkeypatch):
     assert last_level_cache_bytes("meta") is None
 
 
+def _l00_summary(roof_others: float, add_others: float, matmul_others: float | None = None) -> dict[str, str]:
+    """Lesson 00's summary of a run whose roofline and roof checks saw other programs take these shares of the
+    CPUs -> its verdicts."""
+    from helpers.roofline import Roofline
+    from helpers.timing import CpuLoad
+
+    roof = Roofline("a CPU", {"fp32": 1e10, "bf16": 2e10}, 1e10, 512, 2**26, measured_at="2026-12-03T12:00",
+                    threads=2, device_type="cpu", others_load=roof_others, spread=0.05)
+    cold = ColdStart(import_s=1.0, init_s=0.01, first_call_s=0.003, steady_s=0.001, pid=1)
+    add = lesson00.judge_under_roof("x + x", 0.7, 0.05, planted=2.0, load=CpuLoad(add_others, 1.0, 2))
+    matmul = None if matmul_others is None else lesson00.judge_under_roof(
+        "a matmul", 0.9, 0.05, planted=2.0, load=CpuLoad(matmul_others, 1.0, 2))
+    report = types.SimpleNamespace(gpus=[], driver_cuda=None)
+    return lesson00.summary_table(report, roof, cold, 2e-7, add, "cpu", matmul_check=matmul).verdicts
+
+
+TIMED_00 = ("first matmul in a fresh process / its steady time",
+            "x + x over the memory roof (each arm's fastest call)", "bf16 / fp32 matmul throughput")
+
+
+def test_l00_summary_judges_nothing_timed_once_the_run_was_too_busy(capsys):
+    quiet = _l00_summary(0.0, 0.0, 0.0)
+    assert [quiet[k] for k in TIMED_00] == ["holds"] * 3, quiet
+    # planted: other programs took the CPUs while one roof check, or the roofline, measured (issue 39: the
+    # summary printed "holds" after the roof checks had said too busy, bf16 at 29x fp32)
+    for load in [(0.0, 0.7, 0.0), (0.0, 0.0, 0.7), (0.7, 0.0, 0.0)]:
+        busy = _l00_summary(*load)
+        assert [busy[k] for k in TIMED_00] == ["too busy to judge"] * 3, (load, busy)
+        assert busy["fp32 matmul, relative error vs float64"] == "holds"  # no timing: judged as ever
+    capsys.readouterr()
+
+
 # --- lesson 03 ---------------------------------------------------------------------------------------
 
 
@@ -218,3 +250,37 @@ def test_l03_same_losses_check_catches_a_variant_that_computes_something_else():
 def test_l03_estimate_table_refuses_a_term_the_estimator_does_not_name():
     with pytest.raises(ValueError, match="weights"):
         lesson03.estimate_table({"weights": 1}, {"fp32": _estimate(1)})
+
+
+def test_l03_summary_judges_no_step_time_when_other_programs_took_the_cpus(capsys):
+    from types import SimpleNamespace as NS
+
+    from helpers.meter import TrainResult
+    from helpers.timing import CpuLoad
+
+    def run(step_s: float, peak: int) -> TrainResult:  # steady steps: no noise of their own
+        return TrainResult(losses=[2.0, 1.0], step_times_s=[2 * step_s] + [step_s] * 4, tokens_per_s=1.0,
+                           samples_per_s=1.0, mfu=None, peak_memory_bytes=peak, steps_done=5,
+                           resumed_from=None)
+
+    class Probe:  # a LoadProbe that read `others` over the lesson's run
+        def __init__(self, others: float) -> None:
+            self.others = others
+
+        def read(self) -> CpuLoad:
+            return CpuLoad(self.others, 60.0, 2)
+
+    estimate = NS(batch_size=8, seq_len=64, parameters=100, activations=1000, peak=2000)
+    tradeoffs = {"baseline": run(1.0, 2000), "accumulation (4x2)": run(1.1, 1000),
+                 "activation checkpointing": run(1.3, 1200)}  # 1.3x: inside C15's 1.15-1.45
+    bert = {"eager attention, fp32": NS(activations=40e9), "SDPA, fp32": NS(activations=20e9)}
+    row = "activation checkpointing: step time / baseline"
+    for others, want in ((0.0, "holds"), (0.7, "too busy to judge")):
+        summary = lesson03.summary_table(
+            device="cpu", estimate=estimate, built=NS(end_increase_bytes=100),
+            forward=NS(method="torch.profiler memory events", peak_increase_bytes=1000),
+            step=NS(peak_bytes=2000),
+            tradeoffs=tradeoffs, bert_rows=bert, bert_measured=None, bert_need_bytes=47e9, load=Probe(others))
+        # planted: other programs took 70 % of the CPUs while the lesson ran, its steps steady all the same
+        assert summary.verdicts[row] == want, (others, summary.verdicts)
+        assert f"the claim 'about 1.3x' {want} here" in capsys.readouterr().out

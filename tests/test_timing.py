@@ -153,3 +153,31 @@ def test_the_load_probe_sees_another_process_take_a_cpu():
         while time.perf_counter() - t < 0.5:
             pass
     assert own.load.others is not None and own.load.others <= 1.0
+
+
+def test_a_lesson_long_probe_counts_this_process_children_as_its_own():
+    """A child of ours spinning (a compile or DataLoader worker) is other programs' load to a plain probe
+    while it runs, and this process's own to `LoadProbe(children=True)`, the probe a lesson's setup starts."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers.timing import LoadProbe
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("LoadProbe reads /proc/stat (Linux)")
+    with LoadProbe() as plain, LoadProbe(children=True) as ours:
+        child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
+                                  "while time.time() - t < 1.5: pass"])
+        try:
+            time.sleep(1.2)
+            seen_plain, seen_ours = plain.read(), ours.read()  # the same interval, the child still running
+            with open(f"/proc/{child.pid}/stat") as f:  # the child's CPU so far: user + system ticks
+                fields = f.read().rsplit(")", 1)[1].split()
+            child_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        finally:
+            child.kill()
+            child.wait()
+    assert seen_plain.others is not None and seen_ours.others is not None and child_s > 0.05
+    share = child_s / (seen_plain.wall_s * seen_plain.cpus)  # the child's share of all CPUs' time
+    assert seen_plain.others - seen_ours.others >= 0.5 * share, (seen_plain, seen_ours, share)

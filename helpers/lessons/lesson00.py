@@ -20,14 +20,14 @@ from helpers.precision import tf32_matmuls
 from helpers.roofline import Roofline, measure_roofline, peak_flops
 from helpers.sizing import Size, fit_sizes
 from helpers.tables import Table
-from helpers.timing import ColdStart, CpuLoad, LoadProbe, benchmark, busy, time_interleaved
+from helpers.timing import Busy, ColdStart, CpuLoad, LoadProbe, benchmark, busy, time_interleaved
 from helpers.verdicts import AtLeast, AtMost, MeasuredTable, PairedRatio
 
 __all__ = ["SIZES", "setup", "DATASHEET", "QUOTED", "datasheet_verdicts", "datasheet_table", "memory_off",
            "check_gpu_memory", "FP32_MATMUL_TOL", "tf32_inputs", "relative_error", "check_fp32_matmul",
            "check_cold_start", "ROOF_MARGIN", "TOO_NOISY", "RoofCheck", "judge_under_roof",
            "one_thread_pairs", "check_matmul_under_roof", "check_add_under_roof", "TYPICAL_MACHINES",
-           "check_typical_machines", "typical_machines_table", "summary_table"]
+           "check_typical_machines", "typical_machines_table", "run_busy", "summary_table"]
 
 SIZES = {"MATMUL_SIZE": Size(full=8192, smoke=512, floor=2048),  # n of the n×n×n matmul that measures FLOP/s
          "COPY_MB": Size(full=2048, smoke=64, floor=256)}  # size of the copy that measures memory bandwidth
@@ -169,6 +169,7 @@ class RoofCheck:
     planted: float  # the planted error's point over the roof: above `allowed`, or no judgement
     allowed: float  # 1 + max(ROOF_MARGIN - 1, 2 × noise)
     judged: bool
+    state: Busy | None = None  # why it did not judge (too_busy), or that it could (helpers.timing.busy)
 
 
 def judge_under_roof(what: str, value: float, noise: float, planted: float,
@@ -179,14 +180,17 @@ def judge_under_roof(what: str, value: float, noise: float, planted: float,
     says the machine is too busy to judge (lesson 00)."""
     allowed = 1 + max(ROOF_MARGIN - 1, 2 * noise)
     others = busy(load=load) if load is not None else None
-    judged = planted > allowed and noise < TOO_NOISY and not (others is not None and others.too_busy)
+    lost = () if planted > allowed else (f"the planted error at {planted:.2f}x is inside the {allowed:.2f}x "
+                                         "the noise allows",)
+    state = Busy(noise, others.others if others is not None else None, noise_limit=TOO_NOISY, signs=lost)
+    judged = not state.too_busy
     if not judged:
         why = f"; {' and '.join(others.reasons)}" if others is not None and others.too_busy else ""
         print(f"{what}: this machine was too busy to judge (noise {noise:.0%}; the planted error at "
               f"{planted:.2f}x against {allowed:.2f}x allowed{why}); close other programs, rerun")
     else:
         assert value <= allowed, f"{what} at {value:.2f}x the roof (allowed {allowed:.2f}x)"
-    return RoofCheck(what, value, noise, planted, allowed, judged)
+    return RoofCheck(what, value, noise, planted, allowed, judged, state)
 
 
 def one_thread_pairs(first: Callable[[], float], second: Callable[[], float],
@@ -318,10 +322,23 @@ def typical_machines_table() -> Table:
 
 # --- what we measured ---------------------------------------------------------------------------------------
 
+def run_busy(roof: Roofline, *checks: RoofCheck) -> Busy | None:
+    """The first sign that this run was too busy to judge its timings, or None: the roofline's own timings
+    (helpers.timing.busy over their spread and, on a CPU, what other programs took meanwhile), then the roof
+    checks' (lesson 00)."""
+    others = roof.others_load if roof.device_type == "cpu" else None  # a GPU's roof is not the CPUs'
+    states = [busy(*([roof.spread] if roof.spread is not None else []), load=others)]
+    states += [c.state for c in checks if c.state is not None]
+    return next((s for s in states if s.too_busy), None)
+
+
 def summary_table(report: EnvironmentReport, roof: Roofline, cold: ColdStart, matmul_err: float,
-                  add_check: RoofCheck, device: torch.device | str) -> MeasuredTable:
-    """This run's numbers next to the claims about environments articles make (lesson 00)."""
+                  add_check: RoofCheck, device: torch.device | str, *,
+                  matmul_check: RoofCheck | None = None) -> MeasuredTable:
+    """This run's numbers next to the claims about environments articles make; once the roofline or a roof
+    check was too busy to judge (`run_busy`), no timing verdict: "too busy to judge" (lesson 00)."""
     device = torch.device(device)
+    state = run_busy(roof, *[c for c in (matmul_check, add_check) if c is not None])
     gpu = report.gpus[0] if report.gpus else None
     best = max(roof.matmul_flops, key=roof.matmul_flops.get)
     scale, unit = (1e12, "TFLOP/s") if roof.matmul_flops[best] > 5e12 else (1e9, "GFLOP/s")
@@ -348,7 +365,7 @@ def summary_table(report: EnvironmentReport, roof: Roofline, cold: ColdStart, ma
         summary.add(f"{gpu.name}, read off the device", f"{gpu.memory_gib:.1f} GiB, {gpu.sm_count} SMs, "
                     f"{gpu.cuda_cores or 'unknown'} CUDA cores")
     summary.add("first matmul in a fresh process / its steady time", cold.first_call_s / cold.steady_s,
-                "the first call is slow", rule=AtLeast(1.0))
+                "the first call is slow", rule=AtLeast(1.0), busy=state)
     summary.add("import torch in a fresh process, s", cold.import_s)
     datasheet = f"datasheet: {sheet.flops / 1e12:,.0f} TFLOP/s ({sheet.source})" if sheet else ""
     summary.add(f"peak {best} matmul throughput ({roof.matmul_size}³), {unit}",
@@ -358,10 +375,10 @@ def summary_table(report: EnvironmentReport, roof: Roofline, cold: ColdStart, ma
                 rule=AtMost(FP32_MATMUL_TOL))
     summary.add("x + x over the memory roof (each arm's fastest call)", add_check.value,
                 f"≤ {add_check.allowed:.2f} (no point above the roof, within the noise)",
-                rule=AtMost(add_check.allowed))
+                rule=AtMost(add_check.allowed), busy=state)
     if "bf16" in roof.matmul_flops:
         ratio = roof.matmul_flops["bf16"] / roof.matmul_flops["fp32"]
         why = "this device has no bf16 matrix units (AVX512-BF16/AMX on a CPU)" if ratio < 1 else ""
         summary.add("bf16 / fp32 matmul throughput", ratio, "bf16 is faster than fp32", rule=AtLeast(1.0),
-                    why=why)
+                    why=why, busy=state)
     return summary

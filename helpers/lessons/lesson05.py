@@ -37,7 +37,7 @@ from helpers.regimes import (
 from helpers.roofline import Roofline, load_roofline, measure_roofline
 from helpers.sizing import Size, fit_sizes
 from helpers.tables import Table
-from helpers.timing import CpuLoad, Timing, busy
+from helpers.timing import TOO_BUSY_VERDICT, CpuLoad, LoadProbe, Timing, busy
 from helpers.verdicts import AtMost, MeasuredTable, Range
 
 __all__ = ["SIZES", "COPIES", "BIG_GPU_SMS", "setup", "cache_files", "ColdCaches",
@@ -84,7 +84,8 @@ def setup(profile: str | None = None) -> LessonSetup:
         GEMM_TEMPLATES=templates, CACHE_ROOT=cache_root, **fit.sizes,
         LENGTHS=pick(fit.profile, smoke=[16, 24, 32, 40], full=[128, 192, 256, 384]),  # the recompile demo
         MIN_RUN_TIME=pick(fit.profile, smoke=0.5, full=2.0),  # seconds of timed runs per measurement
-        TRY_MAX_AUTOTUNE=pick(fit.profile, smoke=False, full=True))  # max-autotune compiles many kernels
+        TRY_MAX_AUTOTUNE=pick(fit.profile, smoke=False, full=True),  # max-autotune compiles many kernels
+        LOAD=LoadProbe(children=True).start())  # what other programs take of the CPUs from here on
 
 
 # --- compile caches: cold and warm compiles ----------------------------------------------------------------
@@ -309,7 +310,7 @@ def compile_time_chart(measured: Mapping[str, Any], device: torch.device) -> Fig
 
 def summary_table(measured: Mapping[str, Any], side_by_side: Mapping[str, Timing], *, device: torch.device,
                   profile: str, n_layers: int, lengths: Sequence[int],
-                  load: CpuLoad | None = None) -> MeasuredTable:
+                  load: CpuLoad | None = None, session: LoadProbe | None = None) -> MeasuredTable:
     """This run's numbers next to claim C4, its verdict by the claim's rule within the side-by-side timings'
     noise, or "too busy to judge" by the course's rule (`helpers.timing.busy`; `load`: what other programs
     took of the CPUs while they ran); prints the verdict in one line (lesson 05, "What we measured")."""
@@ -317,6 +318,8 @@ def summary_table(measured: Mapping[str, Any], side_by_side: Mapping[str, Timing
     # the noise of the side-by-side timings: the larger relative IQR of the two arms
     noise = max(side_by_side[a].iqr_s / side_by_side[a].median_s for a in ("eager", "compiled"))
     state = busy(side_by_side["eager"], side_by_side["compiled"], load=load)
+    if not state.too_busy and session is not None:  # the compile times and section 3's: the whole run's load
+        state = busy(load=session.read())
     summary = MeasuredTable(f"Lesson 05 on {device} ({profile} profile)")
     summary.add("eager step, ms", measured["eager step s"] * 1e3)
     summary.add("compiled step, ms", measured["compiled step s"] * 1e3)
@@ -330,8 +333,9 @@ def summary_table(measured: Mapping[str, Any], side_by_side: Mapping[str, Timing
     summary.add("compile time, whole model, warm cache, s", measured["warm compile s"])
     summary.add("compile time, per block / whole model, cold caches",
                 measured["regional compile s"] / measured["cold compile s"], f"< 1 with {n_layers} blocks",
-                rule=AtMost(1.0))
-    summary.add("steps until compiling pays off", measured["break-even steps"] or "never (no step saved)")
+                rule=AtMost(1.0), busy=state)
+    summary.add("steps until compiling pays off", TOO_BUSY_VERDICT if state.too_busy
+                else measured["break-even steps"] or "never (no step saved)")
     summary.add("graph breaks: with .item() + print / without",
                 f"{measured['graph breaks before']} / {measured['graph breaks after']}")
     summary.add(f"graphs for {len(lengths)} lengths: default / static / mark_dynamic",

@@ -28,7 +28,7 @@ from helpers.packing import PackCollate, PackedBatchSampler
 from helpers.runspec import PADDINGS, RunSpec
 from helpers.sizing import Size, fit_sizes
 from helpers.tables import Table
-from helpers.timing import benchmark, synchronize
+from helpers.timing import LoadProbe, benchmark, busy, synchronize
 from helpers.verdicts import AtLeast, MeasuredTable
 
 __all__ = ["SIZES", "setup", "to_device", "pin_batch", "make_trainer", "worker_settings", "fastest_rounds",
@@ -67,7 +67,8 @@ def setup(profile: str | None = None, *, max_len: int = 512) -> LessonSetup:
         TIMING_SPLIT=pick(p, smoke="val", full="train"),  # split whose epoch is timed for each padding
         TIMING_EXAMPLES=pick(p, smoke=64, full=None),  # a random sample of that split (None: all of it)
         ROUNDS=pick(p, smoke=2, full=3),  # worker sweep and epoch timings repeated; the fastest round counts
-        COPY_MB=pick(p, smoke=16, full=256))  # size of the host->device copy (GPU only)
+        COPY_MB=pick(p, smoke=16, full=256),  # size of the host->device copy (GPU only)
+        LOAD=LoadProbe(children=True).start())  # what other programs take of the CPUs from here on: summary
 
 
 # --- the training step every experiment shares --------------------------------------------------------------
@@ -403,8 +404,13 @@ def time_phases(loader: DataLoader, model: torch.nn.Module, opt: torch.optim.Opt
 
 
 def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:
-    """This run's numbers next to claims C10 and C12, with verdicts (lesson 06, "What we measured")."""
+    """This run's numbers next to claims C10 and C12, with verdicts; the timed ones "too busy to judge" where
+    other programs took the CPUs while the lesson ran (S.LOAD, helpers.timing.busy's rule; its DataLoader
+    workers count as its own) (lesson 06, "What we measured")."""
     gpu = S.DEVICE.type == "cuda"
+    probe = getattr(S, "LOAD", None)
+    load = probe.read() if probe is not None else None
+    state = busy(load=load)
     workers = measured["workers"]
     w0 = workers[(0, False)]
     best_w, _ = min(((w, s) for (w, pin), s in workers.items() if not pin), key=lambda x: x[1])
@@ -414,7 +420,7 @@ def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:
     summary.add(f"fastest num_workers (of {S.WORKERS})", best_w)
     summary.add("step time, 0 workers / the fastest with workers",
                 w0 / with_workers if with_workers else None, f"workers are needed: ≥ 1.05 ({C10})",
-                rule=AtLeast(1.05), needs="num_workers > 0 in WORKERS")
+                rule=AtLeast(1.05), needs="num_workers > 0 in WORKERS", busy=state)
     summary.add("most workers could gain: 1 / (1 - share of time waiting with 0)",
                 1 / (1 - measured["wait share 0"]))
     if gpu:
@@ -430,7 +436,7 @@ def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:
                     f"{measured['pageable blocked ms']:.2f} / {measured['pinned blocked ms']:.2f}")
     summary.add("the real batch's copy, share of a measured step", measured["copy share"] if gpu else None,
                 f"copies throttle training: ≥ 10 % ({C10})", rule=AtLeast(0.10),
-                needs="a GPU (no copy on a CPU)")
+                needs="a GPU (no copy on a CPU)", busy=state)
     summary.add(".item() calls per step, removed", measured["items per step"])
     summary.add("time with .item() every step / without", measured["sync time ratio"])
     if gpu:
@@ -445,13 +451,18 @@ def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:
         pad = measured[f"{name} padding dynamic"]  # the claim needs >= 30 % padding to remove: 1.5x possible
         summary.add(f"{name}: real tokens/s packed / dynamic (padding {pad:.0%}, bound {1 / (1 - pad):.2f}x)",
                     gain, f"up to 2x: ≥ 1.5 on data with ≥ 30 % padding ({C12})", rule=AtLeast(1.5),
-                    noise=measured[f"{name} round spread"], testable=pad >= 0.30,
+                    busy=busy(measured[f"{name} round spread"], load=load), testable=pad >= 0.30,
                     needs=f"data with ≥ 30 % padding (this has {pad:.0%})")
     spread = measured["articles round spread"]
     summary.add("largest spread between rounds of the same epoch (noise)", spread)
     saved = 1 - measured["articles tokens bucketed"] / measured["articles tokens fixed"]
     ratio = measured["articles epoch fixed s"] / measured["articles epoch bucketed s"]
-    print(f"padding: bucketing computed {saved:.0%} fewer tokens than fixed-length padding, and the epoch "
-          f"was {ratio:.2f}x {'faster' if ratio > 1 else 'SLOWER'} (the token count alone would give "
-          f"{1 / (1 - saved):.2f}x; rounds of one variant differed by up to {spread:.0%})")
+    timed = busy(spread, load=load)
+    if timed.too_busy:
+        print(f"padding: bucketing computed {saved:.0%} fewer tokens than fixed-length padding; its epoch "
+              f"time: {timed}")
+    else:
+        print(f"padding: bucketing computed {saved:.0%} fewer tokens than fixed-length padding, and the "
+              f"epoch was {ratio:.2f}x {'faster' if ratio > 1 else 'SLOWER'} (the token count alone would "
+              f"give {1 / (1 - saved):.2f}x; rounds of one variant differed by up to {spread:.0%})")
     return summary
