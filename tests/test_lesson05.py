@@ -199,6 +199,11 @@ def test_compile_shares_follow_lesson_04s_causes():
     text = lesson05.why_compile_paid(_table(), speedup=0.9, paid=False)
     assert "matmuls and attention took 40 %" in text and "the rest, 50 %" in text
     assert "at most 2.00x" in text and "It did not pay: 0.90x" in text
+    # planted: the timings behind the speed-up were taken on a busy machine (issue 39: "It paid: 20.27x")
+    from helpers.timing import busy
+
+    text = lesson05.why_compile_paid(_table(), speedup=20.27, paid=True, busy=busy(load=0.7))
+    assert "Whether it paid: too busy to judge" in text and "It paid" not in text
 
 
 # --- the summary: no verdict on a busy machine --------------------------------------------------------------

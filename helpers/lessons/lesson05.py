@@ -37,7 +37,7 @@ from helpers.regimes import (
 from helpers.roofline import Roofline, load_roofline, measure_roofline
 from helpers.sizing import Size, fit_sizes
 from helpers.tables import Table
-from helpers.timing import TOO_BUSY_VERDICT, CpuLoad, LoadProbe, Timing, busy
+from helpers.timing import TOO_BUSY_VERDICT, Busy, CpuLoad, LoadProbe, Timing, busy
 from helpers.verdicts import AtMost, MeasuredTable, Range
 
 __all__ = ["SIZES", "COPIES", "BIG_GPU_SMS", "setup", "cache_files", "ColdCaches",
@@ -224,9 +224,10 @@ def compile_shares(eager: OpTable) -> dict[str, float]:
     return {k: v / total for k, v in out.items()}
 
 
-def why_compile_paid(eager: OpTable, *, speedup: float, paid: bool) -> str:
+def why_compile_paid(eager: OpTable, *, speedup: float, paid: bool, busy: Busy | None = None) -> str:
     """One paragraph: what share of the eager step matmuls took (lesson 04's definition), what compiling
-    could remove at most (Amdahl), and whether it paid (lesson 05)."""
+    could remove at most (Amdahl), and whether it paid, or "too busy to judge" when `busy` says so (the
+    state of the timings `speedup` comes from, helpers.timing.busy) (lesson 05)."""
     shares = compile_shares(eager)
     pc = {k: f"{100 * v:.0f} %" for k, v in shares.items()}
     rest = min(max(1 - shares[KEPT] - shares[OPTIMIZER], 0.0), 1.0)
@@ -236,7 +237,9 @@ def why_compile_paid(eager: OpTable, *, speedup: float, paid: bool) -> str:
             f"{pc[OPTIMIZER]}; compiling the model leaves both as they were. Fusion can shorten the rest, "
             f"{100 * rest:.0f} %: the other ops at their roofs {pc[AT_ROOF]}, their calls' fixed cost "
             f"{pc[FIXED]}, their time below their roofs {pc[BELOW]}, the time between ops {pc[BETWEEN]} "
-            f"({ceiling} if all of it went). It {'paid' if paid else 'did not pay'}: {speedup:.2f}x.")
+            f"({ceiling} if all of it went). "
+            + (f"Whether it paid: {busy}." if busy is not None and busy.too_busy else
+               f"It {'paid' if paid else 'did not pay'}: {speedup:.2f}x."))
 
 
 # --- graph breaks and recompiles ---------------------------------------------------------------------------
@@ -325,7 +328,8 @@ def summary_table(measured: Mapping[str, Any], side_by_side: Mapping[str, Timing
     summary.add("compiled step, ms", measured["compiled step s"] * 1e3)
     verdict = summary.add("speed-up of the compiled step (eager / compiled)", speedup,
                           "10–30 % faster: 1.10–1.30 (docs/claims.md#c4)", rule=Range(1.10, 1.30),
-                          noise=noise, busy=state, why="SLOWER than eager" if speedup < 1 else "")
+                          noise=noise, busy=state,
+                          why="SLOWER than eager" if speedup < 1 and not state.too_busy else "")
     summary.add("speed-up with per-block compilation", measured["eager step s"] / measured["regional step s"])
     summary.add("eager forward + backward (subtracted from each first call), ms",
                 measured["eager forward+backward s"] * 1e3)
