@@ -219,6 +219,9 @@ class Overlap:
     overlapped: int  # all-reduces that ran at least in part while backward was computing
     comm_s: float  # time at least one all-reduce was running (the union of their intervals)
     hidden_s: float  # of that time, while backward was computing too
+    # c10d::allreduce_ calls made in the step (DDP: one per bucket), recorded on the thread that makes them:
+    # unlike gloo's worker-thread events, a loaded machine cannot leave one outside the profiled window
+    calls: int = 0
 
     @property
     def hidden_fraction(self) -> float:
@@ -271,7 +274,7 @@ def comm_overlap(events: Sequence[object]) -> Overlap:
     return Overlap(allreduces=len(comm), launched_in_backward=sum(span(e)[0] < backward_end for e in calls),
                    overlapped=sum(_intersection([span(e)], compute_u) > 0 for e in comm),
                    comm_s=sum(b - a for a, b in _union([span(e) for e in comm])) / 1e6,
-                   hidden_s=_intersection(_union([span(e) for e in comm]), compute_u) / 1e6)
+                   hidden_s=_intersection(_union([span(e) for e in comm]), compute_u) / 1e6, calls=len(calls))
 
 
 # --- rank 0 ---------------------------------------------------------------------------------------------

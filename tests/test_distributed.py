@@ -281,7 +281,7 @@ def test_comm_overlap_on_gloo_counts_what_runs_beside_backward() -> None:
               _ev("gloo:all_reduce", 190, 250),  # 190-200 beside backward
               _ev("gloo:all_reduce", 210, 260)]  # after backward: exposed
     o = hd.comm_overlap(events)
-    assert (o.allreduces, o.launched_in_backward, o.overlapped) == (3, 2, 2)
+    assert (o.allreduces, o.launched_in_backward, o.overlapped, o.calls) == (3, 2, 2, 3)
     assert o.comm_s == pytest.approx(((130 - 50) + (260 - 190)) * 1e-6)  # the union, 250-260 counted once
     assert o.hidden_s == pytest.approx((50 + 20 + 10) * 1e-6)
     assert o.hidden_fraction == pytest.approx(80 / 150)
@@ -298,5 +298,5 @@ def test_comm_overlap_on_a_gpu_reads_the_kernels() -> None:
               _ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40, 120, cuda),
               _ev("gloo:all_reduce", 0, 1000)]  # ignored when NCCL kernels are present
     o = hd.comm_overlap(events)
-    assert (o.allreduces, o.launched_in_backward, o.overlapped) == (1, 1, 1)
+    assert (o.allreduces, o.launched_in_backward, o.overlapped, o.calls) == (1, 1, 1, 1)
     assert o.comm_s == pytest.approx(80e-6) and o.hidden_s == pytest.approx(50e-6)

@@ -23,9 +23,11 @@ def _params(shift: float = 0.0) -> dict[str, torch.Tensor]:
     return {"w": torch.randn(10, 10, generator=g) + shift, "b": torch.randn(10, generator=g)}
 
 
-def _overlap(allreduces: int, hidden_s: float) -> dict:
-    return dict(allreduces=allreduces, launched_in_backward=allreduces, overlapped=allreduces,
-                comm_s=0.01, hidden_s=hidden_s)
+def _overlap(allreduces: int, hidden_s: float, seen: int | None = None) -> dict:
+    # seen: gloo's all-reduce events inside the profiled window (a loaded machine can leave the last out)
+    seen = allreduces if seen is None else seen
+    return dict(allreduces=seen, launched_in_backward=allreduces, overlapped=seen, comm_s=0.01,
+                hidden_s=hidden_s, calls=allreduces)
 
 
 def _rank(rank: int, state: int, allreduces: int = 1, hidden_s: float = 0.0) -> dict:
@@ -111,6 +113,10 @@ def test_overlap_needs_several_buckets_and_some_hidden_time():
         lesson07.check_overlap(small, small)
     with pytest.raises(AssertionError, match="0.05 MB buckets vs one bucket"):
         lesson07.check_overlap(one, _planted(small, lambda r: r["params_sd"]["b"].mul_(2)))
+    # under load, gloo's event of rank 0's one all-reduce ended after the profiled window (seen: [0, 1]): the
+    # structure is DDP's calls, which the profiler records on the calling thread
+    lost = _run(per_rank=[{**_rank(0, 4000), "overlap": _overlap(1, 0.0, seen=0)}, _rank(1, 4000)])
+    assert lesson07.check_overlap(lost, small) == pytest.approx(0.4)
 
 
 # --- FSDP ----------------------------------------------------------------------------------------------

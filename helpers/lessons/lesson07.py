@@ -232,14 +232,15 @@ def check_overlap(ddp: Summary, ddp_buckets: Summary) -> float:
     train as the default's: the same sums, grouped otherwise."""
     check_same_training(ddp_buckets, ddp, "0.05 MB buckets vs one bucket")
     one, small = _overlaps(ddp), _overlaps(ddp_buckets)
-    # the structure, decided by DDP (not by the machine's load)
-    assert all(o.allreduces == 1 for o in one) and all(o.allreduces >= 3 for o in small), (
-        f"all-reduces per profiled step: {[o.allreduces for o in one]} with one bucket, "
-        f"{[o.allreduces for o in small]} with small buckets (expected 1 each, and 3 or more)")
+    # the structure, decided by DDP (not by the machine's load): the calls DDP made, one per bucket (gloo's
+    # own events of an all-reduce can end after the profiled window on a loaded machine)
+    assert all(o.calls == 1 for o in one) and all(o.calls >= 3 for o in small), (
+        f"all-reduces per profiled step: {[o.calls for o in one]} with one bucket, "
+        f"{[o.calls for o in small]} with small buckets (expected 1 each, and 3 or more)")
     # the effect, measured
     assert max(o.hidden_s for o in small) > 0, "no all-reduce ran beside backward: DDP's overlap was not seen"
     hidden = max(o.hidden_fraction for o in small)
-    print(f"one bucket: one all-reduce per rank; {small[0].allreduces} small buckets: up to {hidden:.0%} of "
+    print(f"one bucket: one all-reduce per rank; {small[0].calls} small buckets: up to {hidden:.0%} of "
           "their communication hidden behind backward")
     return hidden
 
