@@ -298,3 +298,19 @@ def test_confusion_matrix_rejects_bad_input():
         confusion_matrix([0, 1, 1], [0, 1], 2)
     with pytest.raises(ValueError, match="class 2 is outside 0..1"):
         confusion_matrix([0, 2], [0, 1], 2)
+
+
+def test_the_summary_judges_no_timing_after_the_ladder_was_too_busy():
+    rows = [{"name": "fp32 eager (baseline)"}]
+    timed = ["your stack (the kept rungs, up to fp32 eager (baseline)) / fp32 eager, timed side by side",
+             "DDP, 2 processes: scaling efficiency (same stack, 1 vs 2)"]
+    for busy_rungs, want in (([], ["does not hold"] * 2), (["+ SDPA"], ["too busy to judge"] * 2)):
+        # planted: the ladder found the machine too busy at a rung (issue 39: the summary then still said
+        # "does not hold" for the stack and DDP's scaling)
+        climbed = {"rows": rows, "too_busy": busy_rungs,
+                   "your_stack_vs_baseline": {"name": "fp32 eager (baseline)", "speedup": 1.0}}
+        summary = lesson08.summary_table(climbed, device=torch.device("cpu"), profile="smoke",
+                                         ddp_scaling={1: 10.0, 2: 9.0}, ddp_procs=2, test_acc=0.95,
+                                         const_acc=0.94, final_s=10.0, pretrained=True)
+        assert [summary.verdicts[k] for k in timed] == want, (busy_rungs, summary.verdicts)
+        assert summary.verdicts["final model: test accuracy (your stack, warm-up + linear decay)"] == "holds"

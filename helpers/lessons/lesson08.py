@@ -44,6 +44,7 @@ from helpers.results import slug
 from helpers.runspec import RunSpec
 from helpers.sizing import GiB, Size, fit_sizes
 from helpers.tables import Table
+from helpers.timing import Busy
 from helpers.train import TrainConfig, train
 from helpers.verdicts import AtLeast, MeasuredTable
 
@@ -454,8 +455,12 @@ def summary_table(climbed: Mapping[str, Any], *, device: torch.device, profile: 
                   ddp_scaling: Mapping[int, float], ddp_procs: int, test_acc: float, const_acc: float,
                   final_s: float, pretrained: bool) -> MeasuredTable:
     """"What we measured on this machine": each rung's decision, your stack against fp32 eager, DDP's
-    scaling efficiency, the final model; next to the claims (lesson 08)."""
+    scaling efficiency, the final model; next to the claims. Once the ladder found the machine too busy to
+    judge a rung, no timing verdict: "too busy to judge" (lesson 08)."""
     gpu = device.type == "cuda"
+    busy_rungs = climbed.get("too_busy") or []
+    state = Busy(None, signs=(f"the ladder was too busy to judge {', '.join(busy_rungs)}",)) if busy_rungs \
+        else None
     efficiency = (ddp_scaling[ddp_procs] / (ddp_procs * ddp_scaling[1])
                   if {1, ddp_procs} <= set(ddp_scaling) else None)
     summary = MeasuredTable(f"Lesson 08 on {device}, {profile} profile")
@@ -466,11 +471,11 @@ def summary_table(climbed: Mapping[str, Any], *, device: torch.device, profile: 
     yours = climbed["your_stack_vs_baseline"]  # your stack and fp32 eager, timed again side by side
     summary.add(f"your stack (the kept rungs, up to {yours['name']}) / fp32 eager, timed side by side",
                 yours["speedup"], "mixed precision + DDP: 2.5x over fp32 on a GPU (docs/claims.md#c1)",
-                rule=AtLeast(2.5), why="" if gpu else "measured on a CPU")
+                rule=AtLeast(2.5), why="" if gpu else "measured on a CPU", busy=state)
     summary.add(f"DDP, {ddp_procs} processes: scaling efficiency (same stack, 1 vs {ddp_procs})", efficiency,
                 "N processes give ~N x the throughput: ≥ 0.8", rule=AtLeast(0.8),
-                needs=f"{ddp_procs} GPUs (step 3's DDP rung)",
-                why="" if gpu else "the processes split this CPU's cores")
+                needs=f"{ddp_procs} GPUs (step 3's DDP rung)", busy=state,
+                why="" if gpu or state else "the processes split this CPU's cores")
     summary.add("final model: test accuracy (your stack, warm-up + linear decay)",
                 test_acc if pretrained else None, "≥ 0.90: the lesson's bar on a CPU", rule=AtLeast(0.90),
                 needs="pretrained weights")
