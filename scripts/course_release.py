@@ -8,7 +8,9 @@ the lessons install on a hosted notebook (`[tool.course] hosted-extra`). From th
   torch and ipywidgets kept (floors, not pins), then runs `course_setup.check(<lesson>)`;
 - `course_setup.RELEASE`, the release the installed course says it is;
 - the "Open in Colab" / "Open in Kaggle" line under every lesson's title, links to that release's notebook;
-- the same two links in README.md's table of lessons.
+- the same two links in README.md's table of lessons;
+- every lesson's metadata for the hosts: Colab opens it on a GPU runtime, Kaggle on GPU T4 x2 with the
+  Internet on (where it reads them).
 
     .venv/bin/python scripts/course_release.py           # rewrite them (after changing pyproject.toml)
     .venv/bin/python scripts/course_release.py --check   # exit 1 and name each place out of step (the tests)
@@ -89,6 +91,15 @@ def readme_cell(info: dict[str, str], notebook: str) -> str:
     return f"[Colab]({url['colab']}) · [Kaggle]({url['kaggle']})"
 
 
+# What the hosts read from a notebook's metadata to pick its runtime: Colab opens it on a GPU (a T4 on the
+# free tier); Kaggle's own notebooks carry "kaggle" (GPU T4 x2: its default P100 cannot run its PyTorch, and
+# lesson 07's two-GPU cells need two; the Internet on, for the set-up cell's install). The README and every
+# lesson still say which runtime to pick, for a host that ignores them.
+COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4"}}
+KAGGLE_METADATA = {"accelerator": "nvidiaTeslaT4", "isGpuEnabled": True, "isInternetEnabled": True,
+                   "language": "python", "sourceType": "notebook"}
+
+
 def _lines(text: str) -> list[str]:
     lines = text.split("\n")
     return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
@@ -108,6 +119,10 @@ def updated_notebook(nb: dict, info: dict[str, str], name: str) -> dict:
     else:  # first time: under the title, then a blank line
         header[1:1] = ["", badge_line(info, name)]
     cells[0]["source"] = _lines("\n".join(header))
+    meta = nb.setdefault("metadata", {})
+    meta["accelerator"] = COLAB_METADATA["accelerator"]
+    meta["colab"] = {**meta.get("colab", {}), **COLAB_METADATA["colab"]}
+    meta["kaggle"] = {**meta.get("kaggle", {}), **KAGGLE_METADATA}
     return nb
 
 

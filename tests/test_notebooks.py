@@ -63,9 +63,13 @@ def test_follows_the_lesson_skeleton(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_colab_opens_it_on_a_gpu_runtime(path):
-    """Colab opens a notebook on a GPU runtime when its metadata says so (a T4 on the free tier)."""
+    """Colab opens a notebook on a GPU runtime when its metadata says so (a T4 on the free tier); Kaggle's own
+    notebooks name GPU T4 x2 and the Internet switch as below (its P100 default cannot run its PyTorch)."""
     meta = json.loads(path.read_text())["metadata"]
     assert meta.get("accelerator") == "GPU" and meta.get("colab", {}).get("gpuType") == "T4", meta
+    kaggle = meta.get("kaggle", {})
+    assert kaggle.get("accelerator") == "nvidiaTeslaT4" and kaggle.get("isGpuEnabled") is True \
+        and kaggle.get("isInternetEnabled") is True, f"{path.name}: Kaggle's metadata {kaggle}"
 
 
 # --- where learners are (issue 31): the set-up cell, the links, the header, the closing lines
