@@ -37,7 +37,7 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | model/data | `fp8` | 08 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
 | model/data | `synthetic` | 02-05 | `synthetic_batch_fn` |
 | train | `checkpoint` | 03, 07, 08 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
-| train | `runspec` | 02-08 | `RunSpec`, `PADDINGS`, `ATTNS` |
+| train | `runspec` | 02-08 | `RunSpec`, `base_model`, `PADDINGS`, `ATTNS` |
 | train | `meter` | 02-08 | `Meter`, `TrainResult` |
 | train | `train` | 02-08 | `TrainConfig`, `train`, `train_step`, `make_optimizer` |
 | train | `evaluation` | 08 | `evaluate` |

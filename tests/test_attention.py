@@ -323,3 +323,24 @@ def test_agreement_is_relative_and_checks_its_inputs() -> None:
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         agreement_tolerance(torch.int8)
     assert agreement_tolerance(torch.float32, "cuda") > agreement_tolerance(torch.float32, "cpu")
+
+
+def test_maps_and_saving_go_through_a_stacks_wrappers(minilm, tmp_path) -> None:
+    """Lesson 08's final cells take whatever stack the ladder kept: packing wraps the model in a PackedModel
+    (its forward takes packed batches only), torch.compile in an OptimizedModule."""
+    import copy
+
+    from helpers.runspec import RunSpec, base_model
+
+    model, tok = minilm
+    text = "Attention maps show where each token looks."
+    plain = capture_attention_maps(model, tok, text, verbose=False)
+    packed = RunSpec(attn="sdpa", padding="packed").apply(copy.deepcopy(model))
+    assert base_model(packed) is packed.model and base_model(model) is model
+    compiled_then_packed = type(packed)(torch.compile(model))  # whole-model compile, then packing
+    assert base_model(compiled_then_packed) is model  # compiled lazily: nothing is compiled here
+    maps = capture_attention_maps(packed, tok, text, verbose=False)  # not a packed batch: the model inside
+    torch.testing.assert_close(maps.maps, plain.maps, atol=0, rtol=0)
+    base_model(packed).save_pretrained(tmp_path)  # what lesson 08 saves: Hugging Face's files, no wrapper
+    assert (tmp_path / "config.json").exists() and not hasattr(packed, "save_pretrained")
+    assert set(base_model(packed).state_dict()) == set(model.state_dict())  # loads into a plain copy
