@@ -33,11 +33,11 @@ lazily, so `import helpers` is cheap and does nothing at import time.
 | model/data | `corpus` | 06, 08 | `read_bundled_corpus`, `read_csv_corpus`, `read_hub`, `corpus_lengths` |
 | model/data | `data` | 06, 08 | `load_text_classification`, `tokenize`, `PadCollate`, `make_dataloader` |
 | model/data | `packing` | 06, 08 | `PackCollate`, `PackedBatchSampler`, `document_mask` |
-| model/data | `packed_model` | 06, 08 | `PackedModel`, `packed_forward`, `packed_padding_stats` |
+| model/data | `packed_model` | 06, 08 | `PackedModel`, `base_model`, `packed_forward` |
 | model/data | `fp8` | 08 | `fp8_supported`, `convert_to_float8`, `FP8Linear` |
 | model/data | `synthetic` | 02-05 | `synthetic_batch_fn` |
 | train | `checkpoint` | 03, 07, 08 | `save_checkpoint`, `load_checkpoint`, `save_sharded`, `load_sharded` |
-| train | `runspec` | 02-08 | `RunSpec`, `base_model`, `PADDINGS`, `ATTNS` |
+| train | `runspec` | 02-08 | `RunSpec`, `PADDINGS`, `ATTNS` |
 | train | `meter` | 02-08 | `Meter`, `TrainResult` |
 | train | `train` | 02-08 | `TrainConfig`, `train`, `train_step`, `make_optimizer` |
 | train | `evaluation` | 08 | `evaluate` |

@@ -434,7 +434,7 @@ def capture_attention_maps(model: Any, tokenizer: Any, text: str | Sequence[str]
         raise ValueError(f"capture_attention_maps needs a non-empty text or a non-empty list of non-empty "
                          f"texts, got {text!r}"[:200])
     from helpers import compat
-    from helpers.runspec import base_model
+    from helpers.packed_model import base_model
 
     model = base_model(model)  # the Hugging Face model inside a stack's packing or torch.compile
     impl = compat.attn_implementation(model)

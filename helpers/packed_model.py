@@ -52,7 +52,7 @@ from helpers.models import ModelOutput
 from helpers.packing import check_packed_batch, document_block_mask, document_mask, varlen_segments
 
 __all__ = ["VARLEN", "FLEX_BLOCK", "varlen_available", "use_varlen", "packed_forward", "PackedModel",
-           "PackingStats", "packed_padding_stats"]
+           "base_model", "PackingStats", "packed_padding_stats"]
 
 FLEX_BLOCK = 128  # FlexAttention's default block: packed rows are padded to whole blocks for it
 VARLEN = "course_varlen"  # name of the varlen attention registered with Hugging Face (use_varlen)
@@ -232,6 +232,16 @@ class PackedModel(nn.Module):
 
     def forward(self, **batch: torch.Tensor) -> Any:
         return packed_forward(self.model, batch)
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The model inside a stack's wrappers (`RunSpec.apply`'s PackedModel and torch.compile, DDP's): the
+    one to save with `save_pretrained`, load weights into, or capture attention maps from (lesson 08)."""
+    while True:
+        inner = compat.unwrap_model(model)
+        if not isinstance(inner, PackedModel):
+            return inner
+        model = inner.model  # its forward takes packed batches only
 
 
 # --- what packing saves ------------------------------------------------------------------------------

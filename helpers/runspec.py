@@ -14,8 +14,8 @@ torch calls:
   in pinned memory when they go to a GPU (the DataLoader pins them; with no worker processes it does so
   inside `next()`, on the loop's own thread);
 - `spec.apply(model)`: attention implementation (varlen included), activation checkpointing, FP8 linears,
-  regional compilation, packed forward; `base_model(applied)` is the model inside those wrappers, the one
-  to save or inspect;
+  regional compilation, packed forward; `helpers.packed_model.base_model(applied)` is the model inside those
+  wrappers, the one to save or inspect;
 - `spec.check(device)`: a ValueError naming the switch when `device` cannot run one of them;
   `spec.check_model(model)` the same for a switch the model cannot take (attention of its own, say);
 - `spec.describe()`: the spec as the lines of code that reproduce it ("your stack", lesson 08);
@@ -60,7 +60,7 @@ from helpers.precision import (
 )
 
 __all__ = ["Padding", "Attn", "PADDINGS", "ATTNS", "FUSED_ADAMW_DEVICES", "RunSpec",
-           "base_model", "set_activation_checkpointing", "dataclass_flags", "spec_flags", "flag_parser",
+           "set_activation_checkpointing", "dataclass_flags", "spec_flags", "flag_parser",
            "spec_from_arguments"]
 
 Padding = Literal["dynamic", "fixed", "bucketed", "packed"]  # "fixed": to max_length (lesson 06)
@@ -382,19 +382,6 @@ def _layers(model: nn.Module) -> Any:
                  and len({type(block) for block in m}) == 1]
         layers = max(lists, key=len, default=None)
     return layers
-
-
-def base_model(model: nn.Module) -> nn.Module:
-    """The model inside `RunSpec.apply`'s wrappers (packed forward, torch.compile) and DDP's: the one to
-    save with `save_pretrained`, load weights into, or capture attention maps from (lesson 08)."""
-    from helpers.compat import unwrap_model
-    from helpers.packed_model import PackedModel
-
-    while True:
-        inner = unwrap_model(model)
-        if not isinstance(inner, PackedModel):
-            return inner
-        model = inner.model  # PackedModel(model): its forward takes packed batches only
 
 
 def _compile_layers(model: nn.Module) -> nn.Module:

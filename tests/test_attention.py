@@ -330,7 +330,8 @@ def test_maps_and_saving_go_through_a_stacks_wrappers(minilm, tmp_path) -> None:
     (its forward takes packed batches only), torch.compile in an OptimizedModule."""
     import copy
 
-    from helpers.runspec import RunSpec, base_model
+    from helpers.packed_model import base_model
+    from helpers.runspec import RunSpec
 
     model, tok = minilm
     text = "Attention maps show where each token looks."
