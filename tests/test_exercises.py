@@ -156,6 +156,15 @@ def test_a_wrong_answer_fails_with_its_hint(exercise_id, key, tmp_path, capsys, 
         assert f"seed={SEED}) replays them" in outcome.line
 
 
+@pytest.mark.parametrize("seed", [256344, 68])  # drew a gradient norm of 0.997 and 1.004 before the fix
+def test_fp16_step_draws_a_gradient_that_clipping_to_one_changes(seed, tmp_path):
+    """Clipping to 1.0 leaves a gradient of norm <= 1 as it is: such inputs cannot tell that mistake from no
+    clipping at all (a run with seed 256344 hinted "not clipped" to an answer that clipped to 1.0)."""
+    ex = EXERCISES["02-fp16-step"]
+    answer = _load(tmp_path / "wrong.py", WRONG[ex.id]["clip-default-norm"], ex.answer)
+    assert evaluate(ex.id, answer, seed=seed).mistake == "clip-default-norm"
+
+
 @pytest.mark.parametrize("exercise_id", IDS)
 def test_the_notebook_skeleton_is_not_attempted(exercise_id, tmp_path):
     """The skeleton exactly as the notebook holds it: defined, then checked, it says 'not attempted'."""
