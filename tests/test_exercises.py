@@ -165,6 +165,14 @@ def test_fp16_step_draws_a_gradient_that_clipping_to_one_changes(seed, tmp_path)
     assert evaluate(ex.id, answer, seed=seed).mistake == "clip-default-norm"
 
 
+def test_a_climb_that_retries_a_dropped_rung_is_named_even_when_noise_ends_it(tmp_path):
+    """The check's sessions are noisy: with seed 18 a climb that times a dropped rung again ended when a later
+    session kept it, and was told "kept has the wrong length" instead of its mistake."""
+    ex = EXERCISES["08-greedy-climb"]
+    answer = _load(tmp_path / "wrong.py", WRONG[ex.id]["endless"], ex.answer)
+    assert evaluate(ex.id, answer, seed=18).mistake == "endless"
+
+
 @pytest.mark.parametrize("exercise_id", IDS)
 def test_the_notebook_skeleton_is_not_attempted(exercise_id, tmp_path):
     """The skeleton exactly as the notebook holds it: defined, then checked, it says 'not attempted'."""

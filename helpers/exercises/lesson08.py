@@ -172,9 +172,7 @@ class _Machine:
 
         if self.max_calls is not None and len(self.calls) >= self.max_calls:
             raise Halt("endless", f"it timed more than {self.max_calls} sessions for "
-                       f"{(self.max_calls - 8) // 4} rungs: the climb does not end", "one session per rung: "
-                       "for rung in rungs (a while loop must move on to the next rung whether the rung was "
-                       "kept or dropped)")
+                       f"{(self.max_calls - 8) // 4} rungs: the climb does not end", _ONE_SESSION)
         key = tuple(sorted((repr(a), repr(b))))  # one session, whichever arm is named first
         k = self.sessions.get(key, 0)
         self.sessions[key] = k + 1
@@ -187,6 +185,10 @@ class _Machine:
             median = self.true_s(stack) * load * (1 + r.uniform(-0.5, 0.5) * spread)
             out.append(Timing(name, median, median * spread, runs=5, calls_per_run=1))
         return out[0], out[1]
+
+
+_ONE_SESSION = ("one session per rung: for rung in rungs (a while loop must move on to the next rung whether "
+                "the rung was kept or dropped)")
 
 
 def _draw(*key: Any) -> random.Random:
@@ -288,6 +290,12 @@ def _run_climb(answer: Callable, seed: int, rungs: list) -> tuple[Any, list, lis
         raise Wrong("return-type", f"the stack it returned is a {type(stack).__name__}",
                     "return the best stack itself, a RunSpec (rung.on(stack) makes one)")
     kept = list(kept) if isinstance(kept, (list, tuple)) else kept
+    pairs = _sessions(m.calls)
+    retried = any(pairs[i] == pairs[i + 1] for i in range(len(pairs) - 1))
+    if isinstance(kept, list) and len(kept) > len(rungs) and retried:  # the timings' noise ended it this time
+        raise Wrong("endless", f"it timed a dropped rung again until a session kept it ({len(m.calls)} "
+                    f"sessions for {len(rungs)} rungs): on a quiet machine such a climb does not end",
+                    _ONE_SESSION)
     if not isinstance(kept, list) or len(kept) != len(rungs):
         raise Wrong("return-shape", f"kept is {kept!r}, not one True/False for each of the {len(rungs)} "
                                     f"rungs",
