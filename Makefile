@@ -29,12 +29,10 @@ TEST_PROFILE ?= smoke
 
 setup: $(STAMP)
 
-# --no-compile: pip would byte-compile all 16,000 modules of the packages (about a minute on 2 cores, most never
-# imported); Python compiles a module the first time something imports it, and keeps it.
 $(STAMP): pyproject.toml scripts/install_torch.sh scripts/make_venv.sh
 	@bash scripts/make_venv.sh "$(PYTHON)" "$(VENV)"
 	bash scripts/install_torch.sh $(PY)
-	$(PY) -m pip install --quiet --no-compile -e ".[course,kernels,lab,test]"
+	$(PY) -m pip install --quiet -e ".[course,kernels,lab,test]"
 	@touch $@
 
 lab: $(STAMP)

@@ -129,10 +129,10 @@ echo "torch: installing the $tag build of torch $VERSION: $why"
 if [ "$tag" = cpu ]; then
   # The CPU wheel index keeps a CPU box from downloading the multi-GB CUDA build; if it cannot be
   # reached (an offline mirror), the default index is tried next.
-  run "$PY" -m pip install --quiet --no-compile "torch==$VERSION" --index-url "$INDEX/cpu" --retries 0 --timeout 15 2>/dev/null \
-    || run "$PY" -m pip install --quiet --no-compile "torch==$VERSION"
+  run "$PY" -m pip install --quiet "torch==$VERSION" --index-url "$INDEX/cpu" --retries 0 --timeout 15 2>/dev/null \
+    || run "$PY" -m pip install --quiet "torch==$VERSION"
 elif [ "$tag" = default ]; then
-  run "$PY" -m pip install --quiet --no-compile "torch==$VERSION"
+  run "$PY" -m pip install --quiet "torch==$VERSION"
 else
-  run "$PY" -m pip install --quiet --no-compile "torch==$VERSION" --index-url "$INDEX/$tag"
+  run "$PY" -m pip install --quiet "torch==$VERSION" --index-url "$INDEX/$tag"
 fi

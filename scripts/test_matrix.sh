@@ -35,9 +35,9 @@ if [ ! -f "$STAMP" ] || [ "$CONSTRAINTS" -nt "$STAMP" ] || [ pyproject.toml -nt 
   "$PY" -m pip install --quiet --upgrade pip
   torch=$(grep -E '^torch==' "$CONSTRAINTS")
   # the CPU wheel first (no multi-GB CUDA libraries); the default index (CUDA build, runs on CPUs) if unreachable
-  "$PY" -m pip install --quiet --no-compile "$torch" --index-url https://download.pytorch.org/whl/cpu --retries 0 --timeout 15 \
-    2>/dev/null || "$PY" -m pip install --quiet --no-compile -c "$CONSTRAINTS" "$torch"
-  "$PY" -m pip install --quiet --no-compile -c "$CONSTRAINTS" -e ".[course,kernels,lab,test]"
+  "$PY" -m pip install --quiet "$torch" --index-url https://download.pytorch.org/whl/cpu --retries 0 --timeout 15 \
+    2>/dev/null || "$PY" -m pip install --quiet -c "$CONSTRAINTS" "$torch"
+  "$PY" -m pip install --quiet -c "$CONSTRAINTS" -e ".[course,kernels,lab,test]"
   touch "$STAMP"
 fi
 "$PY" -c 'import sys, torch, transformers, numpy, ipywidgets
