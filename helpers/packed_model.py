@@ -17,11 +17,11 @@ models choose it (`helpers.compat.attn_implementation(model)`):
   attention dropout: HF's flex path and this one refuse to train with attention dropout > 0 (set it
   to 0 in every arm of a comparison with `helpers.compat.disable_dropout(model, attention_only=True)`).
 
-Hugging Face's `DataCollatorWithFlattening` (one row, position ids restarting per document) is not
-enough for BERT on its own: with "sdpa" or "eager" attention, transformers 5.x builds BERT's mask
-without looking at position ids, so the documents of a flattened row attend to each other (checked
-with transformers 5.24, see tests/test_packing.py). Here the boundaries travel as `doc_ids` and every
-path above honours them.
+Hugging Face's `DataCollatorWithFlattening` (one row, position ids restarting per document) keeps
+BERT's documents apart only from transformers 5.25 on, which reads the restarting position ids when it
+builds the mask; with 5.24 and earlier, "sdpa" or "eager", the documents of a flattened row attend to
+each other (tests/test_packing.py checks both). Here the boundaries travel as `doc_ids`, on every version
+the course supports, and every path above honours them.
 
 The course's SmallTransformer is packed with the dense mask and pools each document's own tokens (its
 classifier averages the real tokens of a sequence).
