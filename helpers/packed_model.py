@@ -291,6 +291,6 @@ def packed_padding_stats(batches: Iterable[Mapping[str, torch.Tensor]],
         raise ValueError("packed_padding_stats got no batches")
     flops = None
     if model is not None:
-        inner = model.model if isinstance(model, PackedModel) else model
+        inner = base_model(model)  # model_flops_per_token counts the model, not its packed forward
         flops = sum(count * n * model_flops_per_token(inner, n) for n, count in doc_lengths.items())
     return PackingStats(n_batches, rows, documents, real, slots, flops)
