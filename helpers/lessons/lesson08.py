@@ -106,9 +106,9 @@ def setup(profile: str | None = None, *, ddp_procs: int = 2) -> LessonSetup:
     p = fit.profile
     return LessonSetup(
         PROFILE=p, DEVICE=device, FIT=fit, FP8=fp8, FP8_WHY=fp8_why, **fit.sizes,
-        LADDER_STEPS=pick(p, smoke=2, full=4),  # steps per timed pass (the same samples for every stack)
+        LADDER_STEPS=pick(p, smoke=1, full=4),  # steps per timed pass (the same samples for every stack)
         REPEATS=pick(p, smoke=3, full=5),  # timed passes per stack: median and IQR
-        FINAL_EXAMPLES=pick(p, smoke=480, full=0),  # training articles for the final model; 0 = all
+        FINAL_EXAMPLES=pick(p, smoke=320, full=0),  # training articles for the final model; 0 = all
         FINAL_LR=pick(p, smoke=2e-4, full=5e-5),  # peak lr: a short run takes a higher one (with warm-up)
         DDP_STEPS=pick(p, smoke=5, full=20),  # steps of each DDP launch (the first is warm-up)
         DDP_TIMEOUT_S=pick(p, smoke=600, full=1800),  # give up on the torchrun launch after this long
