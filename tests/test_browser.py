@@ -211,29 +211,35 @@ def browser(chromium: str) -> Iterator[object]:
         b.close()
 
 
-def _kernel_message(frame: bytes | str) -> tuple[str, dict, dict] | None:
-    """(channel, header, content) of a kernel websocket frame: Jupyter's v1 binary protocol or legacy JSON."""
+def _kernel_message(frame: bytes | str) -> tuple[str, dict, dict, dict] | None:
+    """(channel, header, parent header, content) of a kernel websocket frame: Jupyter's v1 binary protocol or
+    legacy JSON."""
     try:
         if isinstance(frame, str):  # legacy protocol: one JSON object per frame
             msg = json.loads(frame)
-            return msg.get("channel", ""), msg["header"], msg.get("content", {})
+            return msg.get("channel", ""), msg["header"], msg.get("parent_header", {}), msg.get("content", {})
         # v1.kernel.websocket.jupyter.org: uint64 count n, n uint64 offsets, then channel, header,
         # parent_header, metadata, content, buffers... at those offsets.
         n = int.from_bytes(frame[:8], "little")
         offsets = [int.from_bytes(frame[8 + 8 * i : 16 + 8 * i], "little") for i in range(n)] + [len(frame)]
         parts = [frame[offsets[i] : offsets[i + 1]] for i in range(n)]
-        return parts[0].decode(), json.loads(parts[1]), json.loads(parts[4])
+        return parts[0].decode(), json.loads(parts[1]), json.loads(parts[2]), json.loads(parts[4])
     except (ValueError, KeyError, IndexError, UnicodeDecodeError):
         return None
 
 
-def _watch_kernel_errors(ws: object, errors: list[str]) -> None:
-    """Append every error the kernel reports on this websocket (an `error` message on iopub) to `errors`."""
+def _watch_kernel_errors(ws: object, errors: list[str], idle: list[str]) -> None:
+    """Append every error the kernel reports on this websocket (an `error` message on iopub) to `errors`, and
+    the id of every execution it has finished (its `idle` status on iopub) to `idle`. The kernel sends a
+    run's outputs and errors on iopub before that status: once it is seen, they are in `errors`."""
 
     def on_frame(frame: bytes | str) -> None:
         msg = _kernel_message(frame)
+        if msg and msg[1].get("msg_type") == "status" and msg[2].get("msg_type") == "execute_request" \
+                and msg[3].get("execution_state") == "idle":
+            idle.append(msg[2].get("msg_id", ""))
         if msg and msg[1].get("msg_type") == "error":
-            content = msg[2]
+            content = msg[3]
             trace = ANSI.sub("", "\n".join(content.get("traceback", [])))
             errors.append(f"{content.get('ename')}: {content.get('evalue')}\n{trace[-3000:]}")
 
@@ -245,9 +251,9 @@ def _new_tab(browser: object) -> tuple[object, object]:
     """(context, page): a fresh tab; JS errors in `page.js_errors`, kernel errors in `page.kernel_errors`."""
     context = browser.new_context(viewport=VIEWPORT)
     pg = context.new_page()
-    pg.js_errors, pg.kernel_errors = [], []
+    pg.js_errors, pg.kernel_errors, pg.kernel_idle = [], [], []
     pg.on("pageerror", lambda exc: pg.js_errors.append(str(exc)))
-    pg.on("websocket", lambda ws: _watch_kernel_errors(ws, pg.kernel_errors))
+    pg.on("websocket", lambda ws: _watch_kernel_errors(ws, pg.kernel_errors, pg.kernel_idle))
     return context, pg
 
 
@@ -326,16 +332,18 @@ def _open_in_lab_tab(page: object, name: str, n_cells: int) -> None:
 
 
 def _run_cell(page: object, index: int, label: str) -> None:
-    """Run the cell at `index` (Ctrl+Enter on the selected cell) and wait until it has finished."""
+    """Run the cell at `index` (Ctrl+Enter on the selected cell) and wait until it has finished: its prompt
+    numbered and the kernel idle after it, so its errors are in `page.kernel_errors`."""
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
     cell.locator(".jp-InputPrompt").click()  # selects the cell, command mode
+    finished = len(page.kernel_idle)
     page.keyboard.press("Control+Enter")
     prompt = cell.locator(".jp-InputPrompt")
     deadline = time.monotonic() + CELL_TIMEOUT_S
     while time.monotonic() < deadline:
-        if re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
+        if len(page.kernel_idle) > finished and re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
             return
-        time.sleep(0.2)
+        page.wait_for_timeout(50)  # lets Playwright deliver the websocket's frames meanwhile
     pytest.fail(f"{label}: still running after {CELL_TIMEOUT_S:.0f} s")
 
 
@@ -430,9 +438,8 @@ def _run_all_cells(page: object, nb: nbformat.NotebookNode, path: Path) -> set[s
             continue
         label = f"{path.name} cell {i}"
         seen = len(page.kernel_errors)
-        _run_cell(page, i, label)
+        _run_cell(page, i, label)  # returns once the kernel is idle after it: its errors have arrived
         code_cells += 1
-        time.sleep(0.3)  # the error (iopub) and the reply (shell) travel on different channels
         errors = page.kernel_errors[seen:] + _widget_errors(page, i)
         if errors:
             cells.nth(i).scroll_into_view_if_needed()
@@ -473,7 +480,6 @@ def _run_parameters_cell(page: object, nb: nbformat.NotebookNode, path: Path) ->
     for i in range(index + 1):
         if nb.cells[i].cell_type == "code":
             _run_cell(page, i, f"{path.name} cell {i}")
-    time.sleep(0.3)
     assert not page.kernel_errors[seen:], (
         f"{path.name}: the set-up, parameters or setup cell failed: {page.kernel_errors[seen:]}"
     )
