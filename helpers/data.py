@@ -51,7 +51,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from helpers import corpus
-from helpers.compat import optional_import
 from helpers.corpus import HUB_DATASET
 
 __all__ = ["SOURCES", "PAD_MODES", "TextExamples", "TextSplits", "load_text_classification",
@@ -144,20 +143,64 @@ def stratified_split(labels: Sequence[int], val_frac: float = 0.1, test_frac: fl
                      seed: int = 0) -> tuple[list[int], list[int], list[int]]:
     """Indices of a stratified train/validation/test split; the same `seed` gives the same split
     (lesson 08)."""
-    train_test_split = optional_import("sklearn.model_selection", "a stratified split").train_test_split
-
     if not (0 <= val_frac < 1 and 0 < test_frac < 1 and val_frac + test_frac < 1):
         raise ValueError(f"need 0 <= val_frac, 0 < test_frac and val_frac + test_frac < 1; "
                          f"got val_frac={val_frac}, test_frac={test_frac}")
     y = np.asarray(labels)
     idx = np.arange(len(y))
-    rest, test = train_test_split(idx, test_size=test_frac, stratify=y, random_state=seed)
+    n_test = math.ceil(test_frac * len(y))
+    rest, test = _stratified_draw(y, len(y) - n_test, n_test, seed)
+    rest, test = idx[rest], idx[test]
     if val_frac == 0:
         return sorted(rest.tolist()), [], sorted(test.tolist())
     # val_frac is of the whole; of what is left after the test split it is val_frac / (1 - test_frac)
-    train, val = train_test_split(rest, test_size=val_frac / (1 - test_frac), stratify=y[rest],
-                                  random_state=seed)
+    n_val = math.ceil(val_frac / (1 - test_frac) * len(rest))
+    train, val = _stratified_draw(y[rest], len(rest) - n_val, n_val, seed)
+    train, val = rest[train], rest[val]
     return sorted(train.tolist()), sorted(val.tolist()), sorted(test.tolist())
+
+
+def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """How many of `draws` to take from each class: proportional to `counts`, floored, the rest given to the
+    largest remainders, ties drawn at random (scikit-learn's `_approximate_mode`)."""
+    continuous = counts / counts.sum() * draws
+    floored = np.floor(continuous)
+    need = int(draws - floored.sum())
+    if need > 0:
+        remainder = continuous - floored
+        for value in np.sort(np.unique(remainder))[::-1]:
+            (tied,) = np.where(remainder == value)
+            now = min(len(tied), need)
+            floored[rng.choice(tied, size=now, replace=False)] += 1
+            need -= now
+            if need == 0:
+                break
+    return floored.astype(int)
+
+
+def _stratified_draw(y: np.ndarray, n_train: int, n_test: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train positions, test positions) of `y`, each class in proportion: the draw of scikit-learn's
+    `train_test_split(..., stratify=y, random_state=seed)` (StratifiedShuffleSplit), the same indices in the
+    same order (tests/test_data.py compares them), without importing scikit-learn (1-2 s per process)."""
+    classes, y_indices = np.unique(y, return_inverse=True)
+    counts = np.bincount(y_indices)
+    if counts.min() < 2:
+        raise ValueError(f"a stratified split needs at least 2 examples of each class; the least populated "
+                         f"class has {counts.min()}")
+    if n_train < len(classes) or n_test < len(classes):
+        raise ValueError(f"a stratified split of {len(classes)} classes needs at least that many examples "
+                         f"on each side; got {n_train} and {n_test}")
+    by_class = np.split(np.argsort(y_indices, kind="mergesort"), np.cumsum(counts)[:-1])
+    rng = np.random.RandomState(seed)
+    take_train = _approximate_mode(counts, n_train, rng)
+    take_test = _approximate_mode(counts - take_train, n_test, rng)
+    train: list[int] = []
+    test: list[int] = []
+    for members, a, b in zip(by_class, take_train, take_test, strict=True):
+        drawn = members.take(rng.permutation(len(members)), mode="clip")
+        train.extend(drawn[:a])
+        test.extend(drawn[a:a + b])
+    return rng.permutation(train), rng.permutation(test)
 
 
 def _read_source(source: str, csv_path: str | os.PathLike | None,
@@ -195,10 +238,7 @@ def _subsample(texts: list[str], labels: list[int], n_classes: int, max_examples
                          f"split three ways; use at least {n_classes * 3}")
     if max_examples >= len(texts):
         return texts, labels
-    train_test_split = optional_import("sklearn.model_selection", "a stratified split").train_test_split
-
-    keep, _ = train_test_split(np.arange(len(texts)), train_size=max_examples,
-                               stratify=np.asarray(labels), random_state=seed)
+    keep, _ = _stratified_draw(np.asarray(labels), max_examples, len(texts) - max_examples, seed)
     keep = sorted(keep.tolist())
     return [texts[i] for i in keep], [labels[i] for i in keep]
 

@@ -79,6 +79,51 @@ def test_stratified_split_indices_cover_everything_once():
         stratified_split(labels, 0.6, 0.5)
 
 
+def test_the_stratified_draw_is_scikit_learns_without_importing_it():
+    """helpers.data draws its splits as scikit-learn's train_test_split(stratify=...) does, index for index
+    and in the same order (the course's recorded results rest on its split), without importing it: uneven
+    classes, ties among the remainders, both sizes given as fractions or counts, many seeds."""
+    import numpy as np
+
+    train_test_split = pytest.importorskip("sklearn.model_selection").train_test_split
+    rng = np.random.default_rng()  # new labels every run; the seed is in the message
+    for case in range(40):
+        n_classes = int(rng.integers(2, 7))
+        shares = rng.dirichlet([1] * n_classes)
+        y = rng.choice(n_classes, size=int(rng.integers(4 * n_classes, 400)), p=shares)
+        y = np.concatenate([y, np.repeat(np.arange(n_classes), 3)])  # every class at least 3 times
+        seed, test_frac = int(rng.integers(0, 2**31)), float(rng.choice([0.1, 0.15, 0.2, 0.25, 1 / 3]))
+        n_test = int(np.ceil(test_frac * len(y)))
+        want = train_test_split(np.arange(len(y)), test_size=test_frac, stratify=y, random_state=seed)
+        got = data._stratified_draw(y, len(y) - n_test, n_test, seed)
+        assert [g.tolist() for g in got] == [w.tolist() for w in want], (case, seed, test_frac, y.tolist())
+        n_train = int(rng.integers(n_classes, len(y) - n_classes))
+        want = train_test_split(np.arange(len(y)), train_size=n_train, stratify=y, random_state=seed)
+        got = data._stratified_draw(y, n_train, len(y) - n_train, seed)
+        assert [g.tolist() for g in got] == [w.tolist() for w in want], (case, seed, n_train, y.tolist())
+    with pytest.raises(ValueError, match="at least 2 examples of each class"):
+        data._stratified_draw(np.array([0, 0, 0, 1]), 2, 2, 0)
+
+
+# sha256 of the split articles' texts (train, val, test), drawn with scikit-learn before the course drew
+# them itself: (seed, max_examples) -> its first 16 hex digits
+SPLIT_DIGESTS = {(0, None): "957a06102ef7fe17", (1, None): "03a773268822aac2", (0, 200): "1bff9820a402a711"}
+
+
+def test_the_course_split_is_the_one_scikit_learn_drew():
+    """The bundled corpus's splits (seed 0 is every lesson's; a --max-examples subset) hold the same articles
+    as when scikit-learn drew them: the recorded results rest on them."""
+    import hashlib
+
+    for (seed, most), want in SPLIT_DIGESTS.items():
+        s = load_text_classification("bundled", seed=seed, max_examples=most, verbose=False)
+        h = hashlib.sha256()
+        for part in (s.train, s.val, s.test):
+            h.update("\x1e".join(part.texts).encode())
+            h.update(b"\x1d")
+        assert h.hexdigest()[:16] == want, (seed, most)
+
+
 def test_csv_good_wrong_columns_and_empty(tmp_path):
     good = tmp_path / "good.csv"
     good.write_text("text,label\nhello world,pos\n\"a, b\",neg\nmore,pos\n", encoding="utf-8")
