@@ -126,8 +126,8 @@ if [ "$have" = "$tag $VERSION" ] || { [ "$tag" = cpu ] && [ "$kind" = cpu ]; } \
   exit 0
 fi
 echo "torch: installing the $tag build of torch $VERSION: $why"
-# pip byte-compiles what it installs one file at a time (torch and its dependencies: about 30 s on two
-# cores); --no-compile, then compileall on every core below, leaves the same .pyc files in half the time
+# --no-compile: pip byte-compiles one file at a time (torch and its dependencies: about 30 s on two cores);
+# `make setup` byte-compiles everything on every core afterwards (the Makefile), Python on first import otherwise
 if [ "$tag" = cpu ]; then
   # The CPU wheel index keeps a CPU box from downloading the multi-GB CUDA build; if it cannot be
   # reached (an offline mirror), the default index is tried next.
@@ -137,8 +137,4 @@ elif [ "$tag" = default ]; then
   run "$PY" -m pip install --quiet --no-compile "torch==$VERSION"
 else
   run "$PY" -m pip install --quiet --no-compile "torch==$VERSION" --index-url "$INDEX/$tag"
-fi
-if [ "$DRY_RUN" = 0 ]; then  # a file that does not compile is skipped, as pip skips it
-  "$PY" -m compileall -q -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')" \
-    >/dev/null 2>&1 || true
 fi
