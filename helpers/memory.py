@@ -470,12 +470,12 @@ def _optimizer(name: str, params: list[nn.Parameter], fused: bool) -> torch.opti
 def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32", optimizer: str = "adamw",
                          fused: bool = True) -> MemoryEstimate:
     """The memory of one training step of any nn.Module on `batch` (a dict, or an (x, y) pair), from a dry
-    run on fake tensors: the model copied with fake parameters, two steps (the first makes the optimizer
-    state), the second tracked by torch's MemTracker; nothing is allocated, so full sizes run on a laptop
-    (lesson 03). `model(**batch)` must return `.loss` (wrap your own with helpers.adapt.as_course_model).
-    Terms at the peak: parameters (and buffers), optimizer state, activations, temporaries; gradients are
-    the parameters' size (created during the backward); the peak includes the batch itself.
-    `DRY_RUN_ASSUMES` says what it takes for granted."""
+    run on fake tensors: the model copied with fake parameters, the optimizer's state made (a step on zero
+    gradients), then one step tracked by torch's MemTracker; nothing is allocated, so full sizes run on a
+    laptop (lesson 03). `model(**batch)` must return `.loss` (wrap your own with
+    helpers.adapt.as_course_model). Terms at the peak: parameters (and buffers), optimizer state,
+    activations, temporaries; gradients are the parameters' size (created during the backward); the peak
+    includes the batch itself. `DRY_RUN_ASSUMES` says what it takes for granted."""
     from helpers.adapt import as_batch, loss_of, takes_course_batches
     from helpers.precision import autocast_context
 
@@ -507,8 +507,10 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
             loss.backward()
             opt.step()
 
-        step()  # the optimizer's state appears here
-        peak = compat.tracked_peak(step, fake, opt)
+        for p in params:  # the optimizer's state appears at its first step: make it without a pass
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        peak = compat.tracked_peak(step, fake, opt)  # a step as the second of a run: the state held
     inputs = tensor_bytes([v for v in host.values() if isinstance(v, torch.Tensor)])
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     rows, width = (int(ids.shape[0]), int(ids.shape[-1]) if ids.dim() > 1 else 1)
