@@ -20,9 +20,10 @@ What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to
 It is also the one place that reads torch's private attributes (`_orig_mod`, a GradScaler's `_scale`,
 `torch.autograd._profiler_enabled`, the CUDA allocator's `_record_memory_history`, FakeTensorMode and
 MemTracker (`torch._subclasses`, `torch.distributed._tools`), an op's `_schema`, the
-dispatch mode of `torch.utils._python_dispatch`, `torch._dynamo.explain`): they can change in any
-release, so each has one reader here (a test greps helpers/, scripts/ and benchmarks/ for others). Being the
-one home of all of these, it runs to about 400 lines, one section per subject.
+dispatch mode of `torch.utils._python_dispatch`, `torch._dynamo.explain`) and Python's exit handlers
+(`atexit._run_exitfuncs`, for `exit_now`): they can change in any release, so each has one reader here (a
+test greps helpers/, scripts/ and benchmarks/ for others). Being the one home of all of these, it runs to
+about 400 lines, one section per subject.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import copy
 import functools
 import importlib.metadata
 import os
+import sys
 import warnings
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 from torch import nn
@@ -549,3 +551,19 @@ def explain_graphs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return _dynamo.explain(fn)(*args, **kwargs)
     finally:
         _dynamo.reset()
+
+
+# --- ending a launched process ------------------------------------------------------------------------------
+
+def exit_now(code: int = 0) -> NoReturn:
+    """End a worker process whose work is written: the exit handlers run (logging, tqdm, child processes),
+    then the process leaves without the interpreter freeing every module's objects one by one, which the
+    operating system does at once: 1-2 s of every torchrun launch on a 2-core CPU (lessons 07, 08)."""
+    import atexit
+    import logging
+
+    atexit._run_exitfuncs()  # what a normal exit runs first (private, in CPython for years)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Mapping, NoReturn, Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ from torch import nn
 
 from helpers.device import get_device
 
-__all__ = ["DistEnv", "backend_for", "setup", "teardown", "exit_now", "apply_ddp", "apply_fsdp", "grad_sync",
+__all__ = ["DistEnv", "backend_for", "setup", "teardown", "apply_ddp", "apply_fsdp", "grad_sync",
            "is_main", "print0", "get_logger", "free_port", "torchrun_command", "launch", "LaunchResult",
            "LaunchError", "RANK_PREFIX", "Overlap", "comm_overlap", "is_sharded"]
 
@@ -142,19 +142,6 @@ def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def exit_now(code: int = 0) -> NoReturn:
-    """End a worker process whose work is written: the exit handlers run (logging, tqdm, child processes),
-    then the process leaves without the interpreter freeing every module's objects one by one, which the
-    operating system does at once: 1-2 s of every torchrun launch on a 2-core CPU (lessons 07, 08)."""
-    import atexit
-
-    atexit._run_exitfuncs()  # what a normal exit runs first (a private name; CPython has had it for years)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 # --- parallelism applied to an unchanged model (as torchtitan does) -----------------------------------

@@ -183,7 +183,7 @@ def test_exit_now_keeps_what_a_normal_exit_keeps(tmp_path: Path) -> None:
     marker = tmp_path / "atexit.txt"
     code = textwrap.dedent(f"""
         import atexit, logging, pathlib, sys
-        from helpers.distributed import exit_now
+        from helpers.compat import exit_now
         atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text("ran"))
         logging.basicConfig(stream=sys.stderr, level=logging.INFO)
         sys.stdout = open(sys.stdout.fileno(), "w", buffering=1 << 16, closefd=False)  # held until a flush

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from helpers.compat import exit_now
 from helpers.data import load_text_classification, padding_fraction, tokenize
-from helpers.distributed import exit_now, setup, teardown
+from helpers.distributed import setup, teardown
 from helpers.evaluation import evaluate
 from helpers.flops import executed_flops, mfu
 from helpers.models import load_bert

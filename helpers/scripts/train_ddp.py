@@ -52,12 +52,12 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from helpers.checkpoint import is_due, resume_latest, save_step
+from helpers.compat import exit_now
 from helpers.distributed import (
     DistEnv,
     apply_ddp,
     apply_fsdp,
     comm_overlap,
-    exit_now,
     print0,
     setup,
     teardown,
