@@ -556,14 +556,13 @@ def explain_graphs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 # --- ending a launched process ------------------------------------------------------------------------------
 
 def exit_now(code: int = 0) -> NoReturn:
-    """End a worker process whose work is written: the exit handlers run (logging, tqdm, child processes),
-    then the process leaves without the interpreter freeing every module's objects one by one, which the
-    operating system does at once: 1-2 s of every torchrun launch on a 2-core CPU (lessons 07, 08)."""
+    """End a worker process whose work is written: the exit handlers run (logging's flush, child processes'
+    clean-up), stdout and stderr are flushed, then the process leaves without the interpreter freeing every
+    module's objects one by one, which the operating system does at once: 1-2 s of every torchrun launch on
+    a 2-core CPU (lessons 07, 08)."""
     import atexit
-    import logging
 
     atexit._run_exitfuncs()  # what a normal exit runs first (private, in CPython for years)
-    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -40,9 +40,9 @@ from torch import nn
 
 from helpers.device import get_device
 
-__all__ = ["DistEnv", "backend_for", "setup", "teardown", "apply_ddp", "apply_fsdp", "grad_sync",
-           "is_main", "print0", "get_logger", "free_port", "torchrun_command", "launch", "LaunchResult",
-           "LaunchError", "RANK_PREFIX", "Overlap", "comm_overlap", "is_sharded"]
+__all__ = ["DistEnv", "backend_for", "setup", "teardown", "apply_ddp", "apply_fsdp", "grad_sync", "is_main",
+           "print0", "get_logger", "free_port", "torchrun_command", "launch", "LaunchResult", "LaunchError",
+           "RANK_PREFIX", "Overlap", "comm_overlap", "is_sharded"]
 
 RANK_PREFIX = "[rank{rank}]:"  # how `launch` prefixes each line a worker prints (its global rank)
 _PREFIX_RE = re.compile(r"^\[rank(\d+)\]:")

@@ -4,6 +4,11 @@ old sets run under `make test-matrix`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
@@ -185,3 +190,24 @@ def test_triton_below_3_4_is_refused_for_gpus_before_sm80(monkeypatch):
     monkeypatch.setattr(compat, "version_of", lambda name: "3.4.0")
     assert compat.triton_compiles_for((7, 5)) == (True, "")
     assert configs.gpu_refusal((7, 5), torch.float16, 128) is None
+
+
+def test_exit_now_keeps_what_a_normal_exit_keeps(tmp_path: Path) -> None:
+    """exit_now (the last line of the launched scripts) runs the exit handlers and flushes what the process
+    printed or logged before it leaves, with the code it was given."""
+    marker = tmp_path / "atexit.txt"
+    code = textwrap.dedent(f"""
+        import atexit, logging, pathlib, sys
+        from helpers.compat import exit_now
+        atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text("ran"))
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+        sys.stdout = open(sys.stdout.fileno(), "w", buffering=1 << 16, closefd=False)  # held until a flush
+        print("printed, unflushed", end="")
+        logging.getLogger("course").info("logged")
+        exit_now(3)
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(compat.__file__).resolve().parents[1])
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "printed, unflushed" and "logged" in done.stderr
+    assert marker.read_text() == "ran"

@@ -175,29 +175,6 @@ def test_launch_workers_import_this_helpers_package(tmp_path: Path) -> None:
                                     str(Path(hd.__file__).with_name("__init__.py"))]
 
 
-def test_exit_now_keeps_what_a_normal_exit_keeps(tmp_path: Path) -> None:
-    """exit_now (the last line of the launched scripts) runs the exit handlers and flushes what the process
-    printed or logged before it leaves, with the code it was given."""
-    import subprocess
-
-    marker = tmp_path / "atexit.txt"
-    code = textwrap.dedent(f"""
-        import atexit, logging, pathlib, sys
-        from helpers.compat import exit_now
-        atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text("ran"))
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO)
-        sys.stdout = open(sys.stdout.fileno(), "w", buffering=1 << 16, closefd=False)  # held until a flush
-        print("printed, unflushed", end="")
-        logging.getLogger("course").info("logged")
-        exit_now(3)
-        """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(hd.__file__).resolve().parents[1])
-    assert done.returncode == 3, done.stderr
-    assert done.stdout == "printed, unflushed" and "logged" in done.stderr
-    assert marker.read_text() == "ran"
-
-
 def test_launch_timeout_raises_and_leaves_no_process(tmp_path: Path) -> None:
     script = tmp_path / "sleep.py"
     script.write_text(SLEEPING)
