@@ -75,9 +75,9 @@ lint: $(STAMP)
 
 # How notebooks are executed headless. nbclient alone sometimes never returns from a cell, its kernel idle (a
 # missed wake-up of its socket poll, jupyter/nbclient#312; seen here at lesson 01's attention explorer in 3 of
-# 4 runs): helpers/nbrun.py's kernel manager polls in one-second slices, so a missed wake-up costs a second. A
+# 4 runs): course/nbrun.py's kernel manager polls in one-second slices, so a missed wake-up costs a second. A
 # cell may still run an hour (as site/build.py allows), not forever. tests/test_nbrun.py runs this line.
-EXECUTE := --execute --ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.kernel_manager_class=helpers.nbrun.CourseKernelManager
+EXECUTE := --execute --ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.kernel_manager_class=course.nbrun.CourseKernelManager
 course: $(STAMP)
 	mkdir -p build
 	$(PY) -m jupyter nbconvert --to notebook $(EXECUTE) --output-dir build notebooks/*.ipynb

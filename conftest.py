@@ -136,7 +136,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> object:
             "write `pytestmark = pytest.mark.cuda` at the top of the module instead of skipping it"))
 
 
-# --- checked exercises (helpers.exercises) ---------------------------------------------------------------
+# --- checked exercises (course.exercises) ---------------------------------------------------------------
 
 EXERCISE_SOLUTIONS_ENV = "COURSE_EXERCISE_SOLUTIONS"  # "0": run the notebooks as they are, answers and all
 
@@ -144,14 +144,14 @@ EXERCISE_SOLUTIONS_ENV = "COURSE_EXERCISE_SOLUTIONS"  # "0": run the notebooks a
 def _exercise_solution_source(exercise_id: str, check_source: str) -> str:
     """The cell run after an exercise's check cell: the skeleton said "not attempted"; the solution; the
     check again, strict."""
-    from helpers.exercises import EXERCISES
+    from course.exercises import EXERCISES
 
     ex = EXERCISES[exercise_id]
     return "\n".join([
         "from helpers import exercises as _exercises",
         "",
         f"_exercises.expect_status({exercise_id!r}, 'not attempted')  # the committed skeleton, in context",
-        f"# --- helpers/solutions/{ex.solution}",
+        f"# --- course/solutions/{ex.solution}",
         ex.solution_path.read_text(encoding="utf-8"),
         "# --- the check cell again, strict: 'not attempted' would be an error",
         "with _exercises.strict_mode():",
@@ -167,7 +167,7 @@ def _add_exercise_solutions(items: list[pytest.Item]) -> None:
     code in place. Running every notebook a second time with the solutions filled in would double the
     notebooks' share of CI (most of its 20 minutes). So the one nbval run does all three: the check cell runs
     on the committed skeleton as a learner's first Run All does; then the extra cell asserts that it said
-    "not attempted", runs the solution file (helpers/solutions/<lesson>/<name>.py, which defines the
+    "not attempted", runs the solution file (course/solutions/<lesson>/<name>.py, which defines the
     skeleton's name), and runs the check cell's code again in strict mode, where "not attempted" is an error
     too. Every later cell then runs with the solution's definitions. The cost is one more check per exercise
     (about a second; one torchrun launch for lesson 07). COURSE_EXERCISE_SOLUTIONS=0 turns it off (to run a

@@ -26,7 +26,8 @@ __all__ = ["RELEASE", "DISTRIBUTION", "NEEDS_TRITON", "CourseSetupError", "check
 RELEASE = "main"  # the release these files belong to (scripts/course_release.py writes it)
 DISTRIBUTION = "fast-transformers-course"
 NEEDS_TRITON = ("01_attention",)  # lessons that run Triton kernels (on a CPU, through its interpreter)
-HERE = Path(__file__).resolve().parent  # where the course's helpers/ sits beside this file
+HERE = Path(__file__).resolve().parent  # where the course's helpers/ and course/ sit beside this file
+PACKAGES = ("helpers", "course")  # the library and the course's machinery
 
 
 class CourseSetupError(RuntimeError):
@@ -34,24 +35,27 @@ class CourseSetupError(RuntimeError):
 
 
 def helpers_problem() -> str | None:
-    """Why `import helpers` would not give the course's package here, or None when it would (every lesson)."""
-    expected = HERE / "helpers" / "__init__.py"
-    loaded = sys.modules.get("helpers")
-    if loaded is not None:  # imported already in this kernel
-        origin = getattr(loaded, "__file__", None)
-    else:
-        spec = importlib.util.find_spec("helpers")
-        origin = spec.origin if spec is not None else None
-    if origin is None:
-        return (f"the course's `helpers` package is missing beside {HERE}: reinstall the course "
-                "(run this cell again after Kernel > Restart)")
-    if Path(origin).resolve() == expected:
-        return None
-    mine = Path(origin)
-    what = mine.parent if mine.name == "__init__.py" else mine
-    return (f"`import helpers` finds {what}, not the course's {expected.parent}: a file or folder named "
-            f"`helpers` of yours hides it. Rename yours (for example to my_helpers.py), then Kernel > "
-            "Restart and run this cell again")
+    """Why `import helpers` or `import course` would not give the course's packages here, or None when both
+    would (every lesson)."""
+    for package in PACKAGES:
+        expected = HERE / package / "__init__.py"
+        loaded = sys.modules.get(package)
+        if loaded is not None:  # imported already in this kernel
+            origin = getattr(loaded, "__file__", None)
+        else:
+            spec = importlib.util.find_spec(package)
+            origin = spec.origin if spec is not None else None
+        if origin is None:
+            return (f"the course's `{package}` package is missing beside {HERE}: reinstall the course "
+                    "(run this cell again after Kernel > Restart)")
+        if Path(origin).resolve() == expected:
+            continue
+        mine = Path(origin)
+        what = mine.parent if mine.name == "__init__.py" else mine
+        return (f"`import {package}` finds {what}, not the course's {expected.parent}: a file or folder named "
+                f"`{package}` of yours hides it. Rename yours (for example to my_{package}.py), then Kernel > "
+                "Restart and run this cell again")
+    return None
 
 
 def _triton_requirement() -> str:

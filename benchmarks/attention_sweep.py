@@ -3,8 +3,9 @@
 Implementations: the naive formula (materialises the (N, N) scores), each SDPA backend (math, flash,
 memory-efficient, cuDNN; one the device lacks is reported with torch's reason, not crashed on),
 FlexAttention (compiled; its compile time is reported apart; not run below sm_80, where it is reported
-broken: `helpers.attention.flex_refusal`) and the course's Triton kernel (`helpers.kernels.flash_attention`,
-with the tile configurations planned for this GPU's architecture, `helpers.kernels.configs`, which the
+broken: `helpers.model.attention.flex_refusal`) and the course's Triton kernel
+(`helpers.model.kernels.flash_attention`,
+with the tile configurations planned for this GPU's architecture, `helpers.model.kernels.configs`, which the
 results record; on a CPU it runs through Triton's interpreter, so it is checked there but not timed:
 interpreter times say nothing about the kernel).
 
@@ -16,11 +17,11 @@ N=4096 of the --gpu-target sizes. The GPU's precision follows its capability: bf
 
 Correct before fast: at every length each implementation is first compared with the math backend in
 fp32 on a (1, 2, N, d) slice of the same inputs (tolerance per dtype in TOLERANCE); one that disagrees
-is reported as wrong and not timed. Times are medians after warm-up (`helpers.timing.benchmark`);
-peak memory is measured in a separate call (`helpers.memory.peak_increase_bytes`).
+is reported as wrong and not timed. Times are medians after warm-up (`helpers.core.timing.benchmark`);
+peak memory is measured in a separate call (`helpers.measure.memory.peak_increase_bytes`).
 
 Writes `attention_sweep-<slug>[-causal].json`, `.md` and `.png` into `--out` (default
-benchmarks/results) through `helpers.results`, stamped with the device, versions and date: the JSON and
+benchmarks/results) through `course.results`, stamped with the device, versions and date: the JSON and
 Markdown after every case (a run stopped from outside keeps what it measured), the figure after each pass.
 At every length the Triton kernel runs first (with --gpu-target, the target length first as well).
 `--time-budget` bounds a run: no case starts after it, except Triton's and SDPA's at the target length
@@ -44,11 +45,11 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.device import get_device
-from helpers.precision import PRECISION_DTYPE
-from helpers.results import stamp
-from helpers.results import write_results as write_files
-from helpers.roofline import measure_roofline, peak_flops
+from course.results import stamp
+from course.results import write_results as write_files
+from helpers.core.device import get_device
+from helpers.core.precision import PRECISION_DTYPE
+from helpers.measure.roofline import measure_roofline, peak_flops
 
 IMPLS = ("naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "triton")
 # |out - ref| <= tol + tol * |ref| against the fp32 math backend, per input precision
@@ -71,7 +72,7 @@ def case_bytes(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int
     """Estimated peak memory of one case on a GPU with `total_memory` bytes: q, k, v and the output, the
     check against the fp32 math backend (on the full inputs or a (1, 2, N, d) slice, as `run_case` picks),
     and the implementation's own buffers."""
-    from helpers.attention import naive_attention_bytes
+    from helpers.model.attention import naive_attention_bytes
 
     size = PRECISION_DTYPE[dtype].itemsize
     tensors = 4 * batch * heads * seq_len * head_dim * size
@@ -91,7 +92,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def _attention_fn(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   causal: bool) -> Callable[[], torch.Tensor]:
     """A no-argument call of one implementation on these inputs (FlexAttention's block mask built here)."""
-    from helpers.attention import flex_attention_fn, naive_attention, sdpa_attention
+    from helpers.model.attention import flex_attention_fn, naive_attention, sdpa_attention
 
     if impl == "naive":
         return lambda: naive_attention(q, k, v, causal=causal)
@@ -108,7 +109,7 @@ def _attention_fn(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         flex = flex_attention_fn()
         return lambda: flex(q, k, v, block_mask=block_mask)
     if impl == "triton":
-        from helpers.kernels import flash_attention
+        from helpers.model.kernels import flash_attention
 
         return lambda: flash_attention(q, k, v, causal=causal)
     raise ValueError(f"unknown implementation {impl!r}: use some of {IMPLS}")
@@ -122,10 +123,10 @@ def _first_line(err: BaseException) -> str:
 def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, dtype: str, causal: bool,
              device: torch.device, min_run_time: float) -> dict[str, Any]:
     """Check one implementation at one length against the math reference, then time it and measure memory."""
-    from helpers.attention import attention_flops, sdpa_attention
-    from helpers.kernels import uses_interpreter
-    from helpers.memory import peak_increase_bytes
-    from helpers.timing import benchmark, time_once
+    from helpers.core.timing import benchmark, time_once
+    from helpers.measure.memory import peak_increase_bytes
+    from helpers.model.attention import attention_flops, sdpa_attention
+    from helpers.model.kernels import uses_interpreter
 
     row: dict[str, Any] = dict(impl=impl, seq_len=seq_len, status="ok", reason="", median_s=None, iqr_s=None,
                                peak_bytes=None, tflops=None, max_abs_err=None, first_call_s=None)
@@ -138,7 +139,7 @@ def run_case(impl: str, seq_len: int, *, batch: int, heads: int, head_dim: int, 
                                                 f"{free / 2**30:.1f} GiB free")
             return row
         if impl == "flex":
-            from helpers.attention import flex_refusal
+            from helpers.model.attention import flex_refusal
 
             if why := flex_refusal(device):
                 row.update(status="unavailable", reason=why)
@@ -243,7 +244,7 @@ def sweep(seq_lens: list[int], *, impls: list[str], batch: int, heads: int, head
 def triton_tiles(device: torch.device, head_dim: int) -> dict[str, list[str]] | str:
     """The tile configurations the Triton kernel launches with on this GPU at `head_dim`, per kernel (the
     forward autotunes over its list), or why there are none."""
-    from helpers.kernels import configs
+    from helpers.model.kernels import configs
 
     if device.type != "cuda":
         return "no GPU: the interpreter runs 16x16 tiles"
@@ -354,7 +355,7 @@ def write_results(result: dict[str, Any], out_dir: Path, figure: bool = True) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from helpers.plots import attention_sweep_chart
+    from course.plots import attention_sweep_chart
 
     seq = result["config"]["seq_lens"]
     impls = _impl_order(result["rows"])
@@ -376,7 +377,8 @@ def write_results(result: dict[str, Any], out_dir: Path, figure: bool = True) ->
 
 
 def measure_peaks(device: torch.device, dtype: str) -> dict[str, Any]:
-    """This run's measured matmul FLOP/s for `dtype`, and the datasheet's (`helpers.roofline.peak_flops`)."""
+    """This run's measured matmul FLOP/s for `dtype`, and the datasheet's
+    (`helpers.measure.roofline.peak_flops`)."""
     measured = measure_roofline(device, precisions=[dtype]).matmul_flops[dtype]
     sheet = peak_flops(device, dtype)
     return {"dtype": dtype, "measured_flops": measured, "datasheet_flops": sheet.flops if sheet else None,

@@ -2,10 +2,10 @@
 
 Two arms fine-tune the same pretrained checkpoint (for a seed, the same weights and the same new classifier
 head) on the same train/val/test split at the same max_length for the same epochs, in one process with the
-same threads, and are scored by the same function (`helpers.evaluation.evaluate`):
+same threads, and are scored by the same function (`helpers.train.evaluation.evaluate`):
 
-- **course**: `helpers/scripts/finetune_bert.py` with its defaults, through its own `finetune` function (what
-  `python helpers/scripts/finetune_bert.py --seed S` runs);
+- **course**: `course/scripts/finetune_bert.py` with its defaults, through its own `finetune` function (what
+  `python course/scripts/finetune_bert.py --seed S` runs);
 - **trainer**: `transformers.Trainer` with `TrainingArguments`' defaults except the output folder, the epochs,
   no saving, no reporting and the seed; given the tokenizer, it pads each batch to its longest with its
   default collator (`DataCollatorWithPadding`).
@@ -50,11 +50,11 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.data import padding_fraction
-from helpers.device import get_device
-from helpers.evaluation import evaluate
-from helpers.results import stamp, write_results
-from helpers.runspec import RunSpec
+from course.results import stamp, write_results
+from helpers.core.device import get_device
+from helpers.data.text import padding_fraction
+from helpers.train.evaluation import evaluate
+from helpers.train.runspec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("course", "trainer")
@@ -108,7 +108,7 @@ def pick(summary: dict[str, Any], runs: list[dict[str, Any]], key: str = "candid
 
 def round1_file(out: Path) -> dict[str, Any]:
     """Round 1's recorded result for this device (round 2 starts from it)."""
-    from helpers.results import slug
+    from course.results import slug
 
     path = out / f"capstone-vs-trainer-{slug(get_device('auto'))}-recipes-1.json"
     if not path.is_file():
@@ -117,8 +117,8 @@ def round1_file(out: Path) -> dict[str, Any]:
 
 
 def load_script() -> Any:
-    """helpers/scripts/finetune_bert.py, the course's fine-tuning script, as a module."""
-    from helpers.scripts import finetune_bert
+    """course/scripts/finetune_bert.py, the course's fine-tuning script, as a module."""
+    from course.scripts import finetune_bert
 
     return finetune_bert
 
@@ -314,7 +314,7 @@ def comparison_markdown(result: dict[str, Any]) -> str:
              f"Run: `{result['command']}`; {len(c['seeds'])} seeds, arms interleaved (course, trainer, "
              "course, ...). Same checkpoint and new head per seed, same split, same max_length, same "
              "threads, one evaluation function.", "",
-             f"- course (`helpers/scripts/finetune_bert.py` defaults): batch {cfg['batch_size']}, "
+             f"- course (`course/scripts/finetune_bert.py` defaults): batch {cfg['batch_size']}, "
              f"lr {cfg['lr']:g} "
              f"{cfg['lr_schedule']} (warm-up {cfg['warmup_frac']:g} of the steps), weight decay "
              f"{cfg['weight_decay']:g}, padding {spec['padding']}, attention {spec['attn']}, "

@@ -1,10 +1,11 @@
 """The speed ladder of lesson 08 as a benchmark: BERT training steps, one optimisation at a time.
 
-The published run over `helpers.ladder` (rungs, checks, timing, greedy selection: read its docstring) and
-`helpers.ladder_report` (rows, table, the why of each rung): `run_ladder` climbs on a BERT with random
+The published run over `helpers.train.ladder` (rungs, checks, timing, greedy selection: read its docstring)
+and
+`helpers.train.ladder_report` (rows, table, the why of each rung): `run_ladder` climbs on a BERT with random
 weights (speed does not depend on their values) and the BBC News corpus' token lengths (recorded quantiles
 where the corpus is not installed); `to_markdown` writes the result with its targets. Files
-`ladder-<device>.json/.md/.png` go into `--out` with helpers.results (stamped with device, versions, date,
+`ladder-<device>.json/.md/.png` go into `--out` with course.results (stamped with device, versions, date,
 threads and load); with `--greedy`, `ladder-<device>-greedy.*`. The files are written again after each
 rung (marked partial until the last), so a run stopped at a time limit keeps the rungs it finished.
 
@@ -14,8 +15,10 @@ rung (marked partial until the last), so a run stopped at a time limit keeps the
     python benchmarks/ladder.py --gpu-target --batch-size 8                   # the same on a 15 GB T4
 
 Out of memory: a stack that runs out of memory is reported with the memory it asked for and what the GPU
-held (`helpers.diagnosis.OOMReport`), in the files and in one line, and its memory is handed back. The rungs
-after it are measured where `helpers.ladder.climb` reports an out-of-memory rung as skipped; where it does not
+held (`helpers.core.diagnosis.OOMReport`), in the files and in one line, and its memory is handed back. The
+rungs
+after it are measured where `helpers.train.ladder.climb` reports an out-of-memory rung as skipped; where it
+does not
 (and for the fp32 baseline, which every rung is timed against) the run stops there, keeps what it finished,
 and exits with status 3, naming a smaller batch as the next try.
 """
@@ -34,16 +37,16 @@ import torch
 from torch import nn
 from transformers import BertForSequenceClassification
 
-from helpers.agreement import TOLERANCES
-from helpers.corpus import corpus_lengths
-from helpers.device import get_device
-from helpers.diagnosis import OOMReport
-from helpers.ladder import RULE, RUNGS, Rung, climb_stacks, sample_batches
-from helpers.ladder_report import ladder_table
-from helpers.models import MODEL_SIZES, bert_config
-from helpers.plots import ladder_chart
-from helpers.results import stamp, write_results
-from helpers.roofline import mfu_peak
+from course.plots import ladder_chart
+from course.results import stamp, write_results
+from helpers.core.device import get_device
+from helpers.core.diagnosis import OOMReport
+from helpers.data.corpus import corpus_lengths
+from helpers.measure.agreement import TOLERANCES
+from helpers.measure.roofline import mfu_peak
+from helpers.model.models import MODEL_SIZES, bert_config
+from helpers.train.ladder import RULE, RUNGS, Rung, climb_stacks, sample_batches
+from helpers.train.ladder_report import ladder_table
 
 TARGETS = {"speedup": 12.0, "mfu": 0.50}  # BERT-base, seq 512, H100/H200, whole stack vs fp32 eager
 
@@ -139,11 +142,11 @@ def to_markdown(result: Mapping[str, Any]) -> str:
 
 
 def _too_busy(result: Mapping[str, Any]) -> list[str]:
-    """The line naming the rungs the machine was too busy to judge (helpers.timing.busy), or none."""
+    """The line naming the rungs the machine was too busy to judge (helpers.core.timing.busy), or none."""
     if not result.get("too_busy"):
         return []
     leaves = " and your stack leaves them out" if result["mode"] == "greedy" else ""
-    return [f"**Too busy to judge:** {', '.join(result['too_busy'])} (helpers.timing.busy: their rounds "
+    return [f"**Too busy to judge:** {', '.join(result['too_busy'])} (helpers.core.timing.busy: their rounds "
             "disagreed by half or more, or other programs took a quarter or more of the CPUs while they were "
             f"timed): no verdict was drawn for them{leaves}. Rerun on a quiet machine."]
 

@@ -1,15 +1,15 @@
 """Mixed precision and torch.compile on a GPU: the measurements lessons 02-05 cannot make on a CPU.
 
 For each workload, every precision the device supports (fp32, tf32, fp16 + GradScaler, bf16) trains the
-same model from the same initial weights on the same batches with `helpers.train.train`; then bf16 is
+same model from the same initial weights on the same batches with `helpers.train.loop.train`; then bf16 is
 trained once more with each Transformer layer under `torch.compile` (regional compilation, lesson 05;
 first workload, on a GPU or with --compile). Reported per run:
 
 - median step time after the first step (CUDA events), tokens/s, and the speed-up over fp32;
 - peak memory (`torch.cuda.max_memory_allocated`) and its ratio to fp32's;
 - for the compiled run: the first step (compilation) apart, the steady speed-up over bf16 eager;
-- the training-memory estimate (`helpers.memory.estimate_training_memory`) for the small Transformer;
-- MFU against `helpers.roofline.peak_flops` (via `helpers.train`).
+- the training-memory estimate (`helpers.measure.memory.estimate_training_memory`) for the small Transformer;
+- MFU against `helpers.measure.roofline.peak_flops` (via `helpers.train.loop`).
 
 Workloads, in the order they run: `hf-bert`, Hugging Face's BertForSequenceClassification in BERT-base's
 shape with RANDOM weights (speed does not depend on the values; no download), batch 32 × 512 tokens; the
@@ -22,7 +22,8 @@ Correct before fast: every run must start from fp32's first loss within 2 % and 
 start) of fp32's last loss, or it is marked wrong and the script exits with status 1.
 
 A run that runs out of memory (BERT-base at batch 32 x 512 in fp32 does on a 15 GB T4) is reported with the
-memory it asked for and what the GPU held (`helpers.diagnosis.OOMReport`), its memory is handed back, and the
+memory it asked for and what the GPU held (`helpers.core.diagnosis.OOMReport`), its memory is handed back, and
+the
 next run goes on; the runs after an fp32 that did not fit have no baseline to be compared with.
 
 `--time-budget` bounds a run: a run (after the first workload's fp32 baseline) that would start after the
@@ -32,7 +33,7 @@ budget is spent is reported "not run", never guessed. The JSON and Markdown are 
     python benchmarks/mixed_precision_gpu.py            # on a CUDA GPU: writes benchmarks/results/
     python benchmarks/mixed_precision_gpu.py --smoke    # tiny sizes, runs anywhere (CPU too), writes build/
 
-Writes `mixed_precision-<slug>[-smoke].json`, `.md` and `.png` through `helpers.results`.
+Writes `mixed_precision-<slug>[-smoke].json`, `.md` and `.png` through `course.results`.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.device import get_device
-from helpers.diagnosis import OOMReport
-from helpers.precision import PRECISIONS, check_precision
-from helpers.results import stamp, write_results
+from course.results import stamp, write_results
+from helpers.core.device import get_device
+from helpers.core.diagnosis import OOMReport
+from helpers.core.precision import PRECISIONS, check_precision
 
 HERE = Path(__file__).resolve().parent
 TARGETS = dict(bf16_speedup=2.5, bf16_memory=0.60, compile_speedup=1.3)  # issue 11, for the first workload
@@ -88,13 +89,13 @@ def _build(spec: dict[str, Any]) -> torch.nn.Module:
         from transformers import BertConfig, BertForSequenceClassification
 
         return BertForSequenceClassification(BertConfig(**spec["model"], attn_implementation="sdpa"))
-    from helpers.models import SmallTransformer, TransformerConfig
+    from helpers.model.models import SmallTransformer, TransformerConfig
 
     return SmallTransformer(TransformerConfig(max_len=spec["seq"], **spec["model"]))
 
 
 def _batch_fn(spec: dict[str, Any]) -> Callable[[int, int], dict[str, torch.Tensor]]:
-    from helpers.synthetic import synthetic_batch_fn
+    from helpers.data.synthetic import synthetic_batch_fn
 
     vocab = spec["model"].get("vocab_size", 30522)
     tokens = synthetic_batch_fn(vocab, spec["batch"], spec["seq"], seed=0)
@@ -118,10 +119,10 @@ def _release(device: torch.device) -> None:
 def _run(name: str, spec: dict[str, Any], precision: str, device: torch.device, init: dict[str, torch.Tensor],
          *, compiled: bool = False) -> dict[str, Any]:
     """One training run from the weights `init`; a row of the results."""
-    from helpers.memory import estimate_training_memory
-    from helpers.models import TransformerConfig
-    from helpers.runspec import RunSpec
-    from helpers.train import TrainConfig, train
+    from helpers.measure.memory import estimate_training_memory
+    from helpers.model.models import TransformerConfig
+    from helpers.train.loop import TrainConfig, train
+    from helpers.train.runspec import RunSpec
 
     row: dict[str, Any] = dict(workload=name, precision=precision, compiled=compiled)
     try:
@@ -172,7 +173,7 @@ def run_workload(name: str, spec: dict[str, Any], device: torch.device, *, with_
     """Train `spec` in every precision the device can run (and compiled bf16); one row per run. Runs
     after fp32's that would start past `deadline` (a `time.monotonic()` value) are reported not run;
     `on_row(rows so far)` after each run, its comparisons filled in."""
-    from helpers.config import seed_everything
+    from helpers.core.seeding import seed_everything
 
     seed_everything(0)
     init = {k: v.clone() for k, v in _build(spec).state_dict().items()}
@@ -286,7 +287,7 @@ def _figure(rows: list[dict[str, Any]], workload: str) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
-    from helpers.plots import bar_chart
+    from course.plots import bar_chart
 
     times = {f"{r['precision']}{' compiled' if r['compiled'] else ''}": r["median_step_s"] * 1e3
              for r in rows if r["workload"] == workload and "skipped" not in r}

@@ -1,5 +1,5 @@
 """Write docs/gpus.md: what each GPU class gets in each lesson (sizes, precision, attention backend, what is
-skipped and why), from each lesson's set-up (helpers/lessons/) run under a faked GPU on this CPU
+skipped and why), from each lesson's set-up (course/lessons/) run under a faked GPU on this CPU
 (tests/lesson_sizes.py: the same decisions tests/test_gpu_matrix.py checks).
 
     python scripts/gpus_doc.py           # rewrite docs/gpus.md

@@ -3,12 +3,13 @@
     .venv/bin/python site/build.py --out build/site [--lessons 00,04] [--executed DIR] [--source DIR]
 
 Each lesson (notebooks/, or the folder --source names) is executed here first (nbclient with
-helpers.nbrun's kernel manager, this interpreter's kernel, the profile of $COURSE_PROFILE or the device's
+course.nbrun's kernel manager, this interpreter's kernel, the profile of $COURSE_PROFILE or the device's
 default, its outputs under <out>-outputs/), or taken from DIR when it holds `<lesson>.ipynb` executed with its
 `<lesson>.stamp.json` (tests/test_hosted.py writes both). A note under each lesson's title stamps the run:
-device, versions, date (helpers.results.stamp), profile, seconds, and how busy the machine was: the share of
-its CPUs other programs took while the lesson ran (helpers.timing.LoadProbe, less the lesson's own kernel),
-with a warning by the course's rule (helpers.timing.OTHERS_BUSY) when the page's timings came from a busy
+device, versions, date (course.results.stamp), profile, seconds, and how busy the machine was: the share of
+its CPUs other programs took while the lesson ran (helpers.core.timing.LoadProbe, less the lesson's own
+kernel),
+with a warning by the course's rule (helpers.core.timing.OTHERS_BUSY) when the page's timings came from a busy
 machine. Cells tagged `requires-cuda` (or `requires-multi-gpu`) are shown but not run without the GPUs they
 need, and say so. Then Sphinx builds the pages (site/conf.py: MyST-NB, sphinx-book-theme) into <out>/,
 lessons in order, index.html first. Widgets (the attention explorer) render from the state saved with the
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.timing import OTHERS_BUSY, CpuLoad, LoadProbe
+from helpers.core.timing import OTHERS_BUSY, CpuLoad, LoadProbe
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(__file__).resolve().parent
@@ -74,15 +75,15 @@ def execute(lesson: Path, work: Path, profile: str) -> tuple[nbformat.NotebookNo
     """Run `lesson` top to bottom here -> (executed notebook, its stamp)."""
     from nbclient import NotebookClient
 
-    from helpers.device import get_device
-    from helpers.nbrun import CourseKernelManager
-    from helpers.results import stamp
+    from course.nbrun import CourseKernelManager
+    from course.results import stamp
+    from helpers.core.device import get_device
 
     nb = for_this_machine(nbformat.read(lesson, as_version=4), gpus())
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "COURSE_PROFILE": profile, "COURSE_OUTPUT_DIR": str(work / "outputs")}
     start = time.perf_counter()
-    # CourseKernelManager: nbclient's own sometimes waits for ever at a widget cell (helpers/nbrun.py)
+    # CourseKernelManager: nbclient's own sometimes waits for ever at a widget cell (course/nbrun.py)
     client = NotebookClient(nb, timeout=3600, kernel_name="python3", kernel_manager_class=CourseKernelManager,
                             resources={"metadata": {"path": str(work)}})
     kernel_cpu_s = _children_cpu_s()
@@ -199,7 +200,7 @@ def page(nb: nbformat.NotebookNode, info: dict) -> nbformat.NotebookNode:
 def build(out: Path, lessons: list[str] | None = None, executed: Path | None = None,
           source: Path | None = None) -> list[Path]:
     """Execute (or take) the lessons, write their pages and the index, run Sphinx -> the lesson pages."""
-    from helpers.config import get_profile
+    from course.profile import get_profile
 
     profile = get_profile()
     src = out.parent / f"{out.name}-src"

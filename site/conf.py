@@ -16,10 +16,10 @@ html_static_path = ["_static"]
 html_css_files = ["course.css"]  # code at its full width (110 characters), prose at a reading width
 nb_execution_mode = "off"  # the pages hold the outputs of build.py's run on this machine
 nb_output_stderr = "remove"  # warnings and library logs (the profiler's) are not the lesson
-nb_render_markdown_format = "gfm"  # tables printed by the lessons (helpers.tables) are GitHub-flavoured
+nb_render_markdown_format = "gfm"  # tables printed by the lessons (helpers.core.tables) are GitHub-flavoured
 myst_enable_extensions = ["dollarmath"]
 exclude_patterns = ["**.ipynb_checkpoints"]
-# A lesson links to the course's files (../docs/claims.md, ../helpers/solutions/): those live in the
+# A lesson links to the course's files (../docs/claims.md, ../course/solutions/): those live in the
 # repository, not in the site; leave such links as they are instead of warning for each.
 suppress_warnings = ["myst.xref_missing", "myst.header", "misc.highlighting_failure"]
 # Widgets (lesson 01's attention explorer) are drawn by @jupyter-widgets/html-manager served from this site

@@ -391,7 +391,7 @@ def flash_forward(q, k, v, block_k=16):
 ''',
     "uses-course-code": '''
 import torch
-from helpers.attention import tiled_attention
+from helpers.model.attention import tiled_attention
 def flash_forward(q, k, v, block_k=16):
     o = tiled_attention(q, k, v, block_k=block_k)
     lse = torch.logsumexp(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, -1)
@@ -587,7 +587,7 @@ def largest_batch(step_fn, limit):
     return good
 ''',
     "uses-course-code": '''
-from helpers.memory import find_max_batch_size
+from helpers.measure.memory import find_max_batch_size
 
 
 def largest_batch(step_fn, limit):
@@ -1781,7 +1781,7 @@ def greedy_climb(baseline, rungs, time_side_by_side):
     return best, kept
 ''',
     "uses-course-code": '''
-from helpers import ladder
+from helpers.train import ladder
 
 
 def greedy_climb(baseline, rungs, time_side_by_side):
@@ -1824,7 +1824,7 @@ def greedy_climb(baseline, rungs, time_side_by_side):
 
 WRONG["08-new-rung"] = {
     "duplicate": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ bf16", "precision", "bf16", "1.5-2x on tensor cores")
 ''',
@@ -1832,34 +1832,34 @@ NEW_RUNG = ladder.Rung("+ bf16", "precision", "bf16", "1.5-2x on tensor cores")
 NEW_RUNG = ("+ activation checkpointing", "activation_checkpointing", True, "less memory")
 ''',
     "bad-value": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ fp8 precision", "precision", "fp8", "twice bf16 on Hopper")
 ''',
     "no-change": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ eager attention", "attn", "eager", "the attention every model has")
 ''',
     "no-effect": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ bigger loss scale", "init_scale", 2.0 ** 20, "fewer underflowing gradients")
 ''',
     "no-claim": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic", "x")
 ''',
     "cannot-run-here": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ FlexAttention", "attn", "flex", "custom masks at fused-kernel speed")
 ''',
 }
 RIGHT["08-new-rung"] = {
     "dynamic-padding": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic",
                        "each batch padded to its own longest: fewer padded tokens than fixed padding")
@@ -2976,7 +2976,7 @@ def greedy_climb(baseline, rungs, time_side_by_side):
     return best, kept
 ''',
     "signature": f'''
-from helpers import ladder
+from helpers.train import ladder
 
 
 def greedy_climb(baseline, rungs):
@@ -3030,43 +3030,43 @@ def greedy_climb(baseline, rungs, time_side_by_side):
 
 BATCH_39["08-new-rung"] = {
     "no-claim#none": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ activation checkpointing", "activation_checkpointing", True, None)
 ''',
     "no-claim#number": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ dynamic padding", "padding", "dynamic", 1.3)  # 1.3x faster
 ''',
     "no-name": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung(None, "padding", "dynamic", "fewer padded tokens than fixed padding")
 ''',
     "duplicate#a-rung-of-the-ladder": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.RUNGS[4]  # torch.compile
 ''',
     "bad-value#string-for-bool": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ checkpointing", "activation_checkpointing", "yes", "less activation memory")
 ''',
     "not-a-rung#two-rungs": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = (ladder.Rung("+ dynamic padding", "padding", "dynamic", "fewer padded tokens"),
             ladder.Rung("+ checkpointing", "activation_checkpointing", True, "less activation memory"))
 ''',
     "not-a-rung#the-class": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung
 ''',
     "bad-value#varlen-alone": '''
-from helpers import ladder
+from helpers.train import ladder
 
 NEW_RUNG = ladder.Rung("+ varlen attention", "attn", "varlen", "no compute spent on padding")
 ''',

@@ -14,7 +14,8 @@ argument, as torch answers it: native bf16 from compute capability 8.0; emulatio
 tensor on "cuda" still fails (this torch has no CUDA), so decision code that allocates is caught.
 
 The figures are what each board reports to torch (name string, capability, SMs, L2) and its memory as torch
-reports it (a little under the marketing figure: the driver keeps some), from `helpers.gpus.GPUS`. They are
+reports it (a little under the marketing figure: the driver keeps some), from `helpers.measure.gpus.GPUS`.
+They are
 rounded: exact to the byte they are not, and no test may depend on the last megabyte.
 """
 
@@ -26,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers.gpus import GPUS
+from helpers.measure.gpus import GPUS
 
 __all__ = ["GPUClass", "GPU_CLASSES", "fake_gpu", "gpu_class"]
 
@@ -47,7 +48,8 @@ class GPUClass:
     cuda: str = "12.6"  # torch.version.cuda of the build the box runs
 
 
-# The classes' facts live in helpers/gpus.py (one home: the planner of lesson 09 reads them too); here each
+# The classes' facts live in helpers/measure/gpus.py (one home: the planner of lesson 09 reads them too); here
+# each
 # becomes what a test fakes, with the CUDA version of the torch build its box runs.
 _CUDA = {"H200": "13.0"}  # the reference H200 box runs a CUDA 13 build; the others 12.6
 GPU_CLASSES: dict[str, GPUClass] = {

@@ -1,4 +1,4 @@
-"""`helpers.train.train` on an FSDP2 model under torchrun, a rank killed, the job restarted (issue 39,
+"""`helpers.train.loop.train` on an FSDP2 model under torchrun, a rank killed, the job restarted (issue 39,
 point 1). tests/test_train.py runs it as
 `torchrun --nproc-per-node=2 --max-restarts=2 tests/fsdp_resume.py OUT`.
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from helpers.distributed import apply_fsdp, setup, teardown
-from helpers.models import SmallTransformer, TransformerConfig
-from helpers.synthetic import synthetic_batch_fn
-from helpers.train import TrainConfig, train
+from helpers.data.synthetic import synthetic_batch_fn
+from helpers.model.models import SmallTransformer, TransformerConfig
+from helpers.train.distributed import apply_fsdp, setup, teardown
+from helpers.train.loop import TrainConfig, train
 
 STEPS, EVERY, KILL_AFTER = 6, 2, 3  # checkpoints after steps 2, 4, 6; rank 1 dies after step 3
 

@@ -180,7 +180,7 @@ def run_notebook(nb, python: Path, cwd: Path, env: dict[str, str | None], timeou
     from jupyter_client.kernelspec import KernelSpecManager
     from nbclient import NotebookClient
 
-    from helpers.nbrun import CourseKernelManager  # as make course and make site run notebooks
+    from course.nbrun import CourseKernelManager  # as make course and make site run notebooks
 
     specs = cwd.parent / "kernels"
     (specs / "hosted").mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""A GPT written the way most people write one, for the tests of `helpers.adapt` (issue 33): its own config
+"""A GPT written the way most people write one, for the tests of `helpers.core.adapt` (issue 33): its own
+config
 class, its own attention, `forward(idx, targets=None) -> (logits, loss)`, `(x, y)` batches. Nothing in it
 knows the course.
 

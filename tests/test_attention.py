@@ -1,11 +1,12 @@
-"""helpers.attention: naive and tiled attention agree with SDPA's math backend; masks; memory; maps."""
+"""helpers.model.attention: naive and tiled attention agree with SDPA's math backend; masks; memory; maps."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers.attention import (
+from helpers.measure.memory import peak_increase_bytes
+from helpers.model.attention import (
     AttentionMaps,
     attention_flops,
     capture_attention_maps,
@@ -19,7 +20,6 @@ from helpers.attention import (
     sdpa_backend_used,
     tiled_attention,
 )
-from helpers.memory import peak_increase_bytes
 
 # fp32 on CPU: the three compute the same sums in a different order; differences seen are ~1e-6.
 ATOL, RTOL = 1e-5, 1e-4
@@ -84,7 +84,8 @@ def test_probe_reports_instead_of_raising() -> None:
 
 
 def test_expected_backends_are_what_runs_on_this_cpu() -> None:
-    """torch's rules as helpers.attention states them agree with what torch does here, for each backend."""
+    """torch's rules as helpers.model.attention states them agree with what torch does here, for each
+    backend."""
     for dtype in (torch.float32, torch.bfloat16):
         q = torch.randn(1, 2, 16, 64, dtype=dtype)
         ran = {name: reason is None for name, reason in probe_sdpa_backends(q, q, q).items()}
@@ -163,7 +164,7 @@ def test_attention_flops() -> None:
 
 def test_capture_maps_from_offline_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from helpers.models import load_bert
+    from helpers.model.models import load_bert
 
     model, tok = load_bert(attn_implementation="sdpa", verbose=False)
     maps = capture_attention_maps(model, tok, "Attention maps show where each token looks.", verbose=False)
@@ -247,7 +248,7 @@ def minilm():
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_HUB_OFFLINE", "1")
     try:
-        from helpers.models import load_bert
+        from helpers.model.models import load_bert
 
         yield load_bert(attn_implementation="sdpa", verbose=False)
     finally:
@@ -294,7 +295,7 @@ def _spread_qkv(b=1, h=4, n=256, d=64, score_std=3.0, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_agreement_passes_16_bit_and_catches_swapped_heads(dtype) -> None:
-    from helpers.attention import agreement_tolerance, attention_agreement
+    from helpers.model.attention import agreement_tolerance, attention_agreement
 
     q, k, v = _spread_qkv()
     ref = sdpa_attention(q, k, v, backend="math")
@@ -310,7 +311,7 @@ def test_agreement_passes_16_bit_and_catches_swapped_heads(dtype) -> None:
 
 
 def test_agreement_is_relative_and_checks_its_inputs() -> None:
-    from helpers.attention import agreement_tolerance, attention_agreement
+    from helpers.model.attention import agreement_tolerance, attention_agreement
 
     q, k, v = _spread_qkv(n=32)
     ref = sdpa_attention(q, k, v)
@@ -330,8 +331,8 @@ def test_maps_and_saving_go_through_a_stacks_wrappers(minilm, tmp_path) -> None:
     (its forward takes packed batches only), torch.compile in an OptimizedModule."""
     import copy
 
-    from helpers.packed_model import base_model
-    from helpers.runspec import RunSpec
+    from helpers.model.packed_model import base_model
+    from helpers.train.runspec import RunSpec
 
     model, tok = minilm
     text = "Attention maps show where each token looks."

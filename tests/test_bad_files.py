@@ -7,9 +7,9 @@ import gzip
 
 import pytest
 
-from helpers import corpus
-from helpers.corpus import read_csv_corpus
-from helpers.data import load_text_classification
+from helpers.data import corpus
+from helpers.data.corpus import read_csv_corpus
+from helpers.data.text import load_text_classification
 
 
 def _rows(n: int = 12) -> str:

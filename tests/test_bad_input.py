@@ -11,11 +11,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere in this process
 
-from helpers.attention import naive_attention, padding_mask_mod, sdpa_attention, tiled_attention  # noqa: E402
-from helpers.corpus import read_csv_corpus  # noqa: E402
-from helpers.data import load_text_classification  # noqa: E402
-from helpers.memory import tensor_bytes  # noqa: E402
-from helpers.models import SmallTransformer, TransformerConfig  # noqa: E402
+from helpers.data.corpus import read_csv_corpus  # noqa: E402
+from helpers.data.text import load_text_classification  # noqa: E402
+from helpers.measure.memory import tensor_bytes  # noqa: E402
+from helpers.model.attention import naive_attention, padding_mask_mod, sdpa_attention, tiled_attention  # noqa: E402
+from helpers.model.models import SmallTransformer, TransformerConfig  # noqa: E402
 
 # --- data -------------------------------------------------------------------------------------------
 
@@ -82,7 +82,7 @@ def _qkv_and_masks():
 
 def _implementations():
     impls = {"naive": naive_attention, "tiled": tiled_attention, "sdpa": sdpa_attention}
-    from helpers.kernels import flash_attention, triton_available
+    from helpers.model.kernels import flash_attention, triton_available
 
     if triton_available():
         impls["triton"] = flash_attention
@@ -102,7 +102,7 @@ def test_additive_float_mask_is_refused_naming_the_boolean_convention(name):
 
 
 def test_every_implementation_agrees_on_the_converted_mask():
-    from helpers.attention import agreement_tolerance, attention_agreement
+    from helpers.model.attention import agreement_tolerance, attention_agreement
 
     q, k, v, keep, additive = _qkv_and_masks()
     reference = naive_attention(q, k, v, key_padding_mask=keep)

@@ -1,5 +1,5 @@
 """Out of memory in the GPU benchmarks: a run or rung that does not fit is reported with the memory it asked
-for and what the device held (helpers.diagnosis.OOMReport), and the benchmark goes on or stops cleanly.
+for and what the device held (helpers.core.diagnosis.OOMReport), and the benchmark goes on or stops cleanly.
 
 The errors are planted (raised with the text CUDA's caching allocator writes), at tiny sizes on the CPU.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.diagnosis import OOMReport
+from helpers.core.diagnosis import OOMReport
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -50,16 +50,16 @@ def test_oom_report_reads_the_allocator_message():
 
 
 def test_mixed_precision_reports_a_run_that_does_not_fit_and_goes_on(monkeypatch):
-    import helpers.train
+    import helpers.train.loop
 
-    real = helpers.train.train
+    real = helpers.train.loop.train
 
     def fp32_does_not_fit(model, batches, cfg, *, spec, **kw):
         if spec.precision == "fp32":
             raise torch.OutOfMemoryError(CUDA_OOM)
         return real(model, batches, cfg, spec=spec, **kw)
 
-    monkeypatch.setattr(helpers.train, "train", fp32_does_not_fit)
+    monkeypatch.setattr(helpers.train.loop, "train", fp32_does_not_fit)
     bench = _load("mixed_precision_gpu")
     monkeypatch.setattr(bench, "PRECISIONS", ("fp32", "tf32"))  # one run after the one that does not fit
     spec = bench.workloads(smoke=True)["small"]
@@ -76,19 +76,19 @@ def test_mixed_precision_reports_a_run_that_does_not_fit_and_goes_on(monkeypatch
 
 @pytest.mark.parametrize("fails", ["baseline", "rung"])
 def test_ladder_reports_the_stack_that_ran_out_of_memory(ladder_bench, monkeypatch, tmp_path, fails):
-    import helpers.ladder
+    import helpers.train.ladder
 
     bench = ladder_bench
     monkeypatch.setattr(bench, "mfu_peak", lambda *a, **k: None)  # no peak measurement: not what is tested
     monkeypatch.setattr(bench, "corpus_lengths", lambda seq_len, log=print: ([seq_len] * 8, "planted"))
-    real = helpers.ladder.measure_stack
+    real = helpers.train.ladder.measure_stack
 
     def planted(stack, reference, **kw):
         if fails == "baseline" or reference is not None:  # the baseline has no reference
             raise torch.OutOfMemoryError(CUDA_OOM)
         return real(stack, reference, **kw)
 
-    monkeypatch.setattr(helpers.ladder, "measure_stack", planted)
+    monkeypatch.setattr(helpers.train.ladder, "measure_stack", planted)
     args = ["--model", "tiny", "--seq-len", "16", "--batch-size", "2", "--batches", "1", "--repeats", "1",
             "--device", "cpu", "--out", str(tmp_path)]
     try:
@@ -103,7 +103,7 @@ def test_ladder_reports_the_stack_that_ran_out_of_memory(ladder_bench, monkeypat
         assert saved["oom"]["asked_bytes"] == int(1.5 * GiB)
         if fails == "rung":
             assert saved["rows"][0]["name"] and len(saved["rows"]) == 1  # the baseline it finished is kept
-    else:  # helpers.ladder.climb reports an out-of-memory rung as skipped: the run went on
+    else:  # helpers.train.ladder.climb reports an out-of-memory rung as skipped: the run went on
         assert fails == "rung"
         # the first rung this device measures (a CPU skips "+ TF32" before measuring: it has no TF32 units)
         measured = [r for r in result["rows"][1:] if "no TF32 units" not in (r.get("why") or "")]

@@ -39,7 +39,7 @@ def test_scripts_are_thin_command_lines(script):
     text = (BENCH / script).read_text()
     assert "sys.path" not in text, f"{script} manipulates sys.path: helpers is installed (pip install -e .)"
     assert not re.search(r"^__all__", text, flags=re.M), f"{script} is a command line, not a library"
-    assert "def _stamp" not in text and "def _slug" not in text  # helpers.results stamps and names
+    assert "def _stamp" not in text and "def _slug" not in text  # course.results stamps and names
 
 
 def test_attention_sweep_cli_checks_times_and_writes_stamped_files(tmp_path):
@@ -208,8 +208,8 @@ def test_mixed_precision_compiles_through_the_run_spec(monkeypatch):
 
     import torch
 
-    import helpers.train
-    from helpers.runspec import RunSpec
+    import helpers.train.loop
+    from helpers.train.runspec import RunSpec
 
     bench = _load("mixed_precision_gpu")
     applied, trained = [], []
@@ -217,7 +217,8 @@ def test_mixed_precision_compiles_through_the_run_spec(monkeypatch):
     result = types.SimpleNamespace(step_times_s=[1.0, 0.5], tokens_per_s=1.0, peak_memory_bytes=1,
                                    memory_method="x", mfu=None, peak_source=None, losses=[2.0, 1.0],
                                    skipped_steps=[])
-    monkeypatch.setattr(helpers.train, "train", lambda model, batches, cfg, device, spec: trained.append(spec)
+    monkeypatch.setattr(helpers.train.loop, "train",
+                        lambda model, batches, cfg, device, spec: trained.append(spec)
                         or result)
     spec = bench.workloads(smoke=True)["small"]
     init = bench._build(spec).state_dict()

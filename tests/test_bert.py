@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from helpers import config
-from helpers.models import bert_base_random, load_bert
+from helpers.core import hub as config
+from helpers.model.models import bert_base_random, load_bert
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +118,8 @@ def _config_and_tokenizer_only(tmp_path):
     """A copy of the offline checkpoint's folder without its weight file (what the GPU box is given)."""
     import shutil
 
-    from helpers.config import offline_bert_path
-    from helpers.models import has_weights
+    from helpers.core.hub import offline_bert_path
+    from helpers.model.models import has_weights
 
     src = offline_bert_path()
     dst = tmp_path / "bert-no-weights"
@@ -153,7 +153,7 @@ def test_env_folder_without_weights_gives_random_weights_and_says_so(tmp_path, m
 
 
 def test_env_folder_with_weights_is_pretrained(monkeypatch, capsys):
-    from helpers.config import offline_bert_path
+    from helpers.core.hub import offline_bert_path
 
     monkeypatch.setenv("COURSE_BERT_PATH", str(offline_bert_path()))
     model, _ = load_bert("bert-base-uncased", num_labels=2)
@@ -164,7 +164,7 @@ def test_env_folder_with_weights_is_pretrained(monkeypatch, capsys):
 def test_explicit_folder_wins_over_the_variable_and_tokenizer_follows_it(tmp_path, monkeypatch, capsys):
     """On the GPU box COURSE_BERT_PATH is set; a model the lesson saved and reloads must still be that model,
     and lessons that only need the tokenizer (05) find it in the variable's folder."""
-    from helpers.config import offline_bert_path
+    from helpers.core.hub import offline_bert_path
 
     folder = _config_and_tokenizer_only(tmp_path)
     monkeypatch.setenv("COURSE_BERT_PATH", str(folder))

@@ -8,7 +8,7 @@
   background): a fresh tab and a kernel start cost about 5 s of CI per notebook. Their set-up cells are the
   same code, run by nbval or tests/test_hosted.py (running each again in Chromium cost about 55 s of CI);
   the browser leaves the notebook file unchanged;
-- the first notebook (in lesson order) to draw each widget (a `helpers.widgets` class, or widget code of its
+- the first notebook (in lesson order) to draw each widget (a `course.widgets` class, or widget code of its
   own through `ipywidgets`) runs cell by cell in the browser under the smoke profile: no cell shows an error,
   every figure is rendered, every widget is drawn, and moving the explorer's "layer" slider changes its
   figure (required of the attention lesson; done for any notebook with such a slider). A later lesson that
@@ -105,12 +105,12 @@ HELPER_WIDGETS = re.compile(r"from[ \t]+helpers\.widgets[ \t]+import[ \t]+(\([^)
 
 
 def _widgets(path: Path, nb: nbformat.NotebookNode) -> set[str]:
-    """The widgets a notebook draws: the helpers.widgets classes it imports; any other widget code (ipywidgets
-    itself, `helpers.widgets` used as a module) counts as the notebook's own."""
+    """The widgets a notebook draws: the course.widgets classes it imports; any other widget code (ipywidgets
+    itself, `course.widgets` used as a module) counts as the notebook's own."""
     code = _code(nb)
     names = {n.split(" as ")[0].strip() for m in HELPER_WIDGETS.finditer(code)
              for n in m.group(1).strip("()").replace("\n", " ").split(",") if n.strip()}
-    own = WIDGET_IMPORT.search(HELPER_WIDGETS.sub("", code))  # ipywidgets, or helpers.widgets as a module
+    own = WIDGET_IMPORT.search(HELPER_WIDGETS.sub("", code))  # ipywidgets, or course.widgets as a module
     return names | ({f"{path.stem}'s own"} if own else set())
 
 
@@ -556,8 +556,8 @@ def test_notebook_in_browser(path: Path, lab: LabServer, request: pytest.Fixture
 
 def test_each_widget_is_run_in_the_browser_by_its_first_lesson(tmp_path: Path) -> None:
     """BROWSER_RUN_ALL=widgets: the first notebook to draw each widget runs cell by cell, not the repeats."""
-    code = {"a": "from helpers.widgets import AttentionExplorer\nAttentionExplorer(maps)",
-            "b": "from helpers.widgets import (AttentionExplorer,)  # the same explorer again",
+    code = {"a": "from course.widgets import AttentionExplorer\nAttentionExplorer(maps)",
+            "b": "from course.widgets import (AttentionExplorer,)  # the same explorer again",
             "c": "import ipywidgets as w\nw.IntSlider()", "d": "print('no widget')"}
     boot = nbformat.v4.new_code_cell('KEEP = ("torch", "ipywidgets")', metadata={"tags": ["bootstrap"]})
     for stem, src in code.items():
@@ -603,7 +603,7 @@ def _exercise_round_trip(page: object, nb: nbformat.NotebookNode, check: int, ex
     """At an exercise's check cell, just run on the untouched skeleton: it said "not attempted yet"; (lesson
     01's) a wrong answer typed into the skeleton gets the hint naming its mistake; the solution typed in
     passes. The lesson then goes on with the solution in place, as under nbval (conftest.py)."""
-    from helpers.exercises import EXERCISES
+    from course.exercises import EXERCISES
 
     skeleton = next(i for i, c in enumerate(nb.cells) if c.metadata.get("exercise") == exercise_id
                     and "exercise-skeleton" in c.metadata.get("tags", []))

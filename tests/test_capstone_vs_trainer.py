@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.runspec import RunSpec
+from helpers.train.runspec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""helpers.checkpoint: atomic saves, one naming scheme, clear errors for damaged or foreign files, and the
+"""helpers.train.checkpoint: atomic saves, one naming scheme, clear errors for damaged or foreign files, and
+the
 DCP flavour (here in one process; under FSDP in tests/test_train_ddp.py). CPU, tiny sizes."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from helpers import checkpoint as ck
-from helpers.models import SmallTransformer, TransformerConfig
+from helpers.model.models import SmallTransformer, TransformerConfig
 
 
 def tiny_model(**overrides) -> SmallTransformer:
@@ -97,7 +98,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
         ck.load_checkpoint(path, tiny_model())
     assert ck.load_checkpoint(path, tiny_model(d_model=32))["step"] == 3
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
-    with pytest.raises(ValueError, match="not a checkpoint written by helpers.checkpoint"):
+    with pytest.raises(ValueError, match="not a checkpoint written by helpers.train.checkpoint"):
         ck.load_checkpoint(tmp_path / "foreign.pt", tiny_model())
     with pytest.raises(ValueError, match="no checkpoint file"):
         ck.load_checkpoint(tmp_path / "absent.pt", tiny_model())
@@ -202,11 +203,11 @@ def _numbers(message: str) -> tuple[int, int]:
 
 
 def test_a_full_disk_names_the_folder_the_bytes_needed_and_left(tmp_path, monkeypatch):
-    from helpers.memory import tensor_bytes
+    from helpers.measure.memory import tensor_bytes
 
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    first = ck.save_step(tmp_path, 1, model, opt)  # what helpers.train and helpers/scripts/train_ddp.py call
+    first = ck.save_step(tmp_path, 1, model, opt)  # what the loop and train_ddp.py call
     _fill_the_disk(monkeypatch)
     with pytest.raises(ck.CheckpointDiskFull) as info:
         ck.save_step(tmp_path, 2, model, opt)
@@ -278,8 +279,8 @@ def test_under_ddp_every_rank_hears_that_rank_0_ran_out_of_space(tmp_path):
 
 
 def test_helpers_train_stops_at_a_full_disk_with_the_clear_error(tmp_path, monkeypatch):
-    from helpers.synthetic import synthetic_batch_fn
-    from helpers.train import TrainConfig, train
+    from helpers.data.synthetic import synthetic_batch_fn
+    from helpers.train.loop import TrainConfig, train
 
     real_save, calls = torch.save, []
 

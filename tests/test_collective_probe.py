@@ -1,4 +1,5 @@
-"""helpers.compat's reduce-scatter probe (FSDP2 set-up, lesson 07) runs on the process group's own device.
+"""helpers.core.compat's reduce-scatter probe (FSDP2 set-up, lesson 07) runs on the process group's own
+device.
 
 An NCCL group has no CPU backend: a collective on CPU tensors raises "No backend type associated with device
 type cpu". The fake group below refuses tensors on a device its backend cannot reduce, as NCCL does, and
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import compat
+from helpers.core import compat
 
 DEVICES = {"nccl": {"cuda"}, "gloo": {"cpu", "cuda"}}  # what each backend can reduce (torch's docs)
 

@@ -1,4 +1,4 @@
-"""helpers.compat: each version-dependent call takes the path of the version installed, and refuses what
+"""helpers.core.compat: each version-dependent call takes the path of the version installed, and refuses what
 that version cannot do with the version needed. Older versions are simulated by `version_of`; the real
 old sets run under `make test-matrix`."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from helpers import compat
+from helpers.core import compat
 
 
 def _pretend(monkeypatch: pytest.MonkeyPatch, **versions: str) -> None:
@@ -180,7 +180,7 @@ def test_hf_activation_checkpointing_uses_the_name_of_the_installed_transformers
 def test_triton_below_3_4_is_refused_for_gpus_before_sm80(monkeypatch):
     """triton 3.3 fails every fp16 tl.dot for sm_75 (triton-lang/triton#6698): the kernel is refused there
     with the fix, and nothing changes from sm_80 on or with triton >= 3.4."""
-    from helpers.kernels import configs
+    from helpers.model.kernels import configs
 
     monkeypatch.setattr(compat, "version_of", lambda name: "3.3.1" if name == "triton" else "99")
     ok, why = compat.triton_compiles_for((7, 5))
@@ -198,7 +198,7 @@ def test_exit_now_keeps_what_a_normal_exit_keeps(tmp_path: Path) -> None:
     marker = tmp_path / "atexit.txt"
     code = textwrap.dedent(f"""
         import atexit, logging, pathlib, sys
-        from helpers.compat import exit_now
+        from helpers.core.compat import exit_now
         atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text("ran"))
         logging.basicConfig(stream=sys.stderr, level=logging.INFO)
         sys.stdout = open(sys.stdout.fileno(), "w", buffering=1 << 16, closefd=False)  # held until a flush

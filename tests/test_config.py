@@ -5,7 +5,8 @@ import pytest
 import torch
 from fakegpu import fake_gpu
 
-from helpers.config import PROFILES, get_profile, pick, seed_everything
+from course.profile import PROFILES, get_profile, pick
+from helpers.core.seeding import seed_everything
 
 
 def test_profile_from_environment(monkeypatch):
@@ -20,7 +21,7 @@ def test_unset_profile_follows_the_hardware(monkeypatch):
     assert get_profile() == ("fit" if torch.cuda.is_available() else "smoke")
     assert get_profile("") == get_profile(None) == get_profile()
     fake_gpu(monkeypatch, "T4")
-    assert get_profile() == "fit"  # a GPU's default: the full sizes fitted to it (helpers.sizing)
+    assert get_profile() == "fit"  # a GPU's default: the full sizes fitted to it (course.sizing)
 
 
 def test_a_lesson_s_profile_wins_over_the_environment(monkeypatch):
@@ -62,7 +63,7 @@ def test_seed_everything_repeats_every_generator():
 def test_hub_offline_is_read_in_one_place(monkeypatch):
     import socket
 
-    from helpers import config
+    from helpers.core import hub as config
 
     def no_network(*args, **kwargs):
         raise AssertionError("HF_HUB_OFFLINE is set: no connection may be attempted")

@@ -44,10 +44,10 @@ def test_a_helpers_of_yours_beside_the_notebook_is_named(tmp_path, mine):
 def test_without_the_check_the_shadow_shows_later_as_a_puzzle(tmp_path):
     """What the learner saw before the check (issue 40): the next cell's import fails far from the cause."""
     (tmp_path / "helpers.py").write_text("def load(): ...\n")
-    code = "import sys; sys.path.insert(0, ''); from helpers.config import get_profile"
+    code = "import sys; sys.path.insert(0, ''); from helpers.core.hub import hub_offline"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           timeout=60)
-    assert "No module named 'helpers.config'" in done.stderr and str(tmp_path) not in done.stderr
+    assert "No module named 'helpers.core'" in done.stderr and str(tmp_path) not in done.stderr
 
 
 class _Pip:

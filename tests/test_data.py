@@ -1,4 +1,4 @@
-"""helpers.data: splits, CSV errors, the padding collate function and the length-bucketing sampler."""
+"""helpers.data.text: splits, CSV errors, the padding collate function and the length-bucketing sampler."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers import data
-from helpers.corpus import read_csv_corpus
-from helpers.data import (
+from helpers.data import text as data
+from helpers.data.corpus import read_csv_corpus
+from helpers.data.text import (
     LengthBucketSampler,
     PadCollate,
     TextExamples,
@@ -32,7 +32,7 @@ def bundled():
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from helpers.config import offline_bert_path
+    from helpers.core.hub import offline_bert_path
 
     return AutoTokenizer.from_pretrained(offline_bert_path())
 
@@ -80,7 +80,8 @@ def test_stratified_split_indices_cover_everything_once():
 
 
 def test_the_stratified_draw_is_scikit_learns_without_importing_it():
-    """helpers.data draws its splits as scikit-learn's train_test_split(stratify=...) does, index for index
+    """helpers.data.text draws its splits as scikit-learn's train_test_split(stratify=...) does, index for
+    index
     and in the same order (the course's recorded results rest on its split), without importing it: uneven
     classes, ties among the remainders, both sizes given as fractions or counts, many seeds."""
     import numpy as np
@@ -238,7 +239,7 @@ def test_bad_inputs_are_value_errors():
 
 
 def test_lazy_dataset_matches_pretokenised(bundled, tokenizer):
-    from helpers.data import LazyTokenizedDataset
+    from helpers.data.text import LazyTokenizedDataset
 
     few = TextExamples(bundled.val.texts[:6], bundled.val.labels[:6])
     lazy, eager = LazyTokenizedDataset(few, tokenizer, 64), data.tokenize(few, tokenizer, 64)
@@ -247,7 +248,7 @@ def test_lazy_dataset_matches_pretokenised(bundled, tokenizer):
     assert sum(int(b["attention_mask"].sum()) for b in loader) == sum(eager.lengths)
 
 
-# --- figures of lesson 06 (helpers.plots, input pipeline section) -----------------------------------
+# --- figures of lesson 06 (course.plots, input pipeline section) -----------------------------------
 
 def test_lesson05_figures_are_labelled():
     import matplotlib
@@ -255,7 +256,7 @@ def test_lesson05_figures_are_labelled():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from helpers.plots import length_histogram_chart, step_breakdown_chart
+    from course.plots import length_histogram_chart, step_breakdown_chart
 
     fig = length_histogram_chart([10, 20, 20, 300], title="lengths", max_length=128)
     ax = fig.axes[0]
@@ -273,7 +274,7 @@ def test_lesson05_figures_are_labelled():
 
 
 class _FakeHubSplit:
-    """Just enough of a `datasets.Dataset` for helpers.data's hub path."""
+    """Just enough of a `datasets.Dataset` for helpers.data.text's hub path."""
 
     def __init__(self, rows, features):
         self.rows, self.features, self.column_names = rows, features, list(rows[0])
@@ -321,10 +322,10 @@ def test_hub_failure_falls_back_in_auto_and_raises_in_hub(monkeypatch, capsys):
 
 
 def test_the_sample_csv_in_data_loads_as_your_own_data(capsys):
-    """helpers/sample_data/sample.csv: the documented format, three classes of 14, stratified three ways."""
+    """course/sample_data/sample.csv: the documented format, three classes of 14, stratified three ways."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "helpers" / "sample_data" / "sample.csv"
+    path = Path(__file__).resolve().parents[1] / "course" / "sample_data" / "sample.csv"
     splits = load_text_classification(csv_path=path, seed=0)
     assert splits.source == "csv" and splits.label_names == ["cooking", "sport", "weather"]
     assert sum(splits.sizes.values()) == 42

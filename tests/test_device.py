@@ -1,10 +1,10 @@
-"""helpers.device: the device "auto" picks (and why, on a Mac), the environment report, GPU facts."""
+"""helpers.core.device: the device "auto" picks (and why, on a Mac), the environment report, GPU facts."""
 
 import pytest
 import torch
 
 from helpers import device as dev_mod
-from helpers.device import (
+from helpers.core.device import (
     DeviceUnavailableError,
     EnvironmentReport,
     GPUInfo,
@@ -115,7 +115,7 @@ def test_without_mps_auto_says_nothing(monkeypatch, capsys):
 
 @pytest.mark.parametrize("call", ["track_peak_memory", "peak_increase_bytes"])
 def test_memory_helpers_refuse_mps_naming_it_and_the_fix(call):
-    from helpers import memory
+    from helpers.measure import memory
 
     with pytest.raises(ValueError) as err:
         if call == "track_peak_memory":
@@ -132,7 +132,7 @@ def test_flash_attention_refuses_a_device_triton_cannot_run_naming_it_and_the_fi
     before triton is needed; without triton (macOS, Windows) the error says it is Linux-only."""
     import importlib
 
-    fa = importlib.import_module("helpers.kernels.flash_attention")  # the module, not the function
+    fa = importlib.import_module("helpers.model.kernels.flash_attention")  # the module, not the function
 
     q = torch.empty(1, 2, 16, 16, device="meta")
     with pytest.raises(ValueError, match=r"not meta: move q, k, v to the CPU \(\.cpu\(\)\)"):

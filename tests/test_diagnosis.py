@@ -1,11 +1,11 @@
-"""helpers.diagnosis: what is wrong with a GPU set-up and the fix; known CUDA errors explained."""
+"""helpers.core.diagnosis: what is wrong with a GPU set-up and the fix; known CUDA errors explained."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from helpers.diagnosis import (
+from helpers.core.diagnosis import (
     MIN_DRIVER,
     Compilers,
     SetupFacts,

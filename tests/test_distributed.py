@@ -1,4 +1,4 @@
-"""helpers.distributed: environment set-up without torchrun, the torchrun command line, and `launch`
+"""helpers.train.distributed: environment set-up without torchrun, the torchrun command line, and `launch`
 (live per-rank output, failures reported with the failing rank's lines, timeouts that leave no process)."""
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def test_setup_rejects_bad_input(no_torchrun: None, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_setup_cuda_without_gpu_says_so(no_torchrun: None) -> None:
-    from helpers.device import DeviceUnavailableError
+    from helpers.core.device import DeviceUnavailableError
 
-    with pytest.raises(DeviceUnavailableError, match="CUDA was requested"):  # helpers.device's resolver
+    with pytest.raises(DeviceUnavailableError, match="CUDA was requested"):  # helpers.core.device's resolver
         hd.setup("cuda")
 
 

@@ -1,4 +1,4 @@
-"""Exercise 04-predict-time (helpers.exercises.lesson04): the solution and every right variant pass; each
+"""Exercise 04-predict-time (course.exercises.lesson04): the solution and every right variant pass; each
 wrong answer a learner would write, written out whole as a learner would, fails with the hint that names its
 mistake (or, where no mistake matches, one that says what differs); the cases change from run to run."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from exercise_answers import BATCH_39  # tests/exercise_answers.py
 
-from helpers.exercises import EXERCISES, evaluate
-from helpers.exercises.lesson04 import draw_cases
+from course.exercises import EXERCISES, evaluate
+from course.exercises.lesson04 import draw_cases
 
 EX = EXERCISES["04-predict-time"]
 SEEDS = (0, 1, 2, 12345)  # fixed draws, so that a failure repeats; the check draws a new seed per run
@@ -57,7 +57,7 @@ RIGHT = {
 
 # Wrong answers a learner would write: (the mistake the check must name, the whole answer).
 WRONG = {
-    "course-function": "from helpers.regimes import classify, roof_times\n\n\n" + SIGNATURE
+    "course-function": "from helpers.measure.regimes import classify, roof_times\n\n\n" + SIGNATURE
     + textwrap.indent(textwrap.dedent("""
         kw = dict(peak_flops=peak_flops, bandwidth=bandwidth, overhead_s=overhead_s)
         t = roof_times(flops, bytes_moved, calls, **kw)

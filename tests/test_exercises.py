@@ -1,4 +1,4 @@
-"""The checked exercises (helpers.exercises): for every exercise, its solution and every right variant pass;
+"""The checked exercises (course.exercises): for every exercise, its solution and every right variant pass;
 every wrong answer of `tests/exercise_answers.py` (each written from scratch, as a learner would) fails with
 the hint meant for it; the untouched skeleton, read from the notebook cell itself, reports "not attempted";
 inputs are drawn per run from a seed that the line shows and that replays them. Also: the check cell's
@@ -31,8 +31,8 @@ import torch
 from exercise_answers import RIGHT, WRONG  # tests/exercise_answers.py
 from fakegpu import fake_gpu  # tests/fakegpu.py
 
-import helpers.exercises as exercises
-from helpers.exercises import (
+import course.exercises as exercises
+from course.exercises import (
     EXERCISES,
     ExerciseFailed,
     ExerciseNotAttempted,
@@ -42,7 +42,7 @@ from helpers.exercises import (
     lesson06,
     lesson07,
 )
-from helpers.exercises.core import TIME_LIMIT_ENV, call_shape, draw_seed
+from course.exercises.core import TIME_LIMIT_ENV, call_shape, draw_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -50,7 +50,7 @@ SEED = draw_seed()  # this session's inputs; every outcome line names it
 
 
 def _roof():
-    from helpers.roofline import Roofline
+    from helpers.measure.roofline import Roofline
 
     return Roofline("a test CPU", {"fp32": 5e10, "bf16": 2e10}, 1e10, 512, 64 * 2 ** 20)  # ridge: 5 FLOP/byte
 
@@ -343,7 +343,7 @@ FUNCTIONS = [i for i in IDS if call_shape(EXERCISES[i]) is not None]  # every ex
 @pytest.mark.parametrize("exercise_id", FUNCTIONS)
 def test_an_answer_that_cannot_be_called_gets_one_line(exercise_id):
     """None, a number, or a function with other parameters: one line naming it, no traceback into the course
-    (every function exercise crashed into helpers/exercises with a TypeError before)."""
+    (every function exercise crashed into course/exercises with a TypeError before)."""
     ex = EXERCISES[exercise_id]
     for answer, mistake in ((None, "not-a-function"), (300, "not-a-function"), (lambda x: x, "signature")):
         outcome = evaluate(exercise_id, answer, **_context(ex))
@@ -393,9 +393,9 @@ def test_the_time_limit_puts_back_an_earlier_alarm(tmp_path):
 
 def test_08_new_rung_measures_on_the_lessons_device(monkeypatch):
     """On a GPU the rung is measured there (FlexAttention trains on CUDA, not on this CPU): the check picks
-    the lesson's device (helpers.device.get_device) unless told, and hands it to the ladder. A faked A100
+    the lesson's device (helpers.core.device.get_device) unless told, and hands it to the ladder. A faked A100
     here: the ladder itself is replaced by a spy, since nothing can run on a faked GPU."""
-    from helpers import ladder
+    from helpers.train import ladder
 
     fake_gpu(monkeypatch, "A100-80")
     seen = {}
@@ -416,7 +416,7 @@ def test_08_new_rung_measures_on_the_lessons_device(monkeypatch):
 @pytest.mark.cuda
 def test_08_new_rung_runs_flex_attention_on_a_gpu():
     """On a real GPU, the FlexAttention rung the CPU refuses is measured and passes (make gpu-check)."""
-    from helpers import ladder
+    from helpers.train import ladder
 
     flex = ladder.Rung("+ FlexAttention", "attn", "flex", "custom masks at fused-kernel speed")
     outcome = evaluate("08-new-rung", flex, seed=SEED)
@@ -426,7 +426,7 @@ def test_08_new_rung_runs_flex_attention_on_a_gpu():
 def test_show_solution_prints_the_file(capsys):
     exercises.show_solution("01-flash-forward")
     out = capsys.readouterr().out
-    assert "helpers/solutions/01_attention/flash_forward.py" in out and "def flash_forward" in out
+    assert "course/solutions/01_attention/flash_forward.py" in out and "def flash_forward" in out
 
 
 # --- the cells in the notebooks -----------------------------------------------------------------------------
@@ -445,7 +445,7 @@ def test_the_exercise_cells_in_the_notebook(exercise_id):
     call = rf'(exercises\.)?check\("{ex.id}", {ex.answer}(, \w+=\w+)*\)'
     assert len(calls) == 1 and re.fullmatch(call, calls[0]), calls
     task = "".join(cells["exercise-task"]["source"])
-    assert f"../helpers/solutions/{ex.solution}" in task and f'show_solution("{ex.id}")' in task
+    assert f"../course/solutions/{ex.solution}" in task and f'show_solution("{ex.id}")' in task
 
 
 @pytest.mark.parametrize("exercise_id, given", [("05-graph-break", lesson05.loss_with_breaks),
@@ -471,4 +471,4 @@ def test_the_exercises_section_points_to_the_checked_exercises(lesson):
     section = next(t for t in texts if re.search(r"^## Exercises", t, re.M))
     line = next(x for x in section.splitlines() if x.startswith("**Checked exercises**"))
     assert all(f"`{ex.id}`" in line for ex in exercises.exercises_of(lesson))
-    assert f"helpers/solutions/{lesson}/" in line
+    assert f"course/solutions/{lesson}/" in line

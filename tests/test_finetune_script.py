@@ -1,4 +1,4 @@
-"""helpers/scripts/finetune_bert.py: a run stopped at a checkpoint resumes to exactly where an unbroken run
+"""course/scripts/finetune_bert.py: a run stopped at a checkpoint resumes to exactly where an unbroken run
 goes; its switches are one nested RunSpec, each with its flag."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.runspec import RunSpec
+from helpers.train.runspec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "helpers" / "scripts" / "finetune_bert.py"
+SCRIPT = ROOT / "course" / "scripts" / "finetune_bert.py"
 
 
 def _script():
@@ -93,7 +93,7 @@ def test_bucketed_batches_cover_the_data_once_per_epoch_and_shard_across_process
 def test_bad_switches_are_rejected():
     with pytest.raises(ValueError, match="padding"):
         ft.FinetuneConfig(spec=RunSpec(padding="dynamic-ish"))
-    with pytest.raises(ValueError, match="spec must be a helpers.runspec.RunSpec"):
+    with pytest.raises(ValueError, match="spec must be a helpers.train.runspec.RunSpec"):
         ft.FinetuneConfig(spec="bucketed")
     with pytest.raises(ValueError, match="512"):
         ft.FinetuneConfig(max_length=1024)
@@ -145,7 +145,7 @@ def test_command_line_help_lists_the_notebook_names():
 
 
 def test_torchrun_launches_it_as_ddp_on_cpu(tmp_path):
-    from helpers.distributed import launch
+    from helpers.train.distributed import launch
 
     out = tmp_path / "result.json"
     args = ["--max-examples", "60", "--max-steps", "2", "--batch-size", "2", "--max-length", "32",

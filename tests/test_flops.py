@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.flops import (
+from helpers.measure.flops import (
     executed_flops,
     matmul_params,
     mfu,
     model_flops_per_token,
     transformer_flops_per_token,
 )
-from helpers.models import SmallTransformer, TransformerConfig
-from helpers.roofline import peak_flops
+from helpers.measure.roofline import peak_flops
+from helpers.model.models import SmallTransformer, TransformerConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -137,7 +137,7 @@ def test_mfu_from_a_given_throughput():
 
 
 def test_peaks_have_one_home():
-    """Issue 14: the peak table and peak_flops live in helpers.roofline only."""
-    from helpers import flops
+    """Issue 14: the peak table and peak_flops live in helpers.measure.roofline only."""
+    from helpers.measure import flops
 
     assert not hasattr(flops, "peak_flops") and not hasattr(flops, "GPU_PEAK_FLOPS")

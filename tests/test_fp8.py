@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
-import helpers.fp8 as fp8
-from helpers import compat
-from helpers.fp8 import E4M3, E5M2, FP8Linear, convert_to_float8, fp8_matmul, fp8_supported, quantize
+import helpers.model.fp8 as fp8
+from helpers.core import compat
+from helpers.model.fp8 import E4M3, E5M2, FP8Linear, convert_to_float8, fp8_matmul, fp8_supported, quantize
 
 CPU_FP8 = compat.scaled_mm_supports("cpu", False)[0]  # torch 2.13's CPU build runs _scaled_mm; older may not
 needs_cpu_fp8 = pytest.mark.skipif(not CPU_FP8, reason="this torch has no CPU torch._scaled_mm")

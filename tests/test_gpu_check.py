@@ -336,7 +336,7 @@ def test_env_step_stamps_with_the_course_s_stamp_and_refuses_a_machine_without_c
                                                                                      capsys):
     import functools
 
-    import helpers.results
+    import course.results
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device: the GPU check itself runs this step there")
@@ -352,7 +352,7 @@ def test_env_step_stamps_with_the_course_s_stamp_and_refuses_a_machine_without_c
     work = tmp_path / "work"
     assert env_report.main([str(work)]) == 0
     written = json.loads((work / "environment.json").read_text())
-    assert set(written["stamp"]) == set(helpers.results.stamp("cpu"))  # the course's one stamp, whole
+    assert set(written["stamp"]) == set(course.results.stamp("cpu"))  # the course's one stamp, whole
     assert written["versions"]["pytest"] == importlib.metadata.version("pytest")
     assert report.read_stamp(work)["torch"] == torch.__version__
     assert min(json.loads((work / "roofline.json").read_text())["matmul_flops"].values()) > 0
@@ -504,8 +504,8 @@ def _gpu_paths() -> tuple[set, set, set]:
             if cell["cell_type"] == "code" and (tagged or GPU_PROBE.search(source) or _gpu_branch(source)):
                 cells.add((nb.stem, cell["id"]))
     files = {p.relative_to(ROOT).as_posix() for p in sorted(ROOT.glob("benchmarks/*.py")) +
-             sorted(ROOT.glob("scripts/**/*.py")) + sorted(ROOT.glob("helpers/scripts/*.py")) +
-             sorted(ROOT.glob("helpers/lessons/*.py")) if _gpu_branch(p.read_text())}
+             sorted(ROOT.glob("scripts/**/*.py")) + sorted(ROOT.glob("course/scripts/*.py")) +
+             sorted(ROOT.glob("course/lessons/*.py")) if _gpu_branch(p.read_text())}
     return tests, cells, files
 
 
@@ -518,7 +518,7 @@ def test_the_docs_list_every_gpu_path_and_nothing_that_is_gone():
                     for t in re.findall(r"`(\w+)`", r[1])}
     listed_cells = {(r[0], c) for r in rows if re.fullmatch(r"\d\d_\w+", r[0])
                     for c in re.findall(r"`([\w-]+)`", r[1])}
-    homes = ("`benchmarks/", "`scripts/", "`helpers/scripts/", "`helpers/lessons/")
+    homes = ("`benchmarks/", "`scripts/", "`course/scripts/", "`course/lessons/")
     listed_files = {r[0].strip("`") for r in rows if r[0].startswith(homes)}
     tests, cells, files = _gpu_paths()
     assert listed_tests == tests, (f"docs/gpu-check.md: list {sorted(tests - listed_tests)}; "

@@ -15,9 +15,10 @@ import torch
 from fakegpu import GPU_CLASSES, fake_gpu
 from lesson_sizes import DOC, LESSONS, decide, decisions, ladder_plan, plan, render_gpus_doc, run_setup
 
-from helpers import ladder, roofline
-from helpers.precision import precision_runs
-from helpers.sizing import MARGIN, Fit, SizingError
+from course.sizing import MARGIN, Fit, SizingError
+from helpers.core.precision import precision_runs
+from helpers.measure import roofline
+from helpers.train import ladder
 
 CLASSES = list(GPU_CLASSES)
 # what the capability allows: bf16 from Ampere (8.0), fp16 only on Volta/Turing; FP8 from Ada/Hopper (8.9)
@@ -100,7 +101,7 @@ def test_full_profile_is_refused_where_it_does_not_fit(monkeypatch, tmp_path) ->
 
 def test_planted_lesson_02_crash_fails_the_matrix(monkeypatch, tmp_path) -> None:
     # lesson 02 once filtered with `check_precision(p, DEVICE) is None`, which raises for bf16 on a T4
-    from helpers.precision import check_precision
+    from helpers.core.precision import check_precision
 
     crash = [("precision_runs", lambda p, device: check_precision(p, device) is None)]
     with pytest.raises(ValueError, match="bf16 needs a GPU of compute capability 8.0"):
@@ -109,7 +110,7 @@ def test_planted_lesson_02_crash_fails_the_matrix(monkeypatch, tmp_path) -> None
 
 
 def test_planted_unfitted_size_fails_the_matrix(monkeypatch, tmp_path) -> None:
-    from helpers.lessons import lesson04
+    from course.lessons import lesson04
 
     fitted = lesson04.setup
 
@@ -186,7 +187,7 @@ def test_the_ladder_plans_no_rung_the_gpu_cannot_run(gpu: str, monkeypatch) -> N
 
 
 def test_planted_capability_blind_precision_check_fails_the_ladder_plan(monkeypatch) -> None:
-    from helpers import runspec
+    from helpers.train import runspec
 
     monkeypatch.setattr(runspec, "check_precision", lambda precision, device: None)  # asks nothing
     plan = ladder_plan("T4", monkeypatch)  # the T4 stays faked for check_plan
@@ -206,8 +207,9 @@ def test_the_estimator_agrees_with_fake_tensors_at_full_size() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from helpers.memory import estimate_training_memory
-    from helpers.models import SmallTransformer, small_config
+    from course.profile import small_config
+    from helpers.measure.memory import estimate_training_memory
+    from helpers.model.models import SmallTransformer
 
     cfg = small_config("full", vocab_size=8192, max_len=512)
     with FakeTensorMode():

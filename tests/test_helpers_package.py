@@ -1,5 +1,6 @@
-"""The helpers package itself: every module listed, importable, in the docstring's table, and imports that
-run one way through the layers (base -> measure -> model/data -> train -> show), for every module."""
+"""The library's house rules: its folders are its layers (core -> measure -> data -> model -> train -> plan),
+imports run one way through them, the library never imports the course (`course`), private names stay home,
+and docs/architecture.md draws the folders as they are."""
 
 from __future__ import annotations
 
@@ -10,90 +11,104 @@ from pathlib import Path
 
 import pytest
 
+import course
 import helpers
 
 HELPERS = Path(helpers.__file__).resolve().parent
-ON_DISK = sorted({p.stem for p in HELPERS.glob("*.py") if p.stem != "__init__"}
-                 | {p.name for p in HELPERS.iterdir() if (p / "__init__.py").is_file()})
-# Known violations, left while their owner fixes them: (importer, imported). Empty: none known.
-EXPECTED_VIOLATIONS: set[tuple[str, str]] = set()
+COURSE = Path(course.__file__).resolve().parent
+ROOT = HELPERS.parent
 
 
-def helpers_imports(source: str) -> set[str]:
-    """The helpers modules a source imports, anywhere in it (module level, inside functions)."""
+def layer_modules() -> dict[str, list[str]]:
+    """layer folder -> the modules in it (a subpackage counts as one module), as they are on disk."""
+    return {layer.name: sorted({p.stem for p in layer.glob("*.py") if p.stem != "__init__"}
+                               | {p.name for p in layer.iterdir() if (p / "__init__.py").is_file()})
+            for layer in sorted(HELPERS.iterdir()) if (layer / "__init__.py").is_file()}
+
+
+MODULES = [f"{layer}.{m}" for layer, ms in layer_modules().items() for m in ms]
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every dotted module a source imports, anywhere in it (module level, inside functions)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            parts = node.module.split(".")
-            if parts[0] == "helpers":
-                found.update([parts[1]] if len(parts) > 1 else [a.name for a in node.names])
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("helpers."))
+            found.update(a.name for a in node.names)
     return found
 
 
-def violations(module: str, source: str) -> set[tuple[str, str]]:
-    """(module, imported) pairs where `module` imports a module of a later layer, or one with no layer."""
+def violations(layer: str, source: str) -> set[str]:
+    """What a module of `layer` imports against the rules: the course, or a helpers layer above its own."""
     bad = set()
-    for target in helpers_imports(source) - {module, "__init__"}:
-        if target not in helpers.LAYERS or helpers.LAYERS[target] > helpers.LAYERS[module]:
-            bad.add((module, target))
+    for name in imported_modules(source):
+        parts = name.split(".")
+        if parts[0] == "course":
+            bad.add(name)
+        elif parts[0] == "helpers" and len(parts) > 1 and parts[1] in helpers.LAYERS:
+            if helpers.LAYERS.index(parts[1]) > helpers.LAYERS.index(layer):
+                bad.add(name)
     return bad
 
 
-def _sources(module: str) -> list[Path]:
-    folder = HELPERS / module
-    return sorted(folder.rglob("*.py")) if folder.is_dir() else [HELPERS / f"{module}.py"]
+def _sources(dotted: str) -> list[Path]:
+    path = HELPERS / dotted.replace(".", "/")
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
 
 
-def test_every_module_is_listed_importable_and_in_the_table():
-    assert sorted(helpers._SUBMODULES) == ON_DISK, "helpers/__init__.py's LAYERS must list every module"
-    table = {m.group(1) for m in re.finditer(r"^\| \w[\w/]* \| `(\w+)` \|", helpers.__doc__, flags=re.M)}
-    assert table == set(ON_DISK), f"the docstring table lacks {set(ON_DISK) - table}"
-    for name in ON_DISK:  # absolute imports only, so the layer check below sees every import
-        assert not any(isinstance(n, ast.ImportFrom) and n.level for p in _sources(name)
-                       for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))
-        assert importlib.import_module(f"helpers.{name}") is getattr(helpers, name)
-        assert name in dir(helpers)
+def test_the_layers_are_the_folders():
+    assert tuple(layer_modules()) == tuple(sorted(helpers.LAYERS)), "helpers.LAYERS must name every folder"
+    assert [p.name for p in HELPERS.glob("*.py")] == ["__init__.py"], "every module lives in a layer's folder"
+    for dotted in MODULES:  # absolute imports only, so the layer check below sees every import
+        for path in _sources(dotted):
+            assert not any(isinstance(n, ast.ImportFrom) and n.level
+                           for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))), path
+        importlib.import_module(f"helpers.{dotted}")
 
 
-@pytest.mark.parametrize("module", ON_DISK)
-def test_imports_run_one_way(module):
+@pytest.mark.parametrize("dotted", MODULES)
+def test_imports_run_one_way_and_never_into_the_course(dotted):
+    layer = dotted.split(".")[0]
     found = set()
-    for path in _sources(module):
-        found |= violations(module, path.read_text(encoding="utf-8"))
-    unexpected = found - EXPECTED_VIOLATIONS
-    assert not unexpected, (f"helpers.{module} imports {sorted(t for _, t in unexpected)} of a later layer "
-                            f"(layers: {helpers.LAYERS}); imports run base -> measure -> model/data -> "
-                            "train -> show")
+    for path in _sources(dotted):
+        found |= violations(layer, path.read_text(encoding="utf-8"))
+    assert not found, (f"helpers.{dotted} imports {sorted(found)}: the library imports its own layer and the "
+                       f"ones below ({' -> '.join(helpers.LAYERS)}), never the course")
 
 
-def test_the_check_catches_a_planted_lazy_import():
-    planted = "import torch\n\ndef f():\n    from helpers.train import train\n    import helpers.plots\n"
-    assert violations("device", planted) == {("device", "train"), ("device", "plots")}
-    assert violations("plots", planted) == set()  # show may import train
-    assert violations("flops", "from helpers.roofline import peak_flops\n") == set()
-    assert violations("flops", "from helpers import models\n") == {("flops", "models")}
+def test_the_check_catches_a_planted_upward_import_and_a_course_import():
+    planted = "import torch\n\ndef f():\n    from helpers.train.loop import train\n    import course.plots\n"
+    assert violations("core", planted) == {"helpers.train.loop", "helpers.train.loop.train", "course.plots"}
+    assert violations("plan", planted) == {"course.plots"}  # plan may import train, nobody the course
+    assert violations("measure", "from helpers.core.timing import benchmark\n") == set()
+    assert violations("measure", "from helpers import model\n") == {"helpers.model"}
+    assert violations("measure", "from helpers.model import models\n") == {"helpers.model",
+                                                                           "helpers.model.models"}
 
 
-def test_the_table_names_entry_points_that_exist():
-    """Each `name` in the docstring table's last column is defined by that module, and documented with the
-    lesson that teaches it (a renamed function fails here, not in a learner's notebook)."""
-    rows = re.findall(r"^\| \w[\w/]* \| `(\w+)` \| [^|]+ \| (.+) \|$", helpers.__doc__, flags=re.M)
-    assert len(rows) == len(ON_DISK)
-    for module, names in rows:
-        mod = importlib.import_module(f"helpers.{module}")
-        for name in re.findall(r"`(\w+)`", names):
-            assert hasattr(mod, name), f"helpers.{module} has no {name} (the table in helpers/__init__.py)"
-            obj = getattr(mod, name)
-            if callable(obj) and getattr(obj, "__module__", "").startswith("helpers"):
-                assert obj.__doc__ and re.search(r"lesson|benchmark|script", obj.__doc__, flags=re.I), (
-                    f"helpers.{module}.{name}'s docstring should name the lesson that uses it")
+def test_the_library_works_without_the_course_folder(tmp_path):
+    """Every library module imports in a process where `course` cannot be imported at all."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys\n"
+            "class NoCourse:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'course' or name.startswith('course.'):\n"
+            "            raise ImportError('the course folder is absent')\n"
+            "sys.meta_path.insert(0, NoCourse())\n"
+            f"for m in {MODULES!r}:\n"
+            "    importlib.import_module('helpers.' + m)\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 # --- private names stay inside the module (or package) that defines them ---------------------------------
-
-ROOT = HELPERS.parent
 
 
 def _is_private(name: str) -> bool:
@@ -109,7 +124,7 @@ def _owner(dotted: str) -> str:
 
 def private_imports(importer: str, source: str) -> set[str]:
     """Private helpers names (`_x`, as a module or an imported name) that `importer` imports from another
-    module; a package's own modules may import its private modules (helpers.kernels -> ._triton_fwd)."""
+    module; a package's own modules may import its private modules (helpers.model.kernels -> ._triton_fwd)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -119,7 +134,8 @@ def private_imports(importer: str, source: str) -> set[str]:
         else:
             continue
         for dotted in names:
-            if dotted.split(".")[0] != "helpers" or not any(_is_private(p) for p in dotted.split(".")):
+            parts = dotted.split(".")
+            if parts[0] not in ("helpers", "course") or not any(_is_private(p) for p in parts):
                 continue
             owner = _owner(dotted)
             inside = importer == owner or importer.startswith(owner + ".")
@@ -134,7 +150,7 @@ def _importers() -> dict[str, str]:
     import nbformat
 
     sources = {}
-    for path in sorted(HELPERS.rglob("*.py")):
+    for path in sorted([*HELPERS.rglob("*.py"), *COURSE.rglob("*.py")]):
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         sources[module.removesuffix(".__init__")] = path.read_text(encoding="utf-8")
     for folder in ("scripts", "benchmarks"):
@@ -159,67 +175,78 @@ def test_no_private_name_is_imported_across_modules():
 
 
 def test_the_private_import_check_catches_planted_imports():
-    planted = "def f():\n    from helpers.attention import _check_qkv\n    return _check_qkv\n"
-    assert private_imports("helpers.kernels.flash_attention", planted) == {"helpers.attention._check_qkv"}
-    assert private_imports("notebooks/01_attention.ipynb", "from helpers.kernels import _triton_fwd\n") == {
-        "helpers.kernels._triton_fwd"}
-    assert private_imports("benchmarks/x.py", "import helpers.kernels._triton_bwd as b\n") == {
-        "helpers.kernels._triton_bwd"}
+    planted = "def f():\n    from helpers.model.attention import _check_qkv\n    return _check_qkv\n"
+    kernel = "helpers.model.kernels.flash_attention"
+    assert private_imports(kernel, planted) == {"helpers.model.attention._check_qkv"}
+    nb = "notebooks/01_attention.ipynb"
+    assert private_imports(nb, "from helpers.model.kernels import _triton_fwd\n") == {
+        "helpers.model.kernels._triton_fwd"}
+    assert private_imports("benchmarks/x.py", "import helpers.model.kernels._triton_bwd as b\n") == {
+        "helpers.model.kernels._triton_bwd"}
     # allowed: a package's own modules use its private modules, a module its own private names
-    own = "from helpers.kernels import _triton_fwd\n"
-    assert private_imports("helpers.kernels.flash_attention", own) == set()
-    assert private_imports("helpers.attention", "from helpers.attention import _causal_allowed\n") == set()
-    assert private_imports("scripts/x.py", "from helpers.attention import check_padding_mask\n") == set()
+    own = "from helpers.model.kernels import _triton_fwd\n"
+    assert private_imports("helpers.model.kernels.flash_attention", own) == set()
+    own_name = "from helpers.model.attention import _causal_allowed\n"
+    assert private_imports("helpers.model.attention", own_name) == set()
+    public = "from helpers.model.attention import check_padding_mask\n"
+    assert private_imports("scripts/x.py", public) == set()
 
 
-# --- docs/architecture.md: the map of the package ---------------------------------------------------------
+# --- docs/architecture.md: the map of the house -----------------------------------------------------------
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-LAYER_NAMES = ("base", "measure", "model/data", "train", "show")
 
 
-def architecture_rows(text: str) -> dict[str, str]:
-    """module -> layer name, from the table of docs/architecture.md."""
-    rows = re.finditer(r"^\| ([\w/]+) \| `(\w+)` \| .+ \|$", text, flags=re.M)
-    return {m.group(2): m.group(1) for m in rows}
+def drawn_tree(text: str) -> dict[str, set[str]]:
+    """folder -> the modules the page's first drawing puts in it ("helpers/core", "course/lessons", ...)."""
+    tree: dict[str, set[str]] = {}
+    top = ""
+    for line in text.split("```")[1].splitlines():
+        m = re.match(r"^(\s*)([\w]+)/\s*(.*)$", line)
+        if not m:
+            continue
+        indent, folder, rest = m.groups()
+        if not indent:
+            top = folder
+            continue
+        modules = re.split(r"\s{3,}", rest)[0]  # the modules, then (after 3+ spaces) what they are for
+        tree[f"{top}/{folder}"] = set(modules.replace(",", " ").split())
+    return tree
+
+
+def tree_on_disk() -> dict[str, set[str]]:
+    tree = {f"helpers/{layer}": set(ms) for layer, ms in layer_modules().items()}
+    tree["course"] = {p.stem for p in COURSE.glob("*.py") if p.stem != "__init__"}
+    for sub in sorted(COURSE.iterdir()):
+        if sub.is_dir() and sub.name != "__pycache__":
+            tree[f"course/{sub.name}"] = set()
+    return tree
 
 
 def architecture_problems(text: str) -> list[str]:
-    """Modules missing from the page, listed but not on disk, or placed in another layer than LAYERS'."""
-    rows = architecture_rows(text)
-    problems = [f"{m} is missing" for m in ON_DISK if m not in rows]
-    problems += [f"{m} is not a helpers module" for m in rows if m not in helpers.LAYERS]
-    for m, layer in rows.items():
-        if m in helpers.LAYERS and layer != LAYER_NAMES[helpers.LAYERS[m]]:
-            problems.append(f"{m} is in layer {layer!r}, LAYERS says {LAYER_NAMES[helpers.LAYERS[m]]!r}")
+    drawn, disk = drawn_tree(text), tree_on_disk()
+    disk_top = {k: v for k, v in disk.items() if k != "course"}
+    problems = [f"{folder} is not drawn" for folder in disk_top if folder not in drawn]
+    problems += [f"{folder} is drawn but not on disk" for folder in drawn
+                 if folder not in disk and folder != "course/modules"]
+    for folder, modules in disk_top.items():
+        if folder in drawn and folder.startswith("helpers/") and drawn[folder] != modules:
+            problems.append(f"{folder}: drawn {sorted(drawn[folder])}, on disk {sorted(modules)}")
+    course_drawn = drawn.get("course/modules", set())
+    if course_drawn != disk["course"]:
+        problems.append(f"course/modules: drawn {sorted(course_drawn)}, on disk {sorted(disk['course'])}")
     return problems
 
 
-def drawing_problems(text: str) -> list[str]:
-    """Modules of the table that the layer drawing does not put on their layer's lines."""
-    drawn: dict[str, str] = {}  # layer -> the module names the drawing puts on its lines
-    layer = ""
-    for line in text.split("```")[1].splitlines():
-        cells = re.split(r"\s{3,}", line.strip())  # layer, modules, what they are for; or modules alone
-        if cells[0] in LAYER_NAMES:
-            layer, cells = cells[0], cells[1:]
-        drawn[layer] = drawn.get(layer, "") + " " + cells[0]
-    return [f"the drawing lacks {module} under {layer}" for module, layer in architecture_rows(text).items()
-            if not re.search(rf"\b{module}\b", drawn.get(layer, ""))]
-
-
-def test_architecture_page_lists_every_module_in_its_layer_and_the_readme_links_it():
+def test_architecture_page_draws_the_folders_as_they_are_and_the_readme_links_it():
     text = ARCHITECTURE.read_text(encoding="utf-8")
-    assert not architecture_problems(text) and not drawing_problems(text), (
-        architecture_problems(text) + drawing_problems(text))
+    assert not architecture_problems(text), architecture_problems(text)
     assert "(docs/architecture.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def test_the_architecture_check_catches_a_planted_omission_and_a_wrong_layer():
+def test_the_architecture_check_catches_a_planted_omission_and_a_moved_module():
     text = ARCHITECTURE.read_text(encoding="utf-8")
-    assert architecture_problems(text.replace("| base | `device` |", "| base | `devices` |")) == [
-        "device is missing", "devices is not a helpers module"]
-    assert architecture_problems(text.replace("| measure | `flops` |", "| train | `flops` |")) == [
-        "flops is in layer 'train', LAYERS says 'measure'"]
-    assert drawing_problems(text.replace("device, diagnosis", "device")) == [
-        "the drawing lacks diagnosis under base"]
+    moved = text.replace("tables timing", "tables", 1)
+    assert any(p.startswith("helpers/core: drawn") for p in architecture_problems(moved))
+    assert architecture_problems(text.replace("  plan/", "  planning/", 1)) == [
+        "helpers/plan is not drawn", "helpers/planning is drawn but not on disk"]

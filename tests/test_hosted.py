@@ -116,8 +116,8 @@ def run_hosted(host: dict, lesson: str) -> nbformat.NotebookNode:
     import json
     import time
 
-    from helpers.device import get_device
-    from helpers.results import stamp
+    from course.results import stamp
+    from helpers.core.device import get_device
 
     start = time.perf_counter()
     executed = run_notebook(as_nbval_runs(nb), host["python"], content, host["env"])
@@ -157,8 +157,8 @@ def test_lesson_runs_on_a_hosted_notebook(host: dict, lesson: str) -> None:
 WIDGET_CELL = """
 import torch
 import ipywidgets
-from helpers.attention import AttentionMaps
-from helpers.widgets import AttentionExplorer
+from helpers.model.attention import AttentionMaps
+from course.widgets import AttentionExplorer
 
 maps = torch.softmax(torch.randn(3, 2, 5, 5, generator=torch.Generator().manual_seed(0)), dim=-1)
 explorer = AttentionExplorer(AttentionMaps(maps=maps, tokens=[f"tok{i}" for i in range(5)]))
@@ -172,7 +172,7 @@ explorer  # shown as a lesson shows it: the cell's value
 
 @pytest.mark.timeout(600)
 def test_the_widgets_work_with_the_hosts_ipywidgets_7(host: dict) -> None:
-    """helpers.widgets' explorer builds, redraws and shows in the host's kernel, on Colab's ipywidgets."""
+    """course.widgets' explorer builds, redraws and shows in the host's kernel, on Colab's ipywidgets."""
     nb = hosted_copy("00_setup", host["archive"])  # lesson 01's widgets; its triton is not needed here
     boot = next(c for c in nb.cells if c.cell_type == "code")
     nb.cells = [boot, nbformat.v4.new_code_cell(WIDGET_CELL)]
@@ -195,7 +195,7 @@ def test_a_lesson_reading_the_course_beside_the_notebook_fails_there(host: dict)
     nb = hosted_copy("07_distributed", host["archive"])
     boot = next(c for c in nb.cells if c.cell_type == "code")
     planted = nbformat.v4.new_code_cell(
-        'from pathlib import Path\nPath("helpers/scripts/train_ddp.py").read_text()')
+        'from pathlib import Path\nPath("course/scripts/train_ddp.py").read_text()')
     nb.cells = [boot, planted]
     content = host["tmp"] / "content-planted"
     content.mkdir()
@@ -206,7 +206,7 @@ def test_a_lesson_reading_the_course_beside_the_notebook_fails_there(host: dict)
 @pytest.mark.timeout(300)
 def test_a_helpers_py_of_yours_beside_the_notebook_is_named(host: dict) -> None:
     """A learner's own helpers.py in the notebook's folder hides the course's package: the install cell stops,
-    naming the file and the fix, instead of the next cell failing with "No module named 'helpers.config'"."""
+    naming the file and the fix, instead of the next cell failing with "No module named 'helpers.core'"."""
     from nbclient.exceptions import CellExecutionError
 
     nb = hosted_copy("00_setup", host["archive"])

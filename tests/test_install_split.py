@@ -64,11 +64,11 @@ SCRIPT = textwrap.dedent('''
     import torch
     sys.path.insert(0, sys.argv[1])  # the tests' own GPT
     from owngpt import GPT, GPTConfig, batches
-    from helpers.adapt import as_course_model
-    from helpers.checkpoint import latest_checkpoint
-    from helpers.memory import estimate_training_memory
-    from helpers.timing import benchmark
-    from helpers.train import TrainConfig, train
+    from helpers.core.adapt import as_course_model
+    from helpers.train.checkpoint import latest_checkpoint
+    from helpers.measure.memory import estimate_training_memory
+    from helpers.core.timing import benchmark
+    from helpers.train.loop import TrainConfig, train
 
     missing = [m for m in sys.argv[2].split(",") if importlib.util.find_spec(m) is None]
     brought = set(sys.argv[2].split(",")) - set(missing)
@@ -83,7 +83,7 @@ SCRIPT = textwrap.dedent('''
     print("estimate", estimate_training_memory(as_course_model(GPT(cfg)), 4, cfg.block_size).peak)
     print("timing", benchmark(lambda: sum(range(100)), warmup=1, min_run_time=0.05).median_s > 0)
     try:
-        import helpers.plots  # noqa: F401
+        import course.plots  # noqa: F401
     except ModuleNotFoundError as err:
         print("plots:", err)
     print("trained", result.final_loss)

@@ -1,4 +1,4 @@
-"""helpers.kernels: the Triton FlashAttention forward agrees with SDPA's math backend.
+"""helpers.model.kernels: the Triton FlashAttention forward agrees with SDPA's math backend.
 
 Without CUDA the kernel runs through Triton's interpreter, which must be chosen before triton is first
 imported: this module sets TRITON_INTERPRET=1 at collection time, before any test imports triton.
@@ -21,8 +21,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere in this process
 
-from helpers.attention import sdpa_attention  # noqa: E402
-from helpers.kernels import SUPPORTED_HEAD_DIMS, flash_attention, triton_available  # noqa: E402
+from helpers.model.attention import sdpa_attention  # noqa: E402
+from helpers.model.kernels import SUPPORTED_HEAD_DIMS, flash_attention, triton_available  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed (Linux only)")
 
@@ -34,7 +34,7 @@ NOT_INTERPRETING = "TRITON_INTERPRET is off in this process: these tests run the
 
 
 def _interpreting() -> bool:
-    from helpers import compat
+    from helpers.core import compat
 
     return compat.triton_interpret_enabled()
 
@@ -110,7 +110,7 @@ def _gpu_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _gpu_tile(d: int) -> dict:
     """Fixed block sizes, no autotuning: the smallest configuration planned for this GPU and head dim."""
-    from helpers.kernels import configs
+    from helpers.model.kernels import configs
 
     tile = configs.tile_configs("attn_fwd", tuple(torch.cuda.get_device_capability()), d)[-1]
     return dict(block_m=tile.block_m, block_n=tile.block_n)
@@ -151,9 +151,9 @@ def test_gpu_autotuned_forward_matches_sdpa_math() -> None:
     _compiling()
     import importlib
 
-    from helpers.kernels import configs
+    from helpers.model.kernels import configs
 
-    fa = importlib.import_module("helpers.kernels.flash_attention")  # the module, not the function
+    fa = importlib.import_module("helpers.model.kernels.flash_attention")  # the module, not the function
     dtype = _gpu_dtype(torch.bfloat16)
     q, k, v, mask = _inputs(2, 4, 333, 333, 64, seed=7, padded=True, device="cuda", dtype=dtype)
     _check(q, k, v, mask, False, TOL[dtype])
@@ -198,7 +198,7 @@ def test_cpu_call_after_compiled_triton_import_says_how_to_fix() -> None:
     import sys
     from pathlib import Path
 
-    code = ("import triton, torch\nfrom helpers.kernels import flash_attention\n"
+    code = ("import triton, torch\nfrom helpers.model.kernels import flash_attention\n"
             "q = torch.randn(1, 1, 16, 16)\ntry:\n    flash_attention(q, q, q)\n"
             "except RuntimeError as err:\n    print(err)\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -215,7 +215,7 @@ def test_kernel_refusal_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -
 
     from fakegpu import fake_gpu
 
-    fa = importlib.import_module("helpers.kernels.flash_attention")
+    fa = importlib.import_module("helpers.model.kernels.flash_attention")
     assert fa.kernel_refusal("cpu", torch.float32, 64) is None
     assert "head dims" in fa.kernel_refusal("cpu", torch.float32, 48)
     assert "no backend for 'mps'" in fa.kernel_refusal("mps", torch.float32, 64)
@@ -242,9 +242,9 @@ def test_lesson01_triton_steps_skip_with_a_reason_without_triton(monkeypatch: py
     import importlib
     from types import SimpleNamespace
 
-    from helpers.lessons import lesson01
+    from course.lessons import lesson01
 
-    fa = importlib.import_module("helpers.kernels.flash_attention")
+    fa = importlib.import_module("helpers.model.kernels.flash_attention")
     monkeypatch.setattr(fa, "triton_available", lambda: False)
 
     def must_not_run(*args, **kwargs):

@@ -1,5 +1,6 @@
-"""helpers.ladder, helpers.ladder_report and benchmarks/ladder.py (lesson 08): rungs checked before timing
-(helpers.agreement), the greedy rule, one timing session per row, MFU on useful FLOPs, device-specific
+"""helpers.train.ladder, helpers.train.ladder_report and benchmarks/ladder.py (lesson 08): rungs checked
+before timing
+(helpers.measure.agreement), the greedy rule, one timing session per row, MFU on useful FLOPs, device-specific
 explanations, results written with their stamp, and lesson 08's checks of a climb on planted bugs."""
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import agreement, device, ladder, ladder_report, models
-from helpers.precision import tf32_enabled
-from helpers.runspec import PADDINGS, RunSpec
-from helpers.timing import Timing, time_interleaved
+from helpers.core import device
+from helpers.core.precision import tf32_enabled
+from helpers.core.timing import Timing, time_interleaved
+from helpers.measure import agreement
+from helpers.model import models
+from helpers.train import ladder, ladder_report
+from helpers.train.runspec import PADDINGS, RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("ladder_benchmark", ROOT / "benchmarks" / "ladder.py")
@@ -216,7 +220,7 @@ def test_why_notes_describe_the_device_that_ran(monkeypatch):
 
 
 def test_results_are_written_with_their_stamp(tmp_path):
-    from helpers.results import write_results
+    from course.results import write_results
 
     result = bench.run_ladder(**SMALL, rungs=NO_COMPILE[:2], greedy=True, log=lambda *a: None)
     import matplotlib.pyplot as plt
@@ -321,7 +325,7 @@ def test_command_line_keeps_the_flags_gpu_check_uses(capsys):
 def test_capstone_charts_carry_titles_labels_and_units():
     import matplotlib.pyplot as plt
 
-    from helpers.plots import confusion_matrix_chart, ladder_chart
+    from course.plots import confusion_matrix_chart, ladder_chart
 
     fig = ladder_chart({"fp32 eager": 1.0, "+ bf16": 0.5}, title="ladder",
                        accuracy={"fp32 eager": 0.9, "+ bf16": 0.92})
@@ -368,7 +372,8 @@ def test_arms_are_timed_in_alternation():
 
 
 class _Clock:
-    """A virtual clock for helpers.timing: a pass advances it by its stack's seconds, so timings are exact."""
+    """A virtual clock for helpers.core.timing: a pass advances it by its stack's seconds, so timings are
+    exact."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -400,7 +405,7 @@ def test_every_number_of_a_row_comes_from_one_timing_session(monkeypatch):
     sdpa = ladder.BASELINE.replace(attn="sdpa")
     fused = sdpa.replace(fused_adamw=True)
     calls, clock = [], _Clock()
-    monkeypatch.setattr("helpers.timing.time", clock)
+    monkeypatch.setattr("helpers.core.timing.time", clock)
     measure = _clocked_measure({ladder.BASELINE: 0.006, sdpa: 0.002, fused: 0.003}, calls, clock)
     rungs = [r for r in ladder.RUNGS if r.switch in ("attn", "fused_adamw")]
     base, steps, final = ladder.climb(rungs, measure, greedy=False, repeats=3, log=lambda s: None)
@@ -417,7 +422,8 @@ def test_every_number_of_a_row_comes_from_one_timing_session(monkeypatch):
 
 
 def test_timed_passes_train_the_model_the_stack_returns(monkeypatch):
-    # transformers 4.x switches attention by rebuilding the model (helpers.compat): the optimizer must step
+    # transformers 4.x switches attention by rebuilding the model (helpers.core.compat): the optimizer must
+    # step
     # the model the stack runs, not the one it was built from. Simulated here with a copy.
     import copy
 
@@ -441,13 +447,13 @@ def test_timed_passes_train_the_model_the_stack_returns(monkeypatch):
     assert not torch.equal(runs[0].classifier.weight, before), "the optimizer stepped another model"
 
 
-# --- lesson 08's checks of a climb (helpers/lessons/lesson08.py): each fails on its planted bug -----------
+# --- lesson 08's checks of a climb (course/lessons/lesson08.py): each fails on its planted bug -----------
 
 def _check_cell_source() -> str:
-    """The source of lesson 08's check_climb (helpers.lessons.lesson08), where a test plants a bug."""
+    """The source of lesson 08's check_climb (course.lessons.lesson08), where a test plants a bug."""
     import inspect
 
-    from helpers.lessons import lesson08
+    from course.lessons import lesson08
 
     return inspect.getsource(lesson08.check_climb)
 
@@ -455,8 +461,8 @@ def _check_cell_source() -> str:
 def _lesson_check_climb(device: torch.device, source: str | None = None):
     """lesson 08's check_climb, or the function `source` defines in its module's namespace (a planted bug),
     with the names a planted version may read (the device, fp8_supported)."""
-    from helpers.fp8 import fp8_supported
-    from helpers.lessons import lesson08
+    from course.lessons import lesson08
+    from helpers.model.fp8 import fp8_supported
 
     if source is None:
         return lesson08.check_climb
@@ -474,7 +480,7 @@ def test_the_lessons_checks_of_a_climb_fail_on_planted_bugs(monkeypatch):
     rungs = [r for r in ladder.RUNGS if r.switch in ("attn", "fused_adamw", "fp8")]
     cpu = torch.device("cpu")
     clock = _Clock()
-    monkeypatch.setattr("helpers.timing.time", clock)
+    monkeypatch.setattr("helpers.core.timing.time", clock)
 
     def cannot_run(stack, rung):  # as on this CPU: the last rung's switch is one the device lacks
         return "not run on this device" if stack.fp8 else None
@@ -522,7 +528,7 @@ def test_lesson_08s_ladder_on_a_t4_skips_what_it_cannot_run_and_goes_on(monkeypa
     assert "TF32" in planned["+ TF32"] and "FP8" in planned["+ FP8"]  # each skip gives its own reason
     assert "use fp16" in planned["+ bf16 autocast"] and planned["+ fp16 autocast + GradScaler"] is None
     clock = _Clock()
-    monkeypatch.setattr("helpers.timing.time", clock)
+    monkeypatch.setattr("helpers.core.timing.time", clock)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # nothing runs on the fake T4
     seconds = collections.defaultdict(lambda: 0.006, {ladder.BASELINE.replace(precision="fp16"): 0.003})
     base, steps, final = ladder.climb(ladder.RUNGS, _clocked_measure(seconds, [], clock), greedy=True,
@@ -545,19 +551,19 @@ def test_the_ladder_and_its_report_import_one_way():
     import ast
 
     def imported(module: str) -> set[str]:
-        tree = ast.parse((ROOT / "helpers" / f"{module}.py").read_text())
+        tree = ast.parse((ROOT / "helpers" / "train" / f"{module}.py").read_text())
         names = set()
         for node in ast.walk(tree):  # function-level and TYPE_CHECKING imports included
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers"):
-                names.add(node.module.removeprefix("helpers").lstrip("."))
+                names.add(node.module.rsplit(".", 1)[-1])
                 names.update(a.name for a in node.names if node.module == "helpers")
             elif isinstance(node, ast.Import):
-                names.update(a.name.removeprefix("helpers.") for a in node.names
+                names.update(a.name.rsplit(".", 1)[-1] for a in node.names
                              if a.name.startswith("helpers"))
         return names
 
     assert "ladder_report" in imported("ladder")
-    assert "ladder" not in imported("ladder_report"), "helpers.ladder_report imports helpers.ladder: a cycle"
+    assert "ladder" not in imported("ladder_report"), "ladder_report imports ladder: a cycle"
 
 
 def test_a_rung_that_runs_out_of_memory_is_reported_and_the_climb_goes_on():
@@ -589,7 +595,7 @@ def test_a_rung_that_runs_out_of_memory_is_reported_and_the_climb_goes_on():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU --gpu-target runs the real thing")
 def test_the_gpu_target_asks_for_cuda_instead_of_running_hours_on_a_cpu(monkeypatch):
-    from helpers.device import DeviceUnavailableError
+    from helpers.core.device import DeviceUnavailableError
 
     seen = {}
     monkeypatch.setattr(bench, "run_ladder", lambda **kw: seen.update(kw) or {})  # planted: nothing is run
@@ -605,7 +611,7 @@ def test_3_a_rung_timed_on_a_machine_too_busy_to_judge_gets_no_verdict():
     assert ladder.keeps(_t(0.5, 0.02), best).keep  # 2x beyond a 5 % spread: kept on a quiet machine
     noisy = ladder.keeps(_t(0.5, 0.3), best)  # the candidate's rounds disagree by 60 %: no verdict
     assert not noisy.keep  # before: kept, 2.00x beyond a threshold of 1.60x
-    from helpers.timing import CpuLoad
+    from helpers.core.timing import CpuLoad
 
     loaded = ladder.keeps(_t(0.5, 0.02), best, load=CpuLoad(0.6, 2.0, 2))  # others took 60 % of the CPUs
     for d in (noisy, loaded):
@@ -658,7 +664,7 @@ def test_4_the_check_runs_with_functional_dropout_off_and_names_dropout_that_ign
     from torch import nn
     from torch.nn import functional as F
 
-    from helpers.adapt import as_course_model
+    from helpers.core.adapt import as_course_model
 
     llama = _llama(0.1)  # attention dropout applied functionally: there is no nn.Dropout module in it
     x = torch.randint(1, 96, (2, 16), generator=torch.Generator().manual_seed(0))

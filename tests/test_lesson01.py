@@ -1,4 +1,4 @@
-"""Lesson 01's checks (helpers.lessons.lesson01), each run on what the lesson gives it and on a planted error
+"""Lesson 01's checks (course.lessons.lesson01), each run on what the lesson gives it and on a planted error
 that it must catch. The Triton steps' skip without triton is tested in tests/test_kernels.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.attention import AttentionMaps, naive_attention, sdpa_attention
-from helpers.lessons import lesson01
+from course.lessons import lesson01
+from helpers.model.attention import AttentionMaps, naive_attention, sdpa_attention
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_source_from_prints_from_the_marker() -> None:
 
 
 def test_the_sweeps_times_get_no_verdict_on_a_busy_machine(S) -> None:
-    from helpers.timing import CpuLoad
+    from helpers.core.timing import CpuLoad
 
     measured = {"backends": {"kernel": "flash", "backends": ["math", "flash"], "unexpected": [],
                              "kernel expected": ["flash"]},

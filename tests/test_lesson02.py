@@ -1,4 +1,4 @@
-"""Lesson 02's checks (helpers.lessons.lesson02) pass on what the lesson measures and fail on planted errors:
+"""Lesson 02's checks (course.lessons.lesson02) pass on what the lesson measures and fail on planted errors:
 each `check_...` the notebook calls in one line is called here with the error it is there to catch."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.lessons import lesson02
-from helpers.runspec import RunSpec
-from helpers.tables import Table
+from course.lessons import lesson02
+from helpers.core.tables import Table
+from helpers.train.runspec import RunSpec
 
 # --- section 1: the formats ---------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ def test_planted_summary_before_the_gpu_cell_fails():
 
 
 def _timed_run(step_s: float, peak: int):
-    from helpers.meter import TrainResult
+    from helpers.train.meter import TrainResult
 
     return TrainResult(losses=[2.0, 1.0], step_times_s=[step_s] * 4, tokens_per_s=1.0, samples_per_s=1.0,
                        mfu=None, peak_memory_bytes=peak, steps_done=4, resumed_from=None)
@@ -238,7 +238,7 @@ def _timed_run(step_s: float, peak: int):
 def test_the_summary_judges_no_timing_when_other_programs_took_the_cpus(capsys):
     from types import SimpleNamespace
 
-    from helpers.timing import CpuLoad
+    from helpers.core.timing import CpuLoad
 
     class Probe:  # a LoadProbe that read `others` over the run
         def __init__(self, others):

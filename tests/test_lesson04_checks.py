@@ -1,4 +1,4 @@
-"""Lesson 04's checks can fail: each one, called as the lesson calls it (helpers.lessons.lesson04), passes on
+"""Lesson 04's checks can fail: each one, called as the lesson calls it (course.lessons.lesson04), passes on
 right inputs and fails on a planted error (the planted errors of the notebook's cells before the checks moved
 into the module). Timings the checks judge are fixed values where the test is about the rule, not about this
 machine's speed; where real timings run, the planted error is too large for any load to hide.
@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import helpers.lessons.lesson04 as lesson04
-from helpers.opcount import count_ops, labelled_step
-from helpers.predictions import Effect, blank_predictions, lock_predictions, start_measuring
-from helpers.regimes import MemoryRoofs, OpRow, OpTable, fixed_work_s
-from helpers.roofline import Roofline
-from helpers.timing import TOO_BUSY, TOO_BUSY_VERDICT, Timing, busy
+import course.lessons.lesson04 as lesson04
+from course.predictions import Effect, blank_predictions, lock_predictions, start_measuring
+from helpers.core.timing import TOO_BUSY, TOO_BUSY_VERDICT, Timing, busy
+from helpers.measure.opcount import count_ops, labelled_step
+from helpers.measure.regimes import MemoryRoofs, OpRow, OpTable, fixed_work_s
+from helpers.measure.roofline import Roofline
 
 ROOF = Roofline("test machine", {"fp32": 100e9}, 10e9, 512, 2**20)
 
@@ -101,7 +101,7 @@ def test_the_profile_must_account_for_the_plain_step(capsys):
 
 
 def test_the_step_flops_are_the_formula_and_a_doubled_matmul_is_caught(capsys):
-    from helpers.regimes import op_table
+    from helpers.measure.regimes import op_table
 
     S = types.SimpleNamespace(PROFILE="smoke", VOCAB=256, DROPOUT=0.0, SEQ=16, DEVICE=torch.device("cpu"))
     model, step = lesson04.small_transformer_step(S, 2)
@@ -289,7 +289,7 @@ def test_a_busy_measurement_makes_the_run_too_busy_and_a_later_quiet_one_does_no
     assert not judge.see("third", busy(0.1))  # a later quiet measurement judges nothing either
     out = capsys.readouterr().out
     assert out.count("too busy to judge") == 1 and "second" in judge.said("x")
-    with pytest.raises(ValueError, match="helpers.timing.Busy"):
+    with pytest.raises(ValueError, match="helpers.core.timing.Busy"):
         judge.see("bad", 0.7)
 
 

@@ -1,4 +1,4 @@
-"""Lesson 05's checks (helpers.lessons.lesson05) pass on what the lesson measures and fail on planted errors:
+"""Lesson 05's checks (course.lessons.lesson05) pass on what the lesson measures and fail on planted errors:
 each `check_...` the notebook calls in one line, and the cold-cache guard around every cold compile, is run
 here with the error it is there to catch. Nothing here compiles with Inductor: Dynamo's capture (`explain`,
 `backend="eager"`) is enough, and a compile's cache writes are stood in for by a file."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.lessons import lesson05
-from helpers.regimes import OpRow, OpTable
+from course.lessons import lesson05
+from helpers.measure.regimes import OpRow, OpTable
 
 # --- cold and warm compile caches ---------------------------------------------------------------------------
 
@@ -200,7 +200,7 @@ def test_compile_shares_follow_lesson_04s_causes():
     assert "matmuls and attention took 40 %" in text and "the rest, 50 %" in text
     assert "at most 2.00x" in text and "It did not pay: 0.90x" in text
     # planted: the timings behind the speed-up were taken on a busy machine (issue 39: "It paid: 20.27x")
-    from helpers.timing import busy
+    from helpers.core.timing import busy
 
     text = lesson05.why_compile_paid(_table(), speedup=20.27, paid=True, busy=busy(load=0.7))
     assert "Whether it paid: too busy to judge" in text and "It paid" not in text
@@ -215,13 +215,13 @@ class _Probe:
         self.others = others
 
     def read(self):
-        from helpers.timing import CpuLoad
+        from helpers.core.timing import CpuLoad
 
         return CpuLoad(self.others, 60.0, 2)
 
 
 def _summary(load, session=None):
-    from helpers.timing import CpuLoad, Timing
+    from helpers.core.timing import CpuLoad, Timing
 
     def timing(name, median):
         return Timing(name, median, 0.05 * median, 5, 1)
@@ -266,8 +266,8 @@ def test_section_3s_break_even_line_says_too_busy_on_a_busy_machine(capsys):
     import json
     from types import SimpleNamespace
 
-    from helpers.paths import checkout_root
-    from helpers.timing import Timing, busy
+    from course.paths import checkout_root
+    from helpers.core.timing import Timing, busy
 
     cells = json.loads((checkout_root() / "notebooks/05_compile.ipynb").read_text(encoding="utf-8"))["cells"]
     source = "".join(next(c for c in cells if c.get("id") == "fcb6eaba")["source"])

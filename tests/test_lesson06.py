@@ -1,4 +1,4 @@
-"""Lesson 06's code (helpers.lessons.lesson06), its GPU-only parts run on a CPU (issues 18, 24, 38).
+"""Lesson 06's code (course.lessons.lesson06), its GPU-only parts run on a CPU (issues 18, 24, 38).
 Section 3's copies run with the device a CPU, `pin_memory` an identity and the CUDA calls no-ops, so an error
 in them fails here, not on the first GPU; the GPU-only cell binds no name a later cell uses; every way of
 batching is pinned alike on a GPU; pinning is timed where it happens (with 0 workers the DataLoader pins
@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers.data import TokenizedDataset
-from helpers.lessons import lesson06
-from helpers.runspec import PADDINGS
-from helpers.timing import Timing
+from course.lessons import lesson06
+from helpers.core.timing import Timing
+from helpers.data.text import TokenizedDataset
+from helpers.train.runspec import PADDINGS
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_input_pipeline.ipynb"
 STEP3_COPIES = "d0b79338"  # the cell id of section 3's timed copies (GPU only)
@@ -98,7 +98,7 @@ def _per_step_pinning(sources: dict[str, str]) -> list[str]:
 
 def test_batches_are_pinned_by_the_dataloader_not_step_by_step_on_the_main_thread() -> None:
     sources = {f"cell {cid}": src for cid, src in _code_cells()}
-    sources["helpers/lessons/lesson06.py"] = inspect.getsource(lesson06)
+    sources["course/lessons/lesson06.py"] = inspect.getsource(lesson06)
     per_step = _per_step_pinning(sources)
     assert not per_step, ("pinning a batch by hand each step, then copying, is usually slower than a "
                           "plain .to(device): pin batches once (section 4), or let "
@@ -220,7 +220,8 @@ def test_the_padding_order_check_fails_on_planted_shares() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from helpers.models import SmallTransformer, small_config
+    from course.profile import small_config
+    from helpers.model.models import SmallTransformer
 
     torch.manual_seed(0)
     return SmallTransformer(small_config("smoke", n_classes=2, max_len=32)).eval()
@@ -234,7 +235,7 @@ def _articles(n: int = 8) -> TokenizedDataset:
 
 
 def test_padding_keeps_the_loss_and_a_leaking_pack_fails(tiny_model, monkeypatch) -> None:
-    import helpers.packed_model as packed_model
+    import helpers.model.packed_model as packed_model
 
     S = _setup()
     S.BATCH = 4
@@ -270,7 +271,7 @@ class _Probe:
         self.others = others
 
     def read(self):
-        from helpers.timing import CpuLoad
+        from helpers.core.timing import CpuLoad
 
         return CpuLoad(self.others, 60.0, 2)
 

@@ -1,6 +1,6 @@
-"""Lesson 07's checks (helpers/lessons/lesson07.py), each on the summaries of runs that went right and on the
+"""Lesson 07's checks (course/lessons/lesson07.py), each on the summaries of runs that went right and on the
 same summaries with one planted error. The lesson itself runs in `make test` through tests/test_hosted.py;
-here no process is launched: the summaries are built as helpers/scripts/train_ddp.py writes them."""
+here no process is launched: the summaries are built as course/scripts/train_ddp.py writes them."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers.distributed import LaunchResult
-from helpers.lessons import lesson07
+from course.lessons import lesson07
+from helpers.train.distributed import LaunchResult
 
 NPROC, ACCUM, STEPS, FAULT_AT, CKPT_EVERY = 2, 2, 8, 5, 2
 S = SimpleNamespace(NPROC=NPROC, ACCUM=ACCUM, STEPS=STEPS, FAULT_AT=FAULT_AT)
@@ -222,6 +222,6 @@ class _Probe:
         self.others = others
 
     def read(self):
-        from helpers.timing import CpuLoad
+        from helpers.core.timing import CpuLoad
 
         return CpuLoad(self.others, 60.0, 2)

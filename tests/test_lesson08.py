@@ -1,4 +1,4 @@
-"""Lesson 08 (helpers/lessons/lesson08.py) without running the lesson: the memory it keeps on a GPU, counted
+"""Lesson 08 (course/lessons/lesson08.py) without running the lesson: the memory it keeps on a GPU, counted
 with fake tensors under a faked T4, Kaggle's 2xT4 and a 24 GB L4; the DDP rung's start on a GPU 0 that the
 ladder used; and the lesson's checks, each on a planted error.
 
@@ -24,11 +24,12 @@ import torch.nn.functional as F
 from fakegpu import GPU_CLASSES, fake_gpu
 from lesson_sizes import decide
 
-from helpers import compat, ladder
-from helpers.evaluation import confusion_matrix
-from helpers.lessons import lesson08
-from helpers.models import MODEL_SIZES
-from helpers.paths import checkout_root
+from course.lessons import lesson08
+from course.paths import checkout_root
+from helpers.core import compat
+from helpers.model.models import MODEL_SIZES
+from helpers.train import ladder
+from helpers.train.evaluation import confusion_matrix
 
 # MemTracker's module hooks warn for modules collected before backward reaches them (the fake step's own)
 pytestmark = pytest.mark.filterwarnings("ignore:Module is None:UserWarning")

@@ -1,4 +1,4 @@
-"""Lessons 00 and 03's checks can fail: each one, called from the lesson's module (helpers/lessons/lesson00.py
+"""Lessons 00 and 03's checks can fail: each one, called from the lesson's module (course/lessons/lesson00.py
 and lesson03.py) with a planted bug, raises; with correct inputs it passes (issues 24, 38). The planted bugs
 are the ones the notebooks' cells were tested with before the checks moved into those modules."""
 
@@ -13,9 +13,9 @@ import types
 import pytest
 import torch
 
-from helpers.device import GPUInfo, last_level_cache_bytes
-from helpers.lessons import lesson00, lesson03
-from helpers.timing import ColdStart
+from course.lessons import lesson00, lesson03
+from helpers.core.device import GPUInfo, last_level_cache_bytes
+from helpers.core.timing import ColdStart
 
 # --- lesson 00 ---------------------------------------------------------------------------------------
 
@@ -102,7 +102,7 @@ def _matmul(n: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_l00_roofline_check_catches_a_roof_counted_with_half_the_flops(monkeypatch, capsys):
-    from helpers import roofline
+    from helpers.measure import roofline
 
     def half_counted(*args, **kwargs):  # a roofline whose matmul FLOPs were counted as n³, not 2n³
         roof = roofline.measure_roofline(*args, **kwargs)
@@ -156,8 +156,8 @@ def test_last_level_cache_bytes(monkeypatch):
 def _l00_summary(roof_others: float, add_others: float, matmul_others: float | None = None) -> dict[str, str]:
     """Lesson 00's summary of a run whose roofline and roof checks saw other programs take these shares of the
     CPUs -> its verdicts."""
-    from helpers.roofline import Roofline
-    from helpers.timing import CpuLoad
+    from helpers.core.timing import CpuLoad
+    from helpers.measure.roofline import Roofline
 
     roof = Roofline("a CPU", {"fp32": 1e10, "bf16": 2e10}, 1e10, 512, 2**26, measured_at="2026-12-03T12:00",
                     threads=2, device_type="cpu", others_load=roof_others, spread=0.05)
@@ -189,8 +189,9 @@ def test_l00_summary_judges_nothing_timed_once_the_run_was_too_busy(capsys):
 
 
 def test_l03_parameter_term_is_checked_against_the_allocator(capsys):
-    from helpers.memory import estimate_training_memory, track_peak_memory
-    from helpers.models import SmallTransformer, small_config
+    from course.profile import small_config
+    from helpers.measure.memory import estimate_training_memory, track_peak_memory
+    from helpers.model.models import SmallTransformer
 
     with track_peak_memory("cpu") as built:
         model = SmallTransformer(small_config("smoke", vocab_size=128, max_len=16))
@@ -205,14 +206,14 @@ def test_l03_parameter_term_is_checked_against_the_allocator(capsys):
 
 
 def _estimate(activations: int, peak_terms: int = 0):
-    from helpers.memory import MemoryEstimate
+    from helpers.measure.memory import MemoryEstimate
 
     return MemoryEstimate(parameters=peak_terms, gradients=0, optimizer=0, weight_copies=0,
                           activations=activations, temporary=0, precision="fp32", batch_size=2, seq_len=16)
 
 
 def _report(peak: int, increase: int):
-    from helpers.memory import MemoryReport
+    from helpers.measure.memory import MemoryReport
 
     return MemoryReport("cpu", "test", peak_bytes=peak, peak_increase_bytes=increase)
 
@@ -255,8 +256,8 @@ def test_l03_estimate_table_refuses_a_term_the_estimator_does_not_name():
 def test_l03_summary_judges_no_step_time_when_other_programs_took_the_cpus(capsys):
     from types import SimpleNamespace as NS
 
-    from helpers.meter import TrainResult
-    from helpers.timing import CpuLoad
+    from helpers.core.timing import CpuLoad
+    from helpers.train.meter import TrainResult
 
     def run(step_s: float, peak: int) -> TrainResult:  # steady steps: no noise of their own
         return TrainResult(losses=[2.0, 1.0], step_times_s=[2 * step_s] + [step_s] * 4, tokens_per_s=1.0,

@@ -31,9 +31,10 @@ import torch
 from fakegpu import GPU_CLASSES
 from lesson_sizes import NOTEBOOKS, decisions, setup_arguments
 
-from helpers.lessons import lesson04, lesson08
-from helpers.memory import estimate_training_memory
-from helpers.models import SmallTransformer, small_config
+from course.lessons import lesson04, lesson08
+from course.profile import small_config
+from helpers.measure.memory import estimate_training_memory
+from helpers.model.models import SmallTransformer
 
 GiB = 2**30
 SPARE = 0.05  # issue 39: every step fits with at least 5 % of the card to spare
@@ -371,7 +372,8 @@ def test_lesson_02s_formulas_match_what_its_cells_keep(monkeypatch, tmp_path):
     exec("".join(params["source"]), ns)  # noqa: S102 (the notebook's own cells)
     exec(cells["l02-sizes"], ns)  # noqa: S102
     ns.update(BATCH=2, SEQ=16)  # below smoke, for speed: the formulas hold at any sizes
-    exec("from helpers.train import make_optimizer\nfrom helpers.synthetic import synthetic_batch_fn\n"
+    exec("from helpers.train.loop import make_optimizer\nfrom helpers.data.synthetic import "
+         "synthetic_batch_fn\n"
          "batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=0)", ns)  # noqa: S102 (section 3's)
     exec(cells["c49c994e"], ns)  # noqa: S102 (the hand-written fp16 loop)
     lines = cells["l02-ckpt-code"].splitlines(keepends=True)

@@ -2,7 +2,7 @@
 peak tracking, the timeline, and the largest-batch search surviving out-of-memory errors.
 
 Measurement method on this CPU: torch.profiler memory events (every allocation and free of PyTorch's
-CPU allocator, summed in time order), see helpers/memory.py.
+CPU allocator, summed in time order), see helpers/measure/memory.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 
-from helpers.memory import (
+from helpers.measure.memory import (
     MemoryEstimate,
     estimate_training_memory,
     find_max_batch_size,
@@ -21,8 +21,8 @@ from helpers.memory import (
     tensor_bytes,
     track_peak_memory,
 )
-from helpers.models import SmallTransformer, TransformerConfig
-from helpers.train import make_optimizer
+from helpers.model.models import SmallTransformer, TransformerConfig
+from helpers.train.loop import make_optimizer
 
 B, T = 8, 128
 
@@ -185,7 +185,7 @@ def test_expected_peak_of_a_whole_step_is_within_20_percent_of_the_measured_one(
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_autocast_activations_and_weight_copies_match_the_measurement(precision):
-    from helpers.precision import autocast_context
+    from helpers.core.precision import autocast_context
 
     m = model()  # SDPA attention: the same autocast policy on CPU and CUDA
     ids = torch.randint(512, (B, T))
@@ -199,7 +199,7 @@ def test_autocast_activations_and_weight_copies_match_the_measurement(precision)
 
 
 def test_peak_rss_bytes_sees_a_large_allocation():
-    from helpers.memory import peak_rss_bytes
+    from helpers.measure.memory import peak_rss_bytes
 
     before = peak_rss_bytes()
     block = torch.ones(64 * 2**20 // 4)  # 64 MiB, written, so the pages are resident
@@ -216,8 +216,8 @@ def test_the_dry_runs_tracker_keeps_the_same_peak_as_torchs_memtracker():
 
     from torch.distributed._tools import mem_tracker
 
-    from helpers import compat
-    from helpers.memory import estimate_step_memory
+    from helpers.core import compat
+    from helpers.measure.memory import estimate_step_memory
 
     with torch.device("meta"):
         model = SmallTransformer(TransformerConfig(vocab_size=300, d_model=64, n_heads=4, n_layers=4,

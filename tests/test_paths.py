@@ -1,4 +1,4 @@
-"""helpers.paths: what a lesson opens at run time ships inside the package, found from the installed helpers
+"""course.paths: what a lesson opens at run time ships inside the package, found from the installed helpers
 wherever the notebook runs, and lessons write what the learner opens under ./outputs (issues 31, 38)."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import paths
+from course import paths
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_scripts_solutions_and_sample_data_are_in_the_package(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a folder with nothing of the course in it, as on Colab
-    assert paths.script("train_ddp") == REPO / "helpers" / "scripts" / "train_ddp.py"
+    assert paths.script("train_ddp") == REPO / "course" / "scripts" / "train_ddp.py"
     assert paths.script("slurm/train_ddp.sbatch").is_file()
     assert (paths.solutions_dir() / "01_attention" / "flash_forward.py").is_file()
     assert paths.sample_data().is_file()
@@ -29,15 +29,15 @@ def test_an_unknown_script_is_named_with_the_known_ones():
 
 
 def test_an_installed_copy_has_no_checkout(tmp_path):
-    """helpers/paths.py loaded from a copy of the package in a site-packages folder (a pip install)."""
+    """course/paths.py loaded from a copy of the package in a site-packages folder (a pip install)."""
     where = tmp_path / "site-packages"
-    (where / "helpers").mkdir(parents=True)
-    shutil.copy(REPO / "helpers" / "paths.py", where / "helpers" / "paths.py")
-    spec = importlib.util.spec_from_file_location("copied_paths", where / "helpers" / "paths.py")
+    (where / "course").mkdir(parents=True)
+    shutil.copy(REPO / "course" / "paths.py", where / "course" / "paths.py")
+    spec = importlib.util.spec_from_file_location("copied_paths", where / "course" / "paths.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.checkout_root() is None
-    assert module.solutions_dir() == where / "helpers" / "solutions"
+    assert module.solutions_dir() == where / "course" / "solutions"
 
 
 def test_output_dir_is_beside_the_notebook_or_where_named(tmp_path, monkeypatch):

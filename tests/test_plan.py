@@ -1,8 +1,9 @@
-"""The planner (helpers.plan, lesson 09): its fake-tensor count is lesson 04's count of the real step, its
+"""The planner (helpers.plan.planner, lesson 09): its fake-tensor count is lesson 04's count of the real step,
+its
 search finds the largest batch, a step too big for a T4 is refused with the largest batch that fits, every
 figure of its table names its source, the course's rules decide each class's precision, its command line,
 and lesson 09's exercise (09-largest-batch) against the wrong answers learners write. The planner beside this
-machine's own step is lesson 09's own check (`helpers.lessons.lesson09.check_on_this_machine`, run by the
+machine's own step is lesson 09's own check (`course.lessons.lesson09.check_on_this_machine`, run by the
 notebook's test); the published figures are tests/test_plan_published.py.
 
 What the tests cost: one dry run of a 1- or 2-layer model is about a second on the 2-core CPU; no test here
@@ -21,15 +22,17 @@ import torch
 from fakegpu import GPU_CLASSES, fake_gpu  # tests/ is on sys.path under pytest
 from owngpt import GPT, GPTConfig
 
+from course.exercises import EXERCISES, evaluate
+from course.exercises.lesson09 import draw_cases
+from course.sizing import MARGIN
 from helpers import plan as planner
-from helpers.adapt import as_course_model
-from helpers.exercises import EXERCISES, evaluate
-from helpers.exercises.lesson09 import draw_cases
-from helpers.gpus import GPUS
-from helpers.memory import estimate_step_memory
-from helpers.models import TransformerConfig, bert_config
-from helpers.opcount import count_ops, labelled_step
-from helpers.plan import (
+from helpers.core.adapt import as_course_model
+from helpers.core.precision import training_precision
+from helpers.measure.gpus import GPUS
+from helpers.measure.memory import estimate_step_memory
+from helpers.measure.opcount import count_ops, labelled_step
+from helpers.model.models import TransformerConfig, bert_config
+from helpers.plan.planner import (
     EXAMPLE_PRICES,
     Prices,
     count_step,
@@ -39,9 +42,7 @@ from helpers.plan import (
     plan,
     seen_as,
 )
-from helpers.precision import training_precision
-from helpers.runspec import RunSpec
-from helpers.sizing import MARGIN
+from helpers.train.runspec import RunSpec
 
 
 def _small() -> torch.nn.Module:
@@ -92,7 +93,8 @@ def test_a_count_keyed_by_data_pointer_is_wrong_on_fake_tensors():
     merges same-shaped tensors (AdamW's parameters, gradients and moments) and loses their bytes."""
     from unittest import mock
 
-    from helpers import compat, opcount
+    from helpers.core import compat
+    from helpers.measure import opcount
 
     model = _small()
     batch = example_batch(model, 4, 32)
@@ -306,7 +308,7 @@ WRONG = {
             n *= 2
         return n if fixed + n * per <= usable else 0
         """), "    "),
-    "course-function": "from helpers.plan import largest_batch\n\n" + SIGNATURE + textwrap.indent(
+    "course-function": "from helpers.plan.planner import largest_batch\n\n" + SIGNATURE + textwrap.indent(
         textwrap.dedent("""
         per = (peak_at_double - peak_at_batch) / batch
         fixed = peak_at_batch - batch * per
@@ -386,13 +388,13 @@ def test_the_plan_beside_this_gpus_own_step():
 
     from transformers import BertForSequenceClassification
 
-    from helpers.models import bert_config
-    from helpers.optime import per_call_overhead
-    from helpers.plan import count_step, datasheet_roofs, measured_roofs, step_time
-    from helpers.regimes import ROOF_MARGIN
-    from helpers.roofline import measure_roofline
-    from helpers.tables import Table
-    from helpers.timing import benchmark
+    from helpers.core.tables import Table
+    from helpers.core.timing import benchmark
+    from helpers.measure.optime import per_call_overhead
+    from helpers.measure.regimes import ROOF_MARGIN
+    from helpers.measure.roofline import measure_roofline
+    from helpers.model.models import bert_config
+    from helpers.plan.planner import count_step, datasheet_roofs, measured_roofs, step_time
 
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)

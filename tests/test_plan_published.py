@@ -2,7 +2,7 @@
 describes (model, batch per GPU, sequence length, bf16, AdamW) and planned on its GPU's datasheet roofs; the
 test prints the planner's step time beside theirs and holds the ratio to `PUBLISHED_FACTOR`.
 
-The figures (`helpers.lessons.lesson09.PUBLISHED`, each with its source), read from the repositories named:
+The figures (`course.lessons.lesson09.PUBLISHED`, each with its source), read from the repositories named:
 
 - karpathy/nanoGPT, README.md at commit 5a725d9 (2022-12-30): torch.compile cut "iteration time from ~250ms /
   iter to 135ms / iter"; bench.py at that commit runs GPT-2 124M (12 layers, 12 heads, 768 wide, an untied
@@ -29,7 +29,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.lessons.lesson09 import (
+from course.lessons.lesson09 import (
     PUBLISHED,
     PUBLISHED_FACTOR,
     _gpt3,
@@ -38,7 +38,7 @@ from helpers.lessons.lesson09 import (
     counts_by_layers,
     published_table,
 )
-from helpers.plan import count_step, example_batch
+from helpers.plan.planner import count_step, example_batch
 
 
 def _tiny_gpt2(layers: int) -> torch.nn.Module:

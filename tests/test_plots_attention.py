@@ -1,4 +1,4 @@
-"""helpers.plots, attention section: figures have the right axes, labels and data."""
+"""course.plots, attention section: figures have the right axes, labels and data."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from helpers.plots import attention_grid_chart, attention_map_chart, attention_sweep_chart  # noqa: E402
+from course.plots import attention_grid_chart, attention_map_chart, attention_sweep_chart  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers.plots import loss_curves_chart, memory_breakdown_chart, memory_timeline_chart  # noqa: E402
+from course.plots import loss_curves_chart, memory_breakdown_chart, memory_timeline_chart  # noqa: E402
 
 
 def test_memory_breakdown_stacks_the_terms():
@@ -52,7 +52,7 @@ def test_loss_curves_share_one_axis_and_mark_skipped_steps():
 def test_bar_chart_names_its_baseline_once_and_writes_each_ratio():
     import matplotlib.pyplot as plt
 
-    from helpers.plots import bar_chart
+    from course.plots import bar_chart
 
     fig = bar_chart({"fp32 eager (baseline)": 2.0, "+ bf16": 3.0}, title="t", ylabel="y",
                     baseline="fp32 eager (baseline)")

@@ -1,4 +1,4 @@
-"""helpers.precision: one vocabulary, clear refusals, the TF32 switch restores what it found, and the
+"""helpers.core.precision: one vocabulary, clear refusals, the TF32 switch restores what it found, and the
 course-wide rule "TF32 stays on for what runs in float32 after the tf32 rung". CPU."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def test_unknown_precision_names_the_choices(bad):
 
 
 def test_fp8_is_sent_to_its_own_switch():
-    with pytest.raises(ValueError, match="helpers.fp8"):
+    with pytest.raises(ValueError, match="helpers.model.fp8"):
         hp.check_precision("fp8", "cpu")
 
 

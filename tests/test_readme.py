@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE = ("python", "python3", "pip", "pip3", "torchrun", "jupyter", "pytest")  # need an activated venv
-TOP = ("scripts", "benchmarks", "docker", "notebooks", "docs", "helpers", "ci", "site", "tests")
+TOP = ("scripts", "benchmarks", "docker", "notebooks", "docs", "helpers", "course", "ci", "site", "tests")
 GENERATED = re.compile(r"<!-- results:begin.*?<!-- results:end -->", re.S)  # benchmarks/update_results.py's
 
 

@@ -1,8 +1,11 @@
-"""The tools of lesson 04, read together: helpers.opcount's counts agree with independent ones (hand formulas,
-tensor sizes, the rows an index op reads), helpers.optime times the counted ops beside plain steps and prices
-the profiler's events, helpers.regimes' checks fail on planted errors (an op above its roof, a profile that
+"""The tools of lesson 04, read together: helpers.measure.opcount's counts agree with independent ones (hand
+formulas,
+tensor sizes, the rows an index op reads), helpers.measure.optime times the counted ops beside plain steps and
+prices
+the profiler's events, helpers.measure.regimes' checks fail on planted errors (an op above its roof, a profile
+that
 does not account for the step, an op missing from the profile), its split of each op's time adds up, and
-helpers.predictions refuses a late prediction and scores "helped most"."""
+course.predictions refuses a late prediction and scores "helped most"."""
 
 from __future__ import annotations
 
@@ -14,12 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import helpers.opcount as opcount
-from helpers.flops import model_flops_per_token
-from helpers.models import SmallTransformer, small_config
-from helpers.opcount import count_ops, is_communication, labelled_step, op_class
-from helpers.optime import OpTimes, busy_time, cuda_graphed, per_call_overhead, time_ops
-from helpers.predictions import (
+import helpers.measure.opcount as opcount
+from course.predictions import (
     OP_KINDS,
     Effect,
     blank_predictions,
@@ -29,7 +28,13 @@ from helpers.predictions import (
     score_predictions,
     start_measuring,
 )
-from helpers.regimes import (
+from course.profile import small_config
+from helpers.core.timing import Timing
+from helpers.data.synthetic import synthetic_batch_fn
+from helpers.measure.flops import model_flops_per_token
+from helpers.measure.opcount import count_ops, is_communication, labelled_step, op_class
+from helpers.measure.optime import OpTimes, busy_time, cuda_graphed, per_call_overhead, time_ops
+from helpers.measure.regimes import (
     EXCESS,
     REGIMES,
     TOO_BUSY,
@@ -49,10 +54,9 @@ from helpers.regimes import (
     profile_step,
     why_it_paid,
 )
-from helpers.roofline import Roofline
-from helpers.synthetic import synthetic_batch_fn
-from helpers.timing import Timing
-from helpers.train import make_optimizer
+from helpers.measure.roofline import Roofline
+from helpers.model.models import SmallTransformer
+from helpers.train.loop import make_optimizer
 
 # A made-up machine: 100 GFLOP/s, 10 GB/s (ridge at 10 FLOP/byte), 5 µs per call.
 ROOF = Roofline("test machine", {"fp32": 100e9}, 10e9, 512, 2**20)
@@ -170,7 +174,8 @@ def small_step(dropout=0.0, batch=2, seq=16):
 
 
 def expected_step_flops(model, batch, seq):
-    """The course's formula (helpers.flops) less the bias adds, which FlopCounterMode does not count."""
+    """The course's formula (helpers.measure.flops) less the bias adds, which FlopCounterMode does not
+    count."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     biases = sum(m.bias.numel() for m in linears if m.bias is not None)
     return (model_flops_per_token(model, seq) - 6 * biases) * batch * seq
@@ -260,7 +265,7 @@ def _row(**kw):
 
 
 def opcount_row(**kw):
-    from helpers.regimes import OpRow
+    from helpers.measure.regimes import OpRow
 
     return OpRow(**kw)
 
@@ -336,8 +341,8 @@ def test_a_read_heavy_op_is_held_to_the_fastest_pattern_not_to_a_copy(monkeypatc
     """Issue 39, point 10: a roof from a copy alone (2 bytes counted per element) put an op that mostly reads
     above its roof ("166 % of its roof"). On a made-up memory that reads at 20 GB/s and writes at 10 GB/s (a
     written line is read first), a copy reaches 13.3 GB/s and a sum 20: the sum must be held to 20."""
-    import helpers.regimes as regimes
-    from helpers.regimes import measure_memory_roofs
+    import helpers.measure.regimes as regimes
+    from helpers.measure.regimes import measure_memory_roofs
 
     read_bw, write_bw = 20e9, 10e9
 
@@ -349,7 +354,7 @@ def test_a_read_heavy_op_is_held_to_the_fastest_pattern_not_to_a_copy(monkeypatc
         t = machine_time(fn)
         return Timing(name, t, 0.0, 3, 1, (t, t, t))
 
-    monkeypatch.setattr("helpers.timing.benchmark", fake_benchmark)  # what a copy was timed with
+    monkeypatch.setattr("helpers.core.timing.benchmark", fake_benchmark)  # what a copy was timed with
     monkeypatch.setattr(regimes, "fastest_call", lambda fn, **kw: machine_time(fn), raising=False)
     copy_bw = 2 / (1 / read_bw + 1 / write_bw)
     roof = Roofline("made-up memory", {"fp32": 1e15}, copy_bw, 512, 2**20)
@@ -368,8 +373,8 @@ def test_the_cost_of_a_call_is_measured_for_each_class_of_op(monkeypatch):
     vectorised erf, a LayerNorm its statistics) left most of its time "below the roof", where there is no work
     to be below a roof. On a made-up machine whose calls cost 15 µs (GELU), 10 µs (LayerNorm) and 1 µs (any
     other op), and whose ops take their call's cost and no more, the step's time must all be its calls'."""
-    import helpers.optime as optime
-    import helpers.regimes as regimes
+    import helpers.measure.optime as optime
+    import helpers.measure.regimes as regimes
 
     price = {"GELU": 15e-6, "LayerNorm": 10e-6}
 
@@ -403,7 +408,7 @@ def test_the_cost_of_a_call_is_measured_for_each_class_of_op(monkeypatch):
 
 
 def test_per_call_costs_are_measured_for_every_class():
-    from helpers.optime import CALL_CLASSES, per_call_costs
+    from helpers.measure.optime import CALL_CLASSES, per_call_costs
 
     costs = per_call_costs("cpu", min_run_time=0.01)
     assert set(costs) == set(CALL_CLASSES) and all(0 < v < 0.1 for v in costs.values())
@@ -621,7 +626,7 @@ def test_cuda_graphs_are_refused_on_a_cpu():
 
 
 def test_the_chart_draws_both_panels(step_table):
-    from helpers.plots import where_time_goes_chart
+    from course.plots import where_time_goes_chart
 
     _, table = step_table
     fig = where_time_goes_chart(ROOF, {"small": table.points()}, {"small": table.breakdown()})

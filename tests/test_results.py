@@ -1,4 +1,4 @@
-"""helpers.results: the stamp every published number carries, the device slug, and the files written."""
+"""course.results: the stamp every published number carries, the device slug, and the files written."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from helpers.results import name_slug, slug, stamp, write_results
+from course.results import name_slug, slug, stamp, write_results
 
 
 @pytest.mark.parametrize("name, want", [
@@ -41,7 +41,7 @@ def test_slug_errors_and_this_machine():
 
 
 def test_stamp_names_the_machine_and_versions():
-    from helpers.device import device_report
+    from helpers.core.device import device_report
 
     s = stamp("cpu")
     assert s["device"] == device_report().cpu.model  # the one CPU name, as lesson 00 prints it

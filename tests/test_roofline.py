@@ -1,11 +1,11 @@
-"""helpers.roofline: the measured roofline, the datasheet peaks and the one peak MFU divides by."""
+"""helpers.measure.roofline: the measured roofline, the datasheet peaks and the one peak MFU divides by."""
 
 import pytest
 import torch
 from fakegpu import GPUClass, fake_gpu
 
-from helpers.device import device_name
-from helpers.roofline import (
+from helpers.core.device import device_name
+from helpers.measure.roofline import (
     GPU_PEAK_FLOPS,
     PeakFlops,
     Roofline,
@@ -131,7 +131,7 @@ def test_peak_measured_on_request():
 
 
 def test_roofline_measures_fp32_with_tf32_off_and_tf32_with_it_on(monkeypatch):
-    from helpers import roofline
+    from helpers.measure import roofline
 
     switched, real = [], roofline.tf32_matmuls
     monkeypatch.setattr(roofline, "tf32_matmuls", lambda on: (switched.append(on), real(on))[1])
@@ -151,7 +151,7 @@ def test_mfu_has_one_peak_policy_the_fastest_dense_rate():
 def test_a_cpus_measured_peak_leaves_out_fp16_which_no_cpu_run_trains_in(monkeypatch):
     # a CPU's fp16 matmuls are emulated (0.8 GFLOP/s on CI's EPYC, 10 s to measure) and the course trains
     # a CPU in fp32 or bf16 only; a GPU's peak still weighs fp16 (a T4's fp16 tensor cores)
-    from helpers import roofline
+    from helpers.measure import roofline
 
     measured = []
 
@@ -183,8 +183,8 @@ def test_2_a_roofline_measured_under_load_never_replaces_the_quiet_one_nor_becom
     import subprocess
     import sys
 
-    from helpers import roofline
-    from helpers.meter import run_peak
+    from helpers.measure import roofline
+    from helpers.train.meter import run_peak
 
     monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
     monkeypatch.setattr(roofline, "device_name", lambda *a: "a test CPU")

@@ -1,4 +1,4 @@
-"""helpers.runspec (issue 19): one frozen RunSpec is the one home of a run's switches: its step context
+"""helpers.train.runspec (issue 19): one frozen RunSpec is the one home of a run's switches: its step context
 (TF32) covers forward, backward and step, its autocast forward and loss only; its dataloader builds every
 padding (and pins for a GPU); apply and describe.
 A source test checks that no other code applies the TF32/autocast switches or computes MFU."""
@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import compat
-from helpers.data import TokenizedDataset
-from helpers.models import SmallTransformer, TransformerConfig
-from helpers.precision import tf32_enabled
-from helpers.runspec import ATTNS, PADDINGS, RunSpec
-from helpers.synthetic import synthetic_batch_fn
-from helpers.train import TrainConfig, train
+from helpers.core import compat
+from helpers.core.precision import tf32_enabled
+from helpers.data.synthetic import synthetic_batch_fn
+from helpers.data.text import TokenizedDataset
+from helpers.model.models import SmallTransformer, TransformerConfig
+from helpers.train.loop import TrainConfig, train
+from helpers.train.runspec import ATTNS, PADDINGS, RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = [5, 9, 3, 12, 7, 4]
@@ -53,9 +53,9 @@ def test_bad_switches_are_refused_with_the_choices():
 def test_the_choices_are_literal_types_the_lists_derive_from():
     from typing import get_args
 
-    from helpers.data import PAD_MODES as DATA_PADDINGS
-    from helpers.precision import PRECISIONS, Precision
-    from helpers.runspec import Attn, Padding
+    from helpers.core.precision import PRECISIONS, Precision
+    from helpers.data.text import PAD_MODES as DATA_PADDINGS
+    from helpers.train.runspec import Attn, Padding
 
     assert PADDINGS == get_args(Padding) and ATTNS == get_args(Attn) and PRECISIONS == get_args(Precision)
     assert set(PADDINGS) == {*DATA_PADDINGS, "packed"}  # the data layer's paddings, and packing
@@ -97,7 +97,7 @@ def test_the_spec_makes_the_grad_scaler():
 
 
 def test_a_script_nests_its_flags_into_one_spec():
-    from helpers.runspec import flag_parser, spec_flags, spec_from_arguments
+    from helpers.train.runspec import flag_parser, spec_flags, spec_from_arguments
 
     p = flag_parser(spec_flags(("precision", "compile", "fused_adamw", "init_scale", "attn")))
     args = p.parse_args(["--precision", "bf16", "--compile", "--no-fused-adamw", "--init-scale", "1024"])
@@ -207,8 +207,8 @@ def _probe_batch(step: int = 0, micro: int = 0) -> dict[str, torch.Tensor]:
 
 
 def _train_ddp_one_step(model, opt, spec) -> None:  # noqa: ANN001
-    from helpers.distributed import DistEnv
-    from helpers.scripts.train_ddp import one_step
+    from course.scripts.train_ddp import one_step
+    from helpers.train.distributed import DistEnv
 
     env = DistEnv(0, 0, 1, 1, torch.device("cpu"), "gloo", False)
     xs = [torch.randn(4, 8), torch.randn(4, 8)]  # the script calls model(x, labels=x)
@@ -219,7 +219,7 @@ def _train_ddp_one_step(model, opt, spec) -> None:  # noqa: ANN001
 def test_autocast_covers_the_forward_pass_only_and_tf32_the_whole_step(where):
     # PyTorch's AMP guide: autocast wraps forward and loss; backward runs in the dtypes autocast chose for
     # the forward ops; optimizer.step() runs outside autocast. TF32, a global setting, covers the whole step.
-    from helpers.train import train_step
+    from helpers.train.loop import train_step
 
     log = {"forward": [], "backward": [], "step": []}
     model = _ProbeModel(log)
@@ -243,7 +243,7 @@ def test_the_ladder_times_backward_and_step_outside_autocast(monkeypatch):
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from transformers import BertConfig, BertForSequenceClassification
 
-    from helpers import ladder
+    from helpers.train import ladder
 
     seen = {"backward": [], "step": []}
     hook = register_optimizer_step_pre_hook(
@@ -296,14 +296,14 @@ def test_the_dataloader_pins_for_a_gpu_only():
 def test_apply_sets_the_attention_and_wraps_a_packed_model():
     from transformers import BertConfig, BertForSequenceClassification
 
-    from helpers.packed_model import PackedModel
+    from helpers.model.packed_model import PackedModel
 
     cfg = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                      vocab_size=100, attn_implementation="eager")
     model = BertForSequenceClassification(cfg)
     out = RunSpec(attn="sdpa", padding="packed").apply(model)
     assert isinstance(out, PackedModel) and out.model.config._attn_implementation == "sdpa"
-    if compat.at_least("transformers", "5.0"):  # transformers 4.x switches by rebuilding (helpers.compat)
+    if compat.at_least("transformers", "5.0"):  # transformers 4.x switches by rebuilding (compat)
         assert out.model is model
     assert RunSpec().apply(model) is model  # nothing asked, nothing changed
 
@@ -311,7 +311,7 @@ def test_apply_sets_the_attention_and_wraps_a_packed_model():
 def test_apply_sets_flex_varlen_and_activation_checkpointing(monkeypatch):
     from transformers import BertConfig, BertForSequenceClassification
 
-    import helpers.packed_model
+    import helpers.model.packed_model
 
     cfg = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                      vocab_size=100, attn_implementation="eager")
@@ -321,7 +321,7 @@ def test_apply_sets_flex_varlen_and_activation_checkpointing(monkeypatch):
         flex = RunSpec(attn="flex").apply(BertForSequenceClassification(cfg))
         assert flex.config._attn_implementation == "flex_attention"
     varlen = []
-    monkeypatch.setattr(helpers.packed_model, "use_varlen", lambda m: varlen.append(m) or m)
+    monkeypatch.setattr(helpers.model.packed_model, "use_varlen", lambda m: varlen.append(m) or m)
     out = RunSpec(attn="varlen", precision="bf16", padding="packed").apply(BertForSequenceClassification(cfg))
     assert len(varlen) == 1 and out.model is varlen[0]  # varlen attention, then the packed forward
 
@@ -335,19 +335,22 @@ def test_describe_gives_the_code_of_the_changed_switches():
 
 # --- one home for each switch: a source test ---------------------------------------------------------
 
-# tf32_matmuls / autocast_context / set_tf32: defined in helpers.precision, applied by RunSpec's contexts
+# tf32_matmuls / autocast_context / set_tf32: defined in helpers.core.precision, applied by RunSpec's contexts
 # only.
-# Exempt, with the reason: helpers/roofline.py measures the TF32 matmul *rate* of the chip (lesson 00's
+# Exempt, with the reason: helpers/measure/roofline.py measures the TF32 matmul *rate* of the chip (lesson
+# 00's
 # roofline, a measure-layer module that cannot import RunSpec), and lesson 02 teaches the primitives.
 SWITCH_CALL = re.compile(r"\b(tf32_matmuls|autocast_context|set_tf32)\(")
 # exempt: the homes of the switches, and the cells that measure the precisions themselves (the roofline,
 # lesson 00's TF32 control of its fp32 accuracy check, lesson 02's precision experiments): no training step
 # roofline measures each precision's rate, memory's dry run each precision's bytes: neither is a run of a spec
-# and so lessons 00 and 02's modules, and helpers.plan's dry run (a fake step under autocast, as memory's)
-SWITCH_EXEMPT = {"helpers/precision.py", "helpers/runspec.py", "helpers/roofline.py", "helpers/memory.py",
-                 "helpers/plan.py", "notebooks/00_setup.ipynb", "notebooks/02_mixed_precision.ipynb",
-                 "helpers/lessons/lesson00.py", "helpers/lessons/lesson02.py"}
-# MFU: helpers.flops.mfu is the one formula; nothing else divides by a peak or rescales an MFU
+# and so lessons 00 and 02's modules, and helpers.plan.planner's dry run (a fake step under autocast, as
+# memory's)
+SWITCH_EXEMPT = {"helpers/core/precision.py", "helpers/train/runspec.py", "helpers/measure/roofline.py",
+                 "helpers/measure/memory.py",
+                 "helpers/plan/planner.py", "notebooks/00_setup.ipynb", "notebooks/02_mixed_precision.ipynb",
+                 "course/lessons/lesson00.py", "course/lessons/lesson02.py"}
+# MFU: helpers.measure.flops.mfu is the one formula; nothing else divides by a peak or rescales an MFU
 MFU_INLINE = re.compile(r"/\s*\(?\s*[\w.\[\]\"']*\bpeak(_flops)?(\.flops)?\b(?![\w(])"
                         r"|\bmfu\b[\"'\]]*\s*\*\s*\w+\s*/\s*\w")
 
@@ -369,7 +372,7 @@ def _code(text: str) -> str:
 
 
 def _sources():
-    for folder in ("helpers", "scripts", "benchmarks"):
+    for folder in ("helpers", "course", "scripts", "benchmarks"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             yield path.relative_to(ROOT).as_posix(), _code(path.read_text())
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
@@ -384,10 +387,11 @@ def test_each_switch_is_applied_in_one_function_and_mfu_only_in_flops():
     assert not switches, f"apply TF32/autocast through RunSpec.step_context / RunSpec.autocast: {switches}"
     # regimes.roof_times divides FLOPs (not FLOP/s) by the peak: the time at the roof, its one home
     inline = [f"{name}: {m.group(0)}" for name, text in _sources()
-              if name not in ("helpers/flops.py", "helpers/regimes.py", "helpers/exercises/lesson04.py")
-              and not name.startswith("helpers/solutions/")  # a learner's answer, and the check of one
+              if name not in ("helpers/measure/flops.py", "helpers/measure/regimes.py",
+                              "course/exercises/lesson04.py")
+              and not name.startswith("course/solutions/")  # a learner's answer, and the check of one
               for m in MFU_INLINE.finditer(text)]
-    assert not inline, f"compute MFU with helpers.flops.mfu: {inline}"
+    assert not inline, f"compute MFU with helpers.measure.flops.mfu: {inline}"
 
 
 def test_the_source_test_catches_a_planted_switch_and_an_inline_mfu():

@@ -149,8 +149,8 @@ def _profiler_log() -> tuple[str, str]:
 
 def _profiled_lesson06(folder: Path) -> None:
     """An executed lesson 06 page as a run leaves it: the profile's table on stdout, the log on stderr."""
-    from helpers.device import get_device
-    from helpers.results import stamp
+    from course.results import stamp
+    from helpers.core.device import get_device
 
     log, table = _profiler_log()
     code = "with profile(activities=activities) as prof:  ...\nprint(prof.key_averages().table(row_limit=3))"

@@ -1,4 +1,4 @@
-"""helpers.sizing: one sizing rule for every lesson, decided from what a device reports (faked GPUs, no
+"""course.sizing: one sizing rule for every lesson, decided from what a device reports (faked GPUs, no
 allocation); and the capability-driven choices beside it (training precision, FP8, check_precision's
 device)."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from fakegpu import GPU_CLASSES, GPUClass, fake_gpu, gpu_class
 
-from helpers.fp8 import fp8_capable
-from helpers.precision import check_precision, precision_runs, training_precision
-from helpers.sizing import MARGIN, GiB, Size, SizingError, device_memory, fit_sizes
+from course.sizing import MARGIN, GiB, Size, SizingError, device_memory, fit_sizes
+from helpers.core.precision import check_precision, precision_runs, training_precision
+from helpers.model.fp8 import fp8_capable
 
 
 def usable(key: str) -> int:

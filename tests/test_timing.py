@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-from helpers.tables import Table
-from helpers.timing import Timing, benchmark, compare, time_once
+from helpers.core.tables import Table
+from helpers.core.timing import Timing, benchmark, compare, time_once
 
 
 def test_benchmark_measures_what_it_runs_and_warms_up():
@@ -66,7 +66,7 @@ def test_table_cells_render_as_written():
 def test_cold_start_is_measured_in_a_fresh_process():
     import os
 
-    from helpers.timing import ColdStart, cold_start
+    from helpers.core.timing import ColdStart, cold_start
 
     cold = cold_start("cpu", n=64, repeats=3)
     assert isinstance(cold, ColdStart) and cold.pid != os.getpid()  # not this warmed-up process
@@ -79,7 +79,7 @@ def test_cold_start_is_measured_in_a_fresh_process():
 
 
 def test_interleaved_rounds_rotate_the_order_and_keep_each_arms_fastest_round(monkeypatch):
-    from helpers import timing
+    from helpers.core import timing
 
     calls = []
     medians = {"a": [0.002, 0.040, 0.003], "b": [0.004, 0.005, 0.004]}  # a is disturbed in round 2
@@ -97,17 +97,18 @@ def test_interleaved_rounds_rotate_the_order_and_keep_each_arms_fastest_round(mo
 
 
 def test_interleaved_timing_measures_what_it_runs():
-    from helpers.timing import benchmark_interleaved
+    from helpers.core.timing import benchmark_interleaved
 
     got = benchmark_interleaved({"short": lambda: time.sleep(0.002), "long": lambda: time.sleep(0.006)},
                                 rounds=2, warmup=0, min_run_time=0.05)
     assert got["short"].median_s < got["long"].median_s
 
 
-# --- too busy to judge: the one rule (helpers.timing.busy) ------------------------------------------------
+# --- too busy to judge: the one rule (helpers.core.timing.busy)
+# ------------------------------------------------
 
 def test_too_busy_when_the_rounds_disagree_or_others_take_the_cpus():
-    from helpers.timing import OTHERS_BUSY, TOO_BUSY, CpuLoad, busy, relative_spread
+    from helpers.core.timing import OTHERS_BUSY, TOO_BUSY, CpuLoad, busy, relative_spread
 
     quiet, noisy = Timing("a", 1.0, 0.1, 5, 1), Timing("b", 1.0, TOO_BUSY, 5, 1)
     assert relative_spread(noisy) == TOO_BUSY and relative_spread([1.0, 1.0, 1.0]) == 0.0
@@ -133,7 +134,7 @@ def test_the_load_probe_sees_another_process_take_a_cpu():
     import subprocess
     import sys
 
-    from helpers.timing import LoadProbe
+    from helpers.core.timing import LoadProbe
 
     if not os.path.exists("/proc/stat"):
         pytest.skip("LoadProbe reads /proc/stat (Linux)")
@@ -162,7 +163,7 @@ def test_a_lesson_long_probe_counts_this_process_children_as_its_own():
     import subprocess
     import sys
 
-    from helpers.timing import LoadProbe
+    from helpers.core.timing import LoadProbe
 
     if not os.path.exists("/proc/stat"):
         pytest.skip("LoadProbe reads /proc/stat (Linux)")

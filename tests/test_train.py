@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.checkpoint import latest_checkpoint
-from helpers.config import seed_everything
-from helpers.models import SmallTransformer, TransformerConfig
-from helpers.precision import autocast_context, check_precision
-from helpers.runspec import RunSpec
-from helpers.synthetic import synthetic_batch_fn
-from helpers.train import TrainConfig, count_tokens, train
+from helpers.core.precision import autocast_context, check_precision
+from helpers.core.seeding import seed_everything
+from helpers.data.synthetic import synthetic_batch_fn
+from helpers.model.models import SmallTransformer, TransformerConfig
+from helpers.train.checkpoint import latest_checkpoint
+from helpers.train.loop import TrainConfig, count_tokens, train
+from helpers.train.runspec import RunSpec
 
 VOCAB, BATCH, SEQ = 64, 4, 16
 
@@ -278,8 +278,8 @@ def test_a_truncated_last_checkpoint_is_named_and_the_previous_one_offered(tmp_p
 
 def _plain_loop(model, batch_fn, steps, lr=3e-3, max_grad_norm=1.0):
     """The loop as it was written before the loop kept the device fed: float() after every step."""
-    from helpers.config import seed_everything
-    from helpers.train import make_optimizer
+    from helpers.core.seeding import seed_everything
+    from helpers.train.loop import make_optimizer
 
     seed_everything(0)
     opt = make_optimizer(model, lr, 0.01)
@@ -302,8 +302,8 @@ def test_losses_are_bit_identical_to_a_plain_loop_that_syncs_every_step():
 
 
 def test_train_step_in_a_loop_of_your_own_matches_train():
-    from helpers.config import seed_everything
-    from helpers.train import make_optimizer, train_step
+    from helpers.core.seeding import seed_everything
+    from helpers.train.loop import make_optimizer, train_step
 
     batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=7)
     expected = train(tiny_model(), batch_fn, quiet(steps=4, grad_accum=2)).losses
@@ -318,7 +318,7 @@ def test_train_step_in_a_loop_of_your_own_matches_train():
 
 
 def test_tokens_are_counted_on_the_host_before_the_model_runs():
-    from helpers.train import make_optimizer, train_step
+    from helpers.train.loop import make_optimizer, train_step
 
     class EatsItsMask(nn.Module):  # zeroes the mask it gets: a count taken afterwards would see 0
         def __init__(self):
@@ -338,7 +338,7 @@ def test_tokens_are_counted_on_the_host_before_the_model_runs():
 
 
 def test_mfu_counts_real_tokens_at_each_batch_width():
-    from helpers.flops import model_flops_per_token
+    from helpers.measure.flops import model_flops_per_token
 
     base = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=8, pad_fraction=0.5)
     widths = [SEQ, SEQ // 2, SEQ, SEQ // 4, SEQ // 2]  # dynamic padding: each batch as wide as it needs
@@ -380,7 +380,7 @@ def test_linear_warmup_and_decay_and_an_exact_resume(tmp_path):
 
 
 def test_on_step_sees_every_step_and_your_own_optimizer_is_used():
-    from helpers.train import make_optimizer
+    from helpers.train.loop import make_optimizer
 
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -405,9 +405,9 @@ def test_on_a_gpu_the_loop_reads_back_at_log_points_only():
 
 
 def test_evaluate_maps_predictions_back_to_the_dataset_order():
-    from helpers.evaluation import evaluate
+    from helpers.train.evaluation import evaluate
 
-    class Docs:  # a tokenised dataset as helpers.data.tokenize makes it
+    class Docs:  # a tokenised dataset as helpers.data.text.tokenize makes it
         lengths = [5, 2, 7, 3, 6, 4]
         labels = [2, 2, 1, 0, 0, 0]
 
@@ -434,7 +434,7 @@ def test_evaluate_maps_predictions_back_to_the_dataset_order():
 def test_the_linear_schedule_is_transformers_one():
     from transformers import get_linear_schedule_with_warmup
 
-    from helpers.train import make_lr_scheduler
+    from helpers.train.loop import make_lr_scheduler
 
     lrs = {}
     for name in ("ours", "transformers"):
@@ -453,7 +453,7 @@ def test_the_loop_does_not_pin_batches_itself(monkeypatch):
     # issue 18: t.pin_memory().to(dev, non_blocking=True) in the loop is a blocking copy plus a copy; the
     # DataLoader pins (RunSpec.dataloader: with num_workers=0 inside next(), on the same thread), the loop
     # only queues the copy
-    import helpers.train as loop
+    import helpers.train.loop as loop
 
     pinned, copies = [], []
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a, **k: False)
@@ -495,8 +495,8 @@ def test_accumulation_under_ddp_all_reduces_once_per_step(tmp_path):
 
 def test_a_damaged_saved_roofline_is_said_and_other_errors_are_not_swallowed(monkeypatch, tmp_path):
     # issue 25: the peak lookup caught every exception; now only what reading lesson 00's file can raise
-    import helpers.roofline as hw
-    from helpers.meter import run_peak
+    import helpers.measure.roofline as hw
+    from helpers.train.meter import run_peak
 
     monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
     hw._roofline_path(hw.device_name()).write_text('{"device_name": "half a')  # a half-written file
@@ -515,10 +515,12 @@ def test_a_damaged_saved_roofline_is_said_and_other_errors_are_not_swallowed(mon
 # --- issue 39 ---------------------------------------------------------------------------------------------
 
 def test_5_one_step_checked_once_per_run_for_train_the_ladder_and_train_ddp(monkeypatch):
-    """train, lesson 08's ladder and train_ddp run helpers.train.TrainStep, whose spec is checked when it is
+    """train, lesson 08's ladder and train_ddp run helpers.train.loop.TrainStep, whose spec is checked when it
+    is
     made, once per run: not at every step (spec.check) nor at every forward pass (check_precision)."""
-    from helpers import precision, runspec
     from helpers import train as train_module
+    from helpers.core import precision
+    from helpers.train import runspec
 
     checks, steps = [], []
     real_check = precision.check_precision
@@ -531,7 +533,7 @@ def test_5_one_step_checked_once_per_run_for_train_the_ladder_and_train_ddp(monk
     monkeypatch.setattr(train_module.TrainStep, "__call__",
                         lambda self, b: (steps.append(1), real_call(self, b))[1])
 
-    from helpers import ladder
+    from helpers.train import ladder
 
     checks.clear(), steps.clear()
     batches, check = ladder.sample_batches([9, 16, 12, 7], batch_size=2, n_batches=2, seq_len=16, vocab=VOCAB,
@@ -544,7 +546,7 @@ def test_5_one_step_checked_once_per_run_for_train_the_ladder_and_train_ddp(monk
     assert len(steps) == 2 * (1 + 2)  # a warm-up pass and 2 timed passes of 2 batches: train's step
     assert len(checks) <= 2, checks  # the check pass's autocast, and the step's once: not at each of 6 steps
 
-    from helpers.scripts import train_ddp
+    from course.scripts import train_ddp
 
     checks.clear(), steps.clear()
     train_ddp.main(["--steps", "3", "--global-batch", "4", "--seq-len", "8", "--vocab", "32", "--d-model",
@@ -556,8 +558,8 @@ def test_5_one_step_checked_once_per_run_for_train_the_ladder_and_train_ddp(monk
 def test_6_a_cpu_peak_counts_the_optimizer_state_a_later_step_starts_with():
     """On a CPU the peak is read with the profiler over one step. The first step's peak comes before AdamW
     makes its two moments: the steady state holds them during every later forward and backward pass."""
-    from helpers.memory import tensor_bytes, track_peak_memory
-    from helpers.train import make_optimizer, train_step
+    from helpers.measure.memory import tensor_bytes, track_peak_memory
+    from helpers.train.loop import make_optimizer, train_step
 
     batch_fn = synthetic_batch_fn(VOCAB, 8, SEQ)
     cfg = dict(dropout=0.0, d_model=64, n_layers=2)
@@ -582,7 +584,7 @@ def test_7_xy_pairs_for_a_model_that_shifts_its_labels_are_refused_with_the_fix(
     (x, y = x moved one ahead) pair would teach it the token two ahead. (x, x) trains; (x, y) is refused."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from helpers.adapt import as_batch
+    from helpers.core.adapt import as_batch
 
     torch.manual_seed(0)
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
@@ -595,7 +597,7 @@ def test_7_xy_pairs_for_a_model_that_shifts_its_labels_are_refused_with_the_fix(
         with pytest.raises(ValueError, match=r"shifts its labels itself.*two ahead.*\(x, x\)"):
             train(model, [(x, y)], quiet(steps=1))
         assert train(model, [(x, x)], quiet(steps=1)).losses  # the pair it takes
-    from helpers.adapt import shifts_labels
+    from helpers.core.adapt import shifts_labels
 
     assert shifts_labels(llama) and shifts_labels(causal) and not shifts_labels(tiny_model())
     assert as_batch((x, y))["labels"] is y  # without a model nothing is known, nothing refused
@@ -609,7 +611,7 @@ def test_1_fsdp2_train_resumes_every_rank_from_its_own_shards_after_a_rank_is_ki
     import json
     from pathlib import Path
 
-    from helpers.distributed import launch
+    from helpers.train.distributed import launch
 
     script = Path(__file__).with_name("fsdp_resume.py")
     out = tmp_path / "report.json"

@@ -1,4 +1,4 @@
-"""helpers/scripts/train_ddp.py under torchrun with 2 gloo processes on the CPU: what lesson 07 does not run.
+"""course/scripts/train_ddp.py under torchrun with 2 gloo processes on the CPU: what lesson 07 does not run.
 
 Lesson 07 (run in `make test` by tests/test_hosted.py) launches the script as DDP beside one process, with
 and without no_sync, kills a DDP rank and resumes it, and trains on two torchrun nodes, and asserts each
@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.distributed import DistEnv, LaunchResult, launch
+from helpers.train.distributed import DistEnv, LaunchResult, launch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "helpers" / "scripts" / "train_ddp.py"
+SCRIPT = ROOT / "course" / "scripts" / "train_ddp.py"
 STEPS = 6
 # global batch 16 = 2 ranks x micro-batch 4 x 2 accumulation steps (1 process: 16 x 1)
 COMMON = ["--steps", str(STEPS), "--global-batch", "16", "--optimizer", "sgd", "--lr", "0.1",
@@ -201,12 +201,12 @@ def test_slurm_script_is_valid_bash_and_passes_known_flags() -> None:
     import re
     import shutil
 
-    sbatch = ROOT / "helpers" / "scripts" / "slurm" / "train_ddp.sbatch"
+    sbatch = ROOT / "course" / "scripts" / "slurm" / "train_ddp.sbatch"
     if shutil.which("bash"):
         subprocess.run(["bash", "-n", str(sbatch)], check=True, timeout=30)
     text = sbatch.read_text()
     assert "torch.distributed.run" in text and "--rdzv-backend=c10d" in text
-    script_args = text.rsplit("helpers/scripts/train_ddp.py", 1)[1]  # what torchrun passes to the script
+    script_args = text.rsplit("course/scripts/train_ddp.py", 1)[1]  # what torchrun passes to the script
     flags = set(re.findall(r"(--[a-z][a-z-]*)", script_args))
     help_text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
                                timeout=120, check=True).stdout
@@ -215,11 +215,11 @@ def test_slurm_script_is_valid_bash_and_passes_known_flags() -> None:
 
 
 def test_the_switches_are_one_nested_run_spec() -> None:
-    # the script nests a RunSpec (its flags come from helpers.runspec, choices from its Literal types)
+    # the script nests a RunSpec (its flags come from helpers.train.runspec, choices from its Literal types)
     sys.path.insert(0, str(SCRIPT.parent))
     from train_ddp import parse_args  # noqa: E402 - the script's module, imported without running it
 
-    from helpers.runspec import RunSpec
+    from helpers.train.runspec import RunSpec
 
     args = parse_args(["--precision", "bf16", "--compile", "--no-fused-adamw", "--activation-checkpointing"])
     assert args.spec == RunSpec(precision="bf16", compile=True, fused_adamw=False,

@@ -1,6 +1,7 @@
 """The Triton kernels compiled ahead of time for the GPUs learners have, on a machine without one.
 
-Every tile configuration the course launches (`helpers.kernels.configs.course_launches`: each kernel, each
+Every tile configuration the course launches (`helpers.model.kernels.configs.course_launches`: each kernel,
+each
 head dim it is planned for, each configuration the planning function offers) is compiled for sm_75 (T4),
 sm_80 (A100), sm_86 (RTX 3090), sm_89 (RTX 4090, L4) and sm_90 (H100, H200), and the shared memory one
 program needs (`metadata.shared`: what Triton checks a launch against) must be within the architecture's
@@ -50,16 +51,16 @@ import pytest
 import torch
 import tritoncompile  # tests/tritoncompile.py: imports triton only when it compiles
 
-from helpers import compat
-from helpers.kernels import configs as tiles
-from helpers.kernels import triton_available
+from helpers.core import compat
+from helpers.model.kernels import configs as tiles
+from helpers.model.kernels import triton_available
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed (Linux only)")
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "tritoncompile.py"
 KiB = 1024
-# NVIDIA's table, restated here so that a wrong value in helpers/kernels/configs.py fails this test
+# NVIDIA's table, restated here so that a wrong value in helpers/model/kernels/configs.py fails this test
 GUIDE_LIMITS = {75: 64 * KiB, 80: 163 * KiB, 86: 99 * KiB, 89: 99 * KiB, 90: 227 * KiB}
 TARGETS = sorted(GUIDE_LIMITS)
 # What each architecture runs (the course's precision per capability): fp16 on sm_75, bf16 from sm_80
@@ -114,7 +115,7 @@ def _launch(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], dtype:
             seq: int = 40, heads: int = 2) -> list[tuple[str, object, tuple, dict]]:
     """flash_attention's forward and backward launches on a GPU of `capability`, recorded on CPU tensors
     (causal, with a padding mask): [(kernel, its autotuned configs or None, args, kwargs)]."""
-    fa = importlib.import_module("helpers.kernels.flash_attention")
+    fa = importlib.import_module("helpers.model.kernels.flash_attention")
     launches: list = []
     monkeypatch.setattr(fa, "_fwd_kernel",
                         lambda interpret, configs: _Recorder("attn_fwd", launches, configs))
@@ -129,8 +130,8 @@ def _launch(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], dtype:
 
 
 def _arg_names(kernel: str) -> list[str]:
-    module = importlib.import_module("helpers.kernels._triton_bwd" if "bwd" in kernel else
-                                     "helpers.kernels._triton_fwd")
+    module = importlib.import_module("helpers.model.kernels._triton_bwd" if "bwd" in kernel else
+                                     "helpers.model.kernels._triton_fwd")
     return list(inspect.signature(getattr(module, kernel)).parameters)
 
 

@@ -1,4 +1,4 @@
-"""helpers.verdicts: the rules give the verdict words of docs/claims.md, the table refuses rows it cannot
+"""course.verdicts: the rules give the verdict words of docs/claims.md, the table refuses rows it cannot
 judge, and the paired noise rule tells a real gap from a busy machine."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.verdicts import VERDICTS, AtLeast, AtMost, MeasuredTable, PairedRatio, Range
+from course.verdicts import VERDICTS, AtLeast, AtMost, MeasuredTable, PairedRatio, Range
 
 CLAIMS = Path(__file__).resolve().parents[1] / "docs" / "claims.md"
 
@@ -119,7 +119,7 @@ def test_the_median_of_pairs_survives_bursts_and_catches_a_real_gap():
 
 
 def test_a_timing_verdict_on_a_machine_too_busy_says_so():
-    from helpers.timing import TOO_BUSY, TOO_BUSY_VERDICT, CpuLoad, busy
+    from helpers.core.timing import TOO_BUSY, TOO_BUSY_VERDICT, CpuLoad, busy
 
     t = MeasuredTable("Lesson 99")
     assert t.add("speed-up", 0.4, "1.5–2.3×", rule=Range(1.5, 2.3), noise=TOO_BUSY) == TOO_BUSY_VERDICT
@@ -135,5 +135,5 @@ def test_a_timing_verdict_on_a_machine_too_busy_says_so():
     md = t.to_markdown()
     assert "| speed-up | 0.4 | 1.5–2.3× | too busy to judge: the rounds disagree by 50%" in md
     assert "too busy to judge: other programs took 90%" in md and "does not hold" not in md
-    with pytest.raises(ValueError, match="helpers.timing.Busy"):
+    with pytest.raises(ValueError, match="helpers.core.timing.Busy"):
         t.add("bad", 1.0, "≥ 1", rule=AtLeast(1.0), busy=0.9)

@@ -1,4 +1,4 @@
-"""Every version-dependent call goes through helpers/compat.py (issue 25): a source test over helpers/,
+"""Every version-dependent call goes through helpers/core/compat.py (issue 25): a source test over helpers/,
 scripts/ and benchmarks/ that finds version probes and private torch reads anywhere else, with planted
 offences proving that each kind is caught.
 
@@ -20,17 +20,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("helpers", "scripts", "benchmarks")
-HOME = "helpers/compat.py"
+FOLDERS = ("helpers", "course", "scripts", "benchmarks")
+HOME = "helpers/core/compat.py"
 LIBRARIES = {"torch", "transformers", "triton", "torchao"}
 # Private attributes the course sets on objects of other libraries itself, with the reason.
 OWN_PRIVATE = {
-    "_course_handler",  # helpers.distributed marks the logging handler it adds, to add it once
+    "_course_handler",  # helpers.train.distributed marks the logging handler it adds, to add it once
 }
 # Files with known probes, left while their owner moves them into compat: file -> what is left. Each entry
 # must still find an offence (a stale entry fails), so it goes away when the file is fixed.
 PENDING: dict[str, str] = {}
-# Files that may not import helpers.compat, with the reason (each must still find an offence, as PENDING's).
+# Files that may not import helpers.core.compat, with the reason (each must still find an offence, as
+# PENDING's).
 STDLIB_ONLY = {
     # the GPU check's wheel step runs on a bare box before torch may be importable: standard library only;
     # it asks whether packages are present (importlib.metadata), never compares versions
@@ -155,12 +156,12 @@ def test_version_probes_and_private_reads_live_in_compat_only():
 
 def test_a_probe_planted_in_a_real_module_fails_the_check():
     sources = _sources()
-    assert "helpers/train.py" in sources and not offenders(sources)
-    sources["helpers/train.py"] += "\n\ndef _scale(scaler):\n    return scaler._scale\n"
+    assert "helpers/train/loop.py" in sources and not offenders(sources)
+    sources["helpers/train/loop.py"] += "\n\ndef _scale(scaler):\n    return scaler._scale\n"
     sources["scripts/x.py"] = "import torch\nNEW = torch.__version__ >= '2.9'\n"
-    assert set(offenders(sources)) == {"helpers/train.py", "scripts/x.py"}
+    assert set(offenders(sources)) == {"helpers/train/loop.py", "scripts/x.py"}
     sources[HOME] += "\nimport importlib.metadata\n"  # compat itself may
-    assert set(offenders(sources)) == {"helpers/train.py", "scripts/x.py"}
+    assert set(offenders(sources)) == {"helpers/train/loop.py", "scripts/x.py"}
 
 
 @pytest.mark.parametrize("path", sorted({**PENDING, **STDLIB_ONLY}))

@@ -1,4 +1,4 @@
-"""helpers.widgets: the attention explorer builds and redraws without a browser."""
+"""course.widgets: the attention explorer builds and redraws without a browser."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from helpers.attention import AttentionMaps  # noqa: E402
-from helpers.widgets import AttentionExplorer  # noqa: E402
+from course.widgets import AttentionExplorer  # noqa: E402
+from helpers.model.attention import AttentionMaps  # noqa: E402
 
 
 def _maps(layers: int = 3, heads: int = 2, t: int = 5) -> AttentionMaps:

@@ -2,7 +2,7 @@
 
     python tests/tritoncompile.py < requests.json > results.json
 
-Each request names a kernel of helpers/kernels (`attn_fwd`, `attn_bwd_dkdv`, `attn_bwd_dq`), a target
+Each request names a kernel of helpers/model/kernels (`attn_fwd`, `attn_bwd_dkdv`, `attn_bwd_dq`), a target
 (compute capability as 75, 80, ...), an element type, the head dim, the tile configuration and the
 switches; each result gives the shared memory one program needs (`metadata.shared`, what Triton checks a
 launch against), how many tensor-core and FMA instructions its PTX has, and the seconds the compile took;
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "helpers" / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[1] / "helpers" / "model" / "kernels"
 FILES = {"attn_fwd": "_triton_fwd.py", "attn_bwd_dkdv": "_triton_bwd.py", "attn_bwd_dq": "_triton_bwd.py"}
 CONSTEXPR = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "HAS_MASK", "EVEN_N")
 INTS = ("H", "TQ", "TK", "CAUSAL_OFFSET")

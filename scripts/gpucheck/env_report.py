@@ -3,8 +3,9 @@
     python3 scripts/gpucheck/env_report.py <work folder>
 
 Prints lesson 00's device report and roofline, and writes into the work folder environment.json (the
-course's run stamp, `helpers.results.stamp`, and the versions of the packages the check relies on, through
-`helpers.compat.version_of`), environment.md and roofline.json; the roofline is also saved where the later
+course's run stamp, `course.results.stamp`, and the versions of the packages the check relies on, through
+`helpers.core.compat.version_of`), environment.md and roofline.json; the roofline is also saved where the
+later
 steps' MFU finds it (COURSE_CACHE). Exits 1 when torch sees no CUDA GPU (GPU_CHECK_ALLOW_CPU=1 lets a CPU
 rehearsal through). Needs torch and the course on the path: the check runs it with PYTHONPATH set.
 """
@@ -19,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from helpers.compat import version_of
-from helpers.device import device_report, get_device
-from helpers.results import stamp
-from helpers.roofline import measure_roofline
+from course.results import stamp
+from helpers.core.compat import version_of
+from helpers.core.device import device_report, get_device
+from helpers.measure.roofline import measure_roofline
 
 # what else the check relies on: the notebook stack, the pytest plugins, FP8 (None: not installed)
 PACKAGES = ("nbval", "ipykernel", "ipywidgets", "pytest", "pytest-timeout", "pytest-xdist", "torchao",

@@ -234,7 +234,7 @@ def check_env(out: Path, *, site: Path = DEFAULT_SITE, root: Path = ROOT, wheel_
     env["GPU_CHECK_OUT"] = str(out)
     standin = wheel_dir / STANDIN_DIR.name
     if not minilm_installed() and (standin / "config.json").exists():
-        env.setdefault("COURSE_BERT_PATH", str(standin))  # BERT with random weights (helpers.models)
+        env.setdefault("COURSE_BERT_PATH", str(standin))  # BERT with random weights (helpers.model.models)
     return env
 
 

@@ -16,7 +16,7 @@ __all__ = ["MAX_FILES", "MAX_FILE_BYTES", "MAX_DEPTH", "STAMP_KEYS", "summary_ma
 MAX_FILES = 8  # files that may come back from the borrowed box, each at most MAX_FILE_BYTES,
 MAX_FILE_BYTES = 16 * 2**20  # at most MAX_DEPTH folders down
 MAX_DEPTH = 2
-# what the summary shows of the `env` step's stamp (helpers.results.stamp: the course's one stamp)
+# what the summary shows of the `env` step's stamp (course.results.stamp: the course's one stamp)
 STAMP_KEYS = ("device", "driver", "cuda", "torch", "transformers", "triton", "python", "date")
 
 

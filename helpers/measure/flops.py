@@ -1,0 +1,225 @@
+"""FLOPs per token of a Transformer, FLOPs a run executed, and MFU.
+
+Where 6·N + 12·L·H·Q·T comes from (the PaLM paper's appendix B; nanoGPT's `estimate_mfu`):
+
+- A weight matrix W (n_in × n_out) applied to one token costs n_in·n_out multiply-adds = 2·n_in·n_out
+  FLOPs in the forward pass. Summed over every matmul weight: 2·N per token, N = the parameters that
+  take part in matmuls: every `nn.Linear` and Hugging Face `Conv1D` (GPT-2's layers), a weight tied to
+  the token embedding counted once (as the output head); position tables are look-ups and do not count.
+- The backward pass computes two products per matmul, the gradient of the input (to pass back) and
+  the gradient of the weight (to update it): twice the forward, 4·N. Forward + backward: 6·N.
+- Attention also multiplies activations by activations, which no parameter count sees: for each of
+  the L layers and H heads, a query of head size Q meets T keys (Q·Kᵀ, 2·Q·T FLOPs) and T values
+  (weights·V, 2·Q·T FLOPs): 4·L·H·Q·T per token forward, times 3 with the backward: 12·L·H·Q·T.
+  T is the full sequence length; a causal mask is ignored, as in PaLM and nanoGPT (it would halve it).
+- A classifier head that reads one vector per sequence (BERT's pooler and classifier, the small
+  Transformer's classifier) runs once per sequence, not per token: its parameters count 1/T per token.
+
+Softmax, layer norms, GELU and the optimizer are left out: a few percent at these sizes.
+
+Two numbers, two uses: `model_flops_per_token` × real (non-padding) tokens is the work the model needs,
+the numerator of MFU; `executed_flops` is the work a run actually made the device do, padding included
+(it measures how busy the device was, and the gap between the two is the padding's cost).
+
+`mfu` is the one place MFU is computed; the peak it divides by is `helpers.measure.roofline.mfu_peak` (the
+course's one peak policy: the device's fastest dense rate among the training precisions; datasheet, else
+measured roofline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Iterable, Mapping
+
+import torch
+from torch import nn
+
+from helpers.core.adapt import ModelShape
+from helpers.core.compat import unwrap_model
+from helpers.measure.roofline import PeakFlops
+
+__all__ = ["ModelShape", "transformer_flops_per_token", "matmul_params", "model_shape", "set_model_shape",
+           "model_flops_per_token", "executed_flops", "mfu"]
+
+
+def transformer_flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int,
+                                 seq_len: int, *, backward: bool = True) -> float:
+    """Training FLOPs per token, 6·N + 12·L·H·Q·T; forward only, a third of it (lesson 02)."""
+    sizes = dict(n_params=n_params, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, seq_len=seq_len)
+    bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or v < 0}
+    if bad:
+        raise ValueError(f"sizes must be non-negative integers, got {bad}")
+    per_token = 6 * n_params + 12 * n_layers * n_heads * head_dim * seq_len
+    return float(per_token if backward else per_token / 3)
+
+
+def _is_matmul_layer(module: nn.Module) -> bool:
+    # Hugging Face's Conv1D (GPT-2) is a Linear with a transposed weight; matched by name so that
+    # counting FLOPs does not import transformers
+    return isinstance(module, nn.Linear) or (type(module).__name__ == "Conv1D"
+                                             and getattr(module, "weight", None) is not None
+                                             and module.weight.dim() == 2)
+
+
+def _per_sequence_modules(model: nn.Module) -> set[int]:
+    """ids of the layers that run once per sequence: HF poolers and sequence-classifier heads, and the
+    small Transformer's classifier (it reads the mean over tokens)."""
+    ids: set[int] = set()
+    cfg = getattr(model, "cfg", None)
+    if getattr(cfg, "n_classes", 0) and isinstance(getattr(model, "head", None), nn.Module):
+        ids.update(id(m) for m in model.head.modules())
+    sequence_classifier = type(model).__name__.endswith("ForSequenceClassification")
+    for name, module in model.named_modules():
+        last = name.rsplit(".", 1)[-1]
+        if last == "pooler" or (sequence_classifier and name in ("classifier", "pre_classifier")):
+            ids.update(id(m) for m in module.modules())
+    return ids
+
+
+def _matmul_params_split(model: nn.Module) -> tuple[int, int]:
+    """(matmul parameters run per token, those run once per sequence), each parameter counted once."""
+    per_sequence = _per_sequence_modules(model)
+    seen: set[int] = set()
+    counts = [0, 0]
+    for module in model.modules():
+        if not _is_matmul_layer(module):
+            continue
+        for p in (module.weight, getattr(module, "bias", None)):
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                counts[id(module) in per_sequence] += p.numel()
+    return counts[0], counts[1]
+
+
+def matmul_params(model: nn.Module) -> int:
+    """Parameters in matmuls: nn.Linear and HF Conv1D weights and biases, a tied one once (lesson 03)."""
+    return sum(_matmul_params_split(model))
+
+
+# the names configs give the three sizes: the course's, Hugging Face's, nanoGPT's and other common ones
+_LAYER_NAMES = ("n_layers", "num_hidden_layers", "n_layer", "num_layers", "depth")
+_HEAD_NAMES = ("n_heads", "num_attention_heads", "n_head", "num_heads", "heads")
+_WIDTH_NAMES = ("d_model", "hidden_size", "n_embd", "dim", "embed_dim", "width")
+
+
+def _first(obj: object, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = getattr(obj, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _from_config(cfg: object) -> ModelShape | None:
+    layers, heads, width = (_first(cfg, n) for n in (_LAYER_NAMES, _HEAD_NAMES, _WIDTH_NAMES))
+    head_dim = _first(cfg, ("head_dim",)) or (width // heads if width and heads else None)
+    return ModelShape(layers, heads, head_dim) if layers and heads and head_dim else None
+
+
+def _from_modules(model: nn.Module) -> ModelShape | None:
+    """Layers, heads and head size from the attention modules: `nn.MultiheadAttention`, or any module that
+    keeps its head count (n_head, num_heads, ...) and its width (n_embd, embed_dim, ...) or head size; one
+    such module per layer. None when there are none, or they differ."""
+    found = []
+    for module in model.modules():
+        heads = _first(module, _HEAD_NAMES)
+        if heads is None or _first(module, _LAYER_NAMES):  # a module holding the whole shape is no layer
+            continue
+        width = _first(module, _WIDTH_NAMES + ("all_head_size",))
+        head_dim = _first(module, ("head_dim", "attention_head_size")) or (width // heads if width else None)
+        if head_dim:
+            found.append((heads, head_dim))
+    if not found or len(set(found)) > 1:
+        return None
+    return ModelShape(len(found), *found[0])
+
+
+def set_model_shape(model: nn.Module, n_layers: int, n_heads: int, head_dim: int) -> nn.Module:
+    """Tell the FLOP counter a model's layers, heads and head size once, when it cannot read them from the
+    model's config or modules (lessons 02, 08; `as_course_model(model, shape=...)` does the same)."""
+    model.course_shape = ModelShape(n_layers, n_heads, head_dim)
+    return model
+
+
+def model_shape(model: nn.Module) -> ModelShape:
+    """(layers, heads, head size) of `model` for its FLOPs: told (`set_model_shape`, `as_course_model(...,
+    shape=)`), else read from a config (`.cfg`, `.config`: the course's, Hugging Face's, nanoGPT's names),
+    else from its attention modules; the model and each submodule, outermost first (lessons 02, 08)."""
+    model = unwrap_model(model)
+    modules = list(model.modules())
+    for m in modules:
+        if isinstance(getattr(m, "course_shape", None), ModelShape):
+            return m.course_shape
+    for m in modules:
+        for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
+            shape = _from_config(cfg) if cfg is not None and not isinstance(cfg, (int, float, str)) else None
+            if shape is not None:
+                return shape
+    shape = _from_modules(model)
+    if shape is None:
+        inner = getattr(model, "model", None) if type(model).__name__ == "CourseModel" else None
+        name = type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
+        raise ValueError(
+            f"cannot read the layers, heads and head size of a {name} (no config with "
+            "n_layers/num_hidden_layers/n_layer, n_heads/n_head, d_model/hidden_size/n_embd, and no "
+            "attention modules keeping n_head and n_embd): tell it once, "
+            "helpers.measure.flops.set_model_shape(model, n_layers, n_heads, head_dim), or "
+            "as_course_model(model, shape=ModelShape(n_layers, n_heads, head_dim))")
+    return shape
+
+
+def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = True) -> float:
+    """Training FLOPs per token of `model` at sequence length `seq_len` (lessons 02, 08; see above)."""
+    given = seq_len
+    try:
+        seq_len = operator.index(seq_len)  # ints, numpy ints, 0-d integer tensors
+    except TypeError:
+        seq_len = -1
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer (tokens per sequence), got {given!r}")
+    model = unwrap_model(model)  # torch.compile and DDP wrappers
+    layers, heads, head_dim = dataclasses.astuple(model_shape(model))
+    per_token, per_sequence = _matmul_params_split(model)
+    attention = transformer_flops_per_token(per_token, layers, heads, head_dim, seq_len, backward=backward)
+    head = 6 * per_sequence / seq_len
+    return attention + (head if backward else head / 3)
+
+
+def executed_flops(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor] | tuple[int, int]], *,
+                   backward: bool = True) -> float:
+    """FLOPs a run executed on `batches`, padding included, each at its own width (lessons 06, 08).
+
+    A batch is a dict with "input_ids" of shape (batch, seq_len), an (x, y) pair of tensors (x: the inputs),
+    or a (batch, seq_len) pair of numbers."""
+    total = 0.0
+    for i, b in enumerate(batches):
+        if isinstance(b, Mapping) and "input_ids" in b:
+            shape = tuple(b["input_ids"].shape)
+        elif isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[0], torch.Tensor):
+            shape = tuple(b[0].shape)
+        elif isinstance(b, tuple) and len(b) == 2:
+            shape = b
+        else:
+            raise TypeError(f"batch {i} must be a dict with 'input_ids', an (x, y) pair or a (batch, "
+                            f"seq_len) pair, got {type(b).__name__}")
+        if len(shape) != 2:
+            raise ValueError(f"batch {i}: input_ids must be (batch, seq_len), got shape {shape}")
+        rows, width = (int(x) for x in shape)
+        total += rows * width * model_flops_per_token(model, width, backward=backward)
+    return total
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak: float | PeakFlops) -> float:
+    """Model FLOPs utilisation (lessons 02, 08): useful FLOPs per second ÷ the peak, a fraction (0.4 = 40 %).
+
+    Useful FLOPs count real tokens only: `tokens_per_s` are non-padding tokens per second and
+    `flops_per_token` is `model_flops_per_token` at the padded length the model attended over. Padding
+    the device computed is not useful work (see `executed_flops`). `peak`:
+    `helpers.measure.roofline.mfu_peak`,
+    the same for every precision (so MFUs compare), or a number you give (FLOP/s)."""
+    peak_value = peak.flops if isinstance(peak, PeakFlops) else float(peak)
+    if peak_value <= 0 or tokens_per_s < 0 or flops_per_token < 0:
+        raise ValueError(f"need peak > 0 and non-negative throughput and FLOPs, got peak={peak_value}, "
+                         f"tokens_per_s={tokens_per_s}, flops_per_token={flops_per_token}")
+    return tokens_per_s * flops_per_token / peak_value

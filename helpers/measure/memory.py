@@ -1,0 +1,667 @@
+"""Where training memory goes: peak-memory tracking, a training-memory estimator, allocator history.
+
+One module for lesson 03's one quantity, measured, estimated and recorded over time (about 470 lines): the
+estimator is checked against the measurement, and both use the names defined below.
+
+Measuring peak memory of a block of code
+----------------------------------------
+- On a CUDA GPU: the caching allocator's own statistics. `torch.cuda.reset_peak_memory_stats()` before,
+  `torch.cuda.max_memory_allocated()` after: the most bytes held by live tensors at any moment (the
+  allocator may *reserve* more than that from the driver; `nvidia-smi` shows the reserved figure).
+- On a CPU there are no such statistics, and the process's resident size (RSS) mixes tensors with
+  Python, libraries and memory malloc has not returned. So the CPU method is the profiler's memory
+  events: `torch.profiler.profile(profile_memory=True)` records every allocation and free made by
+  PyTorch's CPU allocator, with its size and time. Summing them in time order gives the bytes held by
+  tensors created inside the block, at every moment; its maximum is the peak *increase* over what was
+  held when the block began. Tensors that already existed (weights, say) are invisible to it, so the
+  caller passes their size as `baseline_bytes` (see `tensor_bytes`) to get an absolute peak.
+  Cost: the profiler slows the block down; do not time a block while tracking its memory this way.
+
+Names, one per meaning (used across the course)
+-----------------------------------------------
+- `peak_bytes`: the most bytes held by tensors at any moment of a block, everything included (on
+  CUDA `torch.cuda.max_memory_allocated`; on CPU the caller's `baseline_bytes` plus the increase).
+- `peak_increase_bytes`: the most bytes held above what was held when the block began (the memory
+  a call adds); `end_increase_bytes`: what is still held above that when it ends.
+- `rss_bytes` / `peak_rss_bytes`: the process's resident set size (now / its maximum): tensors plus
+  Python, libraries and freed memory malloc kept; the operating system's figure, not PyTorch's.
+
+Estimating it
+-------------
+`estimate_training_memory` adds up, in bytes, what a training step of a Transformer holds:
+parameters (float32 master weights in every precision), gradients (float32), optimizer state (AdamW:
+two float32 moments per parameter and a step counter per tensor), the autocast copies of the matmul
+weights (16-bit, kept for the backward pass), the activations saved for the backward pass, and the
+largest temporary (the output layer's logits and their gradient). Per layer and token the saved
+activations are, for the pre-norm block of `helpers.model.models` (D = width, F = MLP width, H = heads):
+residual input 4·D, LN1 output D, Q/K/V 3·D, attention output D, second residual 4·D, LN2 output D,
+MLP hidden F before and after GELU, in bytes: the residual stream is float32 (4 bytes), the rest is
+4 bytes in fp32 and 2 under autocast; plus LayerNorm statistics, and the attention weights H·T per
+token for a naive attention (an SDPA kernel keeps only a log-sum-exp per head). With dropout the
+masks count too, and with activation checkpointing only each block's input is kept, plus one block
+recomputed at a time. On this code it matches what the profiler measures on a CPU to within a few
+percent (tests/test_memory.py).
+
+Recording the allocator's history
+---------------------------------
+`memory_timeline(fn)` runs `fn` under the profiler with memory, shapes and stacks, and sorts every
+byte into categories (parameter, optimizer state, input, temporary, activation, gradient, …) over
+time: torch's own memory timeline, on a CPU or a GPU. `record_memory_history(fn, path)` is the GPU
+tool: the CUDA caching allocator's history of every allocation with its stack trace, saved as a
+snapshot to drop on https://pytorch.org/memory_viz, and exported as an HTML page by torch's own
+visualiser (`torch.cuda._memory_viz`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from helpers.core import compat
+
+__all__ = ["GiB", "MARGIN", "MemoryReport", "track_peak_memory", "peak_increase_bytes", "peak_rss_bytes",
+           "tensor_bytes",
+           "MemoryEstimate", "FORMULA_ASSUMES", "DRY_RUN_ASSUMES", "estimate_training_memory",
+           "estimate_step_memory", "MemoryTimeline", "memory_timeline",
+           "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
+
+MiB = 2 ** 20
+GiB = 2 ** 30
+# The share of a device's memory a plan or a fit leaves free: the CUDA context (0.3-0.5 GiB, outside PyTorch's
+# allocator), the caching allocator's rounding and fragmentation, library workspaces (cuBLAS, cuDNN), and the
+# estimators' error (lesson 03 checks the training estimator within 25 % of a measured step's peak).
+MARGIN = 0.15
+
+
+@dataclass
+class MemoryReport:
+    """Peak memory of one block of code, filled in when the block ends (lessons 01–03)."""
+
+    device: str
+    method: str  # how it was measured (one line, shown in tables)
+    peak_bytes: int = 0  # the most bytes held at any moment: baseline + peak increase
+    peak_increase_bytes: int = 0  # above what was held when the block began
+    end_increase_bytes: int = 0  # still held when the block ended, above the start
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_bytes / MiB
+
+
+def tensor_bytes(*things: Any) -> int:
+    """Bytes of the distinct tensor storages in modules (parameters, buffers, gradients), optimizers
+    (their state), tensors, and mappings or sequences of them, such as a `state_dict()` (lesson 03).
+
+    Storages shared by several tensors (tied weights, views) count once. A DTensor (FSDP2's sharded
+    parameters, gradients and optimizer state) counts the shard this process holds. Numbers, strings and
+    None inside a container are skipped (a state dict's step counts and hyper-parameters); anything else is
+    refused.
+    """
+    storages: dict[int, int] = {}  # data pointer -> bytes: a storage shared by several tensors counts once
+
+    def walk(thing: Any, top: bool) -> None:
+        for t in _tensors_in(thing, top, walk):
+            storage = _local(t).untyped_storage()
+            if storage.nbytes():
+                storages[storage.data_ptr()] = storage.nbytes()
+
+    for thing in things:
+        walk(thing, True)
+    return sum(storages.values())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this process holds: a DTensor's local shard (its own storage is a wrapper without data)."""
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(t, DTensor):
+            return t.to_local()
+    return t
+
+
+def _tensors_in(thing: Any, top: bool, walk: Callable[[Any, bool], None]) -> list[torch.Tensor]:
+    """The tensors `thing` holds directly (a module's parameters, gradients and buffers); containers are
+    handed back to `walk`, item by item; numbers, strings and None inside a container hold none."""
+    if isinstance(thing, torch.Tensor):
+        return [thing]
+    if isinstance(thing, nn.Module):
+        params = list(thing.parameters())
+        return params + [p.grad for p in params if p.grad is not None] + list(thing.buffers())
+    if isinstance(thing, torch.optim.Optimizer):
+        walk(list(thing.state.values()), False)
+    elif isinstance(thing, Mapping):  # a state_dict, an optimizer's state, a batch
+        for value in thing.values():
+            walk(value, False)
+    elif isinstance(thing, (str, bytes, int, float, complex)) or thing is None:
+        if top:
+            raise ValueError(f"tensor_bytes counts tensors; got {type(thing).__name__} {thing!r}: pass "
+                             "modules, optimizers, tensors, or mappings and sequences of them")
+    elif isinstance(thing, Iterable):
+        for item in thing:
+            walk(item, False)
+    else:
+        raise ValueError(f"tensor_bytes cannot count a {type(thing).__name__}: pass modules, optimizers, "
+                         "tensors, or mappings and sequences of them")
+    return []
+
+
+def _cpu_peak_from_events(events: Iterable) -> tuple[int, int]:
+    """(peak, final) running sum of the profiler's CPU memory events, in time order."""
+    deltas = sorted((e.start_ns(), e.nbytes()) for e in events
+                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    current = peak = 0
+    for _, nbytes in deltas:
+        current += nbytes
+        peak = max(peak, current)
+    return peak, current
+
+
+def _unmeasured(device: torch.device, what: str) -> str:
+    """Why `what` cannot measure `device`, and the fix, in one line."""
+    fix = "measure on the CPU (device 'cpu')"
+    if device.type == "mps":
+        fix = ("torch keeps no peak-memory statistics for Apple's GPU (MPS): " + fix
+               + ", which get_device('auto') picks on a Mac unless COURSE_DEVICE=mps")
+    return (f"{what} measures 'cuda' (allocator statistics) or 'cpu' (profiler memory events), not {device}: "
+            f"{fix}")
+
+
+@contextlib.contextmanager
+def track_peak_memory(device: torch.device | str = "cpu", *,
+                      baseline_bytes: int = 0) -> Iterator[MemoryReport]:
+    """Measure the peak memory of the `with` block (CUDA allocator stats; on CPU profiler memory events).
+
+    `baseline_bytes`: bytes already held when the block starts, added on CPU (on CUDA the allocator
+    knows them). Yields a `MemoryReport` that is filled in when the block exits.
+    Lessons 01–03.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("track_peak_memory was asked for a CUDA device, but torch sees no GPU")
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        report = MemoryReport(str(device), "torch.cuda.max_memory_allocated (caching allocator stats)")
+        yield report
+        torch.cuda.synchronize(device)
+        report.peak_bytes = torch.cuda.max_memory_allocated(device)
+        report.peak_increase_bytes = report.peak_bytes - start
+        report.end_increase_bytes = torch.cuda.memory_allocated(device) - start
+        return
+    if device.type != "cpu":
+        raise ValueError(_unmeasured(device, "track_peak_memory"))
+    if compat.profiler_enabled():
+        raise ValueError("track_peak_memory on CPU uses the profiler, and a profiler is already running: "
+                         "measure memory outside it")
+    from torch.profiler import ProfilerActivity, profile
+
+    report = MemoryReport(str(device), "torch.profiler memory events (CPU allocator), plus the baseline")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        yield report
+    peak, final = _cpu_peak_from_events(prof.profiler.kineto_results.events())
+    report.peak_increase_bytes = peak
+    report.end_increase_bytes = final
+    report.peak_bytes = baseline_bytes + peak
+
+
+def peak_increase_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int:
+    """Peak bytes allocated while `fn()` runs, above what was held before it (lesson 01): the inputs are
+    not counted, the output is. `track_peak_memory`'s CUDA allocator statistics, or on a CPU its running
+    sum of the profiler's allocation records."""
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(_unmeasured(device, "peak_increase_bytes"))
+    with track_peak_memory(device) as report:
+        fn()
+    return int(report.peak_increase_bytes)
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size in bytes, as the operating system counts it: tensors plus
+    Python, libraries and memory malloc kept (lessons 03 and 07; a CPU's coarse stand-in for `peak_bytes`)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS reports bytes, Linux KiB
+
+
+# --- the estimator ----------------------------------------------------------------------------------
+
+ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}  # bytes of a matmul output per precision
+OPTIMIZERS = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}  # float32 state bytes per parameter
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Training memory in bytes, term by term (lesson 03)."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    weight_copies: int  # autocast's 16-bit copies of the matmul weights, alive until the backward
+    activations: int  # saved for the backward pass
+    temporary: int  # the largest short-lived buffer: the logits and their gradient
+    precision: str
+    batch_size: int
+    seq_len: int
+    method: str = "formula"  # "formula" (the course's, for its own Transformer) or "dry run" (any model)
+    assumes: tuple[str, ...] = ()  # what the method takes for granted, one sentence each
+    dry_run_peak: int | None = None  # the dry run's high-water mark (the formula has none: see `peak`)
+
+    @property
+    def total(self) -> int:
+        """Every term at once: an upper bound of the step's peak."""
+        return (self.parameters + self.gradients + self.optimizer + self.weight_copies
+                + self.activations + self.temporary)
+
+    @property
+    def peak(self) -> int:
+        """The step's expected high-water mark. A dry run's is the most bytes its tensors held at once.
+        The formula's: weights and optimizer state live throughout; with `zero_grad(set_to_none=True)` the
+        gradients are created during the backward pass while the activations are being freed, so the two
+        rarely coexist in full: the larger of the two counts."""
+        if self.dry_run_peak is not None:
+            return self.dry_run_peak
+        return (self.parameters + self.optimizer + self.weight_copies
+                + max(self.activations + self.temporary, self.gradients))
+
+    def breakdown(self) -> dict[str, int]:
+        """The terms by name, in bytes (for tables and stacked bars)."""
+        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer state": self.optimizer,
+                "autocast weight copies": self.weight_copies, "activations": self.activations,
+                "temporary (logits)": self.temporary}
+
+
+def _config_and_counts(model: Any) -> tuple[Any, int, int, int]:
+    """(TransformerConfig, parameters, parameter tensors, matmul parameters) of a model or a config.
+
+    Duck-typed, so this "measure" module does not import `helpers.model.models` (imports run one way): a
+    SmallTransformer is a module with a `.cfg`, and a TransformerConfig `build()`s its model.
+    """
+    from helpers.measure.flops import matmul_params
+
+    if not isinstance(model, nn.Module) and callable(getattr(model, "build", None)):
+        with torch.device("meta"):  # build it without allocating: exact counts for free
+            model = model.build()
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(model, nn.Module) or not all(hasattr(cfg, a) for a in ("d_model", "n_heads", "attn")):
+        raise ValueError(f"the course's formula takes a SmallTransformer or a TransformerConfig, got "
+                         f"{type(model).__name__}: estimate another model with method='dry run' (any "
+                         "nn.Module), or describe it with a TransformerConfig of its shape")
+    params = list({id(p): p for p in model.parameters()}.values())
+    return cfg, sum(p.numel() for p in params), len(params), matmul_params(model)
+
+
+FORMULA_ASSUMES = (
+    "the pre-norm block of helpers.model.models: LayerNorm, attention, residual; LayerNorm, MLP, residual",
+    "the MLP keeps its hidden before and after an exact GELU (2·F values per token); an unfused tanh GELU "
+    "(GPT-2's gelu_new) keeps about four more tensors of F per token, which are not counted",
+    "naive attention keeps its H×T probabilities per token (float32, CUDA's autocast policy); an SDPA "
+    "kernel keeps a log-sum-exp per head",
+    "weights, gradients and optimizer state in float32; under autocast a 16-bit copy of each matmul weight",
+    "the largest temporary is the token head's logits and their gradient (B·T·vocab), none for a classifier",
+    "gradients appear while activations are freed: the peak counts the larger of the two",
+    "no allocator rounding, library workspaces or fragmentation",
+)
+DRY_RUN_ASSUMES = (
+    "one training step (forward, loss, backward, optimizer step) after a first one that made the optimizer "
+    "state, run on fake tensors on the CPU: every tensor's bytes, none allocated (torch's MemTracker)",
+    "the CPU's kernels and autocast policy: on a GPU, SDPA's flash or memory-efficient kernels and CUDA's "
+    "autocast (softmax in float32) can keep different intermediates",
+    "no allocator rounding, library workspaces (cuBLAS, cuDNN) or fragmentation: leave a margin on a GPU",
+)
+METHODS = ("auto", "formula", "dry run")
+
+
+def _is_course_model(model: Any) -> bool:
+    """A SmallTransformer (a module with a TransformerConfig `.cfg`) or a TransformerConfig (it builds
+    one)."""
+    if isinstance(model, nn.Module):
+        target = getattr(model, "cfg", None)
+    elif callable(getattr(model, "build", None)):
+        target = model
+    else:
+        return False
+    return all(hasattr(target, a) for a in ("d_model", "n_heads", "attn"))
+
+
+def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, precision: str = "fp32",
+                             optimizer: str = "adamw", activation_checkpointing: bool = False,
+                             attn_probs_dropout: bool = False, method: str = "auto",
+                             batch: Any = None) -> MemoryEstimate:
+    """Estimate the memory of one training step: the course's formula for a SmallTransformer (or a
+    TransformerConfig of some model's shape), a dry run (`estimate_step_memory`) for any other nn.Module
+    (a Hugging Face model, your own) (lesson 03). `method`: "auto" (that choice), "formula" or "dry run".
+
+    The formula is the lesson's teaching model: every term written out, for the course's block;
+    `FORMULA_ASSUMES` (also `.assumes` of the result) says what it takes for granted, and a model built
+    otherwise (GPT-2's unfused tanh GELU, say) keeps more than it counts: use the dry run there.
+    `attn_probs_dropout` (formula): the attention drops out its probabilities and keeps the T×T matrices it
+    needs for that (Hugging Face BERT's naive attention, its "eager", does; SmallTransformer's does not).
+    `batch` (dry run): the batch to step on; default token ids (batch_size, seq_len) and labels for the
+    model's task (`estimate_step_memory`)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
+    if precision not in ACT_BYTES:
+        raise ValueError(f"unknown precision {precision!r}: use one of {tuple(ACT_BYTES)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZERS)}")
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"need batch_size >= 1 and seq_len >= 1, got {batch_size}, {seq_len}")
+    course = _is_course_model(model)
+    if method == "dry run" or (method == "auto" and not course and isinstance(model, nn.Module)):
+        if activation_checkpointing:
+            raise ValueError("the dry run measures the model as it is: apply activation checkpointing to it "
+                             "first, RunSpec(activation_checkpointing=True).apply(model), and leave the "
+                             "argument out")
+        if not isinstance(model, nn.Module):  # a TransformerConfig: its model, built on fake tensors
+            with compat.fake_tensor_mode():
+                model = model.build()
+        if batch is None:
+            batch = _default_batch(model, batch_size, seq_len)
+        return estimate_step_memory(model, batch, precision=precision, optimizer=optimizer)
+    return _formula(model, batch_size, seq_len, precision=precision, optimizer=optimizer,
+                    activation_checkpointing=activation_checkpointing, attn_probs_dropout=attn_probs_dropout)
+
+
+def _formula(model: Any, batch_size: int, seq_len: int, *, precision: str, optimizer: str,
+             activation_checkpointing: bool, attn_probs_dropout: bool) -> MemoryEstimate:
+    """The course's formula, term by term (see the module docstring)."""
+    cfg, n_params, n_tensors, n_matmul = _config_and_counts(model)
+    if seq_len > cfg.max_len:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's max_len={cfg.max_len}")
+    a = ACT_BYTES[precision]
+    autocast = a == 2
+    d, f, h, t, v = cfg.d_model, cfg.d_ff, cfg.n_heads, seq_len, cfg.vocab_size
+    tokens = batch_size * seq_len
+
+    # bytes per token of one block, saved for its backward
+    residuals = 2 * 4 * d  # the block's input and the stream after attention, float32
+    norms = 2 * 2 * 4  # mean and 1/std of both LayerNorms
+    matmul_inputs = (d + 3 * d + d + d) * a  # LN1 out, Q/K/V, attention out, LN2 out
+    mlp = 2 * f * a  # hidden before and after GELU
+    if cfg.attn == "naive":
+        # softmax output (float32), and under autocast its 16-bit copy for the matmul with V. This is
+        # CUDA's autocast policy (softmax in float32); a CPU's keeps softmax in 16 bits, so there the
+        # estimate is high by 4·H·T bytes per token and layer.
+        attention = h * t * (4 + (a if autocast else 0))
+    else:
+        attention = h * 4  # the kernel's log-sum-exp per head
+    masks = 2 * d if cfg.dropout > 0 else 0  # two residual dropout masks, 1 byte per element
+    if attn_probs_dropout and cfg.dropout > 0:
+        attention += h * t * (1 + a)  # the probabilities' dropout mask and the dropped copy
+    block = residuals + norms + matmul_inputs + mlp + attention + masks
+
+    if cfg.n_classes:  # final LayerNorm input and output, pooled vector
+        head, temporary = 4 * d + 8 + 4 * d, 0
+    else:  # final LayerNorm, its output into the head, log-softmax output (float32)
+        head = 4 * d + 8 + a * d + 4 * v
+        temporary = tokens * v * (4 + a)  # the logits' gradient and the log-softmax output's
+    if activation_checkpointing:  # each block's input kept; one block at a time recomputed
+        activations = tokens * (cfg.n_layers * 4 * d + block + head)
+    else:
+        activations = tokens * (cfg.n_layers * block + head)
+    return MemoryEstimate(
+        parameters=4 * n_params, gradients=4 * n_params,
+        optimizer=OPTIMIZERS[optimizer] * n_params + (4 * n_tensors if optimizer.startswith("adam") else 0),
+        weight_copies=2 * n_matmul if autocast else 0, activations=activations, temporary=temporary,
+        precision=precision, batch_size=batch_size, seq_len=seq_len, assumes=FORMULA_ASSUMES)
+
+
+def _vocab_size(model: nn.Module) -> int:
+    """The model's vocabulary: its config's vocab_size, else its first embedding table's rows."""
+    for m in model.modules():
+        for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
+            v = getattr(cfg, "vocab_size", None)
+            if isinstance(v, int) and v > 0:
+                return v
+    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if emb is None:
+        raise ValueError(f"cannot tell the vocabulary of a {type(model).__name__} (no config.vocab_size, no "
+                         "nn.Embedding): give the dry run a batch, estimate_training_memory(..., "
+                         "batch=(x, y))")
+    return emb.num_embeddings
+
+
+def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+    """Token ids (batch_size, seq_len) and labels: one per row for a classifier (a Hugging Face
+    *ForSequenceClassification, a SmallTransformer with classes), else one per token (a language model)."""
+    inner = compat.unwrap_model(model)
+    inner = getattr(inner, "model", inner) if type(inner).__name__ == "CourseModel" else inner
+    per_row = (type(inner).__name__.endswith("ForSequenceClassification")
+               or bool(getattr(getattr(inner, "cfg", None), "n_classes", 0)))
+    vocab = _vocab_size(inner)
+    ids = torch.randint(vocab, (batch_size, seq_len))
+    labels = torch.zeros(batch_size, dtype=torch.long) if per_row else ids.clone()
+    return {"input_ids": ids, "labels": labels}
+
+
+def _fake_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor of `t`'s shape, strides and dtype on `device`, made inside a fake mode: no memory."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+
+
+def _fake_copy(model: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake tensors (call inside the fake mode); tied
+    weights stay tied, the model's own tensors are not copied (a meta-device model works too)."""
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            fake = _fake_like(t, device)
+            memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
+                else fake
+    return copy.deepcopy(model, memo)
+
+
+def _optimizer(name: str, params: list[nn.Parameter], fused: bool) -> torch.optim.Optimizer:
+    if name in ("adamw", "adam"):
+        opt = compat.make_adamw([{"params": params}], 1e-3, fused)
+        return opt if name == "adamw" else torch.optim.Adam(params, lr=1e-3)
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd_momentum" else 0.0)
+
+
+def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32", optimizer: str = "adamw",
+                         fused: bool = True) -> MemoryEstimate:
+    """The memory of one training step of any nn.Module on `batch` (a dict, or an (x, y) pair), from a dry
+    run on fake tensors: the model copied with fake parameters, the optimizer's state made (a step on zero
+    gradients), then one step tracked by torch's MemTracker; nothing is allocated, so full sizes run on a
+    laptop (lesson 03). `model(**batch)` must return `.loss` (wrap your own with
+    helpers.core.adapt.as_course_model). Terms at the peak: parameters (and buffers), optimizer state,
+    activations, temporaries; gradients are the parameters' size (created during the backward); the peak
+    includes the batch itself. `DRY_RUN_ASSUMES` says what it takes for granted."""
+    from helpers.core.adapt import as_batch, loss_of, takes_course_batches
+    from helpers.core.precision import autocast_context
+
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZERS)}")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"estimate_step_memory takes an nn.Module, got {type(model).__name__}")
+    if not takes_course_batches(model):
+        from helpers.core.adapt import adapter_hint
+
+        raise ValueError(adapter_hint(model))
+    host = as_batch(batch)
+    ids = host.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() < 1:
+        raise ValueError("the dry run's batch needs `input_ids` (or x of an (x, y) pair) as a tensor")
+    device = torch.device("cpu")  # a fake CUDA tensor needs CUDA; the CPU's kernels stand in (assumes)
+    with compat.fake_tensor_mode():
+        fake = _fake_copy(model, device).train()
+        fake_batch = {k: _fake_like(v, device) if isinstance(v, torch.Tensor) else v for k, v in host.items()}
+        params = [p for p in fake.parameters() if p.requires_grad]
+        opt = _optimizer(optimizer, params, fused)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            with autocast_context(precision, device):
+                loss = loss_of(fake(**fake_batch))
+            if loss is None:
+                raise ValueError("the model returned no loss for the dry run's batch: give it labels")
+            loss.backward()
+            opt.step()
+
+        for p in params:  # the optimizer's state appears at its first step: make it without a pass
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        peak = compat.tracked_peak(step, fake, opt)  # a step as the second of a run: the state held
+    inputs = tensor_bytes([v for v in host.values() if isinstance(v, torch.Tensor)])
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    rows, width = (int(ids.shape[0]), int(ids.shape[-1]) if ids.dim() > 1 else 1)
+    return MemoryEstimate(
+        parameters=peak.get("Parameter", 0) + peak.get("Buffer", 0), gradients=grads,
+        optimizer=peak.get("Optstate", 0), weight_copies=0, activations=peak.get("Activation", 0),
+        temporary=peak.get("Temp", 0) + peak.get("Other", 0), precision=precision,
+        batch_size=rows, seq_len=width, method="dry run", assumes=DRY_RUN_ASSUMES,
+        dry_run_peak=peak.get("Total", 0) + inputs)
+
+
+# --- memory over time -------------------------------------------------------------------------------
+
+CATEGORIES = ("parameter", "optimizer state", "input", "temporary", "activation", "gradient",
+              "autograd detail", "unknown")
+
+
+@dataclass
+class MemoryTimeline:
+    """Bytes held over time, by category (from torch's memory profiler) (lesson 03)."""
+
+    times_s: list[float]  # from the first event
+    bytes_by_category: dict[str, list[int]] = field(default_factory=dict)
+    device: str = "cpu"
+
+    def total(self) -> list[int]:
+        """Bytes held at each time, all categories together."""
+        return [sum(col) for col in zip(*self.bytes_by_category.values())]
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.total(), default=0)
+
+
+def memory_timeline(fn: Callable[[], Any], device: torch.device | str = "cpu") -> MemoryTimeline:
+    """Run `fn()` once under the profiler (memory, shapes, stacks) and return its memory timeline
+    (lesson 03)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("memory_timeline was asked for a CUDA device, but torch sees no GPU")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        # torch marks export_memory_timeline deprecated in favour of a CUDA-only tool; on a CPU it is
+        # still the only categorised timeline there is
+        warnings.simplefilter("ignore", FutureWarning)
+        out = Path(tmp) / "timeline.json"
+        prof.export_memory_timeline(str(out), device=str(device))
+        times_us, sizes = json.loads(out.read_text())
+    if not times_us:
+        return MemoryTimeline([], {c: [] for c in CATEGORIES}, str(device))
+    # sizes[i] = [unused, one column per category in CATEGORIES' order]
+    t0 = times_us[0]
+    columns = list(zip(*sizes))[1:1 + len(CATEGORIES)]
+    return MemoryTimeline([(t - t0) / 1e6 for t in times_us],
+                          {c: list(col) for c, col in zip(CATEGORIES, columns)}, str(device))
+
+
+def record_memory_history(fn: Callable[[], Any], path: str | Path, *,
+                          max_entries: int = 100_000) -> dict[str, Path]:
+    """GPU only: record the CUDA allocator's history while `fn()` runs; write `<path>.pickle` (for
+    pytorch.org/memory_viz) and `<path>.html` (torch's own visualiser). Returns both paths (lesson 03)."""
+    if not torch.cuda.is_available():
+        raise ValueError("record_memory_history needs a CUDA GPU (it records the CUDA caching allocator); "
+                         "on a CPU use memory_timeline")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    snapshot = compat.cuda_memory_snapshot(fn, max_entries)
+    pickle_path, html_path = path.with_suffix(".pickle"), path.with_suffix(".html")
+    import pickle
+
+    with open(pickle_path, "wb") as f:
+        pickle.dump(snapshot, f)
+    html_path.write_text(compat.memory_snapshot_html(snapshot))
+    return {"snapshot": pickle_path, "html": html_path}
+
+
+# --- the largest batch that fits --------------------------------------------------------------------
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
+
+
+def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit: int = 4096,
+                        device: torch.device | str | None = None, verbose: bool = True) -> int:
+    """The largest batch size for which `step_fn(batch_size)` runs without running out of memory.
+
+    Doubles from `start` until an out-of-memory error (`torch.cuda.OutOfMemoryError`) or `limit`,
+    then bisects between the last size that fitted and the first that did not. After each failure it
+    drops the references the error holds and empties the CUDA cache, so the next try starts clean.
+    Returns 0 when even `start` does not fit. Errors other than out-of-memory are raised.
+    Lesson 03.
+    """
+    import gc
+
+    if start < 1 or limit < start:
+        raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
+    # whose cache to empty after a failure: the given device, or any GPU torch sees
+    cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+
+    def fits(n: int) -> bool:
+        try:
+            step_fn(n)
+            ok = True
+        except Exception as err:  # noqa: BLE001 - out-of-memory is told apart below
+            if not _is_oom(err):
+                raise
+            ok = False
+            del err  # the traceback pins the failed step's tensors: let them go
+        if not ok:
+            gc.collect()  # frames of the failed step may sit in reference cycles
+            if cuda:
+                torch.cuda.empty_cache()  # hand the failed attempt's cached blocks back
+        if verbose:
+            print(f"batch {n:>5}: {'fits' if ok else 'out of memory'}")
+        return ok
+
+    good, bad = 0, None
+    n = start
+    while n <= limit:
+        if fits(n):
+            good, n = n, n * 2
+        else:
+            bad = n
+            break
+    if good == 0:
+        return 0
+    if bad is None:  # doubling passed the limit without a failure: try the limit itself
+        if good == limit or fits(limit):
+            return limit
+        bad = limit
+    return _bisect(fits, good, bad)
+
+
+def _bisect(fits: Callable[[int], bool], good: int, bad: int) -> int:
+    """Largest n in [good, bad) that fits, knowing `good` fits and `bad` does not."""
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good

@@ -1,0 +1,438 @@
+"""Checkpoints, one home for the course (lessons 03, 07, 08): what `helpers.train.loop.train` and
+`course/scripts/train_ddp.py` save and resume from.
+
+Names: one checkpoint per saved step, in one folder, named by the optimizer steps done:
+
+    <folder>/step_000004.pt   one file (a single process; under DDP rank 0 writes it, replicas are equal)
+    <folder>/step_000004/     a torch.distributed.checkpoint (DCP) folder: each FSDP rank writes its shards,
+                              and a file of its own beside them (rank_00001.pt: RNG, GradScaler, scheduler)
+
+A training loop needs two calls: `resume_latest(folder, ...)` on start and `save_step(folder, step, ...)` when
+`is_due`; both work in one process and under torchrun (DDP: rank 0 writes, every rank reads; FSDP: sharded).
+`latest_checkpoint(folder)` is the one with the most steps; `prune_checkpoints` keeps the newest few, so a
+checkpoint that turns out to be damaged still leaves the one before it. "Save every K steps" means after
+every K-th step and after the last one; K = 0 means never (`is_due`).
+
+Atomic: a file is written to a temporary name in the same folder (`step_000004.pt.<random>.tmp`), flushed to
+disk, then renamed over the final name (`os.replace`); a DCP folder is written as `step_000004.tmp/` and
+renamed when every rank has finished. A run killed at any moment leaves the previous checkpoint or the new
+one, never half of one; what it leaves is a temporary, which the next start removes
+(`remove_stale_temporaries`, only names of this writer's pattern). A save that runs out of disk space
+removes its temporary and raises `CheckpointDiskFull` (an OSError, errno ENOSPC) naming the folder, the bytes
+the checkpoint needs and the bytes left there, instead of torch's `[enforce fail at inline_container.cc]
+unexpected pos` (the "No space left on device" is only in its chain).
+
+A single-file checkpoint holds the model, optimizer, GradScaler and learning-rate scheduler states, the RNG
+states (torch, Python, CUDA), the step and an `extra` dict (the loss history...). It is read with
+`torch.load(weights_only=True)`: tensors and plain values only, no code runs when a file is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from helpers.core.compat import unwrap_model
+
+__all__ = ["CheckpointError", "CheckpointDiskFull", "checkpoint_name", "list_checkpoints",
+           "latest_checkpoint", "is_due", "prune_checkpoints", "remove_stale_temporaries",
+           "save_checkpoint", "load_checkpoint", "save_sharded", "load_sharded", "save_step", "resume_latest"]
+
+CHECKPOINT_FORMAT = 1
+_DONE_RE = re.compile(r"^step_(\d{6,})(\.pt)?$")  # a complete checkpoint: file or DCP folder
+_TMP_FILE_RE = re.compile(r"^step_\d{6,}\.pt\.[A-Za-z0-9_]+\.tmp$")  # save_checkpoint's temporaries
+_TMP_DIR_RE = re.compile(r"^step_\d{6,}\.tmp$")  # save_sharded's temporaries
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: incomplete, damaged, or of another model (lessons 07, 08)."""
+
+
+class CheckpointDiskFull(OSError):
+    """No room for a checkpoint: names the folder, the bytes needed and the bytes left (lessons 07, 08)."""
+
+
+def _out_of_space(err: BaseException) -> bool:
+    """ENOSPC (or a quota) anywhere in `err`'s chain: torch.save wraps it in a RuntimeError, DCP in the
+    per-rank failures of a CheckpointException."""
+    todo, seen = [err], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint: {rank: (exception, trace)}
+        if isinstance(failures, Mapping):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return False
+
+
+def _state_bytes(state: Any) -> int:
+    """Bytes of the tensors in `state`: about what a checkpoint of it takes on disk."""
+    from helpers.measure.memory import tensor_bytes
+
+    try:
+        return tensor_bytes(state)
+    except (ValueError, RuntimeError):  # something it cannot count (e.g. a tensor subclass): no estimate
+        return 0
+
+
+def _disk_full(folder: Path, name: str, needed: int) -> CheckpointDiskFull:
+    """The error for a save that ran out of space (called after its temporary is removed)."""
+    left = shutil.disk_usage(folder).free
+    need = f"about {needed / 2**20:,.1f} MiB ({needed:,} bytes)" if needed else "an unknown amount"
+    return CheckpointDiskFull(errno.ENOSPC, f"No space left on device for checkpoint {name} in {folder}: it "
+                              f"needs {need}, {left / 2**20:,.1f} MiB ({left:,} bytes) are left there. The "
+                              f"earlier checkpoints in {folder} are intact, nothing half-written was left: "
+                              "free some space, keep fewer checkpoints (keep_checkpoints / --keep) or point "
+                              "the checkpoint folder at a disk with room, then rerun: it resumes from the "
+                              "newest checkpoint")
+
+
+def checkpoint_name(step: int, *, sharded: bool = False) -> str:
+    """The checkpoint's name after `step` steps: step_000004.pt, or step_000004 for DCP (lessons 07, 08)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    return f"step_{step:06d}" + ("" if sharded else ".pt")
+
+
+def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The complete checkpoints in `folder` as (step, path), oldest first, no temporaries (lessons 07, 08)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _DONE_RE.match(p.name))
+             and (p.is_dir() if m.group(2) is None else p.is_file())]
+    return sorted(found)
+
+
+def latest_checkpoint(folder: str | os.PathLike) -> tuple[int, Path] | None:
+    """(step, path) of the newest complete checkpoint in `folder`, or None (lessons 07, 08)."""
+    found = list_checkpoints(folder)
+    return found[-1] if found else None
+
+
+def is_due(done: int, every: int, last: int) -> bool:
+    """Save after `done` steps? Every `every`-th, and the `last`; never when every == 0 (lessons 07, 08)."""
+    if every < 0:
+        raise ValueError(f"checkpoint every {every} steps: use a positive number, or 0 for never")
+    return every > 0 and (done % every == 0 or done == last)
+
+
+def prune_checkpoints(folder: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints in `folder`; returns what it deleted (lessons 07, 08)."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1 (the checkpoint to resume from), got {keep}")
+    old = [p for _, p in list_checkpoints(folder)[:-keep]]
+    for p in old:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return old
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, *, log: Any = print) -> list[Path]:
+    """Remove what an interrupted save left in `folder` (this module's names only), saying so (lesson 07)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = sorted(p for p in folder.iterdir() if (_TMP_FILE_RE.match(p.name) and p.is_file())
+                   or (_TMP_DIR_RE.match(p.name) and p.is_dir()))
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    if stale and log is not None:
+        log(f"checkpoints: removed {len(stale)} unfinished temporary file(s) an interrupted save left in "
+            f"{folder}: {', '.join(p.name for p in stale)}")
+    return stale
+
+
+def _signature(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the model's state: what a checkpoint must match."""
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    scaler: torch.amp.GradScaler | None = None, step: int = 0, *,
+                    scheduler: Any = None, extra: Mapping[str, Any] | None = None) -> Path:
+    """Write a single-file checkpoint to `path` atomically: temporary file, fsync, rename (lessons 07, 08)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = unwrap_model(model)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "model_class": type(model).__name__,
+        "signature": _signature(model),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "step": int(step),
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        "extra": dict(extra or {}),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them "the" checkpoint
+        os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the new one
+    except BaseException as err:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if _out_of_space(err):  # torch says "unexpected pos"; the reason is further up its chain
+            raise _disk_full(path.parent, path.name, _state_bytes(state)) from err
+        raise
+    return path
+
+
+def _damaged(path: Path, err: BaseException) -> CheckpointError:
+    """The error for a file torch.load cannot read: which file, what it is, what to do."""
+    size = path.stat().st_size if path.exists() else 0
+    earlier = [p for s, p in list_checkpoints(path.parent) if p != path and p.name < path.name]
+    what_now = (f"resume from the previous checkpoint {earlier[-1].name} (delete {path.name}, and the "
+                f"newest complete one is used)" if earlier else f"delete {path} to start over")
+    return CheckpointError(f"{path} ({size:,} bytes) is not a complete checkpoint ({type(err).__name__}: "
+                           f"{str(err).splitlines()[0][:120] if str(err) else 'no data'}); it was cut "
+                           f"short or damaged, e.g. by a copy that did not finish. To go on: {what_now}.")
+
+
+def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    scaler: torch.amp.GradScaler | None = None, *, scheduler: Any = None,
+                    restore_rng: bool = True) -> dict[str, Any]:
+    """Load a single-file checkpoint into `model` (and optimizer, scaler, scheduler); returns its contents.
+
+    Raises CheckpointError (a ValueError) for a missing, damaged or foreign file (lessons 07, 08)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint file at {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip (RuntimeError), garbage (UnpicklingError, KeyError), empty (EOF)
+        raise _damaged(path, err) from err
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "signature" not in state:
+        raise CheckpointError(f"{path} is not a checkpoint written by "
+                              f"helpers.train.checkpoint.save_checkpoint")
+    model = unwrap_model(model)
+    mine, theirs = _signature(model), state["signature"]
+    if state["model_class"] != type(model).__name__ or mine != theirs:
+        missing = sorted(set(mine) - set(theirs))[:3]
+        unexpected = sorted(set(theirs) - set(mine))[:3]
+        shapes = [f"{k}: {theirs[k]} vs {mine[k]}" for k in mine.keys() & theirs.keys()
+                  if mine[k] != theirs[k]][:3]
+        raise CheckpointError(f"{path} holds a checkpoint of another model ({state['model_class']}, "
+                              f"{len(theirs)} tensors) than this {type(model).__name__} "
+                              f"({len(mine)} tensors); missing {missing}, unexpected {unexpected}, "
+                              f"different shapes {shapes}: "
+                              "point checkpoint_dir at a new folder for a new model")
+    model.load_state_dict(state["model"])
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if restore_rng:
+        _restore_rng(state["rng"])
+    return state
+
+
+def _restore_rng(rng: Mapping[str, Any]) -> None:
+    """The RNG states a checkpoint saved: torch's, Python's and (when there is a GPU) CUDA's."""
+    torch.set_rng_state(rng["torch"])
+    random.setstate(_as_tuple(rng["python"]))
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def _as_tuple(x: Any) -> Any:
+    """random.setstate wants tuples all the way down."""
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# --- FSDP: torch.distributed.checkpoint folders ------------------------------------------------------
+
+def _rank_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank_{rank:05d}.pt"
+
+
+def _host_state(scaler: Any, scheduler: Any) -> dict[str, Any]:
+    """What a rank keeps beside its shards: its RNG states (each rank draws its own dropout masks), the
+    GradScaler's and the scheduler's states (the same on every rank)."""
+    return {"rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None}
+
+
+def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 *, extra: Mapping[str, Any] | None = None, scaler: torch.amp.GradScaler | None = None,
+                 scheduler: Any = None) -> Path:
+    """Every rank writes its shards of model and optimizer (DCP) to `folder/step_NNNNNN/`, and a small file
+    of its own (`rank_NNNNN.pt`: RNG states, GradScaler, scheduler) (lessons 07, 08).
+
+    A collective: call it on every rank. Written as step_NNNNNN.tmp/ and renamed by rank 0 when every rank
+    has finished."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = Path(folder)
+    name = checkpoint_name(step, sharded=True)
+    final, tmp = folder / name, folder / (name + ".tmp")
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # sharded: each rank holds its part
+    on = dist.is_initialized()
+    rank = dist.get_rank() if on else 0
+    main = rank == 0
+    try:
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)  # returns when all wrote
+        own = _rank_file(tmp, rank)
+        torch.save(_host_state(scaler, scheduler), own)
+        with open(own, "rb+") as f:
+            os.fsync(f.fileno())
+        if main:
+            (tmp / "meta.json").write_text(json.dumps({"step": int(step), "extra": dict(extra or {}),
+                                                       "world_size": dist.get_world_size() if on else 1}))
+    except BaseException as err:  # DCP raises a CheckpointException (a BaseException) on every rank
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if _out_of_space(err):
+            raise _disk_full(folder, name, _state_bytes([model_sd, optim_sd])) from err
+        raise
+    if on:
+        dist.barrier()  # every rank's own file is on disk before the folder is called complete
+    if main:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)  # the folder appears complete, or not at all
+    if on:
+        dist.barrier()  # nobody reads the folder before rank 0 has renamed it
+    return final
+
+
+def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 scaler: torch.amp.GradScaler | None = None, scheduler: Any = None,
+                 restore_rng: bool = True, log: Any = print) -> dict[str, Any]:
+    """Load a DCP checkpoint folder into this run's shards, on every rank, and this rank's RNG states,
+    GradScaler and scheduler (lessons 07, 08). Returns {"step": ..., "extra": ...}.
+
+    Another number of ranks reshards the model and optimizer (DCP); the RNG states then stay as they are."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    meta = path / "meta.json"
+    if not meta.is_file():
+        raise CheckpointError(f"{path} is not a complete sharded checkpoint (no meta.json): delete it to "
+                              "resume from the one before")
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # the layout to load into (this run's shards)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    info = json.loads(meta.read_text())
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    own = _rank_file(path, rank)
+    host_file = own if own.is_file() else _rank_file(path, 0)
+    if host_file.is_file():  # older folders (before issue 39) have none
+        try:
+            host = torch.load(host_file, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise _damaged(host_file, err) from err
+        if scaler is not None and host.get("scaler") is not None:
+            scaler.load_state_dict(host["scaler"])
+        if scheduler is not None and host.get("scheduler") is not None:
+            scheduler.load_state_dict(host["scheduler"])
+        if restore_rng and host_file == own:
+            _restore_rng(host["rng"])
+        elif restore_rng and log is not None and rank == 0:
+            log(f"checkpoints: {path.name} was written by {info.get('world_size')} ranks, this run has "
+                f"{dist.get_world_size() if dist.is_initialized() else 1}: the model and optimizer are "
+                "resharded, the random number generators keep their states")
+    return {"step": int(info["step"]), "extra": info.get("extra", {})}
+
+
+# --- what a training loop calls ------------------------------------------------------------------------
+
+def _rank0_and_barrier() -> tuple[bool, Any]:
+    import torch.distributed as dist
+
+    on = dist.is_available() and dist.is_initialized()
+    return (not on or dist.get_rank() == 0), (dist.barrier if on else (lambda: None))
+
+
+def save_step(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+              scaler: torch.amp.GradScaler | None = None, scheduler: Any = None,
+              extra: Mapping[str, Any] | None = None, sharded: bool = False, keep: int = 2) -> Path:
+    """Save the state after `step` steps in `folder` and keep the newest `keep` (lessons 07, 08).
+
+    Under torch.distributed call it on every rank: sharded (FSDP), each writes its shards; otherwise
+    rank 0 writes one file (DDP replicas are equal) and the others wait until it is on disk."""
+    main, barrier = _rank0_and_barrier()
+    if sharded:  # a failure raises on every rank
+        path = save_sharded(folder, step, model, optimizer, extra=extra, scaler=scaler, scheduler=scheduler)
+    else:
+        path = Path(folder) / checkpoint_name(step)
+        failure = None
+        if main:
+            try:
+                save_checkpoint(path, model, optimizer, scaler, step, scheduler=scheduler, extra=extra)
+            except Exception as err:  # e.g. a full disk: the other ranks must hear of it, not wait forever
+                failure = err
+        _raise_on_every_rank(failure, path)
+    if main:
+        prune_checkpoints(folder, keep)
+    barrier()  # nobody runs ahead of a checkpoint that is not on disk yet
+    return path
+
+
+def _raise_on_every_rank(failure: Exception | None, path: Path) -> None:
+    """Rank 0's save outcome, shared: it re-raises its error, the other ranks raise one naming it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        said = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+        dist.broadcast_object_list(said, src=0)  # also the barrier: every rank waits for rank 0's write
+        if failure is None and said[0] is not None:
+            raise RuntimeError(f"rank 0 could not write checkpoint {path}: {said[0]}")
+    if failure is not None:
+        raise failure
+
+
+def resume_latest(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                  scaler: torch.amp.GradScaler | None = None, scheduler: Any = None, sharded: bool = False,
+                  restore_rng: bool = True, log: Any = print) -> dict[str, Any] | None:
+    """On start: remove what an interrupted save left (rank 0), then load the newest checkpoint in `folder`
+    into every rank's model and optimizer; its {"step", "extra", "path"}, or None (lessons 07, 08)."""
+    main, barrier = _rank0_and_barrier()
+    if main:
+        remove_stale_temporaries(folder, log=log)
+    barrier()
+    found = latest_checkpoint(folder)
+    if found is None:
+        return None
+    path = found[1]
+    if path.is_dir() != sharded:
+        kind = "a sharded (FSDP)" if path.is_dir() else "a single-file"
+        run = "shards" if sharded else "does not shard"
+        raise CheckpointError(f"{path} is {kind} checkpoint, but this run {run} its model: point it at "
+                              "another folder")
+    if sharded:
+        state = load_sharded(path, model, optimizer, scaler=scaler, scheduler=scheduler,
+                             restore_rng=restore_rng, log=log)
+    else:
+        state = load_checkpoint(path, model, optimizer, scaler, scheduler=scheduler, restore_rng=restore_rng)
+    return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path}

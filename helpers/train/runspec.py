@@ -1,0 +1,412 @@
+"""One run specification: the switches of a training run, each applied in exactly one place (lessons 02-08).
+
+A `RunSpec` is frozen: it names *what* a run uses; its methods are the only code that turns a switch into
+torch calls:
+
+- `spec.step_context(device)`: TF32 (a global matmul setting, one rule: `helpers.core.precision.uses_tf32`)
+  around the whole step: forward, backward and optimizer step;
+- `spec.autocast(device)`: autocast around the forward pass and the loss ONLY. Backward ops run in the
+  dtype autocast chose for their forward op, and the optimizer updates float32 weights: PyTorch's AMP
+  guide keeps backward and `optimizer.step()` outside autocast;
+- `spec.step_contexts(device)`: both, the spec checked on the device once (a run's every step uses them);
+- `spec.make_scaler(device)`: fp16's GradScaler (starting at `init_scale`), a disabled one otherwise;
+- `spec.dataloader(dataset, batch_size)`: the batches of its padding (fixed, dynamic, bucketed, packed),
+  in pinned memory when they go to a GPU (the DataLoader pins them; with no worker processes it does so
+  inside `next()`, on the loop's own thread);
+- `spec.apply(model)`: attention implementation (varlen included), activation checkpointing, FP8 linears,
+  regional compilation, packed forward; `helpers.model.packed_model.base_model(applied)` is the model inside
+  those
+  wrappers, the one to save or inspect;
+- `spec.check(device)`: a ValueError naming the switch when `device` cannot run one of them;
+  `spec.check_model(model)` the same for a switch the model cannot take (attention of its own, say);
+- `spec.describe()`: the spec as the lines of code that reproduce it ("your stack", lesson 08);
+- `spec_flags` / `flag_parser` / `spec_from_arguments`: a script's flags for the switches
+  (`transformers.HfArgumentParser`), nested back into one spec.
+
+`helpers.train.loop.train(model, batches, cfg, spec=spec)` trains with it; `TrainConfig` keeps what is not a
+switch (steps, optimizer, schedule, accumulation, checkpoints). Lesson 08's ladder changes one field of a
+spec per rung (`spec.replace`).
+
+    spec = RunSpec(precision="bf16", attn="sdpa", padding="bucketed")
+    model = spec.apply(model)
+    loader = spec.dataloader(train_ds, 32, pad_token_id=tok.pad_token_id, max_length=512)
+    train(model, loader, TrainConfig(steps=1000), spec=spec)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import shutil
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from helpers.core.precision import (
+    PRECISIONS,
+    Precision,
+    autocast_context,
+    autocast_factory,
+    check_precision,
+    make_scaler,
+    tf32_matmuls,
+    uses_tf32,
+)
+
+__all__ = ["Padding", "Attn", "PADDINGS", "ATTNS", "FUSED_ADAMW_DEVICES", "RunSpec",
+           "set_activation_checkpointing", "dataclass_flags", "spec_flags", "flag_parser",
+           "spec_from_arguments"]
+
+Padding = Literal["dynamic", "fixed", "bucketed", "packed"]  # "fixed": to max_length (lesson 06)
+# Hugging Face attention: "flex" is FlexAttention, "varlen" FlashAttention over the documents of packed rows
+Attn = Literal["eager", "sdpa", "flex", "varlen"]
+PADDINGS: tuple[str, ...] = get_args(Padding)
+ATTNS: tuple[str, ...] = get_args(Attn)
+FUSED_ADAMW_DEVICES = ("cuda", "cpu", "mps", "xpu")  # devices torch has a fused AdamW kernel for
+_HF_ATTN = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention"}  # varlen: packed_model.use_varlen
+ContextFactory = Callable[[], contextlib.AbstractContextManager]  # makes a fresh context at each call
+_DEFAULT_MODEL = (None, False, False, False, False)  # what `_model_switches` gives for an untouched model
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The switches of one training run (lessons 02-08); see the module docstring."""
+
+    precision: Precision = "fp32"  # TF32 stays on from "tf32" up; "fp16" trains with a GradScaler
+    fp8: bool = False  # FP8 matmuls in the Linear layers (helpers.model.fp8), run under bf16 autocast
+    attn: Attn | None = None  # None: the model's own (a SmallTransformer has one)
+    compile: bool = False  # torch.compile each Transformer layer (regional compilation, lesson 05)
+    fused_adamw: bool = True  # the fused AdamW kernel (FUSED_ADAMW_DEVICES)
+    padding: Padding = "dynamic"
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward (lesson 03)
+    init_scale: float = 2.0 ** 16  # fp16: the GradScaler's first loss scale
+
+    def __post_init__(self) -> None:
+        allowed = {"precision": PRECISIONS, "attn": (None, *ATTNS), "padding": PADDINGS}
+        for name, choices in allowed.items():
+            if getattr(self, name) not in choices:
+                hint = " (FP8 is its own switch: fp8=True)" if getattr(self, name) == "fp8" else ""
+                raise ValueError(f"RunSpec.{name}={getattr(self, name)!r}: use one of {choices}{hint}")
+        for name in ("fp8", "compile", "fused_adamw", "activation_checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RunSpec.{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.init_scale, bool) or not isinstance(self.init_scale, (int, float)) \
+                or not self.init_scale > 0:
+            raise ValueError(f"RunSpec.init_scale must be a positive loss scale, got {self.init_scale!r}")
+        if self.attn == "varlen" and self.padding != "packed":
+            raise ValueError(f"RunSpec.attn='varlen' attends within the documents of packed rows: use "
+                             f"padding='packed' (got {self.padding!r}), or attn='sdpa'")
+        if self.attn == "varlen" and self.autocast_precision not in ("bf16", "fp16"):
+            raise ValueError(f"RunSpec.attn='varlen' runs FlashAttention, which needs bf16 or fp16 "
+                             f"activations: use precision='bf16' (got {self.precision!r})")
+
+    def replace(self, **switches: object) -> RunSpec:
+        """This spec with some switches changed: one rung of lesson 08's ladder."""
+        return dataclasses.replace(self, **switches)
+
+    @property
+    def autocast_precision(self) -> str:
+        """The precision autocast runs in: FP8 linears run under bf16 autocast (lessons 02, 08)."""
+        return "bf16" if self.fp8 else self.precision
+
+    @property
+    def effective_precision(self) -> str:
+        """The precision a run's numbers carry: "fp8" with FP8 linears, else `precision` (lesson 08's
+        tolerances, the TF32 rule)."""
+        return "fp8" if self.fp8 else self.precision
+
+    # --- can this device run it? ---------------------------------------------------------------------
+
+    def check(self, device: torch.device | str) -> None:
+        """ValueError naming the switch when `device` cannot run it (lessons 02-08). Per field: precision
+        (helpers.core.precision.check_precision), fp8 (helpers.model.fp8.fp8_supported), attn (flex: a
+        backward pass
+        on this device and a transformers that has it; varlen: helpers.model.packed_model.varlen_available),
+        compile
+        (Triton for a GPU, a C++ compiler for a CPU), fused_adamw (FUSED_ADAMW_DEVICES). padding,
+        activation_checkpointing and init_scale run on every device (checked when the spec is made; what
+        a model supports is checked by `apply`)."""
+        device = torch.device(device)
+        fp8 = self._fp8_problem(device)  # before the precision: FP8's bf16 autocast fails where FP8 does
+        if fp8:
+            raise ValueError(f"RunSpec.{fp8} (device {device})")
+        check_precision(self.autocast_precision, device)
+        why = self._attn_problem(device) or self._compile_problem(device) or self._fused_problem(device)
+        if why:
+            raise ValueError(f"RunSpec.{why} (device {device})")
+
+    def check_model(self, model: nn.Module) -> None:
+        """ValueError naming the switch `model` cannot take, and the fix (lessons 03, 08; the ladder skips
+        such a rung with this reason): an attention implementation (eager, sdpa, flex, varlen) switches a
+        Hugging Face model's attention, so a model with its own keeps it (attn=None); packing needs a
+        BERT-like classifier or a SmallTransformer; activation checkpointing a model with a switch for it."""
+        why = self._model_problem(model)
+        if why:
+            raise ValueError(f"RunSpec.{why}")
+
+    def _model_problem(self, model: nn.Module) -> str | None:
+        from helpers.core.compat import is_hf_model, unwrap_model
+
+        inner = unwrap_model(model)
+        name = type(inner).__name__
+        if name == "CourseModel":  # helpers.core.adapt's wrapper of a model of one's own
+            name = f"CourseModel({type(inner.model).__name__})"
+        hf = is_hf_model(inner)
+        if self.attn is not None and not hf:
+            return (f"attn={self.attn!r} switches a Hugging Face model's attention implementation; {name} "
+                    "has attention of its own: use attn=None to keep it (lesson 08's ladder does, for such a "
+                    "model)")
+        if self.padding == "packed" and not ((hasattr(inner, "bert") and hasattr(inner, "classifier"))
+                                             or (hasattr(inner, "blocks") and hasattr(inner, "cfg"))):
+            return (f"padding='packed' runs a packed forward that knows BERT-like classifiers and the "
+                    f"course's SmallTransformer, not {name}: use padding='bucketed' (or 'dynamic') for it")
+        if self.activation_checkpointing and not (hasattr(inner, "set_activation_checkpointing")
+                                                  or hasattr(inner, "gradient_checkpointing_enable")):
+            return (f"activation_checkpointing=True: {name} has no switch for it; wrap its blocks in "
+                    "torch.utils.checkpoint.checkpoint yourself and leave the switch off")
+        return None
+
+    def _fp8_problem(self, device: torch.device) -> str | None:
+        if not self.fp8:
+            return None
+        from helpers.model.fp8 import fp8_supported
+
+        ok, why = fp8_supported(device)
+        return None if ok else f"fp8=True: {why}"
+
+    def _attn_problem(self, device: torch.device) -> str | None:
+        from helpers.core import compat
+
+        if self.attn == "flex":
+            if "flex_attention" not in compat.bert_attn_implementations():
+                return (f"attn='flex': this transformers' BERT runs {compat.bert_attn_implementations()} "
+                        "(FlexAttention needs transformers >= 5)")
+            ok, why = compat.flex_trains(device)
+            return None if ok else f"attn='flex': {why}"
+        if self.attn == "varlen":
+            from helpers.model.packed_model import varlen_available
+
+            ok, why = varlen_available(device)
+            return None if ok else f"attn='varlen': {why}"
+        return None
+
+    def _compile_problem(self, device: torch.device) -> str | None:
+        if not self.compile:
+            return None
+        if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+            return "compile=True: torch.compile's GPU kernels are Triton kernels, and triton is not installed"
+        compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
+        if device.type == "cpu" and not any(c and shutil.which(c) for c in compilers):
+            return "compile=True: torch.compile's CPU kernels are C++, and no C++ compiler is on the PATH"
+        return None
+
+    def _fused_problem(self, device: torch.device) -> str | None:
+        if self.fused_adamw and device.type not in FUSED_ADAMW_DEVICES:
+            return (f"fused_adamw=True: torch has a fused AdamW for {FUSED_ADAMW_DEVICES}, not "
+                    f"{device.type!r}: use fused_adamw=False")
+        return None
+
+    # --- the step ------------------------------------------------------------------------------------
+
+    def step_context(self, device: torch.device | str) -> contextlib.AbstractContextManager:
+        """TF32 as the spec says, around the WHOLE step: forward, backward and optimizer step (lesson 02).
+
+        On for "tf32" and every later precision (fp16, bf16, FP8), on every device: a device without TF32
+        units (a CPU) computes exact float32 anyway. Restores the previous setting on exit."""
+        return tf32_matmuls(uses_tf32(self.effective_precision))
+
+    def autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager:
+        """Autocast as the spec says, around the forward pass and the loss ONLY (lesson 02): backward runs
+        outside it, in the dtypes autocast chose for the forward ops; so does the optimizer step."""
+        return autocast_context(self.autocast_precision, device)
+
+    def step_contexts(self, device: torch.device | str) -> tuple[ContextFactory, ContextFactory]:
+        """(step context, autocast) as functions that make them, the spec checked on `device` once, here:
+        what a training step calls at every step without checking again (`helpers.train.loop.TrainStep`)."""
+        self.check(device)
+        tf32 = uses_tf32(self.effective_precision)
+        return (lambda: tf32_matmuls(tf32)), autocast_factory(self.autocast_precision, device, check=False)
+
+    def make_scaler(self, device: torch.device | str) -> torch.amp.GradScaler:
+        """The run's GradScaler, kept from step to step: enabled for fp16 only, starting at `init_scale`
+        (lessons 02, 03: `train` makes it; a loop of your own passes it to `train_step`)."""
+        return make_scaler(self.precision, device, self.init_scale)
+
+    # --- the data ------------------------------------------------------------------------------------
+
+    def dataloader(self, dataset: Any, batch_size: int, *, pad_token_id: int = 0,
+                   max_length: int | None = None, shuffle: bool = True, seed: int = 0,
+                   device: torch.device | str | None = None) -> DataLoader:
+        """The DataLoader of this spec's padding over a `helpers.data.text.TokenizedDataset` (lessons 06, 08).
+
+        `max_length`: the width of fixed padding and of packed rows (default: the longest example).
+        Batches bound for a CUDA `device` (default: CUDA when torch sees a GPU) come in pinned memory, so
+        the loop's copy `tensor.to(device, non_blocking=True)` is async (with no worker processes, the
+        DataLoader pins each batch on the main thread as it makes it)."""
+        from helpers.data.packing import PackCollate
+        from helpers.data.text import make_dataloader
+
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be a positive number of tokens or None, got {max_length}")
+        cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
+        if self.padding != "packed":
+            return make_dataloader(dataset, batch_size, padding=self.padding, pad_token_id=pad_token_id,
+                                   fixed_length=max_length, shuffle=shuffle, seed=seed, pin_memory=cuda)
+        rows = max_length or max(dataset.lengths)
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, pin_memory=cuda,
+                          generator=torch.Generator().manual_seed(seed),
+                          collate_fn=PackCollate(rows, pad_token_id))
+
+    # --- the model -----------------------------------------------------------------------------------
+
+    def _model_switches(self) -> tuple:
+        return (self.attn, self.fp8, self.compile, self.activation_checkpointing, self.padding == "packed")
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        """`model` with the spec's attention, activation checkpointing, FP8 linears, compiled layers and
+        packed forward, in that order; train what it returns and optimize its parameters (transformers 4.x
+        switches attention by rebuilding the model, helpers.core.compat) (lessons 03, 08)."""
+        from helpers.core.compat import set_attn_implementation
+
+        self.check_model(model)
+        if self.attn == "varlen":
+            from helpers.model.packed_model import use_varlen
+
+            model = use_varlen(model)  # checks the device; SDPA for padded batches through the same model
+        elif self.attn is not None:
+            model = set_attn_implementation(model, _HF_ATTN[self.attn])
+        if self.activation_checkpointing:
+            set_activation_checkpointing(model, True)
+        if self.fp8:
+            from helpers.model.fp8 import convert_to_float8
+
+            convert_to_float8(model)
+        base = model
+        if self.compile:
+            model = _compile_layers(model)
+        if self.padding == "packed":
+            from helpers.model.packed_model import PackedModel
+
+            model = PackedModel(model)
+        for m in {id(base): base, id(model): model}.values():  # what `train` checks (`applied_to`)
+            m.course_spec_model_switches = self._model_switches()
+        return model
+
+    def applied_to(self, model: nn.Module) -> bool:
+        """Whether `model` came out of `apply` of a spec with this spec's model switches; a spec that
+        changes no model needs no `apply` (lesson 08: `train` refuses a model the spec was not applied to)."""
+        from helpers.core.compat import unwrap_model
+
+        if self._model_switches() == _DEFAULT_MODEL:
+            return True
+        return getattr(unwrap_model(model), "course_spec_model_switches", None) == self._model_switches()
+
+    def describe(self) -> str:
+        """The spec as the code that reproduces it: "your stack" (lesson 08, benchmarks/ladder.py)."""
+        changed = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                   if getattr(self, f.name) != f.default]
+        pad = {"fixed": "every batch max_length wide", "dynamic": "each batch to its longest",
+               "bucketed": "length buckets, each batch to its longest",
+               "packed": "documents packed whole into rows"}[self.padding]
+        model = ([f"attention {self.attn or 'as loaded'}"] + ["activation checkpointing"]
+                 * self.activation_checkpointing + ["FP8 linears"] * self.fp8
+                 + ["each layer compiled"] * self.compile + ["packed forward"] * (self.padding == "packed"))
+        steps = [f"spec = RunSpec({', '.join(changed)})",
+                 "model = spec.apply(model)  # " + ", ".join(model),
+                 f"loader = spec.dataloader(dataset, batch_size, max_length=MAX_LENGTH)  # {pad}",
+                 f"train(model, loader, TrainConfig(...), spec=spec)  # {self.precision}"
+                 + (" + FP8" if self.fp8 else "") + (", fused AdamW" if self.fused_adamw else ", AdamW")]
+        return "\n".join(steps)
+
+
+def dataclass_flags(defaults: Any, fields: Sequence[str] | None = None) -> type:
+    """A dataclass of the fields of the dataclass instance `defaults` (or of the named `fields`), its values
+    as their defaults: what `transformers.HfArgumentParser` turns into flags (`flag_parser`) (scripts/)."""
+    cls = type(defaults)
+    known = [f.name for f in dataclasses.fields(cls)]
+    for name in fields or ():
+        if name not in known:
+            raise ValueError(f"{name!r} is not a {cls.__name__} field: use one of {sorted(known)}")
+    hints = typing.get_type_hints(cls)
+    def flag(name: str) -> tuple[str, Any, Any]:
+        help_text = {"help": f"{cls.__name__}.{name}"}  # --help: where the flag lands
+        return name, hints[name], dataclasses.field(default=getattr(defaults, name), metadata=help_text)
+
+    return dataclasses.make_dataclass(f"{cls.__name__}Flags",
+                                      [flag(name) for name in (fields if fields is not None else known)])
+
+
+def spec_flags(fields: Sequence[str] | None = None, defaults: RunSpec | None = None) -> type:
+    """The RunSpec switches a script offers (all, or the named `fields`), with `defaults`' values, as a
+    dataclass for `flag_parser`; `spec_from_arguments` nests them back into one RunSpec (scripts/)."""
+    return dataclass_flags(defaults if defaults is not None else RunSpec(), fields)
+
+
+def flag_parser(*flags: type, **kwargs: Any) -> Any:
+    """`transformers.HfArgumentParser` over the dataclasses `flags` (`dataclass_flags`, `spec_flags`):
+    --name per field (and --name_with_underscores), a Literal's values as the choices, --flag / --flag
+    false for a bool, None kept as the default; `kwargs` go to argparse. HfArgumentParser adds --no-name
+    only for a bool whose default is True; the --no-name of a bool whose default is False is added here,
+    so every switch reads --compile / --no-compile (scripts/)."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(list(flags), **kwargs)
+    for cls in flags:
+        for f in dataclasses.fields(cls):
+            if f.default is False:  # argparse keeps the first default of a dest: the field's, False
+                owner = cls.__name__.removesuffix("Flags")
+                parser.add_argument(f"--no-{f.name.replace('_', '-')}", f"--no_{f.name}",
+                                    action="store_false", dest=f.name, help=f"{owner}.{f.name} = False")
+    return parser
+
+
+def spec_from_arguments(args: Any) -> RunSpec:
+    """The RunSpec of the switches a parsed command line holds (an argparse Namespace, or the `spec_flags`
+    dataclass `HfArgumentParser.parse_args_into_dataclasses` returns): the fields a script did not offer keep
+    their defaults (scripts/)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec) if hasattr(args, f.name)}
+    return RunSpec(**given)
+
+
+def _layers(model: nn.Module) -> Any:
+    """A model's list of Transformer layers: a Hugging Face model's encoder layers, a SmallTransformer's
+    blocks, else (a model of one's own, nanoGPT's `transformer.h`) its longest list of blocks of one class."""
+    layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
+    layers = layers if layers is not None else getattr(model, "blocks", None)
+    if layers is None:
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1
+                 and len({type(block) for block in m}) == 1]
+        layers = max(lists, key=len, default=None)
+    return layers
+
+
+def _compile_layers(model: nn.Module) -> nn.Module:
+    """Regional compilation: each Transformer layer compiled (they share one graph, compiled once); a
+    model without a list of layers is compiled whole (lesson 05)."""
+    layers = _layers(model)
+    if layers is None:
+        return torch.compile(model)
+    for layer in layers:
+        layer.compile()
+    return model
+
+
+def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """Turn activation checkpointing on or off: SmallTransformer's switch, or Hugging Face's (lesson 03);
+    `RunSpec(activation_checkpointing=True).apply(model)` is the way a run turns it on."""
+    if hasattr(model, "set_activation_checkpointing"):
+        model.set_activation_checkpointing(enabled)
+    elif hasattr(model, "gradient_checkpointing_enable"):  # Hugging Face PreTrainedModel
+        from helpers.core.compat import hf_activation_checkpointing
+
+        hf_activation_checkpointing(model, enabled)
+    elif enabled:
+        raise ValueError(f"{type(model).__name__} has no activation-checkpointing switch: wrap its blocks "
+                         "with torch.utils.checkpoint.checkpoint, or use SmallTransformer / a HF model")
