@@ -148,7 +148,7 @@ def _exercise_solution_source(exercise_id: str, check_source: str) -> str:
 
     ex = EXERCISES[exercise_id]
     return "\n".join([
-        "from helpers import exercises as _exercises",
+        "from course import exercises as _exercises",
         "",
         f"_exercises.expect_status({exercise_id!r}, 'not attempted')  # the committed skeleton, in context",
         f"# --- course/solutions/{ex.solution}",

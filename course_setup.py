@@ -52,9 +52,9 @@ def helpers_problem() -> str | None:
             continue
         mine = Path(origin)
         what = mine.parent if mine.name == "__init__.py" else mine
-        return (f"`import {package}` finds {what}, not the course's {expected.parent}: a file or folder named "
-                f"`{package}` of yours hides it. Rename yours (for example to my_{package}.py), then Kernel > "
-                "Restart and run this cell again")
+        return (f"`import {package}` finds {what}, not the course's {expected.parent}: a file or folder "
+                f"named `{package}` of yours hides it. Rename yours (for example to my_{package}.py), then "
+                "Kernel > Restart and run this cell again")
     return None
 
 

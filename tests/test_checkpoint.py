@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import checkpoint as ck
 from helpers.model.models import SmallTransformer, TransformerConfig
+from helpers.train import checkpoint as ck
 
 
 def tiny_model(**overrides) -> SmallTransformer:

@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIMS = ROOT / "docs" / "claims.md"
-CITING = ("notebooks", "scripts", "benchmarks", "helpers", "course", "README.md", "docs")  # where claims are cited
+# where claims are cited
+CITING = ("notebooks", "scripts", "benchmarks", "helpers", "course", "README.md", "docs")
 CITATION = re.compile(r"claims\.md#(c\d+)", re.IGNORECASE)  # docs/claims.md#c4, ../docs/claims.md#c4
 # citations of files outside the course, and numbered claims without an id ("CLAIMS #2", "claim 7")
 # The names are assembled here so that this file does not itself cite what it forbids.

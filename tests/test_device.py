@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import device as dev_mod
+from helpers.core import device as dev_mod
 from helpers.core.device import (
     DeviceUnavailableError,
     EnvironmentReport,

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import distributed as hd
+from helpers.train import distributed as hd
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
@@ -170,9 +170,9 @@ def test_launch_workers_import_this_helpers_package(tmp_path: Path) -> None:
     script = tmp_path / "which.py"
     script.write_text("import os, helpers\nprint(os.environ['PYTHONPATH'])\nprint(helpers.__file__)\n")
     result = hd.launch(script, nproc_per_node=1, timeout_s=120, echo=False, env={"PYTHONPATH": "elsewhere"})
-    root = Path(hd.__file__).resolve().parents[1]  # the folder that holds `helpers`, installed or not
+    root = Path(hd.__file__).resolve().parents[2]  # the folder that holds `helpers`, installed or not
     assert result.rank_lines(0) == [os.pathsep.join([str(root), "elsewhere"]),
-                                    str(Path(hd.__file__).with_name("__init__.py"))]
+                                    str(root / "helpers" / "__init__.py")]
 
 
 def test_launch_timeout_raises_and_leaves_no_process(tmp_path: Path) -> None:
@@ -229,7 +229,7 @@ FSDP_MODEL = textwrap.dedent("""
 """)
 FSDP_WORKER = FSDP_MODEL + textwrap.dedent("""
     import sys
-    from helpers import distributed as hd
+    from helpers.train import distributed as hd
 
     env = hd.setup("cpu")
     model, x, y = make()

@@ -25,13 +25,13 @@ from owngpt import GPT, GPTConfig
 from course.exercises import EXERCISES, evaluate
 from course.exercises.lesson09 import draw_cases
 from course.sizing import MARGIN
-from helpers import plan as planner
 from helpers.core.adapt import as_course_model
 from helpers.core.precision import training_precision
 from helpers.measure.gpus import GPUS
 from helpers.measure.memory import estimate_step_memory
 from helpers.measure.opcount import count_ops, labelled_step
 from helpers.model.models import TransformerConfig, bert_config
+from helpers.plan import planner
 from helpers.plan.planner import (
     EXAMPLE_PRICES,
     Prices,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import precision as hp
+from helpers.core import precision as hp
 
 
 def test_vocabulary_is_one_and_maps_to_torch_dtypes():

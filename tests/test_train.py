@@ -518,8 +518,8 @@ def test_5_one_step_checked_once_per_run_for_train_the_ladder_and_train_ddp(monk
     """train, lesson 08's ladder and train_ddp run helpers.train.loop.TrainStep, whose spec is checked when it
     is
     made, once per run: not at every step (spec.check) nor at every forward pass (check_precision)."""
-    from helpers import train as train_module
     from helpers.core import precision
+    from helpers.train import loop as train_module
     from helpers.train import runspec
 
     checks, steps = [], []

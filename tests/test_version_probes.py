@@ -191,7 +191,7 @@ def test_each_kind_of_probe_is_caught(planted):
 
 
 def test_what_is_not_a_probe():
-    fine = ("import torch\nfrom helpers import compat\n"
+    fine = ("import torch\nfrom helpers.core import compat\n"
             "print(f'torch {torch.__version__}')\n"  # a version in a message
             "stamp = {'torch': torch.__version__}\n"  # ... or a report
             "def f(self, model):\n    self._cache = hasattr(model, 'config')\n"  # own attribute; a model's
