@@ -15,10 +15,10 @@ memory is reported "not run" with what it needs, not attempted: on a 15 GB T4 th
 N=4096 of the --gpu-target sizes. The GPU's precision follows its capability: bf16 from sm_80, fp16 below
 (a T4 has no bf16 units).
 
-Correct before fast: at every length each implementation is first compared with the math backend in
-fp32 on a (1, 2, N, d) slice of the same inputs (tolerance per dtype in TOLERANCE); one that disagrees
-is reported as wrong and not timed. Times are medians after warm-up (`helpers.core.timing.benchmark`);
-peak memory is measured in a separate call (`helpers.measure.memory.peak_increase_bytes`).
+Correct before fast: at every length each implementation is first compared with the math backend in fp32 on a
+(1, 2, N, d) slice of the same inputs (tolerance per dtype in TOLERANCE); one that disagrees is reported as
+wrong and not timed. Times are medians after warm-up (`helpers.core.timing.benchmark`); peak memory is
+measured in a separate call (`helpers.measure.memory.peak_increase_bytes`).
 
 Writes `attention_sweep-<slug>[-causal].json`, `.md` and `.png` into `--out` (default
 benchmarks/results) through `course.results`, stamped with the device, versions and date: the JSON and

@@ -1,26 +1,23 @@
 """The speed ladder of lesson 08 as a benchmark: BERT training steps, one optimisation at a time.
 
 The published run over `helpers.train.ladder` (rungs, checks, timing, greedy selection: read its docstring)
-and
-`helpers.train.ladder_report` (rows, table, the why of each rung): `run_ladder` climbs on a BERT with random
-weights (speed does not depend on their values) and the BBC News corpus' token lengths (recorded quantiles
-where the corpus is not installed); `to_markdown` writes the result with its targets. Files
+and `helpers.train.ladder_report` (rows, table, the why of each rung): `run_ladder` climbs on a BERT with
+random weights (speed does not depend on their values) and the BBC News corpus' token lengths (recorded
+quantiles where the corpus is not installed); `to_markdown` writes the result with its targets. Files
 `ladder-<device>.json/.md/.png` go into `--out` with course.results (stamped with device, versions, date,
-threads and load); with `--greedy`, `ladder-<device>-greedy.*`. The files are written again after each
-rung (marked partial until the last), so a run stopped at a time limit keeps the rungs it finished.
+threads and load); with `--greedy`, `ladder-<device>-greedy.*`. The files are written again after each rung
+(marked partial until the last), so a run stopped at a time limit keeps the rungs it finished.
 
     python benchmarks/ladder.py                                               # BERT mini, seq 512: a CPU
     python benchmarks/ladder.py --greedy                                      # keep only what pays here
     python benchmarks/ladder.py --gpu-target --time-budget 420                # BERT-base, seq 512 (GPU)
     python benchmarks/ladder.py --gpu-target --batch-size 8                   # the same on a 15 GB T4
 
-Out of memory: a stack that runs out of memory is reported with the memory it asked for and what the GPU
-held (`helpers.core.diagnosis.OOMReport`), in the files and in one line, and its memory is handed back. The
-rungs
+Out of memory: a stack that runs out of memory is reported with the memory it asked for and what the GPU held
+(`helpers.core.diagnosis.OOMReport`), in the files and in one line, and its memory is handed back. The rungs
 after it are measured where `helpers.train.ladder.climb` reports an out-of-memory rung as skipped; where it
-does not
-(and for the fp32 baseline, which every rung is timed against) the run stops there, keeps what it finished,
-and exits with status 3, naming a smaller batch as the next try.
+does not (and for the fp32 baseline, which every rung is timed against) the run stops there, keeps what it
+finished, and exits with status 3, naming a smaller batch as the next try.
 """
 
 from __future__ import annotations

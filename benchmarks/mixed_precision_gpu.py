@@ -23,8 +23,7 @@ start) of fp32's last loss, or it is marked wrong and the script exits with stat
 
 A run that runs out of memory (BERT-base at batch 32 x 512 in fp32 does on a 15 GB T4) is reported with the
 memory it asked for and what the GPU held (`helpers.core.diagnosis.OOMReport`), its memory is handed back, and
-the
-next run goes on; the runs after an fp32 that did not fit have no baseline to be compared with.
+the next run goes on; the runs after an fp32 that did not fit have no baseline to be compared with.
 
 `--time-budget` bounds a run: a run (after the first workload's fp32 baseline) that would start after the
 budget is spent is reported "not run", never guessed. The JSON and Markdown are written after every run

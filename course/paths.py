@@ -2,8 +2,8 @@
 
 What a lesson opens at run time ships inside the package, so an installed course (Colab, Kaggle, `pip
 install`) has it too: the `torchrun` scripts (`course/scripts/`), the exercises' solutions
-(`course/solutions/`) and the sample CSV (`course/sample_data/`). `checkout_root()` is the course's
-repository when `course` runs from one (its `benchmarks/` results), else None.
+(`course/solutions/`) and the sample CSV (`course/sample_data/`). `checkout_root()` is the course's repository
+when `course` runs from one (its `benchmarks/` results), else None.
 
 `output_dir(lesson)` is the folder where a lesson writes the files you open afterwards: `outputs/<lesson>/`
 next to the notebook, so Jupyter Lab's file browser shows them, or `$COURSE_OUTPUT_DIR/<lesson>/` when set.

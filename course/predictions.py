@@ -3,8 +3,7 @@ overhead-bound), of the optimisation that will help it MOST and by how much, loc
 each optimisation's measured effect with its noise; and the score: did the one predicted help most here, and
 how far was the number off. A prediction locked after the measurement began is refused: it would be recall,
 not prediction. What each optimisation targets in theory is `helpers.measure.regimes.OPTIMISATION_TARGETS`
-(shown
-after the measurement, not before).
+(shown after the measurement, not before).
 """
 
 from __future__ import annotations

@@ -2,18 +2,17 @@
 
     .venv/bin/python site/build.py --out build/site [--lessons 00,04] [--executed DIR] [--source DIR]
 
-Each lesson (notebooks/, or the folder --source names) is executed here first (nbclient with
-course.nbrun's kernel manager, this interpreter's kernel, the profile of $COURSE_PROFILE or the device's
-default, its outputs under <out>-outputs/), or taken from DIR when it holds `<lesson>.ipynb` executed with its
+Each lesson (notebooks/, or the folder --source names) is executed here first (nbclient with course.nbrun's
+kernel manager, this interpreter's kernel, the profile of $COURSE_PROFILE or the device's default, its outputs
+under <out>-outputs/), or taken from DIR when it holds `<lesson>.ipynb` executed with its
 `<lesson>.stamp.json` (tests/test_hosted.py writes both). A note under each lesson's title stamps the run:
 device, versions, date (course.results.stamp), profile, seconds, and how busy the machine was: the share of
 its CPUs other programs took while the lesson ran (helpers.core.timing.LoadProbe, less the lesson's own
-kernel),
-with a warning by the course's rule (helpers.core.timing.OTHERS_BUSY) when the page's timings came from a busy
-machine. Cells tagged `requires-cuda` (or `requires-multi-gpu`) are shown but not run without the GPUs they
-need, and say so. Then Sphinx builds the pages (site/conf.py: MyST-NB, sphinx-book-theme) into <out>/,
-lessons in order, index.html first. Widgets (the attention explorer) render from the state saved with the
-run, through the widget manager served from the site itself (site/_static/html-manager/), so a page works
+kernel), with a warning by the course's rule (helpers.core.timing.OTHERS_BUSY) when the page's timings came
+from a busy machine. Cells tagged `requires-cuda` (or `requires-multi-gpu`) are shown but not run without the
+GPUs they need, and say so. Then Sphinx builds the pages (site/conf.py: MyST-NB, sphinx-book-theme) into
+<out>/, lessons in order, index.html first. Widgets (the attention explorer) render from the state saved with
+the run, through the widget manager served from the site itself (site/_static/html-manager/), so a page works
 offline; a widget of a kind that manager cannot draw stops the build, naming it.
 """
 

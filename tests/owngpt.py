@@ -1,7 +1,6 @@
 """A GPT written the way most people write one, for the tests of `helpers.core.adapt` (issue 33): its own
-config
-class, its own attention, `forward(idx, targets=None) -> (logits, loss)`, `(x, y)` batches. Nothing in it
-knows the course.
+config class, its own attention, `forward(idx, targets=None) -> (logits, loss)`, `(x, y)` batches. Nothing in
+it knows the course.
 
     from owngpt import GPT, GPTConfig, batches   # tests/ is on sys.path under pytest
 """

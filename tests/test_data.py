@@ -81,8 +81,8 @@ def test_stratified_split_indices_cover_everything_once():
 
 def test_the_stratified_draw_is_scikit_learns_without_importing_it():
     """helpers.data.text draws its splits as scikit-learn's train_test_split(stratify=...) does, index for
-    index
-    and in the same order (the course's recorded results rest on its split), without importing it: uneven
+    index and in the same order (the course's recorded results rest on its split), without importing it:
+    uneven
     classes, ties among the remainders, both sizes given as fractions or counts, many seeds."""
     import numpy as np
 

@@ -1,10 +1,8 @@
 """The tools of lesson 04, read together: helpers.measure.opcount's counts agree with independent ones (hand
-formulas,
-tensor sizes, the rows an index op reads), helpers.measure.optime times the counted ops beside plain steps and
-prices
-the profiler's events, helpers.measure.regimes' checks fail on planted errors (an op above its roof, a profile
-that
-does not account for the step, an op missing from the profile), its split of each op's time adds up, and
+formulas, tensor sizes, the rows an index op reads), helpers.measure.optime times the counted ops beside plain
+steps and prices the profiler's events, helpers.measure.regimes' checks fail on planted errors (an op above
+its roof, a profile that does not account for the step, an op missing from the profile), its split of each
+op's time adds up, and
 course.predictions refuses a late prediction and scores "helped most"."""
 
 from __future__ import annotations

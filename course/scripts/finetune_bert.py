@@ -14,8 +14,8 @@ candidates that each changed one thing of the former defaults (`benchmarks/capst
 results in `benchmarks/results/capstone-vs-trainer-cpu-recipes-*.md`), and that benchmark sets them beside
 Hugging Face's Trainer with its defaults (`capstone-vs-trainer-cpu.md`).
 
-    python -m course.scripts.finetune_bert --tfidf-baseline     # the full run, the course's recipe
-    torchrun --standalone --nproc-per-node 2 -m course.scripts.finetune_bert --max-examples 200 --max-steps 4
+    python -m course.scripts.finetune_bert --tfidf-baseline     # the full run, the course's recipe torchrun
+    --standalone --nproc-per-node 2 -m course.scripts.finetune_bert --max-examples 200 --max-steps 4
 
 Prints one JSON line starting with `RESULT ` (rank 0) and, with --results-json, writes it to a file.
 """

@@ -30,8 +30,7 @@ spreads it; FSDP: in its own gradient shard, after the reduce-scatter): every ra
 
 `--profile-step k` records step k with `torch.profiler` on every rank and reports how much of the gradient
 all-reduce ran while backward was still computing (`helpers.train.distributed.comm_overlap`); `--trace-dir`
-keeps
-each rank's trace (chrome://tracing, Perfetto).
+keeps each rank's trace (chrome://tracing, Perfetto).
 """
 
 from __future__ import annotations
@@ -228,9 +227,9 @@ def make_step(model: nn.Module, opt: torch.optim.Optimizer, spec: RunSpec, env: 
               scaler: torch.amp.GradScaler | None = None, fsdp: bool = False,
               faults: Faults | None = None) -> TrainStep:
     """The run's optimizer step, checked once: `helpers.train.loop.TrainStep`, the step `train` and lesson
-    08's
-    ladder run (TF32 around all of it, autocast around each forward pass and loss only, fp16's GradScaler;
-    with `no_sync` gradients are averaged over ranks once, on the last micro-batch), no clipping; `faults`
+    08's ladder run (TF32 around all of it, autocast around each forward pass and loss only, fp16's
+    GradScaler; with `no_sync` gradients are averaged over ranks once, on the last micro-batch), no clipping;
+    `faults`
     (read at every step) plants the test hooks' crash and overflow."""
     faults = faults if faults is not None else Faults()
     scaler = scaler if scaler is not None else torch.amp.GradScaler(env.device.type, enabled=False)

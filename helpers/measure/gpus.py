@@ -9,8 +9,7 @@ course's one datasheet table.
 
 The figures torch reports are rounded: exact to the byte they are not, and no decision may depend on the last
 megabyte. tests/fakegpu.py makes `torch.cuda` report these classes on a CPU; `helpers.plan.planner` plans a
-run on
-them; docs/gpus.md lists what each lesson does on them.
+run on them; docs/gpus.md lists what each lesson does on them.
 
     from helpers.measure.gpus import GPUS, gpu
     gpu("A100-80").bandwidth / 1e12      # 2.039 TB/s, NVIDIA's A100 datasheet

@@ -1,8 +1,7 @@
 """Timing a training step's ops (lesson 04): `torch.profiler` over a few steps after a warm-up gives each
 (phase, op) its time per step, the step's wall time, and on a GPU the time some kernel ran; the fixed cost of
 one call, for each class of op; a step recorded as one CUDA graph. Counting the ops is
-`helpers.measure.opcount`,
-their regimes `helpers.measure.regimes`.
+`helpers.measure.opcount`, their regimes `helpers.measure.regimes`.
 
 Each op is timed as the profiler's outermost event of that name (its children, e.g. the `aten::item` inside a
 fused optimizer, belong to it): CPU time on a CPU, the time of the kernels it launched on a GPU. What no op
@@ -15,15 +14,14 @@ step next to a plain one, in alternating order (the noise rule: a change in the 
 alike), and measures what one event costs in the same rounds: a loop of one-element adds, timed with and
 without the profiler. The profiled step less its events times that cost is what the profile says the plain
 step takes; `helpers.measure.regimes` checks it against the plain step measured beside it. What other programs
-took
-of the CPUs meanwhile is measured too (`helpers.core.timing.LoadProbe`): a busy machine cannot judge that
+took of the CPUs meanwhile is measured too (`helpers.core.timing.LoadProbe`): a busy machine cannot judge that
 check.
 
 A call costs more than its work: Python, the dispatcher, autograd's bookkeeping, the output's allocation, a
 parallel region, a kernel launch. How much depends on the op: a one-element add only dispatches, a GELU sets
-up its vectorised `erf`, dropout draws from its generator. `per_call_costs` times the smallest call of each
-op class (`helpers.measure.opcount.op_class`) on 64 elements, so that each op takes the code path it takes in
-a step.
+up its vectorised `erf`, dropout draws from its generator. `per_call_costs` times the smallest call of each op
+class (`helpers.measure.opcount.op_class`) on 64 elements, so that each op takes the code path it takes in a
+step.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Where the time of a training step goes (lesson 04): every op of one step, counted
-(`helpers.measure.opcount`) and
-timed (`helpers.measure.optime`), placed on the measured roofline, and the step's time split by what it was
-spent on.
-Also the checks of such a table, what compiling fused and why it paid or not (lesson 05); scoring a learner's
-predictions is `course.predictions`.
+(`helpers.measure.opcount`) and timed (`helpers.measure.optime`), placed on the measured roofline, and the
+step's time split by what it was spent on. Also the checks of such a table, what compiling fused and why it
+paid or not (lesson 05); scoring a learner's predictions is `course.predictions`.
 
 How an op is placed (the lesson says the same next to its tables):
 
@@ -30,10 +28,10 @@ How an op is placed (the lesson says the same next to its tables):
   fusion and better kernels can win back).
 
 The profiler's own cost is taken out (`helpers.measure.optime` measures it beside each profiled step): op
-times lose
-the events recorded inside them, the step loses all of its events, and `check_reconciled` compares what is
-left with the step timed without the profiler, unless the machine was too busy to judge (`OpTable.busy`: the
-rounds disagree, or other programs took the CPUs; `helpers.core.timing.busy`, the course's one rule).
+times lose the events recorded inside them, the step loses all of its events, and `check_reconciled` compares
+what is left with the step timed without the profiler, unless the machine was too busy to judge
+(`OpTable.busy`: the rounds disagree, or other programs took the CPUs; `helpers.core.timing.busy`, the
+course's one rule).
 """
 
 from __future__ import annotations
@@ -505,13 +503,12 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
              precision: str = "fp32", overhead_s: float | Mapping[str, float],
              memory_roofs: MemoryRoofs | None = None, untimed: str = "error") -> OpTable:
     """Join counts (`count_ops`) and times (`time_ops`; None: counts only, every time 0) into rows placed on
-    `roofline` and its memory roofs by working set (`memory_roofs`; default: lesson 00's copy for all)
-    (lesson 04). `overhead_s`: the fixed cost of one call, the same for every op (a float) or per op class
+    `roofline` and its memory roofs by working set (`memory_roofs`; default: lesson 00's copy for all) (lesson
+    04). `overhead_s`: the fixed cost of one call, the same for every op (a float) or per op class
     (`helpers.measure.optime.per_call_costs`). A counted op that moves data or computes but is missing from
-    the
-    profile is an error; with
-    `untimed="estimate"` its time is the model's (`predicted_time`) instead, taken out of the time between ops
-    (where its real time went), and listed in `OpTable.untimed` (the autograd engine's gradient sums are ops
+    the profile is an error; with `untimed="estimate"` its time is the model's (`predicted_time`) instead,
+    taken out of the time between ops (where its real time went), and listed in `OpTable.untimed` (the
+    autograd engine's gradient sums are ops
     the profiler does not record). A missing view (no data) is listed only."""
     if not counts:
         raise ValueError("counts is empty: count_ops saw no op; does the step run anything?")

@@ -9,17 +9,16 @@
 Every figure is a prediction, made on this CPU without the GPU, from the course's own pieces:
 
 - **the precision and techniques** a class gets: the course's rules
-(`helpers.core.precision.training_precision`,
-  `helpers.model.fp8.fp8_capable`, FlexAttention on any CUDA GPU), asked as if torch saw that GPU (`seen_as`);
-- **the memory** of one training step: lesson 03's dry run on fake tensors (`helpers.measure.memory.
+(`helpers.core.precision.training_precision`, `helpers.model.fp8.fp8_capable`, FlexAttention on any CUDA GPU),
+asked as if torch saw that GPU (`seen_as`); - **the memory** of one training step: lesson 03's dry run on fake
+tensors (`helpers.measure.memory.
   estimate_step_memory`); it fits when its peak stays within the class's memory less the course's margin
   (`helpers.measure.memory.MARGIN`); the **largest batch** that fits is searched with the same dry run;
 - **the step time**: the step's own ops, counted on fake tensors (lesson 04's
 `helpers.measure.opcount.count_ops`:
   each op's FLOPs, bytes and calls), each placed on the class's roofs (the datasheet's dense peak for the
   precision, its memory bandwidth) by lesson 04's GPU model (`helpers.measure.regimes.predicted_time`: the
-  slower of
-  compute and memory, or the launches when the host cannot keep up); summed over the ops;
+  slower of compute and memory, or the launches when the host cannot keep up); summed over the ops;
 - **tokens/s, the MFU** it implies (`helpers.measure.flops.model_flops_per_token`, the datasheet peak
 `mfu_peak`
   picks), **time and cost per epoch** of a data set of N tokens, given prices per GPU-hour (a parameter; the
@@ -409,9 +408,9 @@ class StepTime:
 def step_time(counts: Mapping[tuple[str, str], OpCount], roofs: Roofs, precision: str, *,
               fp8: bool = False) -> StepTime:
     """The step's time with each op on `roofs` (lesson 04's model, `helpers.measure.regimes.predicted_time`):
-    a GPU's
-    op takes the slowest of its compute, its memory and its launches; a CPU's takes its calls' cost plus the
-    slower of compute and memory. FLOPs FlopCounterMode counted (matmuls, attention) run at the precision's
+    a GPU's op takes the slowest of its compute, its memory and its launches; a CPU's takes its calls' cost
+    plus the slower of compute and memory. FLOPs FlopCounterMode counted (matmuls, attention) run at the
+    precision's
     peak (FP8 linears at the FP8 peak with `fp8`), the rest at `roofs.vector_flops` (lesson 09)."""
     peak = roofs.peak(precision)
     fp8_peak = roofs.peaks.get("fp8") if fp8 else None
@@ -718,8 +717,8 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
          search: bool = True) -> Plan:
     """Plan one training step of `model` on `batch` (a dict, an (x, y) pair, or a (batch, seq_len) shape for
     random tokens) with `spec`'s switches on each GPU class of `gpus` (default: every class of
-    helpers.measure.gpus):
-    precision and techniques, memory and whether it fits, the largest batch (`search`), step time, tokens/s,
+    helpers.measure.gpus): precision and techniques, memory and whether it fits, the largest batch (`search`),
+    step time, tokens/s,
     MFU, epoch time and cost for `dataset_tokens`, and the serving row. Nothing runs on a GPU (lesson 09)."""
     import time
 

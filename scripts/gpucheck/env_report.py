@@ -2,12 +2,11 @@
 
     python3 scripts/gpucheck/env_report.py <work folder>
 
-Prints lesson 00's device report and roofline, and writes into the work folder environment.json (the
-course's run stamp, `course.results.stamp`, and the versions of the packages the check relies on, through
+Prints lesson 00's device report and roofline, and writes into the work folder environment.json (the course's
+run stamp, `course.results.stamp`, and the versions of the packages the check relies on, through
 `helpers.core.compat.version_of`), environment.md and roofline.json; the roofline is also saved where the
-later
-steps' MFU finds it (COURSE_CACHE). Exits 1 when torch sees no CUDA GPU (GPU_CHECK_ALLOW_CPU=1 lets a CPU
-rehearsal through). Needs torch and the course on the path: the check runs it with PYTHONPATH set.
+later steps' MFU finds it (COURSE_CACHE). Exits 1 when torch sees no CUDA GPU (GPU_CHECK_ALLOW_CPU=1 lets a
+CPU rehearsal through). Needs torch and the course on the path: the check runs it with PYTHONPATH set.
 """
 
 from __future__ import annotations
