@@ -210,8 +210,8 @@ def render_gpus_doc(decisions: Any, plans: Any, classes: Sequence[str]) -> str:
               "(`helpers.model.fp8.fp8_capable`); max-autotune's Triton GEMM templates from 68 SMs "
               "(`is_big_gpu` "
               "in `torch/_inductor/utils.py`, torch 2.13); MFU's peak: `helpers.measure.roofline.mfu_peak`, "
-              "the "
-              "fastest dense datasheet rate among fp32, fp16 and bf16 (sources: `GPU_PEAK_FLOPS`).",
+              "the fastest dense datasheet rate among fp32, fp16 and bf16 (sources: "
+              "`helpers.measure.gpus.GPU_TABLE`).",
               "", "## Sizes per lesson (fit profile)", "",
               "| class | " + " | ".join(lesson[:2] for lesson in lessons) + " |",
               "|---|" + "---|" * len(lessons)]

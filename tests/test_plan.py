@@ -27,7 +27,7 @@ from course.exercises.lesson09 import draw_cases
 from course.sizing import MARGIN
 from helpers.core.adapt import as_course_model
 from helpers.core.precision import training_precision
-from helpers.measure.gpus import GPUS
+from helpers.measure.gpus import GPUS, seen_as
 from helpers.measure.memory import estimate_step_memory
 from helpers.measure.opcount import count_ops, labelled_step
 from helpers.model.models import TransformerConfig, bert_config
@@ -40,7 +40,6 @@ from helpers.plan.planner import (
     gpu_like_attention,
     largest_batch,
     plan,
-    seen_as,
 )
 from helpers.train.runspec import RunSpec
 
@@ -392,9 +391,9 @@ def test_the_plan_beside_this_gpus_own_step():
     from helpers.core.timing import benchmark
     from helpers.measure.optime import per_call_overhead
     from helpers.measure.regimes import ROOF_MARGIN
-    from helpers.measure.roofline import measure_roofline
+    from helpers.measure.roofline import datasheet_roofline, measure_roofline
     from helpers.model.models import bert_config
-    from helpers.plan.planner import count_step, datasheet_roofs, measured_roofs, step_time
+    from helpers.plan.planner import count_step, measured_roofs, step_time
 
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
@@ -410,7 +409,7 @@ def test_the_plan_beside_this_gpus_own_step():
         model = spec.apply(BertForSequenceClassification(bert_config("base", 5)))
         batch = example_batch(model, 32, 512)
         counts = count_step(model, batch, precision=spec.precision, fused_adamw=spec.fused_adamw)  # ~2 s
-        sheet = step_time(counts, datasheet_roofs(known), spec.precision) if known is not None else None
+        sheet = step_time(counts, datasheet_roofline(known), spec.precision) if known is not None else None
         roofs = step_time(counts, here, spec.precision)
         model = model.to(dev)
         on_gpu = {k: v.to(dev) for k, v in batch.items()}

@@ -5,14 +5,13 @@ import torch
 from fakegpu import GPUClass, fake_gpu
 
 from helpers.core.device import device_name
+from helpers.measure.gpus import GPU_TABLE, GPUS, gpu, gpu_named, normalise_gpu_name
 from helpers.measure.roofline import (
-    GPU_PEAK_FLOPS,
     PeakFlops,
     Roofline,
-    datasheet_peaks,
+    datasheet_roofline,
     measure_roofline,
     mfu_peak,
-    normalise_gpu_name,
     peak_flops,
 )
 
@@ -67,31 +66,32 @@ def test_peak_table_lookup(name, precision, tflops):
 
 
 @pytest.mark.parametrize("name, gpu", [
-    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("NVIDIA GeForce RTX 4090 Laptop GPU", "RTX 4090 Laptop"),
-    ("NVIDIA GeForce RTX 3090 Ti", "RTX 3090 Ti"), ("Tesla V100-PCIE-16GB", "V100 PCIe"),
-    ("Tesla V100-SXM2-32GB", "V100 SXM2"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA H200", "H200"),
+    ("NVIDIA GeForce RTX 4090", "RTX4090"), ("NVIDIA GeForce RTX 4090 Laptop GPU", "RTX4090-Laptop"),
+    ("NVIDIA GeForce RTX 3090 Ti", "RTX3090Ti"), ("Tesla V100-PCIE-16GB", "V100-PCIe"),
+    ("Tesla V100-SXM2-32GB", "V100-32"), ("NVIDIA H100 PCIe", "H100-PCIe"), ("NVIDIA H100 NVL", "H100-NVL"),
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA H200", "H200"),
     ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"), ("NVIDIA A10", "A10"), ("NVIDIA A10G", "A10G"),
-    ("NVIDIA A100-SXM4-80GB", "A100"),
+    ("NVIDIA A100-SXM4-80GB", "A100-80"), ("NVIDIA A100-PCIE-40GB", "A100-PCIe"),
     # not a row: another model, a MIG slice, a variant without datasheet figures here
     ("NVIDIA L40", None), ("NVIDIA GeForce RTX 5090 Laptop GPU", None), ("NVIDIA GeForce RTX 4080", None),
     ("Tesla V100S-PCIE-32GB", None), ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA H800", None),
     ("NVIDIA RTX 6000 Ada Generation", None), ("NVIDIA A40", None),
 ])
 def test_names_match_exactly_laptop_ti_pcie_sxm_nvl_apart(name, gpu):
-    row = datasheet_peaks(name)
-    assert (row.gpu if row else None) == gpu
+    row = gpu_named(name)
+    assert (row.key if row else None) == gpu
 
 
 def test_every_row_has_its_source_dense_fp32_and_only_the_units_it_has():
-    gpus = {row.gpu for row in GPU_PEAK_FLOPS}
     # the fake matrix's classes (tests/fakegpu.py) and the other GPUs learners rent
-    assert {"T4", "V100 SXM2", "RTX 3090", "RTX 4090", "L4", "A100", "H100 SXM", "H200", "L40S", "RTX A6000",
-            "A10G", "GH200", "B200", "RTX 5090"} <= gpus
-    for row in GPU_PEAK_FLOPS:
-        assert row.source and "fp32" in row.flops, row
-        assert set(row.flops) <= {"fp32", "tf32", "fp16", "bf16", "fp8"}, row
-        assert all(row.flops["fp32"] <= v for v in row.flops.values()), f"{row.gpu}: a tensor rate below fp32"
+    assert {"T4", "V100-16", "RTX3090", "RTX4090", "L4", "A100-80", "H100", "H200", "L40S", "RTXA6000",
+            "A10G", "GH200", "B200", "RTX5090"} <= set(GPU_TABLE)
+    for row in GPU_TABLE.values():
+        assert row.peaks_source and "fp32" in row.peaks, row
+        assert set(row.peaks) <= {"fp32", "tf32", "fp16", "bf16", "fp8"}, row
+        assert all(row.peaks["fp32"] <= v for v in row.peaks.values()), f"{row.key}: a tensor rate below fp32"
+        # each row answers to its own torch name: the table's two halves (peaks, what torch reports) agree
+        assert gpu_named(row.name) is row, f"{row.key}: {row.name!r} finds {gpu_named(row.name)}"
     assert peak_flops(precision="bf16", gpu_name="Tesla T4") is None  # no bf16 units, no roofline
     assert peak_flops(precision="fp8", gpu_name="NVIDIA A100-SXM4-80GB") is None  # no FP8 units
     assert normalise_gpu_name("NVIDIA A100-SXM4-80GB") == "a100 sxm4 80gb"
@@ -107,7 +107,7 @@ def test_an_unknown_gpu_gets_the_measured_roofline_and_says_so(monkeypatch):
     roof = Roofline("NVIDIA Mystery GPU", {"fp32": 2e13, "bf16": 2e14, "fp16": 2.1e14}, 2e12, 8192, 2**30)
     got = mfu_peak("cuda", roofline=roof)
     assert got.flops == 2.1e14 and got.precision == "fp16"
-    assert "measured matmul roofline" in got.source and "not in the datasheet table" in got.source
+    assert "measured matmul roofline" in got.source and "not in the GPU table" in got.source
 
 
 def test_peak_falls_back_to_the_measured_roofline():
@@ -219,3 +219,37 @@ def test_2_a_roofline_measured_under_load_never_replaces_the_quiet_one_nor_becom
     # given by hand, a roofline measured under load is used, and the source says so
     given = peak_flops("cpu", "fp32", roofline=_stamped(1.68e10, others=0.6))
     assert given.flops == 1.68e10 and "measured under load" in given.source
+
+
+# --- one table of GPU facts, one roof type ---------------------------------------------------------------
+
+def test_the_planned_classes_carry_what_a_plan_needs_each_with_its_source():
+    for g in GPUS.values():
+        assert g.plannable and g.bandwidth_source and g.link is not None and g.link.source, g.key
+        assert g.bandwidth > 0 and 0 < g.link.bandwidth < g.bandwidth, g.key  # a link is slower than HBM
+    assert gpu("2xT4").count == 2 and gpu("8xH100").count == 8 and gpu("8xH100").peaks == gpu("H100").peaks
+    with pytest.raises(ValueError, match="unknown GPU class 'Z9'"):
+        gpu("Z9")
+
+
+def test_a_datasheet_roofline_is_the_roof_type_of_a_measured_one():
+    roof = datasheet_roofline("A100-80", launch_s=5e-6)
+    assert isinstance(roof, Roofline) and not roof.synchronous and roof.overhead_s == 5e-6
+    assert roof.peak("bf16") == 312e12 and roof.peak("tf32") == 156e12 and roof.bandwidth == 2039e9
+    assert datasheet_roofline("T4").peak("tf32") == datasheet_roofline("T4").peak("fp32")  # no TF32 units
+    assert roof.vector_rate == 19.5e12 and "A100" in roof.source
+    with pytest.raises(ValueError, match="no 'fp8' peak"):
+        roof.peak("fp8")
+    with pytest.raises(ValueError, match="no memory bandwidth"):
+        datasheet_roofline("B200")  # peaks only: the table has not seen what torch reports for it
+
+
+def test_cache_roofs_by_working_set_never_sit_below_a_larger_set():
+    roof = Roofline("cpu", {"fp32": 1e11}, 10e9, device_type="cpu", cache_sizes=(2**16, 2**20),
+                    cache_bandwidths=(40e9, 60e9), cache_bytes=2**22)
+    assert roof.cache_bandwidths == (60e9, 60e9)  # the smaller set measured slower: the larger set's roof
+    assert roof.bandwidth_for(2**10) == 60e9 and roof.bandwidth_for(2**23) == 10e9
+    assert roof.where(2**20) == "cache" and roof.where(2**23) == "memory" and roof.synchronous
+    assert "working set" in roof._repr_markdown_()
+    with pytest.raises(ValueError, match="one bandwidth per working set"):
+        Roofline("cpu", {"fp32": 1e11}, 10e9, cache_sizes=(2**20, 2**16), cache_bandwidths=(1e9, 1e9))

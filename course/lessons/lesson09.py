@@ -34,14 +34,12 @@ from helpers.measure.regimes import (
     measure_peak_flops,
     profile_step,
 )
-from helpers.measure.roofline import Roofline, measure_roofline
+from helpers.measure.roofline import Roofline, datasheet_roofline, measure_roofline
 from helpers.model.models import SmallTransformer
 from helpers.plan.planner import (
     Plan,
-    Roofs,
     StepTime,
     count_step,
-    datasheet_roofs,
     example_batch,
     gpu_like_attention,
     measured_roofs,
@@ -87,7 +85,7 @@ def setup(profile: str | None = None) -> LessonSetup:
 
 # --- the planner on this machine: predicted beside measured ----------------------------------------------
 
-def _roofs_here(device: torch.device) -> tuple[Roofline, Roofs, float]:
+def _roofs_here(device: torch.device) -> tuple[Roofline, Roofline, float]:
     """This machine's roofs, measured now as lesson 04 measures them: the best matmul rate of a few sizes,
     a copy beyond the caches, the copies that fit the caches, and the cost of one call."""
     gpu_here = device.type == "cuda"
@@ -300,7 +298,7 @@ def counts_by_layers(build: Callable[[int], nn.Module], layers: int, batch: int,
 def published_prediction(fig: Published) -> StepTime:
     """The planner's step time of a published run, rebuilt (lesson 09)."""
     counts = counts_by_layers(fig.build, fig.layers, fig.batch, fig.seq, fused_adamw=fig.fused_adamw)
-    return step_time(counts, datasheet_roofs(fig.gpu), "bf16")
+    return step_time(counts, datasheet_roofline(fig.gpu), "bf16")
 
 
 def published_table(figures: tuple[Published, ...] = PUBLISHED) -> tuple[Table, list[float]]:

@@ -1,22 +1,9 @@
-"""This machine's roofline and the peak FLOP/s MFU is measured against (lessons 00, 02, 08).
-
-`measure_roofline` times an n×n matmul per precision and a large copy; `Roofline` keeps the result
-(saved where `load_roofline` finds it again). `peak_flops` picks a device's peak for one precision: the
-datasheet for known GPUs (`GPU_PEAK_FLOPS`), else the measured roofline; `mfu_peak` is the one peak every
-MFU in the course divides by.
-
-A measured roofline is stamped: its date, the CPU threads it used, what other programs took of the CPUs
-while it ran and how much its timings' rounds disagreed. A roofline measured while the machine was busy
-(`helpers.core.timing.busy`: too busy to judge) is too low: every MFU divided by it would read too high (a run
-under load once saved 16.8 GFLOP/s for an 800 GFLOP/s CPU, and every later MFU jumped 48x). So the saved
-peak that later runs read is never replaced by one measured under load (`Roofline.save` writes that one to
-`roofline-<device>-under-load.json` beside it), and a saved roofline that is unstamped or was measured under
-load is never used for MFU (`saved_roofline` says why). A roofline given by hand that was measured under
-load is used, and the peak's source says so.
-
-Precision names are the course's one vocabulary: "fp32", "tf32", "fp16", "bf16", "fp8" (the format the
-matmuls run in; "tf32" is fp32 storage with TF32 tensor-core matmuls).
-"""
+"""A device's roofs, one type for all of them (lessons 00, 04, 09, 10): peak FLOP/s per precision, memory
+bandwidth (by working set where it was measured), the cost of one op call, and whether ops run one after
+another
+(a CPU) or queue (a GPU); measured here (`measure_roofline`), or from a datasheet (`datasheet_roofline`).
+`mfu_peak` is the one peak every MFU divides by. docs/library.md says how a measurement is stamped and
+trusted."""
 
 from __future__ import annotations
 
@@ -34,10 +21,11 @@ from helpers.core.device import device_name, get_device
 from helpers.core.precision import PRECISION_DTYPE, PRECISIONS, tf32_matmuls
 from helpers.core.tables import Table
 from helpers.core.timing import LoadProbe, busy, relative_spread
+from helpers.measure.gpus import GPU, PEAK_PRECISIONS, gpu, gpu_named
 
-__all__ = ["Roofline", "measure_roofline", "load_roofline", "saved_roofline", "GPU_PEAK_FLOPS",
-           "DatasheetPeaks", "normalise_gpu_name", "datasheet_peaks", "PeakFlops", "peak_flops",
-           "MFU_PRECISIONS", "CPU_MFU_PRECISIONS", "mfu_peak"]
+__all__ = ["Roofline", "measure_roofline", "load_roofline", "saved_roofline", "datasheet_roofline",
+           "LAUNCH_S",
+           "PeakFlops", "peak_flops", "MFU_PRECISIONS", "CPU_MFU_PRECISIONS", "mfu_peak"]
 
 # Names of the dtype vocabulary rooflines used before the course settled on one; read, never written.
 _LEGACY_NAMES = {"float32": "fp32", "tfloat32": "tf32", "float16": "fp16", "bfloat16": "bf16"}
@@ -55,17 +43,85 @@ class Roofline:
     device_name: str
     matmul_flops: dict[str, float]  # FLOP/s of an n×n×n matmul, keyed by precision ("fp32", "bf16", ...)
     bandwidth: float  # bytes/s of a large device copy, counting bytes read + written
-    matmul_size: int
-    copy_bytes: int
+    matmul_size: int = 0  # 0: not measured here (a datasheet's roofs)
+    copy_bytes: int = 0
     # the stamp (`measure_roofline` fills it in; a roofline made by hand or saved before issue 39 has none)
     measured_at: str = ""  # UTC date and time, ISO 8601
     threads: int | None = None  # torch's CPU threads while measuring
     device_type: str = ""  # "cpu", "cuda", ...
     others_load: float | None = None  # share of the CPUs' time other programs took meanwhile (LoadProbe)
     spread: float | None = None  # the largest IQR / median among its timings
+    # what a step's time model needs beyond the matmul and copy rates (lessons 04, 09)
+    vector_flops: float | None = None  # FLOP/s of the ops that are not matmuls; None: the fp32 matmul rate
+    overhead_s: float = 0.0  # the cost of one op call: a CPU's dispatch, a GPU's launch interval
+    synchronous: bool | None = None  # an op finishes before the next is issued; None: a CPU's roofs are
+    source: str = ""  # where the figures come from, when not measured here
+    # bandwidth by working set (bytes read + written per call) within the last-level cache, measured in lesson
+    # 04 (`helpers.measure.regimes.measure_memory_roofs`); beyond the cache: `bandwidth`
+    cache_sizes: tuple[int, ...] = ()  # working sets measured, ascending
+    cache_bandwidths: tuple[float, ...] = ()  # bytes/s at each: the fastest access pattern there
+    cache_bytes: int | None = None  # the last-level cache
+    by_pattern: tuple[dict[str, float], ...] = ()  # bytes/s of each access pattern at each size, then beyond
 
     def __post_init__(self) -> None:  # a roofline saved with dtype names ("float32") reads as precisions
         object.__setattr__(self, "matmul_flops", {_precision_key(k): v for k, v in self.matmul_flops.items()})
+        sizes = list(self.cache_sizes)
+        if len(sizes) != len(self.cache_bandwidths) or sizes != sorted(sizes):
+            raise ValueError("cache roofs need one bandwidth per working set, the sets in ascending order")
+        if not self.bandwidth > 0 or any(not b > 0 for b in self.cache_bandwidths):
+            raise ValueError("bandwidths must be > 0 bytes/s")
+        # a larger working set can only be slower: a smaller set measured slower (a burst of load) takes the
+        # larger set's bandwidth, so that a roof never sits below what a larger working set reached
+        monotone, best = [], self.bandwidth
+        for b in reversed(self.cache_bandwidths):
+            best = max(best, b)
+            monotone.append(best)
+        object.__setattr__(self, "cache_bandwidths", tuple(reversed(monotone)))
+        object.__setattr__(self, "cache_sizes", tuple(self.cache_sizes))
+        object.__setattr__(self, "by_pattern", tuple(dict(p) for p in self.by_pattern))
+        if self.synchronous is None:
+            object.__setattr__(self, "synchronous", self.device_type in ("cpu", ""))
+
+    def peak(self, precision: str) -> float:
+        """Dense FLOP/s of matmuls and attention at `precision` (lessons 04, 09)."""
+        key = _precision_key(precision)
+        if key not in self.matmul_flops:
+            have = ", ".join(self.matmul_flops)
+            raise ValueError(f"{self.device_name} has no {precision!r} peak (it has {have})"
+                             ": plan in one of those")
+        return self.matmul_flops[key]
+
+    @property
+    def vector_rate(self) -> float:
+        """FLOP/s of the other ops: `vector_flops`, else the fp32 matmul rate (lessons 04, 09)."""
+        return self.vector_flops or self.matmul_flops.get("fp32", max(self.matmul_flops.values()))
+
+    def bandwidth_for(self, working_set: float) -> float:
+        """The bandwidth an op moving `working_set` bytes per call can reach at most (lessons 04, 09)."""
+        if self.cache_bytes is None or working_set > self.cache_bytes or not self.cache_sizes:
+            return self.bandwidth
+        below = [b for s, b in zip(self.cache_sizes, self.cache_bandwidths) if s <= working_set]
+        return below[-1] if below else self.cache_bandwidths[0]
+
+    def where(self, working_set: float) -> str:
+        """Where an op of that working set runs from: "cache" or "memory" (beyond the caches) (lesson 04)."""
+        in_cache = self.cache_bytes is not None and working_set <= self.cache_bytes and bool(self.cache_sizes)
+        return "cache" if in_cache else "memory"
+
+    def memory_table(self) -> Table:
+        """The roofs by working set: each access pattern's GB/s, and the roof (the fastest) (lesson 04)."""
+        names = list(self.by_pattern[0]) if self.by_pattern else []  # the access patterns, in their order
+        t = Table(["working set", *[f"{n} GB/s" for n in names], "roof GB/s", "where"],
+                  title="Memory roofs by working set (the fastest pattern)")
+        measured = list(self.by_pattern) or [{}] * (len(self.cache_sizes) + 1)
+        for size, b, p in zip(self.cache_sizes, self.cache_bandwidths, measured):
+            t.add(f"{size / 2**20:,.2f} MiB", *[p.get(n, float("nan")) / 1e9 for n in names], b / 1e9,
+                  "in the last-level cache")
+        cache = f" ({self.cache_bytes / 2**20:,.0f} MiB)" if self.cache_bytes else ""
+        beyond = [measured[-1].get(n, float("nan")) / 1e9 for n in names]
+        t.add("beyond the last-level cache" + cache, *beyond,
+              self.bandwidth / 1e9, "memory")
+        return t
 
     @property
     def stamped(self) -> bool:
@@ -108,10 +164,11 @@ class Roofline:
         return t
 
     def _repr_markdown_(self) -> str:
-        return self.table().to_markdown()
+        extra = "\n\n" + self.memory_table().to_markdown() if self.cache_sizes else ""
+        return self.table().to_markdown() + extra
 
     def __str__(self) -> str:
-        return str(self.table())
+        return str(self.table()) + ("\n\n" + str(self.memory_table()) if self.cache_sizes else "")
 
     def save(self, path: str | Path | None = None) -> Path:
         """Write the roofline as JSON; returns where (lesson 00). The default is the course cache, where
@@ -217,113 +274,30 @@ def measure_roofline(device: torch.device | str | None = None, precisions: list[
                     spread=max(spreads))
 
 
+# --- a GPU class's roofs from its datasheets
+# -----------------------------------------------------------------
+
+LAUNCH_S = 10e-6  # seconds per kernel launch an eager step's host needs (Python, dispatcher, launch): assumed
+
+
+def datasheet_roofline(g: str | GPU, *, launch_s: float = LAUNCH_S) -> Roofline:
+    """A GPU class's roofs from its datasheets (helpers.measure.gpus): its dense peaks, its memory bandwidth,
+    `launch_s` per kernel (an assumption); a GPU queues its kernels (lessons 09, 10)."""
+    g = gpu(g)
+    if g.bandwidth is None:
+        raise ValueError(f"{g.key}: the GPU table has no memory bandwidth for it: add it to "
+                         f"helpers.measure.gpus")
+    if not launch_s >= 0:
+        raise ValueError(f"launch_s must be >= 0 seconds, got {launch_s!r}")
+    peaks = dict(g.peaks)
+    peaks.setdefault("tf32", g.peaks["fp32"])  # no TF32 units (T4, V100): tf32 runs as fp32
+    return Roofline(g.key, peaks, g.bandwidth, device_type="cuda", vector_flops=g.peaks["fp32"],
+                    overhead_s=launch_s, synchronous=False,
+                    source=f"{g.peaks_source}; {g.bandwidth_source}; launch {launch_s * 1e6:g} µs per kernel "
+                           "(assumed)")
+
+
 # --- peak FLOP/s: the one place that picks the peak MFU is measured against ---------------------------
-
-TFLOPS = 1e12
-
-
-@dataclass(frozen=True)
-class DatasheetPeaks:
-    """One GPU model's dense peak FLOP/s per precision, the nvidia-smi names it answers to, and where the
-    figures come from (lesson 00)."""
-
-    gpu: str  # the model, as the course names it in tables
-    names: str  # a regex matched against the WHOLE normalised nvidia-smi name (`normalise_gpu_name`)
-    flops: dict[str, float]  # precision -> dense FLOP/s; a precision the GPU has no units for is absent
-    source: str
-
-    def __post_init__(self) -> None:
-        bad = set(self.flops) - set(PEAK_PRECISIONS)
-        if bad:
-            raise ValueError(f"{self.gpu}: unknown precision(s) {sorted(bad)}: use {PEAK_PRECISIONS}")
-
-
-def _peaks(fp32: float, tf32: float | None = None, fp16: float | None = None, bf16: float | None = None,
-           fp8: float | None = None) -> dict[str, float]:
-    """TFLOPS -> FLOP/s, leaving out the precisions a GPU has no units for."""
-    given = dict(fp32=fp32, tf32=tf32, fp16=fp16, bf16=bf16, fp8=fp8)
-    return {k: v * TFLOPS for k, v in given.items() if v is not None}
-
-
-HALVED = "dense = half the 'with sparsity' figures"
-FP32_ACC = "tensor with FP32 accumulate, dense"
-# Dense peak FLOP/s per precision ("fp16"/"bf16"/"fp8": tensor cores with fp32 accumulation, which is what
-# mixed-precision training uses; "fp32": the CUDA cores, no tensor cores; "tf32": TF32 tensor cores).
-# Datasheets print 2x "with sparsity" figures for Ampere and later: they are halved back to dense here.
-# GeForce boards run fp16/bf16 tensor math with fp32 accumulation at half the fp16-accumulate rate: the
-# whitepapers' "with FP32 accumulate" rows are used. Each row matches exact nvidia-smi names only (desktop
-# vs Laptop, Ti, PCIe vs SXM vs NVL are different rows or unknown): an unknown GPU gets the measured roofline.
-PEAK_PRECISIONS = tuple(PRECISION_DTYPE)  # helpers.core.precision's names: the training precisions and fp8
-GPU_PEAK_FLOPS: tuple[DatasheetPeaks, ...] = (
-    DatasheetPeaks("T4", r"t4", _peaks(8.1, fp16=65.0),  # Turing: no TF32, no bf16 units
-                   "NVIDIA T4 Tensor Core GPU datasheet (FP32 8.1; mixed-precision FP16/FP32 65 TFLOPS)"),
-    DatasheetPeaks("V100 SXM2", r"v100 sxm2 (16|32)gb", _peaks(15.7, fp16=125.0),  # Volta: no TF32/bf16
-                   "NVIDIA V100 Tensor Core GPU datasheet (V100 SXM2: FP32 15.7, tensor 125 TFLOPS)"),
-    DatasheetPeaks("V100 PCIe", r"v100 pcie (16|32)gb", _peaks(14.0, fp16=112.0),
-                   "NVIDIA V100 Tensor Core GPU datasheet (V100 PCIe: FP32 14, tensor 112 TFLOPS)"),
-    DatasheetPeaks("RTX 3090", r"rtx 3090", _peaks(35.6, 35.6, 71.0, 71.0),
-                   f"NVIDIA Ampere GA102 GPU architecture whitepaper, RTX 3090 column ({FP32_ACC})"),
-    DatasheetPeaks("RTX 3090 Ti", r"rtx 3090 ti", _peaks(40.0, 40.0, 80.0, 80.0),
-                   "derived: the GA102 whitepaper's per-SM rates (FP32 256, FP16/BF16 tensor with FP32 "
-                   "accumulate 512 FLOP per clock per SM) x the RTX 3090 Ti's 84 SMs at its 1,860 MHz boost "
-                   "clock (NVIDIA's product page)"),
-    DatasheetPeaks("RTX A6000", r"rtx a6000", _peaks(38.7, 77.4, 154.8, 154.8),
-                   f"NVIDIA Ampere GA102 GPU architecture whitepaper, RTX A6000 column ({FP32_ACC}; "
-                   "the datasheet's 309.7 TFLOPS is with sparsity)"),
-    DatasheetPeaks("A10", r"a10", _peaks(31.2, 62.5, 125.0, 125.0),
-                   f"NVIDIA A10 Tensor Core GPU datasheet ({HALVED})"),
-    DatasheetPeaks("A10G", r"a10g", _peaks(35.0, 35.0, 70.0, 70.0),
-                   "NVIDIA publishes no A10G datasheet: Baseten's A10 vs A10G spec table (FP32 35, TF32 35, "
-                   "FP16/BF16 70 TFLOPS dense), which is GA102's per-SM rates x 80 SMs at 1,710 MHz"),
-    DatasheetPeaks("A100", r"a100 (sxm4 (40|80)gb|pcie (40|80)gb|80gb pcie)",
-                   _peaks(19.5, 156.0, 312.0, 312.0),
-                   "NVIDIA A100 Tensor Core GPU datasheet (SXM4 and PCIe: the same dense figures)"),
-    DatasheetPeaks("RTX 4090", r"rtx 4090", _peaks(82.6, 82.6, 165.2, 165.2, 330.3),
-                   f"NVIDIA Ada GPU architecture whitepaper, appendix table for the RTX 4090 ({FP32_ACC})"),
-    DatasheetPeaks("RTX 4090 Laptop", r"rtx 4090 laptop gpu", _peaks(39.7, 39.7, 79.4, 79.4, 158.8),
-                   "derived, an upper bound: the Ada whitepaper's per-SM rates (FP32 256, FP16/BF16 tensor "
-                   "with FP32 accumulate 512, FP8 1,024 FLOP per clock per SM) x the laptop GPU's 76 SMs at "
-                   "its highest listed boost clock, 2,040 MHz (NVIDIA's laptop spec page; the clock a laptop "
-                   "reaches depends on its maker's power limit)"),
-    DatasheetPeaks("L4", r"l4", _peaks(30.3, 60.0, 121.0, 121.0, 242.5),
-                   f"NVIDIA L4 Tensor Core GPU datasheet ({HALVED})"),
-    DatasheetPeaks("L40S", r"l40s", _peaks(91.6, 183.0, 366.5, 366.5, 733.0),
-                   f"NVIDIA L40S GPU datasheet ({HALVED})"),
-    DatasheetPeaks("H100 SXM", r"h100 (80gb hbm3|sxm5 80gb)", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
-                   f"NVIDIA H100 Tensor Core GPU datasheet, H100 SXM ({HALVED})"),
-    DatasheetPeaks("H100 PCIe", r"h100 pcie", _peaks(51.0, 378.0, 756.0, 756.0, 1513.0),
-                   f"NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe ({HALVED})"),
-    DatasheetPeaks("H100 NVL", r"h100 nvl", _peaks(60.0, 417.5, 835.5, 835.5, 1670.5),
-                   f"NVIDIA H100 NVL datasheet, per GPU ({HALVED})"),
-    DatasheetPeaks("H200", r"h200", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
-                   f"NVIDIA H200 Tensor Core GPU datasheet, H200 SXM ({HALVED})"),
-    DatasheetPeaks("H200 NVL", r"h200 nvl", _peaks(60.0, 417.5, 835.5, 835.5, 1670.5),
-                   f"NVIDIA H200 Tensor Core GPU datasheet, H200 NVL ({HALVED})"),
-    DatasheetPeaks("GH200", r"gh200( \S+)*", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
-                   f"NVIDIA GH200 Grace Hopper Superchip datasheet, the GPU's figures ({HALVED})"),
-    DatasheetPeaks("B200", r"b200", _peaks(75.0, 1100.0, 2250.0, 2250.0, 4500.0),
-                   f"NVIDIA HGX B200 datasheet, per GPU at 1,000 W ({HALVED})"),
-    DatasheetPeaks("RTX 5090", r"rtx 5090", _peaks(104.8, 104.8, 209.5, 209.5, 419.0),
-                   f"NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090 column ({FP32_ACC})"),
-)
-_DROPPED_WORDS = ("nvidia", "geforce", "tesla")  # vendor and brand words: "Tesla T4" is a "t4"
-
-
-def normalise_gpu_name(name: str) -> str:
-    """nvidia-smi's name, lower case, '-' and '_' as spaces, without "NVIDIA", "GeForce" and "Tesla":
-    "NVIDIA A100-SXM4-80GB" -> "a100 sxm4 80gb" (lesson 00)."""
-    words = re.sub(r"[-_\s]+", " ", name.lower()).split()
-    return " ".join(w for w in words if w not in _DROPPED_WORDS)
-
-
-def datasheet_peaks(name: str) -> DatasheetPeaks | None:
-    """The datasheet row whose names match all of `name` (an nvidia-smi name), or None: an unknown GPU,
-    a laptop or Ti variant without its own row, a MIG slice (lesson 00)."""
-    key = normalise_gpu_name(name)
-    found = [row for row in GPU_PEAK_FLOPS if re.fullmatch(row.names, key)]
-    assert len(found) <= 1, f"{name!r} matches several datasheet rows: {[r.gpu for r in found]}"
-    return found[0] if found else None
-
 
 @dataclass(frozen=True)
 class PeakFlops:
@@ -356,12 +330,12 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
     dev = get_device(str(device) if device is not None else ("cuda" if gpu_name is None and
                                                              torch.cuda.is_available() else "cpu"))
     name = gpu_name or (torch.cuda.get_device_name(dev) if dev.type == "cuda" else None)
-    row = datasheet_peaks(name) if name else None
+    row = gpu_named(name) if name else None
     if row is not None:
-        if precision in row.flops:
-            return PeakFlops(row.flops[precision], precision, row.source)
+        if precision in row.peaks:
+            return PeakFlops(row.peaks[precision], precision, row.peaks_source)
         if precision == "tf32":  # no TF32 units: tf32 runs as fp32
-            return PeakFlops(row.flops["fp32"], "fp32", row.source + "; no TF32 units: the fp32 peak")
+            return PeakFlops(row.peaks["fp32"], "fp32", row.peaks_source + "; no TF32 units: the fp32 peak")
         # a known GPU without units for this precision: try the measurement
     no_tf32 = gpu_name is None and not _has_tf32_units(dev)
     key = "fp32" if precision == "tf32" and no_tf32 else precision
@@ -377,7 +351,7 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
             key = precision
         if measured.get(key):
             note = "" if key == precision else "; no TF32 units: the fp32 matmul"
-            unknown = f" ({name} is not in the datasheet table)" if name and row is None else ""
+            unknown = f" ({name} is not in the GPU table)" if name and row is None else ""
             how = (f", lesson 00's saved one ({roofline.stamp()})" if roofline is saved else
                    f"; measured under load ({roofline.under_load}): an MFU against it reads high"
                    if roofline.under_load else "")

@@ -42,8 +42,7 @@ import copy
 import math
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 from unittest import mock
 
@@ -56,19 +55,18 @@ from helpers.core.precision import autocast_context, precision_runs, training_pr
 from helpers.core.tables import Table
 from helpers.measure import opcount
 from helpers.measure.flops import model_flops_per_token, model_shape
-from helpers.measure.gpus import GPU, GPUS, gpu
+from helpers.measure.gpus import GPU, GPUS, gpu, seen_as
 from helpers.measure.memory import MARGIN, estimate_step_memory
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, count_ops, op_class
 from helpers.measure.regimes import MemoryRoofs, classify, is_synchronous, predicted_time
-from helpers.measure.roofline import Roofline, mfu_peak
+from helpers.measure.roofline import LAUNCH_S, Roofline, datasheet_roofline, mfu_peak
 from helpers.train.runspec import RunSpec
 
-__all__ = ["LAUNCH_S", "ASSUMPTIONS", "Prices", "EXAMPLE_PRICES", "Roofs", "datasheet_roofs",
-           "measured_roofs", "seen_as", "gpu_like_attention", "meta_copy", "example_batch", "count_step",
+__all__ = ["ASSUMPTIONS", "Prices", "EXAMPLE_PRICES", "measured_roofs", "gpu_like_attention", "meta_copy",
+           "example_batch", "count_step",
            "StepTime", "step_time", "predict_step", "largest_batch", "ClassPlan", "Plan", "plan", "MODELS",
            "build_model", "main"]
 
-LAUNCH_S = 10e-6  # seconds per kernel launch an eager step's host needs (Python, dispatcher, launch): assumed
 # fp16 and bf16 hold the same bytes and run the same ops under autocast: one dry run and one count serve both
 _FAMILY = {"fp16": "bf16", "bf16": "bf16", "fp32": "fp32", "tf32": "fp32"}
 
@@ -126,86 +124,28 @@ EXAMPLE_PRICES = Prices(
     "Developer Cheat Sheet]', which says it verified them on 2026-05-07")
 
 
-# --- the roofs a step is placed on ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Roofs:
-    """Where a step runs, as its roofs: dense FLOP/s per precision, memory bandwidth, the cost per op call,
-    and whether the device runs each op before issuing the next (a CPU) or queues them (a GPU) (lesson 09)."""
-
-    name: str
-    peaks: Mapping[str, float]  # precision -> dense FLOP/s of matmuls and attention
-    vector_flops: float  # FLOP/s of the other ops (a GPU's fp32 CUDA cores; a CPU's measured matmul rate)
-    bandwidth: float  # bytes/s beyond the caches
-    overhead_s: float  # per op call: a GPU's launch interval, a CPU's dispatch
-    synchronous: bool
-    source: str  # where the peaks, bandwidth and overhead come from
-    memory_roofs: MemoryRoofs | None = None  # a CPU's cache roofs by working set (lesson 04)
-
-    def peak(self, precision: str) -> float:
-        if precision not in self.peaks:
-            have = ", ".join(self.peaks)
-            raise ValueError(f"{self.name} has no {precision!r} peak (it has {have}): plan in one of those")
-        return self.peaks[precision]
-
-    def bandwidth_for(self, working_set: float) -> float:
-        return self.memory_roofs.bandwidth_for(working_set) if self.memory_roofs else self.bandwidth
-
-
-def datasheet_roofs(g: str | GPU, *, launch_s: float = LAUNCH_S) -> Roofs:
-    """A GPU class's roofs from its datasheets: the dense peaks of helpers.measure.roofline's table, its
-    bandwidth
-    from helpers.measure.gpus, `launch_s` per kernel (an assumption) (lesson 09)."""
-    g = gpu(g)
-    row = g.peaks
-    if row is None:
-        raise ValueError(f"{g.name} is not in helpers.measure.roofline's datasheet table: add its dense "
-                         f"peaks there")
-    if not launch_s >= 0:
-        raise ValueError(f"launch_s must be >= 0 seconds, got {launch_s!r}")
-    peaks = dict(row.flops)
-    peaks.setdefault("tf32", row.flops["fp32"])  # no TF32 units (T4, V100): tf32 runs as fp32
-    return Roofs(g.key, peaks, row.flops["fp32"], g.bandwidth, launch_s, False,
-                 f"{row.source}; {g.bandwidth_source}; launch {launch_s * 1e6:g} µs per kernel (assumed)")
-
+# --- this machine's roofs, measured ----------------------------------------------------------------------
 
 def measured_roofs(roofline: Roofline, *, overhead_s: float, memory_roofs: MemoryRoofs | None = None,
-                   device: torch.device | str = "cpu", name: str = "") -> Roofs:
+                   device: torch.device | str = "cpu", name: str = "") -> Roofline:
     """This machine's roofs, measured (lessons 00 and 04): the roofline's matmul rates and copy bandwidth, the
     cost of one op call (`helpers.measure.optime.per_call_overhead`), the cache roofs; a CPU runs each op
-    before the
-    next, a GPU queues them (lesson 09 checks the planner against this machine's own step)."""
+    before the next, a GPU queues them (lesson 09 checks the planner against this machine's own step)."""
     if not isinstance(roofline, Roofline):
         raise ValueError(f"roofline must be a helpers.measure.roofline.Roofline, got "
                          f"{type(roofline).__name__}")
     if not overhead_s >= 0:
         raise ValueError(f"overhead_s must be >= 0 seconds, got {overhead_s!r}")
-    flops = dict(roofline.matmul_flops)
-    return Roofs(name or roofline.device_name, flops, flops.get("fp32", max(flops.values())),
-                 roofline.bandwidth, overhead_s, is_synchronous(device),
-                 f"measured on {roofline.device_name}: matmul and copy (lessons 00, 04), "
-                 f"{overhead_s * 1e6:.3g} µs per op call")
+    tiers = {} if memory_roofs is None else dict(
+        cache_sizes=memory_roofs.sizes, cache_bandwidths=memory_roofs.bandwidths,
+        cache_bytes=memory_roofs.cache_bytes, by_pattern=memory_roofs.by_pattern)
+    return replace(roofline, device_name=name or roofline.device_name, overhead_s=overhead_s,
+                   synchronous=is_synchronous(device), **tiers,
+                   source=f"measured on {roofline.device_name}: matmul and copy (lessons 00, 04), "
+                          f"{overhead_s * 1e6:.3g} µs per op call")
 
 
 # --- the course's rules, asked of a GPU we do not have -----------------------------------------------------
-
-@contextlib.contextmanager
-def seen_as(g: str | GPU) -> Iterator[GPU]:
-    """Inside the block `torch.cuda` reports the GPU class `g` (name, capability, memory), so the course's
-    rules (`training_precision`, `fp8_capable`, `mfu_peak`) answer for it; nothing can be allocated on it
-    (lesson 09; tests/fakegpu.py fakes the same facts for the tests)."""
-    g = gpu(g)
-    props = SimpleNamespace(name=g.name, major=g.capability[0], minor=g.capability[1],
-                            total_memory=g.total_memory, multi_processor_count=g.sms,
-                            L2_cache_size=g.l2_bytes, is_integrated=0, is_multi_gpu_board=0)
-    with mock.patch.multiple(
-            torch.cuda, is_available=lambda: True, device_count=lambda: g.count, current_device=lambda: 0,
-            get_device_name=lambda device=None: g.name,
-            get_device_capability=lambda device=None: g.capability,
-            get_device_properties=lambda device=None: props,
-            is_bf16_supported=lambda including_emulation=True: g.capability >= (8, 0) or including_emulation):
-        yield g
-
 
 def _techniques(g: GPU) -> tuple[str, str, list[str], float, str]:
     """(precision, why, techniques, MFU's peak FLOP/s, its source) of class `g`, by the course's rules."""
@@ -405,22 +345,22 @@ class StepTime:
         return self.by_regime.get(regime, 0.0) / self.seconds if self.seconds > 0 else 0.0
 
 
-def step_time(counts: Mapping[tuple[str, str], OpCount], roofs: Roofs, precision: str, *,
+def step_time(counts: Mapping[tuple[str, str], OpCount], roofs: Roofline, precision: str, *,
               fp8: bool = False) -> StepTime:
     """The step's time with each op on `roofs` (lesson 04's model, `helpers.measure.regimes.predicted_time`):
     a GPU's op takes the slowest of its compute, its memory and its launches; a CPU's takes its calls' cost
     plus the slower of compute and memory. FLOPs FlopCounterMode counted (matmuls, attention) run at the
     precision's
-    peak (FP8 linears at the FP8 peak with `fp8`), the rest at `roofs.vector_flops` (lesson 09)."""
+    peak (FP8 linears at the FP8 peak with `fp8`), the rest at `roofs.vector_rate` (lesson 09)."""
     peak = roofs.peak(precision)
-    fp8_peak = roofs.peaks.get("fp8") if fp8 else None
+    fp8_peak = roofs.matmul_flops.get("fp8") if fp8 else None
     total, by_regime, flops, nbytes, kernels = 0.0, {}, 0.0, 0.0, 0
     for (ph, op), c in counts.items():
         if c.flops == 0 and c.bytes == 0:
             continue  # a view: no kernel
         if op_class(op, ph, is_view=c.is_view) == "communication":
             continue  # one GPU: nothing to communicate
-        rate = peak if c.flops_source == "FlopCounterMode" else roofs.vector_flops
+        rate = peak if c.flops_source == "FlopCounterMode" else roofs.vector_rate
         if fp8_peak and op in _LINEAR_OPS:
             rate = fp8_peak
         bw = roofs.bandwidth_for(c.bytes / c.calls if c.calls else 0.0)
@@ -433,7 +373,7 @@ def step_time(counts: Mapping[tuple[str, str], OpCount], roofs: Roofs, precision
     return StepTime(total, by_regime, flops, nbytes, kernels)
 
 
-def predict_step(model: nn.Module, batch: Mapping[str, Any], roofs: Roofs, *, precision: str = "fp32",
+def predict_step(model: nn.Module, batch: Mapping[str, Any], roofs: Roofline, *, precision: str = "fp32",
                  spec: RunSpec | None = None) -> StepTime:
     """`count_step` and `step_time` in one call: the predicted time of one training step of `model` on `batch`
     on `roofs` (a GPU class's datasheet roofs, or this machine's measured ones) (lesson 09)."""
@@ -748,7 +688,7 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
         if family not in counts:
             counts[family] = count_step(prepared, host, precision=family, fused_adamw=spec.fused_adamw)
             runs[family] = _DryRuns(prepared, host, family, spec.fused_adamw)
-        roofs = datasheet_roofs(g, launch_s=launch_s)
+        roofs = datasheet_roofline(g, launch_s=launch_s)
         usable = int(g.total_memory * (1 - MARGIN))
         fp8 = spec.fp8 and "FP8" in techniques
         if search and family not in misses:
