@@ -34,7 +34,7 @@ setup: $(STAMP)
 # A file that does not compile is skipped, as pip skips it. Left out, as nothing here imports them: packages'
 # own tests/ and transformers' model families other than the ones the course loads (a third of the bytes);
 # imported anyway, such a file is compiled in memory, as without the set-up.
-NOT_COMPILED := /tests/|/transformers/models/(?!(auto|bert|llama|gpt2|align|encoder_decoder)/)
+NOT_COMPILED := /tests/|/transformers/models/(?!(auto|bert|llama|qwen2|gpt2|align|encoder_decoder)/)
 $(STAMP): pyproject.toml scripts/install_torch.sh scripts/make_venv.sh
 	@bash scripts/make_venv.sh "$(PYTHON)" "$(VENV)"
 	bash scripts/install_torch.sh $(PY)

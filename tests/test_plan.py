@@ -30,7 +30,7 @@ from helpers.core.precision import training_precision
 from helpers.measure.gpus import GPUS, seen_as
 from helpers.measure.memory import estimate_step_memory
 from helpers.measure.opcount import count_ops, labelled_step
-from helpers.model.models import TransformerConfig, bert_config
+from helpers.model.models import TransformerConfig, bert_config, meta_model
 from helpers.plan import planner
 from helpers.plan.planner import (
     EXAMPLE_PRICES,
@@ -242,14 +242,19 @@ def test_the_course_rules_decide_each_class(monkeypatch, key):
 # --- the command line -------------------------------------------------------------------------------------
 
 def test_the_command_line_prints_the_table(capsys):
-    assert planner.main(["--model", "bert-tiny", "--batch", "4", "--seq", "32", "--gpus", "T4,A100-80",
+    from course.scripts.plan import main
+
+    assert main(["--model", "bert-tiny", "--batch", "4", "--seq", "32", "--gpus", "T4,A100-80",
                          "--tokens", "1e6", "--no-search", "--fp8"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("**Plan (a prediction): BertForSequenceClassification")
     assert "| source |" in out and "Assumed:" in out and "FP8" in out
     with pytest.raises(SystemExit):
-        planner.main(["--model", "bert-tiny", "--gpus", "T5"])
+        main(["--model", "bert-tiny", "--gpus", "T5"])
     assert "unknown GPU class 'T5'" in capsys.readouterr().err
+    for name in ("qwen2.5-0.5b", "llama-3.2-1b", "llama-2-7b"):  # shapes of today's fine-tuned models
+        model = meta_model(name)
+        assert next(model.parameters()).is_meta and sum(p.numel() for p in model.parameters()) > 4e8
 
 
 # --- exercise 09-largest-batch ------------------------------------------------------------------------------

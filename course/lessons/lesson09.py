@@ -73,7 +73,7 @@ def setup(profile: str | None = None) -> LessonSetup:
     capstone_seq = pick(p, smoke=128, full=512)
     return LessonSetup(
         PROFILE=p, DEVICE=device, FIT=fit, VOCAB=vocab, **fit.sizes,
-        CAPSTONE=pick(p, smoke="bert-mini", full="bert-base"),  # lesson 08's model (planner.MODELS)
+        CAPSTONE=pick(p, smoke="bert-mini", full="bert-base"),  # lesson 08's model (models.KNOWN_MODELS)
         CAPSTONE_BATCH=32, CAPSTONE_SEQ=capstone_seq,  # lesson 08's batch and longest sequence
         CAPSTONE_TOKENS=BBC_TRAIN_ARTICLES * capstone_seq,  # one epoch, every article padded to the longest
         GPT_SIZES=pick(p, smoke=dict(n_layer=2, n_embd=128, n_head=4), full=dict(n_layer=12, n_embd=768,

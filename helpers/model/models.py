@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from helpers.model.attention import check_padding_mask, naive_attention
 
 __all__ = ["TransformerConfig", "SmallTransformer", "ModelOutput",
            "load_bert", "bert_base_random", "has_weights", "MODEL_SIZES",
-           "bert_config"]
+           "bert_config", "KNOWN_MODELS", "meta_model"]
 
 ATTN_IMPLS = ("sdpa", "naive")
 
@@ -316,12 +316,76 @@ MODEL_SIZES: dict[str, dict[str, int]] = {  # BertConfig overrides; "base" is Be
 }
 
 
-def bert_config(model: str, n_classes: int):
-    """BERT-base shapes (or a smaller named size) with dropout off, so stacks compare exactly (lesson 08's
-    benchmark, benchmarks/ladder.py)."""
+def bert_config(model: str, n_classes: int, *, dropout: bool = False):
+    """BERT-base shapes (or a smaller named size), dropout off unless `dropout` (so stacks compare exactly:
+    lesson 08's benchmark, benchmarks/ladder.py; lesson 09 plans it with dropout on, as lesson 08 trains)."""
     from transformers import BertConfig
 
     if model not in MODEL_SIZES:
         raise ValueError(f"unknown model size {model!r}: use one of {sorted(MODEL_SIZES)}")
-    return BertConfig(**MODEL_SIZES[model], num_labels=n_classes, hidden_dropout_prob=0.0,
-                      attention_probs_dropout_prob=0.0)
+    off = {} if dropout else dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return BertConfig(**MODEL_SIZES[model], num_labels=n_classes, **off)
+
+
+# --- models by their config's shape, for plans (nothing downloaded) --------------------------------------
+
+def _bert(size: str) -> nn.Module:
+    from transformers import BertForSequenceClassification
+
+    return BertForSequenceClassification(bert_config(size, 2, dropout=True))
+
+
+def _gpt2(**sizes: int) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(**sizes))
+
+
+def _llama(**shape: Any) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(**shape))
+
+
+def _qwen2(**shape: Any) -> nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(**shape))
+
+
+# Each shape as its model's config.json on the hub gives it (the config alone: no weights are read)
+KNOWN_MODELS: dict[str, Callable[[], nn.Module]] = {
+    "bert-base": lambda: _bert("base"), "bert-mini": lambda: _bert("mini"),
+    "bert-tiny": lambda: _bert("tiny"),
+    "gpt2": lambda: _gpt2(), "gpt2-medium": lambda: _gpt2(n_embd=1024, n_layer=24, n_head=16),
+    # Qwen/Qwen2.5-0.5B
+    "qwen2.5-0.5b": lambda: _qwen2(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                   tie_word_embeddings=True, max_position_embeddings=32768),
+    # meta-llama/Llama-3.2-1B
+    "llama-3.2-1b": lambda: _llama(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                   tie_word_embeddings=True, max_position_embeddings=131072),
+    # meta-llama/Llama-2-7b-hf
+    "llama-2-7b": lambda: _llama(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                 num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                                 tie_word_embeddings=False, max_position_embeddings=4096),
+}
+
+
+def meta_model(name: str) -> nn.Module:
+    """A model from its config on the meta device (shapes only, nothing downloaded or allocated): a name of
+    KNOWN_MODELS, or a Hugging Face config.json or its folder (lessons 09, 10)."""
+    with torch.device("meta"):
+        if name in KNOWN_MODELS:
+            return KNOWN_MODELS[name]()
+        path = Path(name)
+        if not path.exists():
+            raise ValueError(f"unknown model {name!r}: use one of {sorted(KNOWN_MODELS)}, or a Hugging Face "
+                             "config.json or its folder")
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+        cfg = AutoConfig.from_pretrained(path)
+        classifier = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+        auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+        return auto.from_config(cfg)

@@ -30,9 +30,7 @@ tensors (`helpers.measure.memory.
 roof is the best a kernel can do: a real step is slower (kernels below their roof, the host's gaps). Lesson 09
 holds the planner to this CPU's own measured step and to published GPU figures, and says how far it misses.
 
-The same table from a terminal (flags from `transformers.HfArgumentParser`, like the course's scripts):
-
-    python -m helpers.plan.planner --model gpt2 --batch 8 --seq 1024 --gpus T4,A100-80,H100 --tokens 1e9
+The same table from a terminal: `python -m course.scripts.plan --help`.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -64,8 +61,7 @@ from helpers.train.runspec import RunSpec
 
 __all__ = ["ASSUMPTIONS", "Prices", "EXAMPLE_PRICES", "measured_roofs", "gpu_like_attention", "meta_copy",
            "example_batch", "count_step",
-           "StepTime", "step_time", "predict_step", "largest_batch", "ClassPlan", "Plan", "plan", "MODELS",
-           "build_model", "main"]
+           "StepTime", "step_time", "predict_step", "largest_batch", "ClassPlan", "Plan", "plan"]
 
 # fp16 and bf16 hold the same bytes and run the same ops under autocast: one dry run and one count serve both
 _FAMILY = {"fp16": "bf16", "bf16": "bf16", "fp32": "fp32", "tf32": "fp32"}
@@ -722,117 +718,3 @@ def _describe(model: nn.Module) -> str:
     inner = getattr(inner, "model", inner) if type(inner).__name__ == "CourseModel" else inner
     params = sum(p.numel() for p in inner.parameters())
     return f"{type(inner).__name__} ({params / 1e6:,.1f} M parameters)"
-
-
-# --- models from a config, for the command line -------------------------------------------------------------
-
-def _bert(size: str) -> nn.Module:
-    from transformers import BertForSequenceClassification
-
-    from helpers.model.models import bert_config
-
-    return BertForSequenceClassification(bert_config(size, 2))
-
-
-def _gpt2(**sizes: int) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    return GPT2LMHeadModel(GPT2Config(**sizes))
-
-
-def _llama_1b() -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    # Llama 3.2 1B's shape, as its config.json gives it
-    return LlamaForCausalLM(LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                        tie_word_embeddings=True, max_position_embeddings=131072))
-
-
-MODELS: dict[str, Callable[[], nn.Module]] = {
-    "bert-base": lambda: _bert("base"), "bert-mini": lambda: _bert("mini"),
-    "bert-tiny": lambda: _bert("tiny"),
-    "gpt2": lambda: _gpt2(), "gpt2-medium": lambda: _gpt2(n_embd=1024, n_layer=24, n_head=16),
-    "llama-1b": _llama_1b,
-}
-
-
-def build_model(name: str) -> nn.Module:
-    """A model from its config, on the meta device (shapes only, nothing downloaded or allocated): a name of
-    MODELS, or a folder or config.json of a Hugging Face model (lesson 09's command line)."""
-    from pathlib import Path
-
-    with torch.device("meta"):
-        if name in MODELS:
-            return MODELS[name]()
-        path = Path(name)
-        if not path.exists():
-            raise ValueError(f"unknown model {name!r}: use one of {sorted(MODELS)}, or a Hugging Face "
-                             "config.json or folder")
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
-
-        cfg = AutoConfig.from_pretrained(path)
-        classify_ = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
-        auto = AutoModelForSequenceClassification if classify_ else AutoModelForCausalLM
-        return auto.from_config(cfg)
-
-
-@dataclass
-class PlanFlags:
-    """The planner's own flags (its RunSpec switches come from helpers.train.runspec.spec_flags)."""
-
-    model: str = "bert-base"  # a name of helpers.plan.planner.MODELS, or a Hugging Face config.json / folder
-    batch: int = 32  # sequences per step
-    seq: int = 128  # tokens per sequence
-    gpus: str = ""  # comma-separated classes of helpers.measure.gpus (default: all)
-    tokens: float = 0.0  # tokens in one epoch of the data set (0: no epoch rows)
-    prices: str = ""  # "T4=0.35,A100-80=1.9" USD per GPU-hour (empty: the dated example table)
-    prices_date: str = ""  # when your prices were read (with --prices)
-    launch_us: float = LAUNCH_S * 1e6  # µs per kernel launch (an assumption)
-    search: bool = True  # search the largest batch that fits (a few dry runs per class)
-
-
-def _prices(text: str, date: str) -> Prices | None:
-    if not text:
-        return EXAMPLE_PRICES
-    pairs = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        try:
-            pairs[key.strip()] = float(value)
-        except ValueError:
-            raise ValueError(f"--prices {text!r}: write CLASS=USD pairs, e.g. T4=0.35,A100-80=1.9") from None
-    return Prices(pairs, date or "not given", "given on the command line")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m helpers.plan.planner ...`: the plan's table in Markdown, then its assumptions (lesson
-    09)."""
-    from helpers.train.runspec import flag_parser, spec_flags, spec_from_arguments
-
-    parser = flag_parser(PlanFlags, spec_flags(("fp8", "attn", "fused_adamw", "activation_checkpointing",
-                                                "compile")),
-                         description="Plan a training run on GPU classes you do not have (lesson 09).")
-    try:
-        own, switches = parser.parse_args_into_dataclasses(list(argv) if argv is not None else None,
-                                                            look_for_args_file=False)
-        spec = spec_from_arguments(switches)
-        gpus = [g.strip() for g in own.gpus.split(",") if g.strip()] or None
-        model = build_model(own.model)
-        p = plan(model, (own.batch, own.seq), spec, gpus=gpus, dataset_tokens=own.tokens or None,
-                 prices=_prices(own.prices, own.prices_date), launch_s=own.launch_us * 1e-6,
-                 search=own.search)
-    except ValueError as err:
-        parser.error(str(err))
-    print(p.to_markdown())
-    print()
-    print(p.summary())
-    print()
-    print(p.assumptions_text())
-    print(f"\n(planned in {p.seconds:.1f} s on this machine's CPU; nothing ran on a GPU)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-

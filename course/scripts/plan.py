@@ -1,0 +1,76 @@
+"""Plan a training run from a terminal (lesson 09): the planner's table, its summary and its assumptions.
+
+    python -m course.scripts.plan --model gpt2 --batch 8 --seq 1024 --gpus T4,A100-80,H100 --tokens 1e9
+    python -m course.scripts.plan --help    # flags from transformers.HfArgumentParser, RunSpec's included
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from helpers.measure.roofline import LAUNCH_S
+from helpers.model.models import meta_model
+from helpers.plan.planner import EXAMPLE_PRICES, Prices, plan
+from helpers.train.runspec import flag_parser, spec_flags, spec_from_arguments
+
+__all__ = ["PlanFlags", "main"]
+
+
+@dataclass
+class PlanFlags:
+    """The planner's own flags (its RunSpec switches come from helpers.train.runspec.spec_flags)."""
+
+    model: str = "bert-base"  # a name of helpers.model.models.KNOWN_MODELS, or an HF config.json / folder
+    batch: int = 32  # sequences per step
+    seq: int = 128  # tokens per sequence
+    gpus: str = ""  # comma-separated classes of helpers.measure.gpus (default: all)
+    tokens: float = 0.0  # tokens in one epoch of the data set (0: no epoch rows)
+    prices: str = ""  # "T4=0.35,A100-80=1.9" USD per GPU-hour (empty: the dated example table)
+    prices_date: str = ""  # when your prices were read (with --prices)
+    launch_us: float = LAUNCH_S * 1e6  # µs per kernel launch (an assumption)
+    search: bool = True  # search the largest batch that fits (a few dry runs per class)
+
+
+def _prices(text: str, date: str) -> Prices | None:
+    if not text:
+        return EXAMPLE_PRICES
+    pairs = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        try:
+            pairs[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--prices {text!r}: write CLASS=USD pairs, e.g. T4=0.35,A100-80=1.9") from None
+    return Prices(pairs, date or "not given", "given on the command line")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m course.scripts.plan ...`: the plan's table in Markdown, then its assumptions (lesson 09)."""
+    parser = flag_parser(PlanFlags, spec_flags(("fp8", "attn", "fused_adamw", "activation_checkpointing",
+                                                "compile")),
+                         description="Plan a training run on GPU classes you do not have (lesson 09).")
+    try:
+        own, switches = parser.parse_args_into_dataclasses(list(argv) if argv is not None else None,
+                                                            look_for_args_file=False)
+        spec = spec_from_arguments(switches)
+        gpus = [g.strip() for g in own.gpus.split(",") if g.strip()] or None
+        model = meta_model(own.model)
+        p = plan(model, (own.batch, own.seq), spec, gpus=gpus, dataset_tokens=own.tokens or None,
+                 prices=_prices(own.prices, own.prices_date), launch_s=own.launch_us * 1e-6,
+                 search=own.search)
+    except ValueError as err:
+        parser.error(str(err))
+    print(p.to_markdown())
+    print()
+    print(p.summary())
+    print()
+    print(p.assumptions_text())
+    print(f"\n(planned in {p.seconds:.1f} s on this machine's CPU; nothing ran on a GPU)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
