@@ -56,7 +56,8 @@ class GPU:
     l2_bytes: int | None = None
     bandwidth: float | None = None  # bytes/s of the memory, the datasheet's (decimal) figure
     bandwidth_source: str = ""
-    link: Link | None = None
+    link: Link | None = None  # to the other GPUs of its box
+    host_link: Link | None = None  # to the CPU's memory (offloaded optimizer state travels over it)
     count: int = 1  # GPUs in the box
 
     def __post_init__(self) -> None:
@@ -70,7 +71,8 @@ class GPU:
     @property
     def plannable(self) -> bool:
         """Whether the table holds what a plan needs: memory, SMs, L2, bandwidth and capability."""
-        return None not in (self.total_memory, self.sms, self.l2_bytes, self.bandwidth, self.capability)
+        return None not in (self.total_memory, self.sms, self.l2_bytes, self.bandwidth, self.capability,
+                            self.link, self.host_link)
 
     def with_count(self, count: int) -> GPU:
         """The same board, `count` of them in the box ("2xT4") (lessons 09, 10)."""
@@ -102,6 +104,7 @@ _ADA = "NVIDIA Ada GPU architecture whitepaper"
 _BUS = "the board's datasheet names the bus"
 _PCIE3 = Link(16 * GB, "PCIe 3.0 x16", f"PCIe 3.0 x16: 32 GB/s both ways ({_BUS})")
 _PCIE4 = Link(32 * GB, "PCIe 4.0 x16", f"PCIe 4.0 x16: 64 GB/s both ways ({_BUS})")
+_PCIE5 = Link(64 * GB, "PCIe 5.0 x16", f"PCIe 5.0 x16: 128 GB/s both ways ({_BUS})")
 _NVLINK2 = Link(150 * GB, "NVLink 2", f"{_V100} (V100 SXM2: NVLink 300 GB/s both ways)")
 _NVLINK3 = Link(300 * GB, "NVLink 3", f"{_A100} (SXM: NVLink 600 GB/s both ways)")
 _NVLINK4 = Link(450 * GB, "NVLink 4", f"{_H100} / {_H200} (SXM: NVLink 900 GB/s both ways)")
@@ -109,41 +112,39 @@ _NVLINK4 = Link(450 * GB, "NVLink 4", f"{_H100} / {_H200} (SXM: NVLink 900 GB/s 
 _ROWS = (
     GPU("T4", "Tesla T4", r"t4", _peaks(8.1, fp16=65.0),  # Turing: no TF32, no bf16 units
         f"{_T4} (FP32 8.1; mixed-precision FP16/FP32 65 TFLOPS)", (7, 5), int(14.75 * GiB), 40, 4 * 2**20,
-        320 * GB, f"{_T4} (GPU memory bandwidth 320+ GB/s)", _PCIE3),
+        320 * GB, f"{_T4} (GPU memory bandwidth 320+ GB/s)", _PCIE3, _PCIE3),
     GPU("V100-16", "Tesla V100-SXM2-16GB", r"v100 sxm2 16gb", _peaks(15.7, fp16=125.0),  # Volta: no TF32/bf16
         f"{_V100} (V100 SXM2: FP32 15.7, tensor 125 TFLOPS)", (7, 0), int(15.77 * GiB), 80, 6 * 2**20,
-        900 * GB, f"{_V100} (V100 SXM2: memory bandwidth 900 GB/s)", _NVLINK2),
+        900 * GB, f"{_V100} (V100 SXM2: memory bandwidth 900 GB/s)", _NVLINK2, _PCIE3),
     GPU("V100-32", "Tesla V100-SXM2-32GB", r"v100 sxm2 32gb", _peaks(15.7, fp16=125.0),
         f"{_V100} (V100 SXM2: FP32 15.7, tensor 125 TFLOPS)"),
     GPU("V100-PCIe", "Tesla V100-PCIE-16GB", r"v100 pcie (16|32)gb", _peaks(14.0, fp16=112.0),
         f"{_V100} (V100 PCIe: FP32 14, tensor 112 TFLOPS)"),
     GPU("RTX3090", "NVIDIA GeForce RTX 3090", r"rtx 3090", _peaks(35.6, 35.6, 71.0, 71.0),
         f"{_GA102}, RTX 3090 column ({FP32_ACC})", (8, 6), int(23.69 * GiB), 82, 6 * 2**20, 936 * GB,
-        f"{_GA102}, RTX 3090 column (memory bandwidth 936 GB/s)", _PCIE4),
+        f"{_GA102}, RTX 3090 column (memory bandwidth 936 GB/s)", _PCIE4, _PCIE4),
     GPU("RTX3090Ti", "NVIDIA GeForce RTX 3090 Ti", r"rtx 3090 ti", _peaks(40.0, 40.0, 80.0, 80.0),
         "derived: the GA102 whitepaper's per-SM rates (FP32 256, FP16/BF16 tensor with FP32 accumulate 512 "
         "FLOP per clock per SM) x the RTX 3090 Ti's 84 SMs at its 1,860 MHz boost clock (NVIDIA's product "
         "page)"),
     GPU("RTXA6000", "NVIDIA RTX A6000", r"rtx a6000", _peaks(38.7, 77.4, 154.8, 154.8),
         f"{_GA102}, RTX A6000 column ({FP32_ACC}; the datasheet's 309.7 TFLOPS is with sparsity)"),
-    GPU("A10", "NVIDIA A10", r"a10", _peaks(31.2, 62.5, 125.0, 125.0), f"NVIDIA A10 Tensor Core GPU "
-                                                                       f"datasheet "
-        f"({HALVED})"),
+    GPU("A10", "NVIDIA A10", r"a10", _peaks(31.2, 62.5, 125.0, 125.0),
+        f"NVIDIA A10 Tensor Core GPU datasheet ({HALVED})"),
     GPU("A10G", "NVIDIA A10G", r"a10g", _peaks(35.0, 35.0, 70.0, 70.0),
         "NVIDIA publishes no A10G datasheet: Baseten's A10 vs A10G spec table (FP32 35, TF32 35, FP16/BF16 "
-        "70 "
-        "TFLOPS dense), which is GA102's per-SM rates x 80 SMs at 1,710 MHz"),
+        "70 TFLOPS dense), which is GA102's per-SM rates x 80 SMs at 1,710 MHz"),
     GPU("A100-40", "NVIDIA A100-SXM4-40GB", r"a100 sxm4 40gb", _peaks(19.5, 156.0, 312.0, 312.0),
         f"{_A100} ({HALVED})", (8, 0), int(39.39 * GiB), 108, 40 * 2**20, 1555 * GB,
-        f"{_A100} (A100 40GB SXM 1,555 GB/s)", _NVLINK3),
+        f"{_A100} (A100 40GB SXM 1,555 GB/s)", _NVLINK3, _PCIE4),
     GPU("A100-80", "NVIDIA A100-SXM4-80GB", r"a100 sxm4 80gb", _peaks(19.5, 156.0, 312.0, 312.0),
         f"{_A100} ({HALVED})", (8, 0), int(79.15 * GiB), 108, 40 * 2**20, 2039 * GB,
-        f"{_A100} (A100 80GB SXM 2,039 GB/s)", _NVLINK3),
+        f"{_A100} (A100 80GB SXM 2,039 GB/s)", _NVLINK3, _PCIE4),
     GPU("A100-PCIe", "NVIDIA A100-PCIE-40GB", r"a100 pcie (40|80)gb|a100 80gb pcie",
         _peaks(19.5, 156.0, 312.0, 312.0), f"{_A100} (PCIe: the SXM's dense figures; {HALVED})"),
     GPU("RTX4090", "NVIDIA GeForce RTX 4090", r"rtx 4090", _peaks(82.6, 82.6, 165.2, 165.2, 330.3),
         f"{_ADA}, appendix table for the RTX 4090 ({FP32_ACC})", (8, 9), int(23.65 * GiB), 128, 72 * 2**20,
-        1008 * GB, f"{_ADA}, RTX 4090 (memory bandwidth 1,008 GB/s)", _PCIE4),
+        1008 * GB, f"{_ADA}, RTX 4090 (memory bandwidth 1,008 GB/s)", _PCIE4, _PCIE4),
     GPU("RTX4090-Laptop", "NVIDIA GeForce RTX 4090 Laptop GPU", r"rtx 4090 laptop gpu",
         _peaks(39.7, 39.7, 79.4, 79.4, 158.8),
         "derived, an upper bound: the Ada whitepaper's per-SM rates (FP32 256, FP16/BF16 tensor with FP32 "
@@ -152,22 +153,20 @@ _ROWS = (
         "limit)"),
     GPU("L4", "NVIDIA L4", r"l4", _peaks(30.3, 60.0, 121.0, 121.0, 242.5),
         f"NVIDIA L4 Tensor Core GPU datasheet ({HALVED})", (8, 9), int(22.05 * GiB), 58, 48 * 2**20, 300 * GB,
-        "NVIDIA L4 Tensor Core GPU datasheet (GPU memory bandwidth 300 GB/s)", _PCIE4),
+        "NVIDIA L4 Tensor Core GPU datasheet (GPU memory bandwidth 300 GB/s)", _PCIE4, _PCIE4),
     GPU("L40S", "NVIDIA L40S", r"l40s", _peaks(91.6, 183.0, 366.5, 366.5, 733.0),
         f"NVIDIA L40S GPU datasheet ({HALVED})"),
     GPU("H100", "NVIDIA H100 80GB HBM3", r"h100 (80gb hbm3|sxm5 80gb)",
         _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
         f"{_H100}, H100 SXM ({HALVED})", (9, 0), int(79.11 * GiB), 132, 50 * 2**20, 3350 * GB,
-        f"{_H100} (H100 SXM: GPU memory bandwidth 3.35 TB/s)", _NVLINK4),
+        f"{_H100} (H100 SXM: GPU memory bandwidth 3.35 TB/s)", _NVLINK4, _PCIE5),
     GPU("H100-PCIe", "NVIDIA H100 PCIe", r"h100 pcie", _peaks(51.0, 378.0, 756.0, 756.0, 1513.0),
         f"{_H100}, H100 PCIe ({HALVED})"),
     GPU("H100-NVL", "NVIDIA H100 NVL", r"h100 nvl", _peaks(60.0, 417.5, 835.5, 835.5, 1670.5),
         f"NVIDIA H100 NVL datasheet, per GPU ({HALVED})"),
-    GPU("H200", "NVIDIA H200", r"h200", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9), f"{_H200}, H200 SXM "
-                                                                                   f"({HALVED})",
-        (9, 0), int(139.8 * GiB), 132, 60 * 2**20, 4800 * GB, f"{_H200} (H200 SXM: GPU memory bandwidth 4.8 "
-                                                              f"TB/s)",
-        _NVLINK4),
+    GPU("H200", "NVIDIA H200", r"h200", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
+        f"{_H200}, H200 SXM ({HALVED})", (9, 0), int(139.8 * GiB), 132, 60 * 2**20, 4800 * GB,
+        f"{_H200} (H200 SXM: GPU memory bandwidth 4.8 TB/s)", _NVLINK4, _PCIE5),
     GPU("H200-NVL", "NVIDIA H200 NVL", r"h200 nvl", _peaks(60.0, 417.5, 835.5, 835.5, 1670.5),
         f"{_H200}, H200 NVL ({HALVED})"),
     GPU("GH200", "NVIDIA GH200 480GB", r"gh200( \S+)*", _peaks(67.0, 494.7, 989.4, 989.4, 1978.9),
