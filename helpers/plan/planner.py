@@ -23,8 +23,8 @@ tensors (`helpers.measure.memory.
 `mfu_peak`
   picks), **time and cost per epoch** of a data set of N tokens, given prices per GPU-hour (a parameter; the
   example table is dated and not current), and the **cheapest class** that fits;
-- **the serving row**: decode tokens/s at batch 1 bounded by weight bytes / bandwidth, and the KV cache's
-  bytes per token (language models only).
+- **the serving row**: decode tokens/s at batch 1 bounded by (weight + KV cache) bytes / bandwidth, and the KV
+  cache's bytes per token (language models only).
 
 `ASSUMPTIONS` (and `Plan.assumptions`) say what this takes for granted; a plan prints them. Each op at its
 roof is the best a kernel can do: a real step is slower (kernels below their roof, the host's gaps). Lesson 09
@@ -54,14 +54,15 @@ from helpers.measure import opcount
 from helpers.measure.flops import model_flops_per_token, model_shape
 from helpers.measure.gpus import GPU, GPUS, gpu, seen_as
 from helpers.measure.memory import MARGIN, estimate_step_memory
-from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, count_ops, op_class
-from helpers.measure.regimes import MemoryRoofs, classify, is_synchronous, predicted_time
+from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, count_ops
+from helpers.measure.regimes import MemoryRoofs, is_synchronous
 from helpers.measure.roofline import LAUNCH_S, Roofline, datasheet_roofline, mfu_peak
+from helpers.plan.steptime import ASSUMED, StepTime, step_time
 from helpers.train.runspec import RunSpec
 
 __all__ = ["ASSUMPTIONS", "Prices", "EXAMPLE_PRICES", "measured_roofs", "gpu_like_attention", "meta_copy",
            "example_batch", "count_step",
-           "StepTime", "step_time", "predict_step", "largest_batch", "ClassPlan", "Plan", "plan"]
+           "predict_step", "largest_batch", "ClassPlan", "Plan", "plan"]
 
 # fp16 and bf16 hold the same bytes and run the same ops under autocast: one dry run and one count serve both
 _FAMILY = {"fp16": "bf16", "bf16": "bf16", "fp32": "fp32", "tf32": "fp32"}
@@ -71,7 +72,8 @@ ASSUMPTIONS = (
     "the other ops at the fp32 CUDA-core peak), or bytes / the datasheet's memory bandwidth, whichever is "
     "slower; a real kernel runs below its roof, so a real step is slower",
     f"one kernel per op call; the host issues one every {LAUNCH_S * 1e6:g} µs (an eager PyTorch step; a "
-    "parameter): an op is never faster than its launches (lesson 04's GPU model)",
+    "parameter)",
+    ASSUMED[0],
     "bytes: each op reads its inputs and writes its outputs once (lesson 04's count); caches (L2) are not "
     "modelled; an embedding's rows are counted as if every token were distinct",
     "the memory and the ops come from a step run on fake tensors on the CPU: the CPU's kernels and autocast "
@@ -81,11 +83,11 @@ ASSUMPTIONS = (
     "fp16 runs the same ops and holds the same bytes as bf16: one dry run and one count serve both (the "
     "GradScaler's few ops are left out)",
     "the memory margin is the course's (helpers.measure.memory.MARGIN): the CUDA context, the allocator's "
-    "rounding "
-    "and library workspaces, none of which the dry run sees",
+    "rounding and library workspaces, none of which the dry run sees",
     "tokens per step = batch x sequence length (no padding); an epoch = the data set's tokens / tokens per s",
-    "decode at batch 1 reads every weight once per token (16-bit weights): tokens/s <= bandwidth / weight "
-    "bytes; the KV cache holds keys and values of every layer in 16 bits",
+    "decode at batch 1 reads every weight once per token (16-bit weights) and the KV cache of the context: "
+    "tokens/s <= bandwidth / (weight bytes + KV bytes); the KV cache holds keys and values of every layer in "
+    "16 bits",
 )
 _FP8 = ("FP8 (RunSpec.fp8): the Linear layers' matmuls at the datasheet FP8 rate on classes that have FP8 "
         "tensor cores; the scaling and casting kernels are not counted")
@@ -322,52 +324,7 @@ def _fake_of(model: nn.Module, device: torch.device) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-# --- the step's time on a set of roofs -----------------------------------------------------------------
-
-_LINEAR_OPS = ("aten::mm", "aten::addmm", "aten::linear")  # what FP8 linears replace
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """One step's predicted time on a set of roofs, and how it splits by regime (lesson 09)."""
-
-    seconds: float
-    by_regime: dict[str, float]  # "compute" / "memory" / "overhead" -> seconds of the ops in that regime
-    flops: float
-    bytes: float
-    kernels: int  # op calls that compute or move data
-
-    def share(self, regime: str) -> float:
-        return self.by_regime.get(regime, 0.0) / self.seconds if self.seconds > 0 else 0.0
-
-
-def step_time(counts: Mapping[tuple[str, str], OpCount], roofs: Roofline, precision: str, *,
-              fp8: bool = False) -> StepTime:
-    """The step's time with each op on `roofs` (lesson 04's model, `helpers.measure.regimes.predicted_time`):
-    a GPU's op takes the slowest of its compute, its memory and its launches; a CPU's takes its calls' cost
-    plus the slower of compute and memory. FLOPs FlopCounterMode counted (matmuls, attention) run at the
-    precision's
-    peak (FP8 linears at the FP8 peak with `fp8`), the rest at `roofs.vector_rate` (lesson 09)."""
-    peak = roofs.peak(precision)
-    fp8_peak = roofs.matmul_flops.get("fp8") if fp8 else None
-    total, by_regime, flops, nbytes, kernels = 0.0, {}, 0.0, 0.0, 0
-    for (ph, op), c in counts.items():
-        if c.flops == 0 and c.bytes == 0:
-            continue  # a view: no kernel
-        if op_class(op, ph, is_view=c.is_view) == "communication":
-            continue  # one GPU: nothing to communicate
-        rate = peak if c.flops_source == "FlopCounterMode" else roofs.vector_rate
-        if fp8_peak and op in _LINEAR_OPS:
-            rate = fp8_peak
-        bw = roofs.bandwidth_for(c.bytes / c.calls if c.calls else 0.0)
-        t = predicted_time(c.flops, c.bytes, c.calls, peak_flops=rate, bandwidth=bw,
-                           overhead_s=roofs.overhead_s, synchronous=roofs.synchronous)
-        regime = classify(c.flops, c.bytes, c.calls, peak_flops=rate, bandwidth=bw,
-                          overhead_s=roofs.overhead_s)
-        by_regime[regime] = by_regime.get(regime, 0.0) + t
-        total, flops, nbytes, kernels = total + t, flops + c.flops, nbytes + c.bytes, kernels + c.calls
-    return StepTime(total, by_regime, flops, nbytes, kernels)
-
+# --- the step's time -------------------------------------------------------------------------------------
 
 def predict_step(model: nn.Module, batch: Mapping[str, Any], roofs: Roofline, *, precision: str = "fp32",
                  spec: RunSpec | None = None) -> StepTime:
@@ -592,8 +549,9 @@ class Plan:
                 row("USD per epoch", [c.epoch_cost if c.fits and c.epoch_cost is not None else None
                                       for c in cs], "hours × price × GPUs")
         if self.kv_bytes_per_token is not None:
-            row("decode tokens/s, batch 1 (at most)", [_num(c.decode_tokens_per_s) for c in cs],
-                "datasheet bandwidth / 16-bit weight bytes")
+            row(f"decode tokens/s, batch 1, {self.seq_len}-token context (at most)",
+                [_num(c.decode_tokens_per_s) for c in cs],
+                "datasheet bandwidth / (16-bit weight bytes + the context's KV cache)")
             row("KV cache per token (KiB)", [round(self.kv_bytes_per_token / 1024, 1)] * len(cs),
                 "2 × layers × KV heads × head dim × 2 bytes (model config)")
         return t
@@ -694,7 +652,9 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
             largest = 0 if runs[family].states > usable else largest_batch(
                 runs[family], usable, start=rows, known=runs[family].peaks, miss=misses[family])
         weights = 2 * sum(p.numel() for p in prepared.parameters())
-        decode = g.bandwidth / weights if not _per_row_labels(model) else None
+        # one generated token reads every weight and the keys and values of the whole context once
+        kv = 0 if _per_row_labels(model) else seq * _kv_bytes_per_token(prepared)
+        decode = None if _per_row_labels(model) else g.bandwidth / (weights + kv)
         out.append(ClassPlan(g, precision, why, tuple(techniques), runs[family](rows), usable, largest,
                              step_time(counts[family], roofs, precision, fp8=fp8), rows * seq, mfu_flops,
                              mfu_source, per_token, prices.of(g.key) if prices else None, dataset_tokens,

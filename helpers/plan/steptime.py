@@ -1,0 +1,237 @@
+"""A training step's time on a device's roofs (lessons 09, 10): each op at its roof (lesson 04's model), the
+kernels against the host's issue time (a GPU queues kernels while the host runs ahead), and what the levers
+add: micro-batches per optimizer step, data parallelism's communication (DDP, ZeRO-1, FSDP) and an optimizer
+offloaded to the CPU, each from its bytes and the link's bandwidth. `ASSUMED` says what it takes for
+granted."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from helpers.measure.gpus import BETWEEN_NODES, GPU, Link
+from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, op_class
+from helpers.measure.regimes import classify, predicted_time
+from helpers.measure.roofline import Roofline
+
+__all__ = [
+    "StepTime",
+    "step_time",
+    "SHARDINGS",
+    "Parallel",
+    "communication",
+    "ASSUMED",
+    "HOST_ADAMW_PARAMS_S",
+    "gpus_per_node",
+]
+
+_LINEAR_OPS = ("aten::mm", "aten::addmm", "aten::linear")  # what FP8 linears replace
+SHARDINGS = ("none", "optimizer", "full")  # DDP; ZeRO-1 (optimizer state sharded); FSDP2 (everything)
+# An optimizer offloaded to the CPU (FSDP2's CPUOffloadPolicy) steps there: AdamW on a server CPU reads and
+# writes ~16 bytes per fp32 parameter; 1e9 parameters/s is ~16 GB/s of a host's memory bandwidth. A parameter:
+# lesson 10 measures this machine's own rate.
+HOST_ADAMW_PARAMS_S = 1e9
+ASSUMED = (
+    "a GPU queues kernels while the host issues the next: a step takes the longer of its kernels back to "
+    "back "
+    "and the host's issue time (op calls x the launch cost); a CPU runs each op before issuing the next",
+    "data parallelism: ring collectives; an all-reduce moves 2(N-1)/N of the gradients' bytes per GPU, an "
+    "all-gather or reduce-scatter (N-1)/N; within a box at the GPU's link bandwidth, across boxes at the "
+    "between-node link's (a parameter)",
+    "communication overlaps compute (FSDP's prefetch, DDP's buckets): the step is the longer of the two; the "
+    "range's upper end adds them, as if nothing overlapped",
+    "FSDP2 gathers the parameters in the compute precision (2 bytes in bf16/fp16) for the forward and again "
+    "for the backward, and reduce-scatters fp32 gradients after every micro-batch",
+    f"an offloaded optimizer steps on the CPU at {HOST_ADAMW_PARAMS_S:.0e} parameters/s (a parameter) after "
+    f"the "
+    "gradients travel to the host and before the parameters travel back, over the GPU's host link",
+)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One optimizer step's predicted time on a device's roofs, and what it is made of (lessons 09, 10)."""
+
+    seconds: float  # the step at the roofs: compute, the host's issue time and communication put together
+    kernels_s: float  # every kernel at its roof, back to back (all micro-batches, the optimizer once)
+    host_s: float  # the host's issue time: op calls x the per-call cost
+    by_regime: dict[
+        str, float
+    ]  # "compute" / "memory" kernel seconds; "overhead": the host's time beyond them
+    flops: float
+    bytes: float
+    kernels: int  # op calls that compute or move data
+    communication_s: float = 0.0  # data parallelism's collectives in one step
+    offload_s: float = 0.0  # an offloaded optimizer: transfers and the CPU's step
+    upper_s: float = 0.0  # nothing overlapped: compute + communication + offload
+    by_phase: dict[str, float] = field(default_factory=dict)  # kernel seconds per phase, one micro-batch
+
+    @property
+    def bound(self) -> str:
+        """What sets the step's time: "kernels", "the host" or "communication"."""
+        compute = max(self.kernels_s, self.host_s)
+        if self.communication_s > compute:
+            return "communication"
+        return "the host" if self.host_s > self.kernels_s else "kernels"
+
+    def share(self, regime: str) -> float:
+        return self.by_regime.get(regime, 0.0) / self.seconds if self.seconds > 0 else 0.0
+
+
+def _phase_times(
+    counts: Mapping[tuple[str, str], OpCount], roofs: Roofline, precision: str, fp8: bool
+) -> dict[str, dict[str, float]]:
+    """Per phase: kernel seconds by regime, the host's seconds, FLOPs, bytes and kernels."""
+    peak = roofs.peak(precision)
+    fp8_peak = roofs.matmul_flops.get("fp8") if fp8 else None
+    phases: dict[str, dict[str, float]] = {}
+    for (ph, op), c in counts.items():
+        if c.flops == 0 and c.bytes == 0:
+            continue  # a view: no kernel
+        if op_class(op, ph, is_view=c.is_view) == "communication":
+            continue  # the collectives are priced from the links, below
+        rate = peak if c.flops_source == "FlopCounterMode" else roofs.vector_rate
+        if fp8_peak and op in _LINEAR_OPS:
+            rate = fp8_peak
+        bw = roofs.bandwidth_for(c.bytes / c.calls if c.calls else 0.0)
+        t = phases.setdefault(
+            ph, dict.fromkeys(("compute", "memory", "overhead", "host", "flops", "bytes", "kernels"), 0.0)
+        )
+        if roofs.synchronous:  # a CPU: each op's calls and work add (lesson 04)
+            regime = classify(
+                c.flops, c.bytes, c.calls, peak_flops=rate, bandwidth=bw, overhead_s=roofs.overhead_s
+            )
+            t[regime] += predicted_time(
+                c.flops,
+                c.bytes,
+                c.calls,
+                peak_flops=rate,
+                bandwidth=bw,
+                overhead_s=roofs.overhead_s,
+                synchronous=True,
+            )
+        else:  # a GPU: the kernel's time here, the launches summed apart (the queue hides them under kernels)
+            work = {"compute": c.flops / rate, "memory": c.bytes / bw}
+            regime = max(work, key=work.get)
+            t[regime] += work[regime]
+            t["host"] += c.calls * roofs.overhead_s
+        t["flops"], t["bytes"], t["kernels"] = (
+            t["flops"] + c.flops,
+            t["bytes"] + c.bytes,
+            t["kernels"] + c.calls,
+        )
+    return phases
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How the step is spread and what it holds (lesson 10): micro-batches per optimizer step, data-parallel
+    GPUs, what is sharded among them, and an optimizer offloaded to the CPU."""
+
+    accumulation: int = 1  # micro-batches per optimizer step (their gradients added)
+    gpus: int = 1  # data-parallel GPUs
+    sharding: str = "none"  # SHARDINGS
+    offload: bool = False  # the optimizer's state and step on the CPU (with sharding="full": FSDP2's policy)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.accumulation, int) and self.accumulation >= 1):
+            raise ValueError(f"accumulation must be a whole number >= 1, got {self.accumulation!r}")
+        if not (isinstance(self.gpus, int) and self.gpus >= 1):
+            raise ValueError(f"gpus must be a whole number >= 1, got {self.gpus!r}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        if self.sharding != "none" and self.gpus == 1:
+            raise ValueError(
+                f"sharding={self.sharding!r} needs gpus >= 2: on one GPU there is nothing to share"
+            )
+
+
+def gpus_per_node(g: GPU) -> int:
+    """GPUs one box holds: the table's count, or 8 for a data-centre board (an HGX/DGX box) (lesson 10)."""
+    return g.count if g.count > 1 else (8 if g.link is not None and g.link.kind.startswith("NVLink") else 1)
+
+
+def communication(
+    parallel: Parallel,
+    g: GPU,
+    *,
+    trainable: int,
+    parameters: int,
+    compute_bytes: int = 2,
+    grad_bytes: int = 4,
+    between_nodes: Link = BETWEEN_NODES,
+) -> tuple[float, str]:
+    """(seconds of one optimizer step's collectives per GPU, the link they run over) for `trainable` and
+    `parameters` counted in elements; ring collectives at the slowest link the ring crosses (lesson 10)."""
+    n = parallel.gpus
+    if n == 1:
+        return 0.0, "none"
+    local = g.link if g.link is not None else between_nodes
+    link = local if n <= max(gpus_per_node(g), 1) else min(local, between_nodes, key=lambda x: x.bandwidth)
+    share = (n - 1) / n
+    if parallel.sharding == "full":  # FSDP2: gather for forward and backward, reduce-scatter, per micro-batch
+        per_micro = 2 * share * parameters * compute_bytes + share * trainable * grad_bytes
+        nbytes = parallel.accumulation * per_micro
+    else:  # DDP (and ZeRO-1: reduce-scatter + all-gather, the same bytes): once per step, after accumulating
+        nbytes = 2 * share * trainable * grad_bytes
+    return nbytes / link.bandwidth, link.kind
+
+
+def step_time(
+    counts: Mapping[tuple[str, str], OpCount],
+    roofs: Roofline,
+    precision: str,
+    *,
+    fp8: bool = False,
+    parallel: Parallel | None = None,
+    g: GPU | None = None,
+    trainable: int = 0,
+    parameters: int = 0,
+    host_adamw_params_s: float = HOST_ADAMW_PARAMS_S,
+) -> StepTime:
+    """One optimizer step's time with each op of `counts` (one micro-batch's forward and backward, and the
+    optimizer's step) at `roofs` (lesson 04's model), repeated over `parallel.accumulation` micro-batches, the
+    optimizer's work shared among the GPUs that shard it, and the collectives and offload of `parallel` on
+    board `g` (`trainable`, `parameters`: element counts) (lessons 09, 10)."""
+    parallel = parallel or Parallel()
+    if parallel.gpus > 1 or parallel.offload:
+        if g is None or not trainable:
+            raise ValueError("data parallelism or offload needs the board `g` and the trainable parameters")
+    phases = _phase_times(counts, roofs, precision, fp8)
+    k = parallel.accumulation
+    opt_share = 1 / parallel.gpus if parallel.sharding != "none" else 1.0
+    weight = {ph: (opt_share if ph == OPTIMIZER_PHASE else k) for ph in phases}
+    offload_s = 0.0
+    if parallel.offload:  # the optimizer's kernels leave the GPU: gradients down, the CPU's step, weights up
+        weight[OPTIMIZER_PHASE] = 0.0
+        mine = trainable * opt_share
+        offload_s = mine * 4 / g.host_link.bandwidth * 2 + mine / host_adamw_params_s
+    total = {
+        key: sum(w * phases[ph][key] for ph, w in weight.items())
+        for key in ("compute", "memory", "overhead", "host", "flops", "bytes", "kernels")
+    }
+    by_regime = {r: total[r] for r in ("compute", "memory", "overhead")}
+    kernels_s = sum(by_regime.values())
+    host_s = total["host"]
+    if not roofs.synchronous and host_s > kernels_s:
+        by_regime["overhead"] += host_s - kernels_s  # the queue runs dry: the host sets the pace
+    compute_s = kernels_s if roofs.synchronous else max(kernels_s, host_s)
+    comm_s, _ = (
+        communication(parallel, g, trainable=trainable, parameters=parameters)
+        if g is not None
+        else (0.0, "none")
+    )
+    seconds = max(compute_s, comm_s) + offload_s
+    return StepTime(
+        seconds,
+        kernels_s,
+        host_s,
+        by_regime,
+        total["flops"],
+        total["bytes"],
+        round(total["kernels"]),
+        comm_s,
+        offload_s,
+        compute_s + comm_s + offload_s,
+        {ph: t["compute"] + t["memory"] + t["overhead"] for ph, t in phases.items()},
+    )
