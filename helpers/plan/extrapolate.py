@@ -1,0 +1,124 @@
+"""A deep model's step from shallow copies (lessons 09, 10): every layer adds the same ops and bytes, and
+every sequence the same activations, so a step of L layers and m sequences is bilinear in (L, m). Four fake
+steps of 1-2 layers and 1-2 sequences give the op counts and the dry run of any size in seconds."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import fields, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from helpers.measure.memory import MemoryEstimate
+from helpers.measure.opcount import OpCount
+
+__all__ = ["LAYER_FIELDS", "layers_of", "with_layers", "bilinear", "counts_at", "memory_at", "corners_of"]
+
+# where a model's config keeps its number of layers (Hugging Face's names; the course's SmallTransformer)
+LAYER_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+
+
+def _config(model: nn.Module) -> Any:
+    for m in model.modules():
+        for cfg in (getattr(m, "config", None), getattr(m, "cfg", None)):
+            if cfg is not None and any(isinstance(getattr(cfg, f, None), int) for f in LAYER_FIELDS):
+                return cfg
+    raise ValueError(
+        f"{type(model).__name__} has no config with a number of layers ({', '.join(LAYER_FIELDS)}): "
+        "plan it at its full depth instead"
+    )
+
+
+def layers_of(model: nn.Module) -> int:
+    """The number of layers the model's config gives (lessons 09, 10)."""
+    cfg = _config(model)
+    return next(getattr(cfg, f) for f in LAYER_FIELDS if isinstance(getattr(cfg, f, None), int))
+
+
+def with_layers(model: nn.Module, n: int) -> nn.Module:
+    """The same architecture with `n` layers, on the meta device: nothing allocated (lesson 10)."""
+    cfg = copy.deepcopy(_config(model))
+    for f in LAYER_FIELDS:
+        if isinstance(getattr(cfg, f, None), int):
+            setattr(cfg, f, n)
+    with torch.device("meta"):
+        if hasattr(cfg, "build"):  # the course's TransformerConfig
+            return cfg.build()
+        return type(model)(cfg)
+
+
+def bilinear(corners: Mapping[tuple[int, int], float], layers: int, rows: int) -> float:
+    """The value at (layers, rows) of the bilinear form through its values at four corners (L, r), L in
+    (1, 2), r in two sizes (lesson 10)."""
+    if len(corners) != 4:
+        raise ValueError(f"a bilinear form needs four corners, got {sorted(corners)}")
+    (l1, r1), (l2, r2) = min(corners), max(corners)
+    a, b, c, d = corners[l1, r1], corners[l2, r1], corners[l1, r2], corners[l2, r2]
+    k, j = (layers - l1) / (l2 - l1), (rows - r1) / (r2 - r1)
+    return a + k * (b - a) + j * (c - a) + k * j * (d - c - b + a)
+
+
+def _zero(count: OpCount) -> OpCount:
+    return replace(count, calls=0, flops=0.0, bytes_read=0.0, bytes_written=0.0)
+
+
+def counts_at(
+    corners: Mapping[tuple[int, int], Mapping[tuple[str, str], OpCount]], layers: int, rows: int
+) -> dict[tuple[str, str], OpCount]:
+    """Each op's calls, FLOPs and bytes at (layers, rows), from its counts at four corners: they are linear in
+    the rows, so the two smallest sizes serve every size (lesson 10)."""
+    sizes = sorted({r for _, r in corners})[:2]
+    corners = {k: v for k, v in corners.items() if k[1] in sizes}
+    keys = set().union(*(c.keys() for c in corners.values()))
+    out = {}
+    for key in keys:
+        some = next(c[key] for c in corners.values() if key in c)
+        at = {corner: counts.get(key, _zero(some)) for corner, counts in corners.items()}
+        values = {
+            f: bilinear({k: getattr(c, f) for k, c in at.items()}, layers, rows)
+            for f in ("calls", "flops", "bytes_read", "bytes_written")
+        }
+        out[key] = replace(
+            some, calls=max(round(values.pop("calls")), 0), **{k: max(v, 0.0) for k, v in values.items()}
+        )
+    return out
+
+
+def memory_at(corners: Mapping[tuple[int, int], MemoryEstimate], layers: int, rows: int) -> MemoryEstimate:
+    """The dry run's terms and peak at (layers, rows), each from the four corners of the segment of sizes it
+    lies in: the peak is the largest of several moments' bytes, each linear in the rows, so it bends where
+    another moment takes over (from 1 to 2 sequences, often); within a segment it is exact (lesson 10)."""
+    sizes = sorted({r for _, r in corners})
+    lo = max([r for r in sizes[:-1] if r <= rows] or sizes[:1])
+    hi = sizes[sizes.index(lo) + 1]
+    corners = {k: v for k, v in corners.items() if k[1] in (lo, hi)}
+    one = corners[min(corners)]
+    ints = {
+        f.name: max(round(bilinear({k: getattr(e, f.name) for k, e in corners.items()}, layers, rows)), 0)
+        for f in fields(MemoryEstimate)
+        if f.name in ("parameters", "gradients", "optimizer", "weight_copies", "activations", "temporary")
+    }
+    peak = bilinear({k: e.peak for k, e in corners.items()}, layers, rows)
+    return replace(
+        one,
+        **ints,
+        batch_size=rows,
+        dry_run_peak=max(round(peak), 0),
+        assumes=(*one.assumes, "extrapolated from dry runs of 1 and 2 layers and 1 and 2 sequences"),
+    )
+
+
+def corners_of(
+    run: Callable[[nn.Module, int], Any], model: nn.Module, rows: tuple[int, int] = (1, 2)
+) -> dict[tuple[int, int], Any]:
+    """`run(model, rows)` at the corners: the model with 1 and 2 layers, at each number of sequences in `rows`
+    (lesson 10)."""
+    out = {}
+    for n in (1, 2):
+        shallow = with_layers(model, n)
+        for r in rows:
+            out[n, r] = run(shallow, r)
+    return out
