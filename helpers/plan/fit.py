@@ -1,0 +1,471 @@
+"""Make a run fit (lesson 10): every combination of the memory levers, priced in memory per GPU (the dry run's
+terms: weights, gradients, optimizer state, activations) and in time (the step's op table), and per GPU class
+the fastest (or cheapest) combination that fits, with the reason in the terms of the memory it cuts.
+
+    from helpers.model.models import meta_model
+    from helpers.plan.fit import make_it_fit
+    f = make_it_fit(meta_model("qwen2.5-0.5b"), seq_len=1024, global_batch=32, gpus=["T4", "L4", "8xH100"])
+    f            # a table: per class, the levers chosen, memory per GPU, step time, tokens/s, cost
+    print(f.why("T4"))
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from helpers.core.tables import Table
+from helpers.measure.gpus import GPU, gpu
+from helpers.measure.memory import MARGIN, MemoryEstimate, estimate_step_memory
+from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
+from helpers.measure.roofline import LAUNCH_S, datasheet_roofline
+from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at
+from helpers.plan.planner import EXAMPLE_PRICES, Prices, _techniques, count_step, example_batch, meta_copy
+from helpers.plan.steptime import SHARDINGS, Parallel, StepTime, step_time
+from helpers.train.runspec import RunSpec
+
+__all__ = [
+    "LEVERS",
+    "OPTIMIZERS",
+    "Levers",
+    "GpuMemory",
+    "Option",
+    "FitPlan",
+    "adam_state_bytes",
+    "make_it_fit",
+]
+
+LEVERS = ("accumulation", "checkpointing", "sharding", "offload", "8-bit state", "LoRA")
+OPTIMIZERS = ("adamw", "adamw8bit")  # torch's AdamW; bitsandbytes' AdamW8bit (its blockwise 8-bit state)
+# bitsandbytes' Optimizer2State: a tensor of at least 4096 elements keeps each of its two states in uint8 with
+# one fp32 absmax per block of 256; a smaller one keeps them in fp32 (bitsandbytes/optim/optimizer.py)
+_BNB_MIN_8BIT, _BNB_BLOCK = 4096, 256
+# a fused AdamW step moves 28 bytes per fp32 parameter (reads weight, gradient and two states; writes weight
+# and states); with 8-bit states, 16: the optimizer's op table is scaled by that ratio
+_ADAMW8_BYTES = 16 / 28
+
+
+@dataclass(frozen=True)
+class Levers:
+    """One combination of the memory levers (lesson 10)."""
+
+    micro_batch: int  # sequences per forward and backward on one GPU
+    accumulation: int = 1  # micro-batches per optimizer step
+    checkpointing: bool = False  # activations recomputed in the backward instead of kept
+    gpus: int = 1
+    sharding: str = "none"  # helpers.plan.steptime.SHARDINGS
+    offload: bool = False  # the optimizer's state and step on the CPU
+    optimizer: str = "adamw"
+    lora_rank: int = 0  # 0: every weight trains; r: LoRA adapters of rank r, the base frozen in 16 bits
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.micro_batch, int) and self.micro_batch >= 1):
+            raise ValueError(f"micro_batch must be a whole number >= 1, got {self.micro_batch!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not (isinstance(self.lora_rank, int) and self.lora_rank >= 0):
+            raise ValueError(f"lora_rank must be a whole number >= 0, got {self.lora_rank!r}")
+        self.parallel  # checks accumulation, gpus, sharding
+
+    @property
+    def parallel(self) -> Parallel:
+        return Parallel(self.accumulation, self.gpus, self.sharding, self.offload)
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.accumulation * self.gpus
+
+    def used(self) -> list[str]:
+        """The levers this combination pulls, in LEVERS' words."""
+        on = {
+            "accumulation": self.accumulation > 1,
+            "checkpointing": self.checkpointing,
+            "sharding": self.sharding != "none",
+            "offload": self.offload,
+            "8-bit state": self.optimizer == "adamw8bit",
+            "LoRA": self.lora_rank > 0,
+        }
+        return [name for name in LEVERS if on[name]]
+
+    def describe(self) -> str:
+        parts = [
+            f"micro-batch {self.micro_batch}"
+            + (f" x {self.accumulation} accumulated" if self.accumulation > 1 else "")
+        ]
+        parts += ["checkpointing"] * self.checkpointing
+        if self.gpus > 1:
+            shard = {"none": "DDP", "optimizer": "ZeRO-1", "full": "FSDP2"}[self.sharding]
+            parts.append(f"{shard} over {self.gpus} GPUs")
+        parts += ["optimizer offloaded to the CPU"] * self.offload
+        parts += ["8-bit AdamW state"] * (self.optimizer == "adamw8bit")
+        parts += [f"LoRA r={self.lora_rank}"] * (self.lora_rank > 0)
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's bytes at the step's peak, by what holds them (lesson 10)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # activations and temporaries (the logits), and the batch
+    gathered: int = 0  # FSDP's unsharded parameters of the layers being computed (current and prefetched)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.gathered
+
+    def parts(self) -> dict[str, int]:
+        return {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer state": self.optimizer,
+            "activations": self.activations,
+            "gathered weights": self.gathered,
+        }
+
+    def largest(self) -> str:
+        return max(self.parts().items(), key=lambda kv: kv[1])[0]
+
+
+def adam_state_bytes(model: nn.Module, optimizer: str) -> int:
+    """Bytes of Adam's two states for the trainable parameters of `model`: fp32, or bitsandbytes' 8-bit
+    blockwise layout (lesson 10)."""
+    total = 0
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        n = p.numel()
+        if optimizer == "adamw8bit" and n >= _BNB_MIN_8BIT:
+            total += 2 * (n + 4 * math.ceil(n / _BNB_BLOCK))
+        else:
+            total += 2 * 4 * n
+    return total
+
+
+def _lora(model: nn.Module, rank: int, targets: Any) -> nn.Module:
+    """`model` (meta), its base weights in bf16 and frozen, with LoRA adapters of `rank` on `targets`."""
+    from peft import LoraConfig, get_peft_model
+
+    base = meta_copy(model).to(torch.bfloat16)
+    return get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets))
+
+
+def _gathered(model: nn.Module, compute_bytes: int = 2) -> int:
+    """FSDP2 unshards one layer at a time and prefetches the next: twice the largest layer's weights."""
+    layers = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    blocks = max(layers, key=len) if layers else [model]
+    return 2 * compute_bytes * max(sum(p.numel() for p in b.parameters()) for b in blocks)
+
+
+@dataclass
+class _Variant:
+    """One prepared model (checkpointing on or off, LoRA or not) and its dry runs and op counts by corner."""
+
+    model: nn.Module
+    memory: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One class with one combination of levers: its memory per GPU and its step time (lesson 10)."""
+
+    gpu: GPU
+    levers: Levers
+    memory: GpuMemory
+    usable: int  # bytes per GPU less the margin
+    step: StepTime
+    tokens_per_step: int  # the global batch's tokens
+    price: float | None = None  # USD per GPU-hour
+    dataset_tokens: float | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.usable
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step.seconds
+
+    @property
+    def epoch_cost(self) -> float | None:
+        if self.price is None or not self.dataset_tokens:
+            return None
+        return self.dataset_tokens / self.tokens_per_s / 3600 * self.price * self.levers.gpus
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Every option tried on every class, and per class the one chosen (lesson 10)."""
+
+    model: str
+    seq_len: int
+    global_batch: int
+    options: tuple[Option, ...]
+    objective: str  # "time" or "cost"
+    allowed: tuple[str, ...]
+    seconds: float = 0.0
+
+    def of(self, key: str) -> list[Option]:
+        found = [o for o in self.options if o.gpu.key == key]
+        if not found:
+            raise KeyError(
+                f"no class {key!r} in this plan: it has {sorted({o.gpu.key for o in self.options})}"
+            )
+        return found
+
+    def baseline(self, key: str) -> Option:
+        """No lever pulled: the whole batch at once on each GPU, plain data parallelism."""
+        return min(self.of(key), key=lambda o: (len(o.levers.used()), -o.levers.micro_batch))
+
+    def chosen(self, key: str) -> Option | None:
+        """The fastest (or cheapest) option that fits, fewer levers on a tie; None when none fits."""
+        fitting = [o for o in self.of(key) if o.fits]
+        if not fitting:
+            return None
+        cost = (
+            (lambda o: o.epoch_cost or math.inf) if self.objective == "cost" else (lambda o: o.step.seconds)
+        )
+        return min(fitting, key=lambda o: (cost(o), len(o.levers.used())))
+
+    def why(self, key: str) -> str:
+        """In the seed's words: which part of the memory is too large, which lever cuts it, at what time."""
+        base, pick = self.baseline(key), self.chosen(key)
+        usable = base.usable / 2**30
+        parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in base.memory.parts().items() if v)
+        head = (
+            f"{key}: with no lever the step needs {base.memory.total / 2**30:.1f} GiB per GPU, {usable:.1f} "
+            f"usable ({parts} GiB); {base.memory.largest()} take the most."
+        )
+        if base.fits and pick.levers == base.levers:
+            return head + " It fits as it is: no lever needed, and none makes it faster."
+        if base.fits:
+            head += " It fits as it is; a lever still makes it faster."
+        if pick is None:
+            state = base.memory.weights + base.memory.optimizer + base.memory.gradients
+            return (
+                head
+                + (
+                    f" Nothing allowed ({', '.join(self.allowed)}) makes it fit: weights, gradients and "
+                    f"optimizer state alone need {state / 2**30:.1f} GiB"
+                    if state > base.usable
+                    else " Nothing allowed makes it fit"
+                )
+                + "; more GPUs, LoRA or 8-bit state would."
+            )
+        lines = [
+            head,
+            f"Chosen: {pick.levers.describe()} -> {pick.memory.total / 2**30:.1f} GiB, "
+            f"step {pick.step.seconds * 1e3:,.0f} ms.",
+        ]
+        for lever in pick.levers.used():  # what each lever of the choice buys, by taking it away
+            without = self._without(pick, lever)
+            if without is not None:
+                saved = without.memory.total - pick.memory.total
+                cost = pick.step.seconds / without.step.seconds - 1
+                lines.append(f"  {lever}: saves {saved / 2**30:.1f} GiB for {cost:+.0%} step time")
+        return "\n".join(lines)
+
+    def _without(self, pick: Option, lever: str) -> Option | None:
+        lv = pick.levers
+        undo = {
+            "accumulation": dict(micro_batch=lv.micro_batch * lv.accumulation, accumulation=1),
+            "checkpointing": dict(checkpointing=False),
+            "sharding": dict(sharding="none", offload=False),
+            "offload": dict(offload=False),
+            "8-bit state": dict(optimizer="adamw"),
+            "LoRA": dict(lora_rank=0),
+        }
+        target = replace(lv, **undo[lever])
+        return next((o for o in self.of(pick.gpu.key) if o.levers == target), None)
+
+    def table(self) -> Table:
+        keys = list(dict.fromkeys(o.gpu.key for o in self.options))
+        t = Table(
+            ["", *keys],
+            title=(
+                f"Make it fit: {self.model}, {self.global_batch} x {self.seq_len} tokens "
+                f"per optimizer step ({', '.join(self.allowed)} allowed)"
+            ),
+        )
+        picks = [self.chosen(k) for k in keys]
+        bases = [self.baseline(k) for k in keys]
+        gib = 2**30
+        t.add(
+            "no lever: GiB per GPU (usable)",
+            *[f"{b.memory.total / gib:.1f} ({b.usable / gib:.1f})" for b in bases],
+        )
+        t.add("largest part without levers", *[b.memory.largest() for b in bases])
+        t.add("levers chosen", *[p.levers.describe() if p else "nothing fits" for p in picks])
+        for part in ("weights", "gradients", "optimizer state", "activations", "gathered weights"):
+            t.add(
+                f"  {part} (GiB per GPU)",
+                *[round(p.memory.parts()[part] / gib, 2) if p else None for p in picks],
+            )
+        t.add("step time (ms)", *[round(p.step.seconds * 1e3, 1) if p else None for p in picks])
+        t.add("bound by", *[p.step.bound if p else None for p in picks])
+        t.add("tokens/s", *[float(f"{p.tokens_per_s:.3g}") if p else None for p in picks])
+        if any(p and p.epoch_cost is not None for p in picks):
+            t.add(
+                "USD per epoch",
+                *[float(f"{p.epoch_cost:.2g}") if p and p.epoch_cost else None for p in picks],
+            )
+        return t
+
+    def _repr_markdown_(self) -> str:
+        return self.table().to_markdown()
+
+
+def make_it_fit(
+    model: nn.Module,
+    *,
+    seq_len: int,
+    global_batch: int,
+    gpus: Sequence[str | GPU],
+    allow: Sequence[str] = ("accumulation", "checkpointing", "sharding", "offload"),
+    objective: str = "time",
+    lora_rank: int = 8,
+    lora_targets: Any = "all-linear",
+    prices: Prices | None = EXAMPLE_PRICES,
+    dataset_tokens: float | None = None,
+    launch_s: float = LAUNCH_S,
+) -> FitPlan:
+    """Per GPU class of `gpus` ("T4", "8xH100": the box's count is the data-parallel size), every combination
+    of the levers in `allow` that trains `global_batch` sequences of `seq_len` tokens per optimizer step,
+    priced from the dry run and the op counts of the model's 1- and 2-layer copies; the fastest (or, with
+    objective="cost", cheapest) that fits is chosen (lesson 10)."""
+    started = time.perf_counter()
+    bad = set(allow) - set(LEVERS)
+    if bad:
+        raise ValueError(f"unknown lever(s) {sorted(bad)}: allow some of {LEVERS}")
+    if objective not in ("time", "cost"):
+        raise ValueError(f"objective must be 'time' or 'cost', got {objective!r}")
+    if global_batch < 1 or seq_len < 1:
+        raise ValueError(f"need global_batch >= 1 and seq_len >= 1, got {global_batch}, {seq_len}")
+    classes = [gpu(g) for g in gpus]
+    layers = layers_of(model)
+    variants: dict[tuple, _Variant] = {}
+
+    def variant(family: str, ckpt: bool, lora: int) -> _Variant:
+        key = (family, ckpt, lora)
+        if key not in variants:
+            base = _lora(model, lora, lora_targets) if lora else meta_copy(model)
+            spec = RunSpec(activation_checkpointing=ckpt)
+            prepared = spec.apply(base) if ckpt else base
+            v = variants[key] = _Variant(prepared)
+            v.memory = corners_of(
+                lambda m, r: estimate_step_memory(m, example_batch(m, r, seq_len), precision=family),
+                prepared,
+                (1, 2, 4),
+            )
+            v.counts = corners_of(
+                lambda m, r: count_step(m, example_batch(m, r, seq_len), precision=family), prepared, (1, 2)
+            )
+        return variants[key]
+
+    options = []
+    for g in classes:
+        precision, *_ = _techniques(g)
+        family = "fp32" if precision in ("fp32", "tf32") else "bf16"
+        roofs = datasheet_roofline(g, launch_s=launch_s)
+        usable = int(g.total_memory * (1 - MARGIN))
+        n = g.count
+        if global_batch % n:
+            raise ValueError(f"{g.key}: a global batch of {global_batch} does not split over {n} GPUs")
+        per_gpu = global_batch // n
+        for levers in _combinations(per_gpu, n, allow, lora_rank):
+            v = variant(family, levers.checkpointing, levers.lora_rank)
+            est = memory_at(v.memory, layers, levers.micro_batch)
+            counts = counts_at(v.counts, layers, levers.micro_batch)
+            mem = _per_gpu(est, v.model, levers)
+            trainable = sum(p.numel() for p in v.model.parameters() if p.requires_grad)
+            params = sum(p.numel() for p in v.model.parameters())
+            step = step_time(
+                _optimizer_counts(counts, levers.optimizer),
+                roofs,
+                precision,
+                parallel=levers.parallel,
+                g=g,
+                trainable=trainable,
+                parameters=params,
+            )
+            board = re.sub(r"^\d+x", "", g.key)  # prices are per GPU of the board
+            options.append(
+                Option(
+                    g,
+                    levers,
+                    mem,
+                    usable,
+                    step,
+                    global_batch * seq_len,
+                    prices.of(board) if prices else None,
+                    dataset_tokens,
+                )
+            )
+    name = f"{type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e9:,.2f} B parameters)"
+    return FitPlan(
+        name, seq_len, global_batch, tuple(options), objective, tuple(allow), time.perf_counter() - started
+    )
+
+
+def _combinations(per_gpu: int, n: int, allow: Sequence[str], lora_rank: int) -> list[Levers]:
+    micro = [m for m in range(1, per_gpu + 1) if per_gpu % m == 0] if "accumulation" in allow else [per_gpu]
+    micro = [m for m in micro if m & (m - 1) == 0 or m == per_gpu]  # powers of two and the whole batch
+    shardings = [s for s in SHARDINGS if n > 1 and (s == "none" or "sharding" in allow)] or ["none"]
+    out = []
+    for m, ckpt, shard, off, opt, lora in itertools.product(
+        micro,
+        (False, True) if "checkpointing" in allow else (False,),
+        shardings,
+        (False, True) if "offload" in allow else (False,),
+        OPTIMIZERS if "8-bit state" in allow else ("adamw",),
+        (0, lora_rank) if "LoRA" in allow else (0,),
+    ):
+        if off and shard != "full" and n > 1:
+            continue  # FSDP2 offloads sharded state; DDP and ZeRO-1 keep theirs
+        out.append(Levers(m, per_gpu // m, ckpt, n, shard, off, opt, lora))
+    return out
+
+
+def _per_gpu(est: MemoryEstimate, model: nn.Module, levers: Levers) -> GpuMemory:
+    """One GPU's bytes under `levers`, from the dry run of one GPU's micro-batch with the whole model."""
+    weights, optimizer = est.parameters, est.optimizer
+    activations = est.activations + est.temporary
+    gradients = max(est.peak - weights - optimizer - activations, 0)  # the rest of the peak: gradients, batch
+    if levers.optimizer == "adamw8bit":  # the dry run's AdamW state, re-laid out as bitsandbytes keeps it
+        optimizer = round(
+            optimizer * adam_state_bytes(model, "adamw8bit") / max(adam_state_bytes(model, "adamw"), 1)
+        )
+    n, gathered = levers.gpus, 0
+    if levers.sharding in ("optimizer", "full"):
+        optimizer //= n
+    if levers.sharding == "full":
+        weights, gradients, gathered = weights // n, gradients // n, _gathered(model)
+    if levers.offload:
+        optimizer = 0
+        if levers.sharding == "full" or n == 1:  # FSDP2's CPU offload: the shards live on the host
+            weights, gradients, gathered = 0, 0, _gathered(model)
+    return GpuMemory(weights, gradients, optimizer, activations, gathered)
+
+
+def _optimizer_counts(counts: Mapping[tuple[str, str], OpCount], optimizer: str) -> dict:
+    if optimizer == "adamw":
+        return dict(counts)
+    return {
+        k: (
+            replace(c, bytes_read=c.bytes_read * _ADAMW8_BYTES, bytes_written=c.bytes_written * _ADAMW8_BYTES)
+            if k[0] == OPTIMIZER_PHASE
+            else c
+        )
+        for k, c in counts.items()
+    }
