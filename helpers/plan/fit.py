@@ -43,7 +43,7 @@ __all__ = [
     "make_it_fit",
 ]
 
-LEVERS = ("accumulation", "checkpointing", "sharding", "offload", "8-bit state", "LoRA")
+LEVERS = ("accumulation", "checkpointing", "sharding", "offload", "16-bit weights", "8-bit state", "LoRA")
 OPTIMIZERS = ("adamw", "adamw8bit")  # torch's AdamW; bitsandbytes' AdamW8bit (its blockwise 8-bit state)
 # bitsandbytes' Optimizer2State: a tensor of at least 4096 elements keeps each of its two states in uint8 with
 # one fp32 absmax per block of 256; a smaller one keeps them in fp32 (bitsandbytes/optim/optimizer.py)
@@ -63,6 +63,7 @@ class Levers:
     gpus: int = 1
     sharding: str = "none"  # helpers.plan.steptime.SHARDINGS
     offload: bool = False  # the optimizer's state and step on the CPU
+    weights16: bool = False  # weights, gradients and Adam's state in bf16 (no fp32 copy), as torchtune trains
     optimizer: str = "adamw"
     lora_rank: int = 0  # 0: every weight trains; r: LoRA adapters of rank r, the base frozen in 16 bits
 
@@ -105,6 +106,7 @@ class Levers:
             shard = {"none": "DDP", "optimizer": "ZeRO-1", "full": "FSDP2"}[self.sharding]
             parts.append(f"{shard} over {self.gpus} GPUs")
         parts += ["optimizer offloaded to the CPU"] * self.offload
+        parts += ["bf16 weights"] * self.weights16
         parts += ["8-bit AdamW state"] * (self.optimizer == "adamw8bit")
         parts += [f"LoRA r={self.lora_rank}"] * (self.lora_rank > 0)
         return ", ".join(parts)
@@ -283,6 +285,7 @@ class FitPlan:
             "checkpointing": dict(checkpointing=False),
             "sharding": dict(sharding="none", offload=False),
             "offload": dict(offload=False),
+            "16-bit weights": dict(weights16=False),
             "8-bit state": dict(optimizer="adamw"),
             "LoRA": dict(lora_rank=0),
         }
@@ -356,10 +359,12 @@ def make_it_fit(
     layers = layers_of(model)
     variants: dict[tuple, _Variant] = {}
 
-    def variant(family: str, ckpt: bool, lora: int) -> _Variant:
-        key = (family, ckpt, lora)
+    def variant(family: str, ckpt: bool, lora: int, weights16: bool) -> _Variant:
+        key = (family, ckpt, lora, weights16)
         if key not in variants:
             base = _lora(model, lora, lora_targets) if lora else meta_copy(model)
+            if weights16 and not lora:
+                base = base.to(torch.bfloat16)
             spec = RunSpec(activation_checkpointing=ckpt)
             prepared = spec.apply(base) if ckpt else base
             v = variants[key] = _Variant(prepared)
@@ -384,7 +389,7 @@ def make_it_fit(
             raise ValueError(f"{g.key}: a global batch of {global_batch} does not split over {n} GPUs")
         per_gpu = global_batch // n
         for levers in _combinations(per_gpu, n, allow, lora_rank):
-            v = variant(family, levers.checkpointing, levers.lora_rank)
+            v = variant(family, levers.checkpointing, levers.lora_rank, levers.weights16)
             est = memory_at(v.memory, layers, levers.micro_batch)
             counts = counts_at(v.counts, layers, levers.micro_batch)
             mem = _per_gpu(est, v.model, levers)
@@ -442,10 +447,8 @@ def _per_gpu(est: MemoryEstimate, model: nn.Module, levers: Levers) -> GpuMemory
     weights, optimizer = est.parameters, est.optimizer
     activations = est.activations + est.temporary
     gradients = max(est.peak - weights - optimizer - activations, 0)  # the rest of the peak: gradients, batch
-    if levers.optimizer == "adamw8bit":  # the dry run's AdamW state, re-laid out as bitsandbytes keeps it
-        optimizer = round(
-            optimizer * adam_state_bytes(model, "adamw8bit") / max(adam_state_bytes(model, "adamw"), 1)
-        )
+    if levers.optimizer == "adamw8bit":  # bitsandbytes keeps its states in uint8 whatever the weights' dtype
+        optimizer = adam_state_bytes(model, "adamw8bit")
     n, gathered = levers.gpus, 0
     if levers.sharding in ("optimizer", "full"):
         optimizer //= n
