@@ -91,6 +91,7 @@ class Levers:
             "checkpointing": self.checkpointing,
             "sharding": self.sharding != "none",
             "offload": self.offload,
+            "16-bit weights": self.weights16,
             "8-bit state": self.optimizer == "adamw8bit",
             "LoRA": self.lora_rank > 0,
         }
@@ -329,6 +330,83 @@ class FitPlan:
         return self.table().to_markdown()
 
 
+class Pricer:
+    """Prices combinations of levers for one model and sequence length: memory per GPU and step time on a
+    class, from dry runs and op counts of 1- and 2-layer copies of the model, each made once (lesson 10)."""
+
+    def __init__(
+        self, model: nn.Module, seq_len: int, *, lora_targets: Any = "all-linear", launch_s: float = LAUNCH_S
+    ) -> None:
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        self.model, self.seq_len, self.lora_targets, self.launch_s = model, seq_len, lora_targets, launch_s
+        self.layers = layers_of(model)
+        self.variants: dict[tuple, _Variant] = {}
+
+    def variant(self, family: str, levers: Levers) -> _Variant:
+        """The model as `levers` prepare it (LoRA, 16-bit weights, checkpointing), its dry runs and counts."""
+        key = (family, levers.checkpointing, levers.lora_rank, levers.weights16)
+        if key not in self.variants:
+            lora = levers.lora_rank
+            base = _lora(self.model, lora, self.lora_targets) if lora else meta_copy(self.model)
+            if levers.weights16 and not lora:
+                base = base.to(torch.bfloat16)
+            prepared = RunSpec(activation_checkpointing=True).apply(base) if levers.checkpointing else base
+            v = self.variants[key] = _Variant(prepared)
+            seq = self.seq_len
+            v.memory = corners_of(
+                lambda m, r: estimate_step_memory(m, example_batch(m, r, seq), precision=family),
+                prepared,
+                (1, 2, 4),
+            )
+            v.counts = corners_of(
+                lambda m, r: count_step(m, example_batch(m, r, seq), precision=family), prepared, (1, 2)
+            )
+        return self.variants[key]
+
+    def option(
+        self,
+        g: str | GPU,
+        levers: Levers,
+        *,
+        precision: str | None = None,
+        prices: Prices | None = None,
+        dataset_tokens: float | None = None,
+    ) -> Option:
+        """`levers` on class `g` (its precision by the course's rules, or `precision`): memory and time."""
+        g = gpu(g)
+        if levers.gpus != g.count:
+            raise ValueError(f"{g.key} has {g.count} GPU(s), the levers spread over {levers.gpus}")
+        precision = precision or _techniques(g)[0]
+        family = "fp32" if precision in ("fp32", "tf32") else "bf16"
+        v = self.variant(family, levers)
+        est = memory_at(v.memory, self.layers, levers.micro_batch)
+        counts = counts_at(v.counts, self.layers, levers.micro_batch)
+        trainable = sum(p.numel() for p in v.model.parameters() if p.requires_grad)
+        params = sum(p.numel() for p in v.model.parameters())
+        step = step_time(
+            _optimizer_counts(counts, levers.optimizer),
+            datasheet_roofline(g, launch_s=self.launch_s),
+            precision,
+            parallel=levers.parallel,
+            g=g,
+            trainable=trainable,
+            parameters=params,
+        )
+        board = re.sub(r"^\d+x", "", g.key)  # prices are per GPU of the board
+        usable = int(g.total_memory * (1 - MARGIN)) if g.total_memory else 0
+        return Option(
+            g,
+            levers,
+            _per_gpu(est, v.model, levers),
+            usable,
+            step,
+            levers.global_batch * self.seq_len,
+            prices.of(board) if prices else None,
+            dataset_tokens,
+        )
+
+
 def make_it_fit(
     model: nn.Module,
     *,
@@ -353,69 +431,17 @@ def make_it_fit(
         raise ValueError(f"unknown lever(s) {sorted(bad)}: allow some of {LEVERS}")
     if objective not in ("time", "cost"):
         raise ValueError(f"objective must be 'time' or 'cost', got {objective!r}")
-    if global_batch < 1 or seq_len < 1:
-        raise ValueError(f"need global_batch >= 1 and seq_len >= 1, got {global_batch}, {seq_len}")
-    classes = [gpu(g) for g in gpus]
-    layers = layers_of(model)
-    variants: dict[tuple, _Variant] = {}
-
-    def variant(family: str, ckpt: bool, lora: int, weights16: bool) -> _Variant:
-        key = (family, ckpt, lora, weights16)
-        if key not in variants:
-            base = _lora(model, lora, lora_targets) if lora else meta_copy(model)
-            if weights16 and not lora:
-                base = base.to(torch.bfloat16)
-            spec = RunSpec(activation_checkpointing=ckpt)
-            prepared = spec.apply(base) if ckpt else base
-            v = variants[key] = _Variant(prepared)
-            v.memory = corners_of(
-                lambda m, r: estimate_step_memory(m, example_batch(m, r, seq_len), precision=family),
-                prepared,
-                (1, 2, 4),
-            )
-            v.counts = corners_of(
-                lambda m, r: count_step(m, example_batch(m, r, seq_len), precision=family), prepared, (1, 2)
-            )
-        return variants[key]
-
+    if global_batch < 1:
+        raise ValueError(f"global_batch must be >= 1 sequences, got {global_batch}")
+    pricer = Pricer(model, seq_len, lora_targets=lora_targets, launch_s=launch_s)
     options = []
-    for g in classes:
-        precision, *_ = _techniques(g)
-        family = "fp32" if precision in ("fp32", "tf32") else "bf16"
-        roofs = datasheet_roofline(g, launch_s=launch_s)
-        usable = int(g.total_memory * (1 - MARGIN))
-        n = g.count
-        if global_batch % n:
-            raise ValueError(f"{g.key}: a global batch of {global_batch} does not split over {n} GPUs")
-        per_gpu = global_batch // n
-        for levers in _combinations(per_gpu, n, allow, lora_rank):
-            v = variant(family, levers.checkpointing, levers.lora_rank, levers.weights16)
-            est = memory_at(v.memory, layers, levers.micro_batch)
-            counts = counts_at(v.counts, layers, levers.micro_batch)
-            mem = _per_gpu(est, v.model, levers)
-            trainable = sum(p.numel() for p in v.model.parameters() if p.requires_grad)
-            params = sum(p.numel() for p in v.model.parameters())
-            step = step_time(
-                _optimizer_counts(counts, levers.optimizer),
-                roofs,
-                precision,
-                parallel=levers.parallel,
-                g=g,
-                trainable=trainable,
-                parameters=params,
-            )
-            board = re.sub(r"^\d+x", "", g.key)  # prices are per GPU of the board
+    for g in (gpu(g) for g in gpus):
+        if global_batch % g.count:
+            raise ValueError(f"{g.key}: a global batch of {global_batch} does not split over {g.count} GPUs")
+        precision = _techniques(g)[0]
+        for levers in _combinations(global_batch // g.count, g.count, allow, lora_rank):
             options.append(
-                Option(
-                    g,
-                    levers,
-                    mem,
-                    usable,
-                    step,
-                    global_batch * seq_len,
-                    prices.of(board) if prices else None,
-                    dataset_tokens,
-                )
+                pricer.option(g, levers, precision=precision, prices=prices, dataset_tokens=dataset_tokens)
             )
     name = f"{type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e9:,.2f} B parameters)"
     return FitPlan(
@@ -427,18 +453,22 @@ def _combinations(per_gpu: int, n: int, allow: Sequence[str], lora_rank: int) ->
     micro = [m for m in range(1, per_gpu + 1) if per_gpu % m == 0] if "accumulation" in allow else [per_gpu]
     micro = [m for m in micro if m & (m - 1) == 0 or m == per_gpu]  # powers of two and the whole batch
     shardings = [s for s in SHARDINGS if n > 1 and (s == "none" or "sharding" in allow)] or ["none"]
+    both = (False, True)
     out = []
-    for m, ckpt, shard, off, opt, lora in itertools.product(
+    for m, ckpt, shard, off, w16, opt, lora in itertools.product(
         micro,
-        (False, True) if "checkpointing" in allow else (False,),
+        both if "checkpointing" in allow else (False,),
         shardings,
-        (False, True) if "offload" in allow else (False,),
+        both if "offload" in allow else (False,),
+        both if "16-bit weights" in allow else (False,),
         OPTIMIZERS if "8-bit state" in allow else ("adamw",),
         (0, lora_rank) if "LoRA" in allow else (0,),
     ):
         if off and shard != "full" and n > 1:
             continue  # FSDP2 offloads sharded state; DDP and ZeRO-1 keep theirs
-        out.append(Levers(m, per_gpu // m, ckpt, n, shard, off, opt, lora))
+        if w16 and lora:
+            continue  # LoRA's base is 16-bit already
+        out.append(Levers(m, per_gpu // m, ckpt, n, shard, off, w16, opt, lora))
     return out
 
 
