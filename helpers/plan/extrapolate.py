@@ -112,13 +112,18 @@ def memory_at(corners: Mapping[tuple[int, int], MemoryEstimate], layers: int, ro
 
 
 def corners_of(
-    run: Callable[[nn.Module, int], Any], model: nn.Module, rows: tuple[int, int] = (1, 2)
+    run: Callable[[nn.Module, int], Any],
+    model: nn.Module,
+    rows: tuple[int, ...] = (1, 2),
+    *,
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> dict[tuple[int, int], Any]:
-    """`run(model, rows)` at the corners: the model with 1 and 2 layers, at each number of sequences in `rows`
-    (lesson 10)."""
+    """`run(model, rows)` at the corners: the model with 1 and 2 layers, each made ready by `prepare` (LoRA,
+    checkpointing: what a rebuilt copy would lose), at each number of sequences in `rows` (lesson 10)."""
     out = {}
     for n in (1, 2):
         shallow = with_layers(model, n)
+        shallow = prepare(shallow) if prepare is not None else shallow
         for r in rows:
             out[n, r] = run(shallow, r)
     return out

@@ -51,6 +51,15 @@ _BNB_MIN_8BIT, _BNB_BLOCK = 4096, 256
 # a fused AdamW step moves 28 bytes per fp32 parameter (reads weight, gradient and two states; writes weight
 # and states); with 8-bit states, 16: the optimizer's op table is scaled by that ratio
 _ADAMW8_BYTES = 16 / 28
+# which levers cut which part of a GPU's memory (the seed's decision: accumulation and checkpointing for
+# activations; sharding, offload and smaller state for what the model itself holds)
+CUTS = {
+    "activations": ("accumulation", "checkpointing"),
+    "weights": ("sharding", "offload", "16-bit weights", "LoRA"),
+    "gradients": ("sharding", "16-bit weights", "LoRA"),
+    "optimizer state": ("sharding", "offload", "8-bit state", "16-bit weights", "LoRA"),
+    "gathered weights": ("16-bit weights",),
+}
 
 
 @dataclass(frozen=True)
@@ -255,16 +264,18 @@ class FitPlan:
         if base.fits:
             head += " It fits as it is; a lever still makes it faster."
         if pick is None:
-            state = base.memory.weights + base.memory.optimizer + base.memory.gradients
+            least = min(self.of(key), key=lambda o: o.memory.total)  # the most the allowed levers do
+            part = least.memory.largest()
+            others = [lv for lv in CUTS[part] if lv not in self.allowed]
+            help_ = (
+                f"{', '.join(others)} would cut them"
+                if others
+                else "no lever cuts them further: a shorter sequence or a smaller model"
+            )
             return (
-                head
-                + (
-                    f" Nothing allowed ({', '.join(self.allowed)}) makes it fit: weights, gradients and "
-                    f"optimizer state alone need {state / 2**30:.1f} GiB"
-                    if state > base.usable
-                    else " Nothing allowed makes it fit"
-                )
-                + "; more GPUs, LoRA or 8-bit state would."
+                f"{head} Nothing allowed ({', '.join(self.allowed) or 'no lever'}) makes it fit: at best "
+                f"({least.levers.describe()}) it needs {least.memory.total / 2**30:.1f} GiB, "
+                f"{part} {least.memory.parts()[part] / 2**30:.1f} of it; {help_}."
             )
         lines = [
             head,
@@ -347,20 +358,27 @@ class Pricer:
         """The model as `levers` prepare it (LoRA, 16-bit weights, checkpointing), its dry runs and counts."""
         key = (family, levers.checkpointing, levers.lora_rank, levers.weights16)
         if key not in self.variants:
-            lora = levers.lora_rank
-            base = _lora(self.model, lora, self.lora_targets) if lora else meta_copy(self.model)
-            if levers.weights16 and not lora:
-                base = base.to(torch.bfloat16)
-            prepared = RunSpec(activation_checkpointing=True).apply(base) if levers.checkpointing else base
-            v = self.variants[key] = _Variant(prepared)
+
+            def prepare(model: nn.Module) -> nn.Module:
+                lora = levers.lora_rank
+                base = _lora(model, lora, self.lora_targets) if lora else meta_copy(model)
+                if levers.weights16 and not lora:
+                    base = base.to(torch.bfloat16)
+                return RunSpec(activation_checkpointing=True).apply(base) if levers.checkpointing else base
+
+            v = self.variants[key] = _Variant(prepare(self.model))
             seq = self.seq_len
             v.memory = corners_of(
                 lambda m, r: estimate_step_memory(m, example_batch(m, r, seq), precision=family),
-                prepared,
+                self.model,
                 (1, 2, 4),
+                prepare=prepare,
             )
             v.counts = corners_of(
-                lambda m, r: count_step(m, example_batch(m, r, seq), precision=family), prepared, (1, 2)
+                lambda m, r: count_step(m, example_batch(m, r, seq), precision=family),
+                self.model,
+                (1, 2),
+                prepare=prepare,
             )
         return self.variants[key]
 

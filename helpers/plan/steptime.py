@@ -147,8 +147,8 @@ class Parallel:
 
 
 def gpus_per_node(g: GPU) -> int:
-    """GPUs one box holds: the table's count, or 8 for a data-centre board (an HGX/DGX box) (lesson 10)."""
-    return g.count if g.count > 1 else (8 if g.link is not None and g.link.kind.startswith("NVLink") else 1)
+    """GPUs one box holds: 8 of a board with NVLink (an HGX/DGX box), else as many as asked (lesson 10)."""
+    return 8 if g.link is not None and g.link.kind.startswith("NVLink") else g.count
 
 
 def communication(
