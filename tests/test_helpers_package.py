@@ -250,3 +250,52 @@ def test_the_architecture_check_catches_a_planted_omission_and_a_moved_module():
     assert any(p.startswith("helpers/core: drawn") for p in architecture_problems(moved))
     assert architecture_problems(text.replace("  plan/", "  planning/", 1)) == [
         "helpers/plan is not drawn", "helpers/planning is drawn but not on disk"]
+
+
+# --- no import circle -----------------------------------------------------------------------------------
+
+def import_graph() -> dict[str, set[str]]:
+    """Library module -> the library modules it imports, at the top or inside functions."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(HELPERS.rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        found = set()
+        for name in imported_modules(path.read_text(encoding="utf-8")):
+            while name and name.startswith("helpers."):  # `from helpers.a.b import c`: c or the module a.b
+                if (ROOT / (name.replace(".", "/") + ".py")).is_file():
+                    found.add(name)
+                    break
+                name = name.rpartition(".")[0]
+        graph[module] = found - {module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle, each once, as the modules around it."""
+    found, seen = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                circle = path[path.index(nxt):]
+                key = frozenset(circle)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(circle + [nxt])
+            elif len(path) < 12:
+                walk(nxt, path + [nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return found
+
+
+def test_the_library_has_no_import_circle():
+    assert not cycles(import_graph()), cycles(import_graph())
+
+
+def test_the_circle_check_finds_a_planted_circle():
+    graph = import_graph()
+    assert "helpers.model.attention" in graph["helpers.model.models"]  # models uses the naive attention
+    graph["helpers.model.attention"] = graph["helpers.model.attention"] | {"helpers.model.models"}
+    assert any({"helpers.model.attention", "helpers.model.models"} <= set(c) for c in cycles(graph))

@@ -48,7 +48,7 @@ from torch import nn
 
 from helpers.core.compat import is_hf_model, unwrap_model
 
-__all__ = ["ModelShape", "CourseOutput", "CourseModel", "as_course_model", "as_batch", "is_batch",
+__all__ = ["ModelShape", "ModelOutput", "CourseModel", "as_course_model", "as_batch", "is_batch",
            "shifts_labels", "loss_of", "logits_of", "takes_course_batches", "follows_course_contract",
            "adapter_hint"]
 
@@ -72,12 +72,13 @@ class ModelShape:
 
 
 @dataclass
-class CourseOutput:
-    """What a wrapped model returns: the loss (a 0-d tensor, None without labels) and the logits (None when
-    the model returns only a loss)."""
+class ModelOutput:
+    """What the course's models and a wrapped model of yours return, named like Hugging Face outputs so one
+    training loop serves both (lessons 02-08): the logits (None when a model returns only a loss) and the
+    loss (a 0-d tensor, None without labels)."""
 
-    loss: torch.Tensor | None
-    logits: torch.Tensor | None = None
+    logits: torch.Tensor | None
+    loss: torch.Tensor | None = None
 
 
 def is_batch(thing: Any) -> bool:
@@ -196,7 +197,7 @@ def adapter_hint(model: nn.Module) -> str:
 
 class CourseModel(nn.Module):
     """Your model behind the course's contract: `forward(input_ids, labels=None, **extra)` returns a
-    `CourseOutput` (see the module docstring); `.model` is yours, unchanged (lessons 02-08)."""
+    `ModelOutput` (see the module docstring); `.model` is yours, unchanged (lessons 02-08)."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
                  = None, shape: ModelShape | None = None) -> None:
@@ -223,7 +224,7 @@ class CourseModel(nn.Module):
         return extra
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                **extra: Any) -> CourseOutput:
+                **extra: Any) -> ModelOutput:
         kwargs = self._extra(extra)
         if self.loss_fn is not None:
             logits, loss = _split(self.model(input_ids, **kwargs))
@@ -235,7 +236,7 @@ class CourseModel(nn.Module):
                 flat = logits.dim() == labels.dim() + 1 and labels.dim() > 1
                 loss = (self.loss_fn(logits.flatten(0, -2), labels.flatten()) if flat
                         else self.loss_fn(logits, labels))
-            return CourseOutput(loss, logits)
+            return ModelOutput(logits, loss)
         if "input_ids" in self._accepts:  # a forward of the course's names (a Hugging Face model): by name
             given = {"labels": labels} if labels is not None else {}
             out = self.model(input_ids=input_ids, **given, **kwargs)
@@ -243,7 +244,7 @@ class CourseModel(nn.Module):
             out = self.model(input_ids, labels, **kwargs) if labels is not None else self.model(input_ids,
                                                                                                    **kwargs)
         logits, loss = _split(out)
-        return CourseOutput(loss, logits)
+        return ModelOutput(logits, loss)
 
     def __repr__(self) -> str:
         return f"CourseModel({self.model!r}, loss_fn={self.loss_fn!r})"

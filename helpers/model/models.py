@@ -13,10 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from helpers.core.adapt import ModelOutput
 from helpers.core.hub import BERT_PATH_ENV, env_bert_path, offline_bert_path
 from helpers.model.attention import check_padding_mask, naive_attention
 
-__all__ = ["TransformerConfig", "SmallTransformer", "ModelOutput",
+__all__ = ["TransformerConfig", "SmallTransformer",
            "load_bert", "bert_base_random", "has_weights", "MODEL_SIZES",
            "bert_config", "KNOWN_MODELS", "meta_model"]
 
@@ -52,15 +53,6 @@ class TransformerConfig:
         it."""
         return SmallTransformer(self)
 
-
-
-@dataclass
-class ModelOutput:
-    """What `SmallTransformer` returns, named like Hugging Face outputs so one training loop serves both
-    (lessons 02–06)."""
-
-    logits: torch.Tensor
-    loss: torch.Tensor | None = None
 
 
 class SelfAttention(nn.Module):

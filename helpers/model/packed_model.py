@@ -48,8 +48,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.core import compat
+from helpers.core.adapt import ModelOutput
 from helpers.data.packing import check_packed_batch, document_block_mask, document_mask, varlen_segments
-from helpers.model.models import ModelOutput
 
 __all__ = ["VARLEN", "FLEX_BLOCK", "varlen_available", "use_varlen", "packed_forward", "PackedModel",
            "base_model", "PackingStats", "packed_padding_stats"]

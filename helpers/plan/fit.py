@@ -28,7 +28,7 @@ from helpers.measure.memory import MARGIN, MemoryEstimate, estimate_step_memory
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
 from helpers.measure.roofline import LAUNCH_S, datasheet_roofline
 from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at
-from helpers.plan.planner import EXAMPLE_PRICES, Prices, _techniques, count_step, example_batch, meta_copy
+from helpers.plan.planner import EXAMPLE_PRICES, Prices, class_rules, count_step, example_batch, meta_copy
 from helpers.plan.steptime import SHARDINGS, Parallel, StepTime, step_time
 from helpers.train.runspec import RunSpec
 
@@ -395,7 +395,7 @@ class Pricer:
         g = gpu(g)
         if levers.gpus != g.count:
             raise ValueError(f"{g.key} has {g.count} GPU(s), the levers spread over {levers.gpus}")
-        precision = precision or _techniques(g)[0]
+        precision = precision or class_rules(g)[0]
         family = "fp32" if precision in ("fp32", "tf32") else "bf16"
         v = self.variant(family, levers)
         est = memory_at(v.memory, self.layers, levers.micro_batch)
@@ -456,7 +456,7 @@ def make_it_fit(
     for g in (gpu(g) for g in gpus):
         if global_batch % g.count:
             raise ValueError(f"{g.key}: a global batch of {global_batch} does not split over {g.count} GPUs")
-        precision = _techniques(g)[0]
+        precision = class_rules(g)[0]
         for levers in _combinations(global_batch // g.count, g.count, allow, lora_rank):
             options.append(
                 pricer.option(g, levers, precision=precision, prices=prices, dataset_tokens=dataset_tokens)

@@ -60,9 +60,9 @@ from helpers.measure.roofline import LAUNCH_S, Roofline, datasheet_roofline, mfu
 from helpers.plan.steptime import ASSUMED, StepTime, step_time
 from helpers.train.runspec import RunSpec
 
-__all__ = ["ASSUMPTIONS", "Prices", "EXAMPLE_PRICES", "measured_roofs", "gpu_like_attention", "meta_copy",
-           "example_batch", "count_step",
-           "predict_step", "largest_batch", "ClassPlan", "Plan", "plan"]
+__all__ = ["ASSUMPTIONS", "class_rules", "Prices", "EXAMPLE_PRICES", "measured_roofs", "gpu_like_attention",
+           "meta_copy", "example_batch", "count_step", "predict_step", "largest_batch", "ClassPlan", "Plan",
+           "plan"]
 
 # fp16 and bf16 hold the same bytes and run the same ops under autocast: one dry run and one count serve both
 _FAMILY = {"fp16": "bf16", "bf16": "bf16", "fp32": "fp32", "tf32": "fp32"}
@@ -145,8 +145,9 @@ def measured_roofs(roofline: Roofline, *, overhead_s: float, memory_roofs: Memor
 
 # --- the course's rules, asked of a GPU we do not have -----------------------------------------------------
 
-def _techniques(g: GPU) -> tuple[str, str, list[str], float, str]:
-    """(precision, why, techniques, MFU's peak FLOP/s, its source) of class `g`, by the course's rules."""
+def class_rules(g: GPU) -> tuple[str, str, list[str], float, str]:
+    """(precision, why, techniques, MFU's peak FLOP/s, its source) of class `g`, by the course's rules, asked
+    as if torch saw it (lessons 09, 10)."""
     from helpers.model.fp8 import fp8_capable
 
     with seen_as(g):
@@ -637,7 +638,7 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
     usables = [int(g.total_memory * (1 - MARGIN)) for g in classes]
     out = []
     for g in classes:
-        precision, why, techniques, mfu_flops, mfu_source = _techniques(g)
+        precision, why, techniques, mfu_flops, mfu_source = class_rules(g)
         family = _FAMILY[precision]
         if family not in counts:
             counts[family] = count_step(prepared, host, precision=family, fused_adamw=spec.fused_adamw)
