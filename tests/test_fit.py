@@ -137,9 +137,9 @@ def test_the_choice_fits_is_the_fastest_and_says_what_is_too_large(pricer):
     plan = make_it_fit(model, seq_len=SEQ, global_batch=16, gpus=[small, tiny], allow=allow, prices=None)
     pick, base = plan.chosen("small T4"), plan.baseline("small T4")
     assert not base.fits and pick.fits and pick.levers.global_batch == 16
-    assert all(o.step.seconds >= pick.step.seconds for o in plan.of("small T4") if o.fits)
+    assert all(o.step.seconds * 1.01 >= pick.step.seconds for o in plan.of("small T4") if o.fits)
     why = plan.why("small T4")
-    assert f"{base.memory.largest()} take the most" in why and "Chosen:" in why
+    assert f"the largest part is {base.memory.largest()}" in why and "Chosen:" in why
     stuck = plan.why("tiny T4")
     assert plan.chosen("tiny T4") is None and "Nothing allowed (accumulation, checkpointing)" in stuck
     assert "sharding, offload, 8-bit state, 16-bit weights, LoRA would cut them" in stuck, stuck

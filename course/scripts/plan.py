@@ -1,6 +1,8 @@
-"""Plan a training run from a terminal (lesson 09): the planner's table, its summary and its assumptions.
+"""Plan a training run from a terminal (lessons 09, 10): the planner's table, its summary and its assumptions;
+with --fit, the levers that make it fit on each class and why.
 
     python -m course.scripts.plan --model gpt2 --batch 8 --seq 1024 --gpus T4,A100-80,H100 --tokens 1e9
+    python -m course.scripts.plan --fit --model qwen2.5-0.5b --batch 32 --seq 1024 --gpus T4,L4,8xH100
     python -m course.scripts.plan --help    # flags from transformers.HfArgumentParser, RunSpec's included
 """
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 from helpers.measure.roofline import LAUNCH_S
 from helpers.model.models import meta_model
+from helpers.plan.fit import LEVERS, make_it_fit
 from helpers.plan.planner import EXAMPLE_PRICES, Prices, plan
 from helpers.train.runspec import flag_parser, spec_flags, spec_from_arguments
 
@@ -31,6 +34,9 @@ class PlanFlags:
     prices_date: str = ""  # when your prices were read (with --prices)
     launch_us: float = LAUNCH_S * 1e6  # µs per kernel launch (an assumption)
     search: bool = True  # search the largest batch that fits (a few dry runs per class)
+    fit: bool = False  # make it fit (lesson 10): --batch is the global batch, --gpus boxes such as 8xH100
+    allow: str = "accumulation,checkpointing,sharding,offload"  # the levers --fit may pull (helpers.plan.fit)
+    objective: str = "time"  # --fit picks the fastest ("time") or the cheapest per epoch ("cost")
 
 
 def _prices(text: str, date: str) -> Prices | None:
@@ -57,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = spec_from_arguments(switches)
         gpus = [g.strip() for g in own.gpus.split(",") if g.strip()] or None
         model = meta_model(own.model)
+        if own.fit:
+            return _fit(own, model, gpus or ["T4", "L4", "A100-80", "8xH100"])
         p = plan(model, (own.batch, own.seq), spec, gpus=gpus, dataset_tokens=own.tokens or None,
                  prices=_prices(own.prices, own.prices_date), launch_s=own.launch_us * 1e-6,
                  search=own.search)
@@ -68,6 +76,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(p.assumptions_text())
     print(f"\n(planned in {p.seconds:.1f} s on this machine's CPU; nothing ran on a GPU)")
+    return 0
+
+
+def _fit(own: PlanFlags, model: object, gpus: list[str]) -> int:
+    allow = [a.strip() for a in own.allow.split(",") if a.strip()]
+    f = make_it_fit(model, seq_len=own.seq, global_batch=own.batch, gpus=gpus, allow=allow,
+                    objective=own.objective, prices=_prices(own.prices, own.prices_date),
+                    dataset_tokens=own.tokens or None, launch_s=own.launch_us * 1e-6)
+    print(f.table().to_markdown())
+    print()
+    for key in dict.fromkeys(o.gpu.key for o in f.options):
+        print(f.why(key))
+    print(f"\n(levers: {', '.join(LEVERS)}; fitted in {f.seconds:.1f} s on this machine's CPU)")
     return 0
 
 

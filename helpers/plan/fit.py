@@ -51,6 +51,7 @@ _BNB_MIN_8BIT, _BNB_BLOCK = 4096, 256
 # a fused AdamW step moves 28 bytes per fp32 parameter (reads weight, gradient and two states; writes weight
 # and states); with 8-bit states, 16: the optimizer's op table is scaled by that ratio
 _ADAMW8_BYTES = 16 / 28
+TIE = 1.01  # options whose time (or cost) is within 1 % of the best count as equally good
 # which levers cut which part of a GPU's memory (the seed's decision: accumulation and checkpointing for
 # activations; sharding, offload and smaller state for what the model itself holds)
 CUTS = {
@@ -248,7 +249,10 @@ class FitPlan:
         cost = (
             (lambda o: o.epoch_cost or math.inf) if self.objective == "cost" else (lambda o: o.step.seconds)
         )
-        return min(fitting, key=lambda o: (cost(o), len(o.levers.used())))
+        best = min(cost(o) for o in fitting)
+        # within 1 % of the best is a tie (below what the model can tell apart): then the fewest levers
+        near = [o for o in fitting if cost(o) <= best * TIE]
+        return min(near, key=lambda o: (len(o.levers.used()), cost(o)))
 
     def why(self, key: str) -> str:
         """In the seed's words: which part of the memory is too large, which lever cuts it, at what time."""
@@ -257,7 +261,7 @@ class FitPlan:
         parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in base.memory.parts().items() if v)
         head = (
             f"{key}: with no lever the step needs {base.memory.total / 2**30:.1f} GiB per GPU, {usable:.1f} "
-            f"usable ({parts} GiB); {base.memory.largest()} take the most."
+            f"usable ({parts} GiB); the largest part is {base.memory.largest()}."
         )
         if base.fits and pick.levers == base.levers:
             return head + " It fits as it is: no lever needed, and none makes it faster."
