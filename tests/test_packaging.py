@@ -101,3 +101,28 @@ def test_results_page_shows_the_latest_ladder_results():
         f"{update_results.PAGE}'s results differ from benchmarks/results/ladder-*.md: "
         "run .venv/bin/python benchmarks/update_results.py")
     assert "(docs/results.md)" in (ROOT / "README.md").read_text(), "the README links the results page"
+
+
+def test_the_wheel_ships_what_the_course_opens_and_the_build_warns_of_nothing(tmp_path):
+    """Building the wheel names every package it ships (setuptools warns of an importable folder it would
+    drop), and the wheel holds what lessons open at run time: every module, the solutions, the sample data,
+    the Slurm script, py.typed."""
+    import subprocess
+    import sys
+    import zipfile
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600,
+                           cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-3000:]
+    warned = [line for line in (built.stdout + built.stderr).splitlines()
+              if "would be ignored" in line or "absent from the `packages`" in line]
+    assert not warned, warned
+    (wheel,) = tmp_path.glob("*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {p.relative_to(ROOT).as_posix() for folder in ("helpers", "course")
+              for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert wanted <= shipped, sorted(wanted - shipped)[:10]
+    assert any(n.startswith("course/solutions/01_attention/") for n in shipped)
+    assert {"course/scripts/slurm/train_ddp.sbatch", "course/sample_data/sample.csv",
+            "helpers/py.typed", "course_setup.py"} <= shipped
