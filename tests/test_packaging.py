@@ -107,12 +107,19 @@ def test_the_wheel_ships_what_the_course_opens_and_the_build_warns_of_nothing(tm
     """Building the wheel names every package it ships (setuptools warns of an importable folder it would
     drop), and the wheel holds what lessons open at run time: every module, the solutions, the sample data,
     the Slurm script, py.typed."""
+    import shutil
     import subprocess
     import sys
     import zipfile
 
+    src = tmp_path / "src"  # a clean copy: a build/ left in the checkout would lend the wheel stale files
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "course_setup.py"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("helpers", "course"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600,
+                            "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=600,
                            cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-3000:]
     warned = [line for line in (built.stdout + built.stderr).splitlines()
