@@ -553,11 +553,12 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
 # --- the climb on a model, and its rows ------------------------------------------------------------------
 
 def baseline_for(model: nn.Module) -> RunSpec:
-    """The ladder's baseline for `model`: `BASELINE` (eager attention) for a Hugging Face model, the same with
-    the model's own attention kept (attn=None) for any other (lesson 08)."""
-    from helpers.core.compat import is_hf_model, unwrap_model
+    """The ladder's baseline for `model`: `BASELINE` (eager attention) for a Hugging Face model (a `peft` one
+    too: its base model's attention is switched), the same with the model's own attention kept (attn=None)
+    for any other (lesson 08)."""
+    from helpers.core.compat import hf_model_in
 
-    return BASELINE if is_hf_model(unwrap_model(model)) else BASELINE.replace(attn=None)
+    return BASELINE if hf_model_in(model) is not None else BASELINE.replace(attn=None)
 
 
 def _model_problems(model: nn.Module, rungs: Sequence[Rung], baseline: RunSpec) -> dict[tuple, str | None]:
