@@ -323,21 +323,24 @@ def _by_category(tracker: Any) -> dict[str, int]:
     return peak
 
 
-def tracked_peak(step: Callable[[], Any], *tracked: Any) -> dict[str, int]:
+def tracked_peak(step: Callable[..., Any], *tracked: Any, passes: bool = False) -> dict[str, int]:
     """Run `step()` under torch's MemTracker (private, `torch.distributed._tools.mem_tracker`), the modules
     and optimizers in `tracked` labelled; the bytes alive at the step's peak by category ("Parameter",
     "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other") and "Total", all devices summed
-    (lessons 03, 10). Frozen parameters are counted as parameters, with no gradient."""
+    (lessons 03, 10). Frozen parameters are counted as parameters, with no gradient. `passes`: the step runs
+    the model more than once (accumulation) and is called as `step(next_pass)`, `next_pass()` between two
+    passes (the tracker refuses a second forward of a module it has seen otherwise)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = _peak_tracker(MemTracker)
     tracker.track_external(*tracked)
     with tracker:
-        step()
+        step(tracker.reset_mod_stats) if passes else step()
     return _by_category(tracker)
 
 
-def tracked_peak_sharded(step: Callable[[], Any], root: nn.Module, optimizer: Any) -> dict[str, int]:
+def tracked_peak_sharded(step: Callable[..., Any], root: nn.Module, optimizer: Any, *,
+                         passes: bool = False) -> dict[str, int]:
     """`tracked_peak` of an FSDP2 model (`fully_shard`) with torch's FSDPMemTracker (private): the bytes at
     the step's peak by FSDP's categories ("Sharded Param", "Unsharded Param", "Sharded Grad", "Unsharded
     Grad", "All Gather", "Reduce Scatter", "Activation", "Temp", "OptState", "Buffer", "Inputs") and "Total",
@@ -346,7 +349,7 @@ def tracked_peak_sharded(step: Callable[[], Any], root: nn.Module, optimizer: An
 
     tracker = _peak_tracker(FSDPMemTracker, root, optimizer)
     with tracker:
-        step()
+        step(tracker.reset_mod_stats) if passes else step()
     return _by_category(tracker)
 
 
@@ -363,11 +366,13 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
     if dist.is_initialized():
         raise ValueError("a dry run over shards makes a process group of its own, and this process already "
                          "has one (a torchrun script): run the dry run in a process without one")
+    hook = sys.excepthook  # torch wraps it to prefix "[rank0]:" to tracebacks: this process's, given back
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield init_device_mesh("cpu", (world_size,))  # made outside a fake mode: the mesh reads its ranks
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def hf_model_in(model: nn.Module) -> nn.Module | None:

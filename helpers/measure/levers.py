@@ -161,13 +161,15 @@ class AdamW8bitState(torch.optim.Optimizer):
 
 
 def add_lora(model: nn.Module, lora: LoRA) -> nn.Module:
-    """`model` with `lora`'s adapters (peft's `get_peft_model`), its base weights cast to lora.base_dtype and
-    frozen, the adapters float32 (lesson 10)."""
+    """`model` with `lora`'s adapters (peft's `get_peft_model`), its base weights cast to lora.base_dtype
+    (where they are not already) and frozen, the adapters float32 (lesson 10)."""
     peft = compat.optional_import("peft", "LoRA")
     if compat.is_peft_model(model):
         raise ValueError("the model already has peft adapters: leave lora=None (the dry run counts them as "
                          "they are)")
-    model = model.to(_DTYPES[lora.base_dtype])
+    dtype = _DTYPES[lora.base_dtype]
+    if any(p.is_floating_point() and p.dtype != dtype for p in model.parameters()):
+        model = model.to(dtype)
     return peft.get_peft_model(model, lora.config())
 
 

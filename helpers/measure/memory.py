@@ -73,6 +73,8 @@ from torch import nn
 from helpers.core import compat
 from helpers.measure.levers import OPTIMIZER_STATE_BYTES, AdamW8bitState, Levers, LoRA
 
+_LORA_BASE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 __all__ = ["GiB", "MARGIN", "MemoryReport", "track_peak_memory", "peak_increase_bytes", "peak_rss_bytes",
            "tensor_bytes",
            "MemoryEstimate", "FORMULA_ASSUMES", "DRY_RUN_ASSUMES", "DRY_RUN_OPTIMIZERS",
@@ -462,18 +464,20 @@ def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str,
     return {"input_ids": ids, "labels": labels}
 
 
-def _fake_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A tensor of `t`'s shape, strides and dtype on `device`, made inside a fake mode: no memory."""
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+def _fake_like(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor of `t`'s shape, strides and dtype (or `dtype`) on `device`, made inside a fake mode: no
+    memory."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=dtype or t.dtype, device=device)
 
 
-def _fake_copy(model: nn.Module, device: torch.device) -> nn.Module:
-    """A copy of `model` whose parameters and buffers are fake tensors (call inside the fake mode); tied
+def _fake_copy(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake tensors (call inside the fake mode; outside it,
+    on the meta device, a meta copy), its floating-point ones in `dtype` when given (LoRA's 16-bit base); tied
     weights stay tied, the model's own tensors are not copied (a meta-device model works too)."""
     memo: dict[int, Any] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if id(t) not in memo:
-            fake = _fake_like(t, device)
+            fake = _fake_like(t, device, dtype if t.is_floating_point() else None)
             memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
                 else fake
     return copy.deepcopy(model, memo)
@@ -489,11 +493,10 @@ def _optimizer(name: str, params: list[nn.Parameter], fused: bool, kernels: str)
 
 
 def _with_levers(model: nn.Module, levers: Levers, mesh: Any) -> nn.Module:
-    """The fake copy with the levers that change the model: LoRA's adapters, checkpointing, FSDP2."""
+    """The fake copy with the levers that change the model (LoRA's adapters are on it already):
+    checkpointing, FSDP2."""
     from helpers.measure import levers as lv
 
-    if levers.lora is not None:
-        model = lv.add_lora(model, levers.lora)
     if levers.checkpointing:
         lv.turn_on_checkpointing(model)
     if levers.sharded:
@@ -540,6 +543,10 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
     if not isinstance(ids, torch.Tensor) or ids.dim() < 1:
         raise ValueError("the dry run's batch needs `input_ids` (or x of an (x, y) pair) as a tensor")
     device = torch.device("cpu")  # a fake CUDA tensor needs CUDA; the CPU's kernels stand in (assumes)
+    if lora is not None:  # peft moves its adapters with .to(), which fake tensors refuse: adapters on meta
+        from helpers.measure.levers import add_lora
+
+        model = add_lora(_fake_copy(model, torch.device("meta"), _LORA_BASE[lora.base_dtype]), lora)
     group = compat.fake_process_group(shards) if levers.sharded else contextlib.nullcontext()
     with group as mesh, compat.fake_tensor_mode():
         fake = _with_levers(_fake_copy(model, device).train(), levers, mesh)
@@ -550,9 +557,11 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
         opt = _optimizer(optimizer, params, fused, kernels)
         micro = min(accumulation, 2)  # from the second micro-batch on, each one holds what the second does
 
-        def step() -> None:
+        def step(next_pass: Callable[[], None]) -> None:
             opt.zero_grad(set_to_none=True)
-            for _ in range(micro):
+            for i in range(micro):
+                if i:
+                    next_pass()
                 with autocast_context(precision, device):
                     loss = loss_of(fake(**fake_batch))
                 if loss is None:
@@ -564,9 +573,9 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
             p.grad = torch.zeros_like(p)
         opt.step()
         if levers.sharded:  # a step as the second of a run: the state held
-            peak = compat.tracked_peak_sharded(step, fake, opt)
+            peak = compat.tracked_peak_sharded(step, fake, opt, passes=True)
         else:
-            peak = compat.tracked_peak(step, fake, opt)
+            peak = compat.tracked_peak(step, fake, opt, passes=True)
         grads = local_bytes_of(params)
         state = local_bytes_of(t for s in opt.state.values() for t in s.values())
         kept = local_bytes_of(fake.parameters())  # this rank's parameters (a shard each under FSDP2)
