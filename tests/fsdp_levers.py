@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-VOCAB, WIDTH, LAYERS, HEADS = 2048, 256, 4, 4  # a Llama small enough to measure in a second or two
-ROWS, SEQ = 4, 128  # one micro-batch
+VOCAB, WIDTH, LAYERS, HEADS = 1024, 128, 2, 4  # a Llama small enough to measure in a second
+ROWS, SEQ = 4, 64  # one micro-batch
 
 
 def small_llama(seed: int = 0) -> torch.nn.Module:
@@ -23,7 +23,7 @@ def small_llama(seed: int = 0) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=688, num_hidden_layers=LAYERS,
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=344, num_hidden_layers=LAYERS,
                       num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=SEQ,
                       attn_implementation="eager")
     return LlamaForCausalLM(cfg)

@@ -46,6 +46,15 @@ def _dry(levers: Levers, model: torch.nn.Module | None = None, **kwargs) -> int:
     return estimate_step_memory(shape, batch(), **levers.kwargs(), **kwargs).peak
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One thread: on a busy 2-core machine, two threads per step ran ten times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def plain() -> int:
     return _measured(small_llama())
