@@ -151,7 +151,8 @@ def test_fsdp2_offload_splits_the_step_between_device_and_cpu(ranks):
     for r, n in enumerate(numbers):
         _within(both, n["offload"]["peak"], f"FSDP2 x{world} + offload, device and CPU, rank {r}")
         _within(dry.host, n["offload"]["kept"], f"FSDP2 x{world} + offload, the CPU's part, rank {r}")
-    assert dry.peak < 0.8 * both, "offload left the device holding the shards and the optimizer state"
+    # at the peak the CPU held this rank's shards and optimizer state (its gradients come after)
+    assert both - dry.peak >= 0.5 * dry.host, "offload left the device holding the shards and the state"
     with pytest.raises(AssertionError, match="off the measured"):  # planted: the device part alone
         _within(dry.peak, numbers[0]["offload"]["peak"], f"FSDP2 x{world} + offload, planted: device only")
 
