@@ -160,3 +160,76 @@ def test_fsdp2_offload_splits_the_step_between_device_and_cpu(ranks):
 def _meta_llama() -> torch.nn.Module:
     with torch.device("meta"):
         return small_llama()
+
+
+# --- a peft model and frozen weights through the library (issue 49) --------------------------------------
+
+def _peft_llama():
+    peft = pytest.importorskip("peft", reason="lesson 10's LoRA comes with the course extra")
+    return peft.get_peft_model(small_llama(), LoRA().config())
+
+
+def _old_hf_model_in(model):  # planted: the library as it was, blind to peft's wrapper
+    from helpers.core.compat import is_hf_model, unwrap_model
+
+    inner = unwrap_model(model)
+    return inner if is_hf_model(inner) else None
+
+
+def test_every_runspec_switch_reaches_a_peft_models_base_model(monkeypatch):
+    from helpers.core.compat import hf_model_in
+    from helpers.train import ladder
+    from helpers.train.runspec import RunSpec
+
+    model = _peft_llama()
+    spec = RunSpec(attn="sdpa", activation_checkpointing=True)
+    applied = spec.apply(model)
+    base = hf_model_in(applied)
+    assert applied is model and base.config._attn_implementation == "sdpa" and base.is_gradient_checkpointing
+    assert spec.applied_to(applied)
+    plan = {p["name"]: p["skipped"] for p in ladder.plan("cpu", model=_peft_llama())}
+    assert plan["+ SDPA"] is None and ladder.baseline_for(model) == ladder.BASELINE  # eager, labelled so
+    # planted: the check as it was refuses both switches with a reason that is not the model's
+    monkeypatch.setattr("helpers.core.compat.hf_model_in", _old_hf_model_in)
+    with pytest.raises(ValueError, match="has attention of its own"):
+        RunSpec(attn="sdpa").apply(_peft_llama())
+    assert ladder.baseline_for(model).attn is None
+
+
+def test_mfu_counts_no_weight_gradient_for_frozen_weights():
+    """A LoRA model's FLOPs per token against what count_ops counts the step doing (matmuls and attention):
+    the base weights get their forward and input gradient only (4 of 6 FLOPs a parameter per token)."""
+    from helpers.measure.flops import model_flops_per_token, transformer_flops_per_token
+    from helpers.measure.opcount import count_ops, labelled_step
+    from helpers.train.loop import make_optimizer
+
+    b = batch(rows=2)
+    tokens = b["input_ids"].numel()
+    for model in (_peft_llama(), small_llama().requires_grad_(True)):
+        model.get_input_embeddings().weight.requires_grad_(False)  # and a frozen embedding
+        counted = count_ops(labelled_step(model, b, make_optimizer(model, 1e-3, 0.0)))
+        done = sum(c.flops for (phase, op), c in counted.items()
+                   if phase in ("forward", "backward") and c.flops_source == "FlopCounterMode")
+        formula = model_flops_per_token(model, b["input_ids"].shape[1]) * tokens
+        print(f"{type(model).__name__}: formula {formula:.3e} FLOPs, counted {done:.3e}")
+        assert formula == pytest.approx(done, rel=0.05)
+    # planted: every weight counted as trained (MFU as it was), about 1.5x what the LoRA step does
+    lora = _peft_llama()
+    from helpers.measure.flops import matmul_params
+
+    old = transformer_flops_per_token(matmul_params(lora), 2, 4, 32, b["input_ids"].shape[1]) * tokens
+    counted = count_ops(labelled_step(lora, b, make_optimizer(lora, 1e-3, 0.0)))
+    done = sum(c.flops for (phase, _), c in counted.items()
+               if phase in ("forward", "backward") and c.flops_source == "FlopCounterMode")
+    assert old / done > 1.3, old / done
+
+
+def test_the_dry_run_takes_frozen_parameters():
+    # issue 49: "cannot register a hook on a tensor that doesn't require gradient"
+    model = small_llama()
+    model.get_input_embeddings().weight.requires_grad_(False)
+    plain = estimate_step_memory(small_llama(), batch())
+    frozen = estimate_step_memory(model, batch())
+    embedding = model.get_input_embeddings().weight.numel() * 4
+    assert frozen.gradients == plain.gradients - embedding
+    assert frozen.optimizer == pytest.approx(plain.optimizer - 2 * embedding, abs=64)
