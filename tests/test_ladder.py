@@ -691,3 +691,73 @@ def test_4_the_check_runs_with_functional_dropout_off_and_names_dropout_that_ign
     base = ladder.measure_stack(ladder.BASELINE.replace(attn=None), None, **kw)
     with pytest.raises(ladder.RungDisagrees, match=r"dropout that ignores model\.eval\(\)"):
         ladder.measure_stack(ladder.BASELINE.replace(attn=None, fused_adamw=True), base, **kw)
+
+
+# --- issue 49: the climb keeps alive only what it still compares ----------------------------------------
+
+def _holding_measure(made, alive, monkeypatch):
+    """A measure on a virtual clock whose arm's timed pass holds a model, as measure_stack's does (its
+    model, optimizer state, gradients): `alive` gets how many earlier ones are still held each time it makes
+    one."""
+    import gc
+
+    clock = _Clock()
+    monkeypatch.setattr("helpers.core.timing.time", clock)
+    class Faster(dict):  # each switch changed from the baseline halves a pass: every rung is kept
+        def __missing__(self, stack):
+            return 0.006 * 0.5 ** sum(getattr(stack, f.name) != getattr(ladder.BASELINE, f.name)
+                                      for f in dataclasses.fields(stack))
+
+    timed = _clocked_measure(Faster(), [], clock)
+
+    def measure(stack, ref):
+        gc.collect()
+        alive.append(len(made))
+        model = torch.nn.Linear(2, 2)
+        made.add(model)
+        arm = timed(stack, ref)
+        run = arm.run
+        arm.run = lambda: (run(), model)
+        return arm
+    return measure
+
+
+def test_5_the_climb_holds_the_baseline_the_stack_below_and_the_candidate_only(monkeypatch):
+    # issue 49: climb() kept every measured arm's model, gradients and optimizer state until the climb
+    # ended, one more model per rung: lesson 08's ladder ran out of memory on a T4 after a few rungs
+    import gc
+    import weakref
+
+    from transformers import BertForSequenceClassification
+
+    monkeypatch.setitem(models.MODEL_SIZES, "test", dict(TEST_SIZE, num_hidden_layers=1))
+    made: weakref.WeakSet = weakref.WeakSet()
+    alive: list[int] = []
+
+    def make_model():  # measure_stack's own holders, on this CPU: two rungs of a real climb
+        gc.collect()  # what only a reference cycle still holds is not alive
+        alive.append(len(made))
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(models.bert_config("test", 5))
+        made.add(model)
+        return model
+
+    rungs = tuple(r for r in NO_COMPILE if r.switch == "fused_adamw" or r.value == "bucketed")
+    batches, check = ladder.sample_batches(LENGTHS, batch_size=2, n_batches=1, seq_len=32, vocab=2000,
+                                           n_classes=5)
+    ladder.climb_stacks(make_model, batches, check, device=torch.device("cpu"), repeats=1, rungs=rungs,
+                        log=lambda s: None)
+    # the probe, the baseline, then each candidate beside the baseline and the stack it is added to
+    assert len(alive) == 4 and alive[2] == 1 and alive[3] <= 2, alive
+    gc.collect()
+    assert not list(made), "a model outlived the climb: something besides the arms' timed passes holds it"
+    four = tuple(r for r in ONE_16_BIT if r.switch in ("fused_adamw", "padding", "attn"))
+    for greedy, most in ((True, 2), (False, 2)):
+        alive.clear()
+        ladder.climb(four, _holding_measure(made, alive, monkeypatch), greedy=greedy, log=lambda s: None)
+        assert alive[0] == 0 and max(alive[1:]) == most, (greedy, alive)
+    # planted: the climb as it was, every arm's timed pass kept until the end
+    monkeypatch.setattr(ladder, "let_go", lambda arms, keep: None)
+    alive.clear()
+    ladder.climb(four, _holding_measure(made, alive, monkeypatch), greedy=True, log=lambda s: None)
+    assert alive == [0, 1, 2, 3, 4], alive

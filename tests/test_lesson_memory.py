@@ -13,8 +13,10 @@ A step's memory is three things here:
 - the notebook's CUDA context (outside PyTorch's allocator; lesson 08's NOTEBOOK_CONTEXT_BYTES).
 
 Lesson 08's steps are traced with fake tensors in tests/test_lesson08.py, the models it keeps included; that
-test checks the same 5 %. Lesson 07's steps run in torchrun's processes: the notebook keeps no tensor there,
-only its CUDA context on GPU 0. Nothing is allocated: the whole file takes a few seconds.
+test checks the same 5 %. Its ladder is counted here as a whole climb (issue 49): `helpers.train.ladder.climb`
+on the faked card, each candidate's traced step beside every arm the climb still holds, with a planted leak.
+Lesson 07's steps run in torchrun's processes: the notebook keeps no tensor there, only its CUDA context on
+GPU 0. Nothing is allocated: the whole file takes a few seconds.
 """
 
 from __future__ import annotations
@@ -385,3 +387,106 @@ def test_lesson_02s_formulas_match_what_its_cells_keep(monkeypatch, tmp_path):
         assert abs(real / formula - 1) < 0.01, (name, real, formula)
     exec(cells["l02-ckpt-code"].splitlines()[-1], ns)  # noqa: S102 (the del)
     assert not {"model", "optimizer", "before", "state", "batch"} & set(ns)
+
+
+# --- lesson 08's ladder: the whole climb on the card (issue 49) ---------------------------------------------
+
+LADDER = "08_bert_finetuning"
+
+
+def _bert_base_params() -> int:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from helpers.model.models import MODEL_SIZES
+
+    with torch.device("meta"):
+        model = BertForSequenceClassification(BertConfig(**MODEL_SIZES["base"], num_labels=5))
+    return _params(model)
+
+
+def climb_on_the_card(gpu: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], int]:
+    """Lesson 08's greedy climb (helpers.train.ladder.climb, the rungs `ladder.plan` runs on the faked card)
+    at the sizes its setup picks there. Each arm holds a model as measure_stack's timed pass does:
+    BERT-base's fp32 weights, gradients and AdamW's two moments, 16 bytes a parameter, until the climb lets it
+    go. Each candidate's step is traced with fake tensors (tests/test_lesson08.py's `traced`: BERT-base, fp32
+    eager, the worst stack; FakeTensorMode + MemTracker) and counted with every arm still held and the
+    notebook's CUDA context; beyond the card it raises CUDA's out-of-memory error, as the GPU would. The timed
+    passes run on a virtual clock on which every rung is faster (so every rung is kept). -> (rung -> why it
+    was not timed, "" when it was; the most bytes a step needed)."""
+    import gc
+    import weakref
+
+    from fakegpu import fake_gpu
+    from test_lesson08 import traced
+
+    from helpers.core import compat
+    from helpers.core.timing import Timing
+    from helpers.train import ladder
+
+    s = decisions(LADDER, gpu)
+    step = traced(s["LADDER_BATCH"], s["MAX_LENGTH"], False)  # the candidate's own step, its state included
+    states = 16 * _bert_base_params()
+    total = GPU_CLASSES[gpu].total_memory
+    fake_gpu(monkeypatch, gpu)
+    monkeypatch.setattr(compat, "scaled_mm_supports", lambda device, rowwise: (True, "faked: runs"))
+    planned = {p["name"]: p["skipped"] for p in ladder.plan(torch.device("cuda"))}
+    held: weakref.WeakSet = weakref.WeakSet()  # a stand-in per arm for its model, gradients and state
+    most = [0]
+
+    class Model:  # what an arm's timed pass holds
+        pass
+
+    def measure(stack, ref):
+        gc.collect()  # an arm let go of is gone (the real climb holds no reference cycles either)
+        need = step + len(held) * states + CONTEXT
+        if need > total:
+            raise torch.cuda.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {need - total} bytes. GPU 0 has a total capacity of "
+                f"{total / GiB:.2f} GiB of which 0 bytes is free.")
+        most[0] = max(most[0], need)
+        model = Model()
+        held.add(model)
+        t = 0.01 * 0.5 ** sum(getattr(stack, f) != getattr(ladder.BASELINE, f) for f in
+                              ("precision", "attn", "compile", "fused_adamw", "padding", "fp8"))
+        row = {"documents_per_pass": 4, "real_tokens_per_pass": 100, "useful_flops_per_pass": 1e6,
+               "padded_fraction": 0.0, "samples_per_s": 4 / t, "pass_median_s": t}
+        return ladder.Arm(stack, Timing("t", t, 0.0, 3, 1), None, row, run=lambda: (clock.tick(t), model))
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+        def tick(self, t: float) -> None:
+            self.now += t
+
+    clock = Clock()
+    monkeypatch.setattr("helpers.core.timing.time", clock)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # nothing runs on the fake card
+    _, steps, _ = ladder.climb(ladder.RUNGS, measure, greedy=True,
+                               skip=lambda stack, rung: planned[rung.name], log=lambda line: None)
+    return {st.rung.name: st.note for st in steps}, most[0]
+
+
+@pytest.mark.parametrize("gpu", CARDS)
+def test_lesson_08s_whole_climb_fits_the_card_and_times_every_rung_it_runs(gpu, monkeypatch):
+    notes, most = climb_on_the_card(gpu, monkeypatch)
+    lost = {name: why for name, why in notes.items() if why and not why.startswith("skipped")}
+    assert not lost, f"{gpu}: rungs not timed: {lost}"
+    total = GPU_CLASSES[gpu].total_memory
+    assert most <= (1 - SPARE) * total, (
+        f"{gpu}: the climb needed {most / GiB:.2f} GiB of {total / GiB:.2f} GiB: less than {SPARE:.0%} to "
+        "spare")
+    print(f"{gpu}: every rung it runs timed; the climb's largest step needs {most / GiB:.2f} GiB of "
+          f"{total / GiB:.2f} GiB")
+
+
+@pytest.mark.parametrize("gpu", CARDS)
+def test_a_climb_that_keeps_every_arm_loses_rungs_on_the_card(gpu, monkeypatch):
+    # planted: the climb as it was (issue 49), every arm's model, gradients and AdamW state kept to the end
+    from helpers.train import ladder
+
+    monkeypatch.setattr(ladder, "let_go", lambda arms, keep: None)
+    notes, _ = climb_on_the_card(gpu, monkeypatch)
+    assert any("did not fit" in why for why in notes.values()), notes

@@ -224,6 +224,6 @@ def test_the_dry_runs_tracker_keeps_the_same_peak_as_torchs_memtracker():
                                                    max_len=32))
     batch = {"input_ids": torch.randint(300, (3, 32)), "labels": torch.randint(300, (3, 32))}
     ours = estimate_step_memory(model, batch, precision="bf16")
-    with mock.patch.object(compat, "_global_peak_tracker", mem_tracker.MemTracker):
+    with mock.patch.object(compat, "_peak_tracker", lambda stock, *args: mem_tracker.MemTracker(*args)):
         stock = estimate_step_memory(model, batch, precision="bf16")
     assert ours == stock, f"the dry run's peak differs from torch's MemTracker: {ours} vs {stock}"

@@ -46,7 +46,8 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "optional_impor
            "INSTALL_EXTRA", "set_attn_implementation", "attn_implementation", "is_hf_model",
            "disable_dropout", "bert_attn_implementations", "unwrap_model",
            "grad_scaler_scale", "profiler_enabled", "cuda_memory_snapshot", "memory_snapshot_html",
-           "fake_tensor_mode", "tracked_peak",
+           "fake_tensor_mode", "tracked_peak", "tracked_peak_sharded",
+           "fake_process_group", "hf_model_in", "is_peft_model",
            "make_adamw", "hf_activation_checkpointing", "tf32_settings", "set_tf32_settings",
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "triton_compiles_for",
@@ -272,45 +273,123 @@ def fake_tensor_mode() -> Any:
     return FakeTensorMode()
 
 
-def _global_peak_tracker() -> Any:
-    """A MemTracker that keeps the step's peak only. After every op the stock one also updates the peak of
-    every module seen so far: ops x modules (a 16-layer Llama: 20 million updates, 2/3 of a dry run's time),
-    for per-module peaks the course never reads. The stock tracker where torch's internals differ."""
+class _NoHook:
+    """A hook handle with nothing to remove: what a frozen parameter gets instead of MemTracker's gradient
+    hooks, which torch cannot register on a tensor that does not require a gradient."""
+
+    def remove(self) -> None:
+        pass
+
+
+def _peak_tracker(stock: type, *args: Any) -> Any:
+    """A MemTracker (or FSDPMemTracker) that keeps the step's peak only, and takes frozen parameters. After
+    every op the stock one also updates the peak of every module seen so far: ops x modules (a 16-layer
+    Llama: 20 million updates, 2/3 of a dry run's time), for per-module peaks the course never reads; and it
+    registers a gradient hook on every parameter, which fails on a frozen one ("cannot register a hook on a
+    tensor that doesn't require gradient": a LoRA model, a frozen embedding). The stock tracker where torch's
+    internals differ."""
     from torch.distributed._tools import mem_tracker
 
     total = getattr(mem_tracker, "_TOTAL_KEY", None)
-    stock = mem_tracker.MemTracker
     if total is None or not callable(getattr(stock, "_update_peak_stats", None)):
-        return stock()
+        return stock(*args)
 
-    class GlobalPeakTracker(stock):  # type: ignore[misc, valid-type]
+    class PeakTracker(stock):  # type: ignore[misc, valid-type]
         def _update_peak_stats(self, peak_state: Any) -> None:
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap[total]:
                     self._peak_mem[dev] = snap[total]
                     self._peak_mem_snap[dev] = dict(snap)  # a flat dict of ints: a copy is a deep copy
 
-    tracker = GlobalPeakTracker()
+        def _track_module_params_and_buffers(self, module: nn.Module, *a: Any, **kw: Any) -> Any:
+            handles = getattr(self, "_param_to_grad_hook_handles", None)
+            for param in module.parameters() if handles is not None else ():
+                if not param.requires_grad and handles.get(param, None) is None:
+                    handles[param] = (_NoHook(), _NoHook())  # no gradient will come: nothing to hook
+            return super()._track_module_params_and_buffers(module, *a, **kw)
+
+    tracker = PeakTracker(*args)
     if not all(hasattr(tracker, a) for a in ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap")):
-        return stock()
+        return stock(*args)
     return tracker
 
 
-def tracked_peak(step: Callable[[], Any], *tracked: Any) -> dict[str, int]:
-    """Run `step()` under torch's MemTracker (private, `torch.distributed._tools.mem_tracker`), the modules
-    and optimizers in `tracked` labelled; the bytes alive at the step's peak by category ("Parameter",
-    "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other") and "Total", all devices summed
-    (lesson 03)."""
-    tracker = _global_peak_tracker()
-    tracker.track_external(*tracked)
-    with tracker:
-        step()
+def _by_category(tracker: Any) -> dict[str, int]:
     peak: dict[str, int] = {}
     for per_device in tracker.get_tracker_snapshot("peak").values():
         for category, nbytes in per_device.items():
             name = str(getattr(category, "value", category))
             peak[name] = peak.get(name, 0) + int(nbytes)
     return peak
+
+
+def tracked_peak(step: Callable[..., Any], *tracked: Any, passes: bool = False) -> dict[str, int]:
+    """Run `step()` under torch's MemTracker (private, `torch.distributed._tools.mem_tracker`), the modules
+    and optimizers in `tracked` labelled; the bytes alive at the step's peak by category ("Parameter",
+    "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other") and "Total", all devices summed
+    (lessons 03, 10). Frozen parameters are counted as parameters, with no gradient. `passes`: the step runs
+    the model more than once (accumulation) and is called as `step(next_pass)`, `next_pass()` between two
+    passes (the tracker refuses a second forward of a module it has seen otherwise)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = _peak_tracker(MemTracker)
+    tracker.track_external(*tracked)
+    with tracker:
+        step(tracker.reset_mod_stats) if passes else step()
+    return _by_category(tracker)
+
+
+def tracked_peak_sharded(step: Callable[..., Any], root: nn.Module, optimizer: Any, *,
+                         passes: bool = False) -> dict[str, int]:
+    """`tracked_peak` of an FSDP2 model (`fully_shard`) with torch's FSDPMemTracker (private): the bytes at
+    the step's peak by FSDP's categories ("Sharded Param", "Unsharded Param", "Sharded Grad", "Unsharded
+    Grad", "All Gather", "Reduce Scatter", "Activation", "Temp", "OptState", "Buffer", "Inputs") and "Total",
+    for this rank (lesson 10)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    tracker = _peak_tracker(FSDPMemTracker, root, optimizer)
+    with tracker:
+        step(tracker.reset_mod_stats) if passes else step()
+    return _by_category(tracker)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[Any]:
+    """A process group of `world_size` ranks in which this process is rank 0 and no collective moves data
+    (torch's "fake" backend, private: torch.testing._internal.distributed.fake_pg), and its CPU device mesh:
+    what FSDP2 needs to shard a model on fake tensors (lesson 10's dry run). Refused when this process already
+    has a process group (a torchrun script): dry-run outside it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    if dist.is_initialized():
+        raise ValueError("a dry run over shards makes a process group of its own, and this process already "
+                         "has one (a torchrun script): run the dry run in a process without one")
+    hook = sys.excepthook  # torch wraps it to prefix "[rank0]:" to tracebacks: this process's, given back
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield init_device_mesh("cpu", (world_size,))  # made outside a fake mode: the mesh reads its ranks
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = hook
+
+
+def hf_model_in(model: nn.Module) -> nn.Module | None:
+    """The Hugging Face model inside torch.compile, DDP and `peft` wrappers (a PeftModel's base model, its
+    adapters in place), or None when there is none (lessons 08, 10: what an attention switch or activation
+    checkpointing is applied to)."""
+    model = unwrap_model(model)
+    if is_peft_model(model):
+        model = unwrap_model(model.get_base_model())  # peft's public API: the model its adapters are in
+    return model if is_hf_model(model) else None
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether `model` (inside torch.compile or DDP) is a `peft` model: a PeftModel, adapters on a base model
+    (lessons 08, 10)."""
+    model = unwrap_model(model)
+    return callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config")
 
 
 def make_adamw(groups: list[dict[str, Any]], lr: float, fused: bool) -> torch.optim.AdamW:

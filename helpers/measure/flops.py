@@ -15,6 +15,11 @@ Where 6·N + 12·L·H·Q·T comes from (the PaLM paper's appendix B; nanoGPT's `
 - A classifier head that reads one vector per sequence (BERT's pooler and classifier, the small
   Transformer's classifier) runs once per sequence, not per token: its parameters count 1/T per token.
 
+Frozen weights (a LoRA model's base, a frozen embedding) do less (lesson 10): a frozen weight gets no
+weight gradient (4 FLOPs per token instead of 6), a matmul with nothing trainable before it passes no
+gradient back (2), and attention runs its backward only from the first layer that trains. LoRA's adapters
+count as the matmuls they are. A model that trains every weight keeps the 6·N + 12·L·H·Q·T above.
+
 Softmax, layer norms, GELU and the optimizer are left out: a few percent at these sizes.
 
 Two numbers, two uses: `model_flops_per_token` × real (non-padding) tokens is the work the model needs,
@@ -40,7 +45,7 @@ from helpers.core.compat import unwrap_model
 from helpers.measure.roofline import PeakFlops
 
 __all__ = ["ModelShape", "transformer_flops_per_token", "matmul_params", "model_shape", "set_model_shape",
-           "model_flops_per_token", "executed_flops", "mfu"]
+           "model_flops_per_token", "executed_flops", "mfu", "transformer_blocks"]
 
 
 def transformer_flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int,
@@ -77,19 +82,86 @@ def _per_sequence_modules(model: nn.Module) -> set[int]:
     return ids
 
 
+def transformer_blocks(model: nn.Module) -> nn.ModuleList | None:
+    """A model's list of Transformer layers: a Hugging Face model's encoder layers, a SmallTransformer's
+    blocks, else (a decoder, a `peft` model, nanoGPT's `transformer.h`) its longest list of two or more
+    blocks of one class; None when it has none (lessons 05, 10: regional compilation, FSDP2's units, frozen
+    FLOPs)."""
+    model = unwrap_model(model)
+    layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
+    layers = layers if isinstance(layers, nn.ModuleList) else getattr(model, "blocks", None)
+    if not isinstance(layers, nn.ModuleList):
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1
+                 and len({type(block) for block in m}) == 1]
+        layers = max(lists, key=len, default=None)
+    return layers
+
+
+@dataclasses.dataclass(frozen=True)
+class _MatmulWork:
+    """Matmul parameters by the work their backward does: each one's forward, the gradient of its input
+    (passed back to what trains before it) and of itself (it trains), per token and once per sequence."""
+
+    forward: int = 0
+    input_grad: int = 0
+    weight_grad: int = 0
+    forward_seq: int = 0
+    input_grad_seq: int = 0
+    weight_grad_seq: int = 0
+    attention_backward: float = 1.0  # the share of the layers whose attention runs its backward
+
+
+def _matmul_work(model: nn.Module) -> _MatmulWork:
+    """`_MatmulWork` of `model`, each parameter counted once. A model that trains every weight gets the
+    6·N convention (every input gradient counted). With frozen weights (LoRA, a frozen embedding): a frozen
+    weight has no weight gradient, and a matmul's input gradient is counted only when a trainable parameter
+    comes before it in the model's order (the order of registration stands for the forward pass's)."""
+    per_sequence = _per_sequence_modules(model)
+    params = list(model.parameters())
+    all_train = all(p.requires_grad for p in params)
+    seen: set[int] = set()
+    counts = dict.fromkeys(("forward", "input_grad", "weight_grad", "forward_seq", "input_grad_seq",
+                            "weight_grad_seq"), 0)
+    trains_before = False  # a parameter that trains was registered before this module
+    first_training_module: nn.Module | None = None
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if _is_matmul_layer(module):
+            tail = "_seq" if id(module) in per_sequence else ""
+            for p in (module.weight, getattr(module, "bias", None)):
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    counts["forward" + tail] += p.numel()
+                    counts["input_grad" + tail] += p.numel() if (all_train or trains_before) else 0
+                    counts["weight_grad" + tail] += p.numel() if p.requires_grad else 0
+        if first_training_module is None and any(p.requires_grad for p in own):
+            first_training_module = module
+        trains_before = trains_before or any(p.requires_grad for p in own)
+    return _MatmulWork(**counts, attention_backward=_attention_backward(model, first_training_module,
+                                                                        all_train))
+
+
+def _attention_backward(model: nn.Module, first: nn.Module | None, all_train: bool) -> float:
+    """The share of the layers whose attention runs a backward: from the first layer that holds (or follows)
+    a parameter that trains."""
+    if all_train:
+        return 1.0
+    if first is None:
+        return 0.0
+    blocks = transformer_blocks(model)
+    if not blocks:
+        return 1.0
+    inside = {id(m): i for i, block in enumerate(blocks) for m in block.modules()}
+    if id(first) not in inside:  # before the layers (an embedding), or after them (a head only)
+        after = list(model.modules()).index(first) > list(model.modules()).index(blocks[-1])
+        return 0.0 if after else 1.0
+    return (len(blocks) - inside[id(first)]) / len(blocks)
+
+
 def _matmul_params_split(model: nn.Module) -> tuple[int, int]:
     """(matmul parameters run per token, those run once per sequence), each parameter counted once."""
-    per_sequence = _per_sequence_modules(model)
-    seen: set[int] = set()
-    counts = [0, 0]
-    for module in model.modules():
-        if not _is_matmul_layer(module):
-            continue
-        for p in (module.weight, getattr(module, "bias", None)):
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                counts[id(module) in per_sequence] += p.numel()
-    return counts[0], counts[1]
+    work = _matmul_work(model)
+    return work.forward, work.forward_seq
 
 
 def matmul_params(model: nn.Module) -> int:
@@ -180,10 +252,16 @@ def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = Tr
         raise ValueError(f"seq_len must be a positive integer (tokens per sequence), got {given!r}")
     model = unwrap_model(model)  # torch.compile and DDP wrappers
     layers, heads, head_dim = dataclasses.astuple(model_shape(model))
-    per_token, per_sequence = _matmul_params_split(model)
-    attention = transformer_flops_per_token(per_token, layers, heads, head_dim, seq_len, backward=backward)
-    head = 6 * per_sequence / seq_len
-    return attention + (head if backward else head / 3)
+    work = _matmul_work(model)
+    forward = transformer_flops_per_token(work.forward, layers, heads, head_dim, seq_len, backward=False)
+    forward += 2 * work.forward_seq / seq_len
+    if not backward:
+        return forward
+    # the backward: each matmul's input gradient and weight gradient (2 FLOPs a parameter each), attention's
+    # two products twice over in the layers it runs in
+    matmuls = (2 * (work.input_grad + work.weight_grad)
+               + 2 * (work.input_grad_seq + work.weight_grad_seq) / seq_len)
+    return forward + matmuls + 8 * layers * heads * head_dim * seq_len * work.attention_backward
 
 
 def executed_flops(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor] | tuple[int, int]], *,

@@ -42,6 +42,10 @@ masks count too, and with activation checkpointing only each block's input is ke
 recomputed at a time. On this code it matches what the profiler measures on a CPU to within a few
 percent (tests/test_memory.py).
 
+The dry run (`estimate_step_memory`) counts any nn.Module on fake tensors, and with the levers of lesson 10
+(`helpers.measure.levers`): accumulation, activation checkpointing, FSDP2 shards, offload, 8-bit AdamW
+state, LoRA. tests/test_levers.py holds each within 10 % of a step measured on a CPU.
+
 Recording the allocator's history
 ---------------------------------
 `memory_timeline(fn)` runs `fn` under the profiler with memory, shapes and stacks, and sorts every
@@ -67,11 +71,15 @@ import torch
 from torch import nn
 
 from helpers.core import compat
+from helpers.measure.levers import OPTIMIZER_STATE_BYTES, AdamW8bitState, Levers, LoRA
+
+_LORA_BASE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 __all__ = ["GiB", "MARGIN", "MemoryReport", "track_peak_memory", "peak_increase_bytes", "peak_rss_bytes",
            "tensor_bytes",
-           "MemoryEstimate", "FORMULA_ASSUMES", "DRY_RUN_ASSUMES", "estimate_training_memory",
-           "estimate_step_memory", "MemoryTimeline", "memory_timeline",
+           "MemoryEstimate", "FORMULA_ASSUMES", "DRY_RUN_ASSUMES", "DRY_RUN_OPTIMIZERS",
+           "estimate_training_memory", "estimate_step_memory", "Levers", "LoRA", "local_bytes_of",
+           "MemoryTimeline", "memory_timeline",
            "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
 
 MiB = 2 ** 20
@@ -241,6 +249,8 @@ def peak_rss_bytes() -> int:
 
 ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}  # bytes of a matmul output per precision
 OPTIMIZERS = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}  # float32 state bytes per parameter
+# the dry run's optimizers: these and bitsandbytes' 8-bit AdamW (helpers.measure.levers)
+DRY_RUN_OPTIMIZERS = tuple(OPTIMIZER_STATE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -259,6 +269,9 @@ class MemoryEstimate:
     method: str = "formula"  # "formula" (the course's, for its own Transformer) or "dry run" (any model)
     assumes: tuple[str, ...] = ()  # what the method takes for granted, one sentence each
     dry_run_peak: int | None = None  # the dry run's high-water mark (the formula has none: see `peak`)
+    host: int = 0  # bytes kept in the CPU's memory, not the device's (offload: shards, gradients, state)
+    at_peak: Mapping[str, int] = field(default_factory=dict, compare=False)  # the tracker's categories then
+    levers: Any = None  # the dry run's helpers.measure.levers.Levers
 
     @property
     def total(self) -> int:
@@ -278,10 +291,12 @@ class MemoryEstimate:
                 + max(self.activations + self.temporary, self.gradients))
 
     def breakdown(self) -> dict[str, int]:
-        """The terms by name, in bytes (for tables and stacked bars)."""
-        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer state": self.optimizer,
-                "autocast weight copies": self.weight_copies, "activations": self.activations,
-                "temporary (logits)": self.temporary}
+        """The terms by name, in bytes (for tables and stacked bars); with offload, what the CPU keeps."""
+        terms = {"parameters": self.parameters, "gradients": self.gradients,
+                 "optimizer state": self.optimizer, "autocast weight copies": self.weight_copies,
+                 "activations": self.activations,
+                 "temporary (logits)": self.temporary}
+        return {**terms, "on the CPU (offloaded)": self.host} if self.host else terms
 
 
 def _config_and_counts(model: Any) -> tuple[Any, int, int, int]:
@@ -321,6 +336,9 @@ DRY_RUN_ASSUMES = (
     "the CPU's kernels and autocast policy: on a GPU, SDPA's flash or memory-efficient kernels and CUDA's "
     "autocast (softmax in float32) can keep different intermediates",
     "no allocator rounding, library workspaces (cuBLAS, cuDNN) or fragmentation: leave a margin on a GPU",
+    "levers (helpers.measure.levers): accumulation from its second micro-batch on (gradients held); FSDP2 "
+    "on a fake process group of `shards` ranks, this rank counted, the CPU's FSDP2 (no CUDA streams: a GPU's "
+    "prefetch may hold one more gathered block); with offload the device's peak is read at the step's peak",
 )
 METHODS = ("auto", "formula", "dry run")
 
@@ -356,22 +374,20 @@ def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, preci
         raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
     if precision not in ACT_BYTES:
         raise ValueError(f"unknown precision {precision!r}: use one of {tuple(ACT_BYTES)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZERS)}")
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"need batch_size >= 1 and seq_len >= 1, got {batch_size}, {seq_len}")
     course = _is_course_model(model)
     if method == "dry run" or (method == "auto" and not course and isinstance(model, nn.Module)):
-        if activation_checkpointing:
-            raise ValueError("the dry run measures the model as it is: apply activation checkpointing to it "
-                             "first, RunSpec(activation_checkpointing=True).apply(model), and leave the "
-                             "argument out")
         if not isinstance(model, nn.Module):  # a TransformerConfig: its model, built on fake tensors
             with compat.fake_tensor_mode():
                 model = model.build()
         if batch is None:
             batch = _default_batch(model, batch_size, seq_len)
-        return estimate_step_memory(model, batch, precision=precision, optimizer=optimizer)
+        return estimate_step_memory(model, batch, precision=precision, optimizer=optimizer,
+                                    checkpointing=activation_checkpointing)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r} for the formula: use one of {tuple(OPTIMIZERS)} "
+                         f"(the dry run, method='dry run', takes {DRY_RUN_OPTIMIZERS})")
     return _formula(model, batch_size, seq_len, precision=precision, optimizer=optimizer,
                     activation_checkpointing=activation_checkpointing, attn_probs_dropout=attn_probs_dropout)
 
@@ -448,44 +464,74 @@ def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str,
     return {"input_ids": ids, "labels": labels}
 
 
-def _fake_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A tensor of `t`'s shape, strides and dtype on `device`, made inside a fake mode: no memory."""
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+def _fake_like(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor of `t`'s shape, strides and dtype (or `dtype`) on `device`, made inside a fake mode: no
+    memory."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=dtype or t.dtype, device=device)
 
 
-def _fake_copy(model: nn.Module, device: torch.device) -> nn.Module:
-    """A copy of `model` whose parameters and buffers are fake tensors (call inside the fake mode); tied
+def _fake_copy(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake tensors (call inside the fake mode; outside it,
+    on the meta device, a meta copy), its floating-point ones in `dtype` when given (LoRA's 16-bit base); tied
     weights stay tied, the model's own tensors are not copied (a meta-device model works too)."""
     memo: dict[int, Any] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if id(t) not in memo:
-            fake = _fake_like(t, device)
+            fake = _fake_like(t, device, dtype if t.is_floating_point() else None)
             memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
                 else fake
     return copy.deepcopy(model, memo)
 
 
-def _optimizer(name: str, params: list[nn.Parameter], fused: bool) -> torch.optim.Optimizer:
+def _optimizer(name: str, params: list[nn.Parameter], fused: bool, kernels: str) -> torch.optim.Optimizer:
     if name in ("adamw", "adam"):
         opt = compat.make_adamw([{"params": params}], 1e-3, fused)
         return opt if name == "adamw" else torch.optim.Adam(params, lr=1e-3)
+    if name == "adamw8bit":
+        return AdamW8bitState(params, kernels=kernels)
     return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd_momentum" else 0.0)
 
 
+def _with_levers(model: nn.Module, levers: Levers, mesh: Any) -> nn.Module:
+    """The fake copy with the levers that change the model (LoRA's adapters are on it already):
+    checkpointing, FSDP2."""
+    from helpers.measure import levers as lv
+
+    if levers.checkpointing:
+        lv.turn_on_checkpointing(model)
+    if levers.sharded:
+        model = lv.shard(model, mesh, offload=levers.offload)
+    return model
+
+
 def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32", optimizer: str = "adamw",
-                         fused: bool = True) -> MemoryEstimate:
+                         fused: bool = True, accumulation: int = 1, checkpointing: bool = False,
+                         shards: int = 1, offload: bool = False, lora: LoRA | None = None,
+                         kernels: str = "cuda") -> MemoryEstimate:
     """The memory of one training step of any nn.Module on `batch` (a dict, or an (x, y) pair), from a dry
     run on fake tensors: the model copied with fake parameters, the optimizer's state made (a step on zero
     gradients), then one step tracked by torch's MemTracker; nothing is allocated, so full sizes run on a
-    laptop (lesson 03). `model(**batch)` must return `.loss` (wrap your own with
-    helpers.core.adapt.as_course_model). Terms at the peak: parameters (and buffers), optimizer state,
-    activations, temporaries; gradients are the parameters' size (created during the backward); the peak
-    includes the batch itself. `DRY_RUN_ASSUMES` says what it takes for granted."""
+    laptop (lessons 03, 10). `model(**batch)` must return `.loss` (wrap your own with
+    helpers.core.adapt.as_course_model). Frozen parameters (a `peft` model, a frozen embedding) get no
+    gradient and no optimizer state. DRY_RUN_ASSUMES says what it takes for granted.
+
+    The levers (helpers.measure.levers; `Levers(...).kwargs()` gives them all): `accumulation` micro-batches
+    per step, `batch` being one; `checkpointing` every block; `shards` FSDP2 ranks (this rank's memory, on a
+    fake process group); `offload` FSDP2's CPUOffloadPolicy (the CPU's part in `.host`, the device's in
+    `.peak`); `optimizer` "adamw8bit" for bitsandbytes' 8-bit state; `lora` peft adapters on a base frozen in
+    16 bits. `kernels`: whose 8-bit AdamW update to count, "cuda" (in place) or "cpu" (bitsandbytes' CPU
+    kernel holds five float32 copies of a tensor while it updates it).
+
+    Terms: parameters (and buffers) on the device at the peak; gradients, what the backward leaves on the
+    device (the trainable parameters' size, 1/N with shards, none with offload); optimizer state on the
+    device; activations and temporaries at the peak; `.peak` the device's high-water mark, the batch
+    included; `.at_peak` every category the tracker saw then."""
     from helpers.core.adapt import as_batch, loss_of, takes_course_batches
     from helpers.core.precision import autocast_context
 
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZERS)}")
+    levers = Levers(accumulation, checkpointing, shards, offload, optimizer, lora)  # checks each lever
+    if kernels not in ("cuda", "cpu"):
+        raise ValueError(f"kernels={kernels!r}: use 'cuda' (a GPU's kernels) or 'cpu'")
     if not isinstance(model, nn.Module):
         raise ValueError(f"estimate_step_memory takes an nn.Module, got {type(model).__name__}")
     if not takes_course_batches(model):
@@ -497,34 +543,79 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
     if not isinstance(ids, torch.Tensor) or ids.dim() < 1:
         raise ValueError("the dry run's batch needs `input_ids` (or x of an (x, y) pair) as a tensor")
     device = torch.device("cpu")  # a fake CUDA tensor needs CUDA; the CPU's kernels stand in (assumes)
-    with compat.fake_tensor_mode():
-        fake = _fake_copy(model, device).train()
+    if lora is not None:  # peft moves its adapters with .to(), which fake tensors refuse: adapters on meta
+        from helpers.measure.levers import add_lora
+
+        model = add_lora(_fake_copy(model, torch.device("meta"), _LORA_BASE[lora.base_dtype]), lora)
+    group = compat.fake_process_group(shards) if levers.sharded else contextlib.nullcontext()
+    with group as mesh, compat.fake_tensor_mode():
+        fake = _with_levers(_fake_copy(model, device).train(), levers, mesh)
         fake_batch = {k: _fake_like(v, device) if isinstance(v, torch.Tensor) else v for k, v in host.items()}
         params = [p for p in fake.parameters() if p.requires_grad]
-        opt = _optimizer(optimizer, params, fused)
+        if not params:
+            raise ValueError("the model has no trainable parameters: nothing to train")
+        opt = _optimizer(optimizer, params, fused, kernels)
+        micro = min(accumulation, 2)  # from the second micro-batch on, each one holds what the second does
 
-        def step() -> None:
+        def step(next_pass: Callable[[], None]) -> None:
             opt.zero_grad(set_to_none=True)
-            with autocast_context(precision, device):
-                loss = loss_of(fake(**fake_batch))
-            if loss is None:
-                raise ValueError("the model returned no loss for the dry run's batch: give it labels")
-            loss.backward()
+            for i in range(micro):
+                if i:
+                    next_pass()
+                with autocast_context(precision, device):
+                    loss = loss_of(fake(**fake_batch))
+                if loss is None:
+                    raise ValueError("the model returned no loss for the dry run's batch: give it labels")
+                (loss / micro).backward()
             opt.step()
 
         for p in params:  # the optimizer's state appears at its first step: make it without a pass
             p.grad = torch.zeros_like(p)
         opt.step()
-        peak = compat.tracked_peak(step, fake, opt)  # a step as the second of a run: the state held
+        if levers.sharded:  # a step as the second of a run: the state held
+            peak = compat.tracked_peak_sharded(step, fake, opt, passes=True)
+        else:
+            peak = compat.tracked_peak(step, fake, opt, passes=True)
+        grads = local_bytes_of(params)
+        state = local_bytes_of(t for s in opt.state.values() for t in s.values())
+        kept = local_bytes_of(fake.parameters())  # this rank's parameters (a shard each under FSDP2)
     inputs = tensor_bytes([v for v in host.values() if isinstance(v, torch.Tensor)])
-    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     rows, width = (int(ids.shape[0]), int(ids.shape[-1]) if ids.dim() > 1 else 1)
+    return _dry_run_estimate(peak, levers, grads=grads, state=state, kept=kept, inputs=inputs,
+                             precision=precision, rows=rows, width=width)
+
+
+def local_bytes_of(tensors: Iterable[Any]) -> int:
+    """helpers.measure.levers.local_bytes (the bytes of the tensors this rank holds, each once)."""
+    from helpers.measure.levers import local_bytes
+
+    return local_bytes(list(tensors))
+
+
+def _dry_run_estimate(peak: Mapping[str, int], levers: Levers, *, grads: int, state: int, kept: int,
+                      inputs: int, precision: str, rows: int, width: int) -> MemoryEstimate:
+    """The tracker's categories at the peak, as the estimate's terms (see `estimate_step_memory`)."""
+    common = dict(precision=precision, batch_size=rows, seq_len=width, method="dry run",
+                  assumes=DRY_RUN_ASSUMES, at_peak=dict(peak), levers=levers, weight_copies=0)
+    if not levers.sharded:
+        return MemoryEstimate(
+            parameters=peak.get("Parameter", 0) + peak.get("Buffer", 0), gradients=grads,
+            optimizer=peak.get("Optstate", 0), activations=peak.get("Activation", 0),
+            temporary=peak.get("Temp", 0) + peak.get("Other", 0), dry_run_peak=peak.get("Total", 0) + inputs,
+            **common)
+    # FSDP2: this rank's shards, the blocks gathered whole at the peak, and what the collectives hold
+    on_cpu = (peak.get("Sharded Param", 0) + peak.get("Sharded Grad", 0) + peak.get("OptState", 0)
+              if levers.offload else 0)
+    device_peak = peak.get("Total", 0) - on_cpu + inputs
+    parameters = (0 if levers.offload else peak.get("Sharded Param", 0)) + peak.get("Unsharded Param", 0) \
+        + peak.get("Buffer", 0)
+    optimizer = 0 if levers.offload else peak.get("OptState", 0)
+    activations = peak.get("Activation", 0)
     return MemoryEstimate(
-        parameters=peak.get("Parameter", 0) + peak.get("Buffer", 0), gradients=grads,
-        optimizer=peak.get("Optstate", 0), weight_copies=0, activations=peak.get("Activation", 0),
-        temporary=peak.get("Temp", 0) + peak.get("Other", 0), precision=precision,
-        batch_size=rows, seq_len=width, method="dry run", assumes=DRY_RUN_ASSUMES,
-        dry_run_peak=peak.get("Total", 0) + inputs)
+        parameters=parameters, gradients=0 if levers.offload else grads, optimizer=optimizer,
+        activations=activations,
+        temporary=max(device_peak - inputs - parameters - optimizer - activations, 0),
+        dry_run_peak=device_peak, host=kept + grads + state if levers.offload else 0, **common)
 
 
 # --- memory over time -------------------------------------------------------------------------------

@@ -173,9 +173,12 @@ def apply_ddp(model: nn.Module, env: DistEnv, *, bucket_cap_mb: float = 25.0,
     return ddp
 
 
-def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
-    """FSDP2 (lesson 07): shard each block (default `model.blocks`), then the root (embeddings, head);
-    parameters become DTensors, each rank holding 1/N of them."""
+def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | None = None, *,
+               offload: bool = False) -> nn.Module:
+    """FSDP2 (lessons 07, 10): shard each block (default `model.blocks`), then the root (embeddings, head);
+    parameters become DTensors, each rank holding 1/N of them. `offload`: FSDP2's CPUOffloadPolicy, each
+    rank's shards, their gradients and the optimizer step in the CPU's memory (gathered to the device for
+    each block's forward and backward)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from helpers.core import compat
@@ -188,9 +191,14 @@ def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | Non
                          "(e.g. model.bert.encoder.layer)")
     fully_shard = compat.fully_shard()
     mesh = init_device_mesh(env.device.type, (env.world_size,))
+    policy = {}
+    if offload:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        policy["offload_policy"] = CPUOffloadPolicy(pin_memory=env.device.type == "cuda")
     for block in blocks:
-        fully_shard(block, mesh=mesh)  # its parameters are all-gathered just before its forward
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, **policy)  # its parameters are all-gathered just before its forward
+    fully_shard(model, mesh=mesh, **policy)
     # gradients are averaged over ranks, as one process over the whole batch would have them; torch 2.7's
     # gloo sums in the reduce-scatter where FSDP asks for the average, so each shard is divided after it
     compat.average_fsdp_gradients([*blocks, model], env.world_size)

@@ -2,17 +2,18 @@
 batches every stack trains on (`benchmarks/ladder.py` runs it on a random-weight BERT).
 
 A *stack* is the full set of switches one run uses (a `helpers.train.runspec.RunSpec`); a *rung* (`Rung`)
-changes
-one of its fields. From `BASELINE` (fp32, eager attention, no compile, the default AdamW, every batch padded
-to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + fp16 autocast with a
+changes one of its fields. From `BASELINE` (fp32, eager attention, no compile, the default AdamW, every batch
+padded to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + fp16 autocast with a
 GradScaler (GPUs without bf16 tensor cores: compute capability below 8.0, a T4, a V100), + SDPA,
 + torch.compile, + fused AdamW, + length bucketing, + packing, + FP8 (GPUs of compute capability 8.9+).
 `climb` adds each rung to the stack below it (cumulative) or to the best stack so far (greedy), keeping it
 only when it is faster beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the
-two arms); what survives is "your stack", printed as its code (`RunSpec.describe`). On a machine too busy to
-judge (`helpers.core.timing.busy`: the arms' rounds disagree by half or more, or other programs took a quarter
-or
-more of the CPUs while they ran) a rung gets no verdict: it is not kept, and its row and a line say so.
+two arms); what survives is "your stack", printed as its code (`RunSpec.describe`). While it climbs, three
+models at most are alive: the baseline, the stack the next rung is added to, and the candidate (`let_go`
+drops the timed pass of every other arm, and with it its model, gradients and optimizer state). On a machine
+too busy to judge (`helpers.core.timing.busy`: the arms' rounds disagree by half or more, or other programs
+took a quarter or more of the CPUs while they ran) a rung gets no verdict: it is not kept, and its row and a
+line say so.
 
 One timing source per row: a candidate is timed in alternation with the stack it is added to and with the
 baseline (`time_interleaved`: abc, cba, ...), so a change in load falls on every arm alike and every
@@ -69,9 +70,9 @@ from helpers.measure.roofline import mfu_peak, saved_roofline
 from helpers.train.ladder_report import ladder_rows, your_stack
 from helpers.train.runspec import RunSpec
 
-__all__ = ["Rung", "BASELINE", "RUNGS", "RULE", "Decision", "Step", "Arm", "keeps", "climb", "RungDisagrees",
-           "measure_stack", "climb_stacks", "sample_batches", "baseline_for", "plan", "fp16_rung_problem",
-           "tf32_rung_problem"]
+__all__ = ["Rung", "BASELINE", "RUNGS", "RULE", "Decision", "Step", "Arm", "keeps", "climb", "let_go",
+           "RungDisagrees", "measure_stack", "climb_stacks", "sample_batches", "baseline_for", "plan",
+           "fp16_rung_problem", "tf32_rung_problem"]
 
 @dataclass(frozen=True)
 class Rung:
@@ -288,12 +289,23 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
         steps.append(Step(rung, stack, arm, ref.stack, decision, speedup=speedup))
         log(f"{rung.name}: {decision}" if greedy else f"{rung.name}: {decision.ratio:.2f}x the rung below"
             + (f" ({decision.busy})" if decision.too_busy else ""))
+        was = (best, below, arm)
         below = arm
         if decision.keep or not greedy:
             best = arm
+        let_go(was, keep=(base_arm, best if greedy else below))
         if on_step is not None:
             on_step(base_arm, steps, done())
     return base_arm, steps, done()
+
+
+def let_go(arms: Sequence[Arm], *, keep: Sequence[Arm]) -> None:
+    """Drop the timed pass of each arm in `arms` that is not in `keep`: its model, gradients, optimizer state
+    and batches go with it, so the climb holds the baseline, the stack it adds the next rung to and the
+    candidate, never one model per rung (lesson 08); the arm keeps its row and its timing."""
+    for arm in arms:
+        if not any(arm is k for k in keep):
+            arm.run = None
 
 
 def _try_stack(stack: RunSpec, ref: Arm, base_arm: Arm, measure: Callable[[RunSpec, Arm | None], Arm],
@@ -541,11 +553,12 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
 # --- the climb on a model, and its rows ------------------------------------------------------------------
 
 def baseline_for(model: nn.Module) -> RunSpec:
-    """The ladder's baseline for `model`: `BASELINE` (eager attention) for a Hugging Face model, the same with
-    the model's own attention kept (attn=None) for any other (lesson 08)."""
-    from helpers.core.compat import is_hf_model, unwrap_model
+    """The ladder's baseline for `model`: `BASELINE` (eager attention) for a Hugging Face model (a `peft` one
+    too: its base model's attention is switched), the same with the model's own attention kept (attn=None)
+    for any other (lesson 08)."""
+    from helpers.core.compat import hf_model_in
 
-    return BASELINE if is_hf_model(unwrap_model(model)) else BASELINE.replace(attn=None)
+    return BASELINE if hf_model_in(model) is not None else BASELINE.replace(attn=None)
 
 
 def _model_problems(model: nn.Module, rungs: Sequence[Rung], baseline: RunSpec) -> dict[tuple, str | None]:

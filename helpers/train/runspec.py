@@ -152,13 +152,15 @@ class RunSpec:
             raise ValueError(f"RunSpec.{why}")
 
     def _model_problem(self, model: nn.Module) -> str | None:
-        from helpers.core.compat import is_hf_model, unwrap_model
+        from helpers.core.compat import hf_model_in, unwrap_model
 
         inner = unwrap_model(model)
         name = type(inner).__name__
         if name == "CourseModel":  # helpers.core.adapt's wrapper of a model of one's own
             name = f"CourseModel({type(inner.model).__name__})"
-        hf = is_hf_model(inner)
+        hf = hf_model_in(inner) is not None  # a peft model's base model counts: its switches are the base's
+        if hf and hf_model_in(inner) is not inner:
+            name = f"{name}({type(hf_model_in(inner)).__name__})"
         if self.attn is not None and not hf:
             return (f"attn={self.attn!r} switches a Hugging Face model's attention implementation; {name} "
                     "has attention of its own: use attn=None to keep it (lesson 08's ladder does, for such a "
@@ -167,8 +169,7 @@ class RunSpec:
                                              or (hasattr(inner, "blocks") and hasattr(inner, "cfg"))):
             return (f"padding='packed' runs a packed forward that knows BERT-like classifiers and the "
                     f"course's SmallTransformer, not {name}: use padding='bucketed' (or 'dynamic') for it")
-        if self.activation_checkpointing and not (hasattr(inner, "set_activation_checkpointing")
-                                                  or hasattr(inner, "gradient_checkpointing_enable")):
+        if self.activation_checkpointing and not (hasattr(inner, "set_activation_checkpointing") or hf):
             return (f"activation_checkpointing=True: {name} has no switch for it; wrap its blocks in "
                     "torch.utils.checkpoint.checkpoint yourself and leave the switch off")
         return None
@@ -273,13 +274,20 @@ class RunSpec:
         """`model` with the spec's attention, activation checkpointing, FP8 linears, compiled layers and
         packed forward, in that order; train what it returns and optimize its parameters (transformers 4.x
         switches attention by rebuilding the model, helpers.core.compat) (lessons 03, 08)."""
-        from helpers.core.compat import set_attn_implementation
+        from helpers.core.compat import hf_model_in, is_peft_model, set_attn_implementation
 
         self.check_model(model)
         if self.attn == "varlen":
             from helpers.model.packed_model import use_varlen
 
             model = use_varlen(model)  # checks the device; SDPA for padded batches through the same model
+        elif self.attn is not None and is_peft_model(model):  # switched in the base model, adapters kept
+            base = hf_model_in(model)
+            if set_attn_implementation(base, _HF_ATTN[self.attn]) is not base:
+                raise ValueError(f"RunSpec.attn={self.attn!r}: this transformers switches attention by "
+                                 "rebuilding the model, which would leave peft's adapters behind: apply the "
+                                 "spec to the base model first, base = spec.apply(base), then "
+                                 "get_peft_model(base, config)")
         elif self.attn is not None:
             model = set_attn_implementation(model, _HF_ATTN[self.attn])
         if self.activation_checkpointing:
@@ -376,15 +384,10 @@ def spec_from_arguments(args: Any) -> RunSpec:
 
 
 def _layers(model: nn.Module) -> Any:
-    """A model's list of Transformer layers: a Hugging Face model's encoder layers, a SmallTransformer's
-    blocks, else (a model of one's own, nanoGPT's `transformer.h`) its longest list of blocks of one class."""
-    layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
-    layers = layers if layers is not None else getattr(model, "blocks", None)
-    if layers is None:
-        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1
-                 and len({type(block) for block in m}) == 1]
-        layers = max(lists, key=len, default=None)
-    return layers
+    """A model's list of Transformer layers (helpers.measure.flops.transformer_blocks)."""
+    from helpers.measure.flops import transformer_blocks
+
+    return transformer_blocks(model)
 
 
 def _compile_layers(model: nn.Module) -> nn.Module:
@@ -401,12 +404,12 @@ def _compile_layers(model: nn.Module) -> nn.Module:
 def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
     """Turn activation checkpointing on or off: SmallTransformer's switch, or Hugging Face's (lesson 03);
     `RunSpec(activation_checkpointing=True).apply(model)` is the way a run turns it on."""
+    from helpers.core.compat import hf_activation_checkpointing, hf_model_in
+
     if hasattr(model, "set_activation_checkpointing"):
         model.set_activation_checkpointing(enabled)
-    elif hasattr(model, "gradient_checkpointing_enable"):  # Hugging Face PreTrainedModel
-        from helpers.core.compat import hf_activation_checkpointing
-
-        hf_activation_checkpointing(model, enabled)
+    elif hf_model_in(model) is not None:  # a Hugging Face PreTrainedModel, or the base model of a peft one
+        hf_activation_checkpointing(hf_model_in(model), enabled)
     elif enabled:
         raise ValueError(f"{type(model).__name__} has no activation-checkpointing switch: wrap its blocks "
                          "with torch.utils.checkpoint.checkpoint, or use SmallTransformer / a HF model")
