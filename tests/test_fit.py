@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from helpers.measure.gpus import gpu
+from helpers.measure.levers import AdamW8bitState, optimizer_state_bytes
 from helpers.measure.memory import estimate_step_memory
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
 from helpers.measure.roofline import Roofline, datasheet_roofline
 from helpers.model.models import TransformerConfig
 from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at, with_layers
-from helpers.plan.fit import GpuMemory, Levers, Pricer, adam_state_bytes, make_it_fit
+from helpers.plan.fit import GpuMemory, Levers, Pricer, make_it_fit
 from helpers.plan.planner import count_step, example_batch
 from helpers.plan.steptime import Parallel, communication, step_time
 
@@ -94,8 +95,17 @@ def test_adam_state_in_8_bits_is_laid_out_as_bitsandbytes_keeps_it():
         big, small = torch.nn.Linear(256, 256, bias=True), torch.nn.Linear(16, 16, bias=False)
     model = torch.nn.Sequential(big, small)
     # a 65,536-element weight: two uint8 states and 256 fp32 absmax values each; the rest stay fp32 (< 4096)
-    assert adam_state_bytes(model, "adamw8bit") == 2 * (65536 + 4 * 256) + 8 * 256 + 8 * 256
-    assert adam_state_bytes(model, "adamw") == 8 * (65536 + 256 + 256)
+    assert optimizer_state_bytes(model, "adamw8bit") == 2 * (65536 + 4 * 256) + 8 * 256 + 8 * 256
+    assert optimizer_state_bytes(model, "adamw") == 8 * (65536 + 256 + 256)
+    # the same bytes the dry run's stand-in for bitsandbytes holds (its two shared 256-value maps aside)
+    real = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(16, 16, bias=False))
+    for p in real.parameters():
+        p.grad = torch.zeros_like(p)
+    opt = AdamW8bitState(real.parameters())
+    opt.step()
+    held = sum(t.numel() * t.element_size() for st in opt.state.values() for k, t in st.items()
+               if isinstance(t, torch.Tensor) and not k.startswith("qmap"))
+    assert held == optimizer_state_bytes(real, "adamw8bit")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +120,7 @@ def test_sharding_divides_what_it_shards_and_nothing_else(pricer):
     fsdp = pricer.option(g, Levers(2, gpus=8, sharding="full")).memory
     assert zero1.optimizer == plain.optimizer // 8 and zero1.weights == plain.weights
     assert fsdp.weights == plain.weights // 8 and fsdp.optimizer == plain.optimizer // 8 and fsdp.gathered > 0
+    assert fsdp.gradients == 2 * plain.gradients // 8  # the sharded gradients and the reduce-scatter's buffer
     assert fsdp.activations == plain.activations  # each GPU still runs its micro-batch whole
     offload = pricer.option(g, Levers(2, gpus=8, sharding="full", offload=True))
     assert offload.memory.optimizer == 0 and offload.memory.weights == 0 and offload.step.offload_s > 0
@@ -156,3 +167,29 @@ def test_a_datasheet_roofline_prices_a_step():
     counts = count_step(_model(2), example_batch(_model(2), 2, SEQ), precision="bf16")
     t = step_time(counts, datasheet_roofline("A100-80"), "bf16")
     assert t.seconds > 0 and t.bound in ("kernels", "the host") and t.flops > 0
+
+
+def test_the_planners_memory_per_gpu_agrees_with_the_levers_own_dry_run():
+    """The planner prices levers from one pass's dry run and its terms (fast, for thousands of options);
+    helpers.measure.memory.estimate_step_memory runs each lever itself (FSDP2 on a fake process group,
+    accumulation's second pass, bitsandbytes' layout): the two agree within 5 % of the step's peak."""
+    from helpers.measure.levers import LoRA
+    from helpers.measure.memory import estimate_step_memory
+
+    model = _model(3)
+    pricer = Pricer(model, SEQ, lora_targets=("qkv", "proj"))
+    batch = example_batch(model, 2, SEQ)
+    cases = [(Levers(2, accumulation=2), dict(accumulation=2), "A100-80"),
+             (Levers(2, checkpointing=True), dict(checkpointing=True), "A100-80"),
+             (Levers(2, optimizer="adamw8bit"), dict(optimizer="adamw8bit"), "A100-80"),
+             (Levers(2, lora_rank=8), dict(lora=LoRA(rank=8, alpha=16, targets=("qkv", "proj"))), "A100-80"),
+             (Levers(2, gpus=2, sharding="full"), dict(shards=2), "2xA100-80"),
+             (Levers(2, gpus=4, sharding="full", checkpointing=True), dict(shards=4, checkpointing=True),
+              "4xA100-80"),
+             (Levers(2, gpus=2, sharding="full", offload=True), dict(shards=2, offload=True), "2xA100-80")]
+    for levers, kwargs, g in cases:
+        planned = pricer.option(g, levers, precision="bf16").memory.total
+        dry = estimate_step_memory(model, batch, precision="bf16", **kwargs).peak
+        tolerance = 0.10 if levers.offload else 0.05
+        assert abs(planned - dry) <= tolerance * dry and (planned >= dry or not levers.offload), (
+            levers.describe(), planned, dry)

@@ -32,7 +32,8 @@ from helpers.core import compat
 from helpers.measure.flops import transformer_blocks
 
 __all__ = ["OPTIMIZER_STATE_BYTES", "LoRA", "Levers", "AdamW8bitState", "EIGHT_BIT_MIN_SIZE",
-           "EIGHT_BIT_BLOCK", "add_lora", "turn_on_checkpointing", "shard", "local_bytes"]
+           "EIGHT_BIT_BLOCK", "optimizer_state_bytes", "add_lora", "turn_on_checkpointing", "shard",
+           "local_bytes"]
 
 # optimizer state bytes per trainable parameter: AdamW's two float32 moments; bitsandbytes' two 8-bit ones
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "adamw8bit": 2, "sgd_momentum": 4, "sgd": 0}
@@ -158,6 +159,26 @@ class AdamW8bitState(torch.optim.Optimizer):
                 "state2": torch.zeros_like(p, dtype=torch.uint8), "qmap2": self.qmaps[1],
                 "absmax1": torch.zeros(blocks, device=p.device),
                 "absmax2": torch.zeros(blocks, device=p.device)}
+
+
+def optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
+    """Bytes of `optimizer`'s state for the trainable parameters of `model`, laid out as it keeps it: AdamW's
+    two float32 moments, or bitsandbytes' 8-bit AdamW (AdamW8bitState's layout; its two shared quantisation
+    maps aside) (lesson 10)."""
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZER_STATE_BYTES)}")
+    total = 0
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        n = p.numel()
+        if optimizer == "adamw8bit" and n >= EIGHT_BIT_MIN_SIZE:
+            total += 2 * (n + 4 * -(-n // EIGHT_BIT_BLOCK))  # two uint8 moments, a float32 absmax per block
+        elif optimizer == "adamw8bit":
+            total += 2 * 4 * n  # a small tensor keeps float32 moments
+        else:
+            total += OPTIMIZER_STATE_BYTES[optimizer] * n
+    return total
 
 
 def add_lora(model: nn.Module, lora: LoRA) -> nn.Module:

@@ -102,11 +102,16 @@ def memory_at(corners: Mapping[tuple[int, int], MemoryEstimate], layers: int, ro
         if f.name in ("parameters", "gradients", "optimizer", "weight_copies", "activations", "temporary")
     }
     peak = bilinear({k: e.peak for k, e in corners.items()}, layers, rows)
+    at_peak = {
+        c: max(round(bilinear({k: e.at_peak.get(c, 0) for k, e in corners.items()}, layers, rows)), 0)
+        for c in set().union(*(e.at_peak for e in corners.values()))
+    }
     return replace(
         one,
         **ints,
         batch_size=rows,
         dry_run_peak=max(round(peak), 0),
+        at_peak=at_peak,
         assumes=(*one.assumes, "extrapolated from dry runs of 1 and 2 layers and 1 and 2 sequences"),
     )
 

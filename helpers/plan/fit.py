@@ -17,20 +17,20 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 from torch import nn
 
 from helpers.core.tables import Table
+from helpers.measure.flops import transformer_blocks
 from helpers.measure.gpus import GPU, gpu
+from helpers.measure.levers import LoRA, add_lora, optimizer_state_bytes, turn_on_checkpointing
 from helpers.measure.memory import MARGIN, MemoryEstimate, estimate_step_memory
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
 from helpers.measure.roofline import LAUNCH_S, datasheet_roofline
 from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at
 from helpers.plan.planner import EXAMPLE_PRICES, Prices, class_rules, count_step, example_batch, meta_copy
 from helpers.plan.steptime import SHARDINGS, Parallel, StepTime, step_time
-from helpers.train.runspec import RunSpec
 
 __all__ = [
     "LEVERS",
@@ -39,15 +39,11 @@ __all__ = [
     "GpuMemory",
     "Option",
     "FitPlan",
-    "adam_state_bytes",
     "make_it_fit",
 ]
 
 LEVERS = ("accumulation", "checkpointing", "sharding", "offload", "16-bit weights", "8-bit state", "LoRA")
 OPTIMIZERS = ("adamw", "adamw8bit")  # torch's AdamW; bitsandbytes' AdamW8bit (its blockwise 8-bit state)
-# bitsandbytes' Optimizer2State: a tensor of at least 4096 elements keeps each of its two states in uint8 with
-# one fp32 absmax per block of 256; a smaller one keeps them in fp32 (bitsandbytes/optim/optimizer.py)
-_BNB_MIN_8BIT, _BNB_BLOCK = 4096, 256
 # a fused AdamW step moves 28 bytes per fp32 parameter (reads weight, gradient and two states; writes weight
 # and states); with 8-bit states, 16: the optimizer's op table is scaled by that ratio
 _ADAMW8_BYTES = 16 / 28
@@ -150,34 +146,15 @@ class GpuMemory:
         return max(self.parts().items(), key=lambda kv: kv[1])[0]
 
 
-def adam_state_bytes(model: nn.Module, optimizer: str) -> int:
-    """Bytes of Adam's two states for the trainable parameters of `model`: fp32, or bitsandbytes' 8-bit
-    blockwise layout (lesson 10)."""
-    total = 0
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        n = p.numel()
-        if optimizer == "adamw8bit" and n >= _BNB_MIN_8BIT:
-            total += 2 * (n + 4 * math.ceil(n / _BNB_BLOCK))
-        else:
-            total += 2 * 4 * n
-    return total
-
-
-def _lora(model: nn.Module, rank: int, targets: Any) -> nn.Module:
-    """`model` (meta), its base weights in bf16 and frozen, with LoRA adapters of `rank` on `targets`."""
-    from peft import LoraConfig, get_peft_model
-
-    base = meta_copy(model).to(torch.bfloat16)
-    return get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets))
-
-
-def _gathered(model: nn.Module, compute_bytes: int = 2) -> int:
-    """FSDP2 unshards one layer at a time and prefetches the next: twice the largest layer's weights."""
-    layers = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    blocks = max(layers, key=len) if layers else [model]
-    return 2 * compute_bytes * max(sum(p.numel() for p in b.parameters()) for b in blocks)
+def _unsharded(model: nn.Module) -> int:
+    """Bytes FSDP2 holds gathered at once: the root's parameters (embeddings, head: gathered for the whole
+    step) and two blocks' (the one computing and the one prefetched), in the parameters' own dtype."""
+    blocks = transformer_blocks(model) or []
+    block = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
+    every = sum(p.numel() for p in model.parameters())
+    root = every - sum(p.numel() for b in blocks for p in b.parameters())
+    size = next(model.parameters()).element_size()
+    return size * (root + 2 * block)
 
 
 @dataclass
@@ -350,7 +327,12 @@ class Pricer:
     class, from dry runs and op counts of 1- and 2-layer copies of the model, each made once (lesson 10)."""
 
     def __init__(
-        self, model: nn.Module, seq_len: int, *, lora_targets: Any = "all-linear", launch_s: float = LAUNCH_S
+        self,
+        model: nn.Module,
+        seq_len: int,
+        *,
+        lora_targets: tuple[str, ...] | None = None,
+        launch_s: float = LAUNCH_S,
     ) -> None:
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -365,10 +347,14 @@ class Pricer:
 
             def prepare(model: nn.Module) -> nn.Module:
                 lora = levers.lora_rank
-                base = _lora(model, lora, self.lora_targets) if lora else meta_copy(model)
+                base = meta_copy(model)
+                if lora:  # peft's adapters, the base frozen in bf16 (helpers.measure.levers)
+                    base = add_lora(base, LoRA(rank=lora, alpha=2 * lora, targets=self.lora_targets))
                 if levers.weights16 and not lora:
                     base = base.to(torch.bfloat16)
-                return RunSpec(activation_checkpointing=True).apply(base) if levers.checkpointing else base
+                if levers.checkpointing:
+                    turn_on_checkpointing(base)
+                return base
 
             v = self.variants[key] = _Variant(prepare(self.model))
             seq = self.seq_len
@@ -438,7 +424,7 @@ def make_it_fit(
     allow: Sequence[str] = ("accumulation", "checkpointing", "sharding", "offload"),
     objective: str = "time",
     lora_rank: int = 8,
-    lora_targets: Any = "all-linear",
+    lora_targets: tuple[str, ...] | None = None,
     prices: Prices | None = EXAMPLE_PRICES,
     dataset_tokens: float | None = None,
     launch_s: float = LAUNCH_S,
@@ -495,21 +481,25 @@ def _combinations(per_gpu: int, n: int, allow: Sequence[str], lora_rank: int) ->
 
 
 def _per_gpu(est: MemoryEstimate, model: nn.Module, levers: Levers) -> GpuMemory:
-    """One GPU's bytes under `levers`, from the dry run of one GPU's micro-batch with the whole model."""
-    weights, optimizer = est.parameters, est.optimizer
-    activations = est.activations + est.temporary
-    gradients = max(est.peak - weights - optimizer - activations, 0)  # the rest of the peak: gradients, batch
+    """One GPU's bytes under `levers`, from the dry run of one GPU's micro-batch with the whole model: each of
+    the tracker's categories at that peak, divided or moved as each lever does (within 5 % of the levers' own
+    dry run, helpers.measure.memory.estimate_step_memory: tests/test_fit.py)."""
+    at = est.at_peak  # the tracker's categories at the one pass's peak; the rest of the peak: the batch
+    weights, optimizer = at.get("Parameter", 0) + at.get("Buffer", 0), at.get("Optstate", 0)
+    gradients = at.get("Gradient", 0)
+    activations = est.peak - weights - optimizer - gradients  # activations, temporaries, the batch
+    if levers.accumulation > 1:  # the gradients of the micro-batches before live through the next one's pass
+        gradients = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     if levers.optimizer == "adamw8bit":  # bitsandbytes keeps its states in uint8 whatever the weights' dtype
-        optimizer = adam_state_bytes(model, "adamw8bit")
+        optimizer = optimizer_state_bytes(model, "adamw8bit")
     n, gathered = levers.gpus, 0
     if levers.sharding in ("optimizer", "full"):
         optimizer //= n
-    if levers.sharding == "full":
-        weights, gradients, gathered = weights // n, gradients // n, _gathered(model)
-    if levers.offload:
-        optimizer = 0
-        if levers.sharding == "full" or n == 1:  # FSDP2's CPU offload: the shards live on the host
-            weights, gradients, gathered = 0, 0, _gathered(model)
+    if levers.sharding == "full" or (levers.offload and n == 1):  # FSDP2
+        # each rank keeps its shard, gathers what it computes, and reduce-scatters gradients through a buffer
+        weights, gradients, gathered = weights // n, 2 * gradients // n, _unsharded(model)
+    if levers.offload:  # FSDP2's CPUOffloadPolicy: the shards and the optimizer on the host
+        weights, optimizer, gradients = 0, 0, gradients // 2
     return GpuMemory(weights, gradients, optimizer, activations, gathered)
 
 
