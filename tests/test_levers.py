@@ -15,8 +15,8 @@ import json
 
 import pytest
 import torch
-from fsdp_levers import batch, small_llama
 
+from course.scripts.fsdp_levers import batch, small_llama
 from helpers.measure.memory import Levers, LoRA, estimate_step_memory
 
 TOLERANCE = 0.10  # issue 49: each lever's dry run within 10 % of the measured peak
@@ -123,12 +123,13 @@ def test_lora_trains_the_adapters_only_and_its_dry_run_holds():
 
 @pytest.fixture(scope="module", params=[2, 4])
 def ranks(request, tmp_path_factory) -> tuple[int, list[dict]]:
-    from pathlib import Path
 
     from helpers.train.distributed import launch
 
     out = tmp_path_factory.mktemp(f"fsdp{request.param}")
-    script = Path(__file__).with_name("fsdp_levers.py")
+    from course import paths
+
+    script = paths.script("fsdp_levers")
     launch(script, ["--out", str(out)], nproc_per_node=request.param, env={"OMP_NUM_THREADS": "1"},
            timeout_s=300, echo=False)
     return request.param, [json.loads((out / f"rank{r}.json").read_text()) for r in range(request.param)]

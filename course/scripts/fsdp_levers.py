@@ -1,9 +1,9 @@
-"""The small Llama tests/test_levers.py measures, and the script it launches under torchrun: each rank trains
-two steps with FSDP2 (`helpers.train.distributed.apply_fsdp`), then again with CPU offload, through
-`helpers.train.loop.train`, whose CPU reading of the second step is the peak measured; each rank writes its
-numbers to <out>/rank<r>.json.
+"""The small Llama whose levers lesson 10 measures (and tests/test_levers.py), and the script it launches
+under torchrun: each rank trains two steps with FSDP2 (`helpers.train.distributed.apply_fsdp`), then again
+with CPU offload, through `helpers.train.loop.train`, whose CPU reading of the second step is the peak
+measured; each rank writes its numbers to <out>/rank<r>.json.
 
-    torchrun --nproc_per_node=2 tests/fsdp_levers.py --out DIR
+    torchrun --nproc_per_node=2 -m course.scripts.fsdp_levers --out DIR
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROWS, SEQ = 4, 64  # one micro-batch
 
 
 def small_llama(seed: int = 0) -> torch.nn.Module:
-    """The Llama every lever is measured on (random weights, eager attention, fp32)."""
+    """The Llama every lever is measured on (random weights, eager attention, fp32) (lesson 10)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -30,12 +30,13 @@ def small_llama(seed: int = 0) -> torch.nn.Module:
 
 
 def batch(seed: int = 0, rows: int = ROWS) -> dict[str, torch.Tensor]:
-    """A language-model micro-batch: token ids and the same ids as labels."""
+    """A language-model micro-batch: token ids and the same ids as labels (lesson 10)."""
     ids = torch.randint(0, VOCAB, (rows, SEQ), generator=torch.Generator().manual_seed(seed))
     return {"input_ids": ids, "labels": ids.clone()}
 
 
 def main() -> None:
+    """Train the small Llama with FSDP2, then with offload, and write this rank's peaks (lesson 10)."""
     from helpers.measure.memory import tensor_bytes
     from helpers.train import distributed
     from helpers.train.loop import TrainConfig, make_optimizer, train
