@@ -22,7 +22,7 @@ LESSON_MODULES = {
     "00_setup": "lesson00", "01_attention": "lesson01", "02_mixed_precision": "lesson02",
     "03_memory": "lesson03", "04_where_time_goes": "lesson04", "05_compile": "lesson05",
     "06_input_pipeline": "lesson06", "07_distributed": "lesson07", "08_bert_finetuning": "lesson08",
-    "09_plan_your_run": "lesson09",
+    "09_plan_your_run": "lesson09", "10_make_it_fit": "lesson10",
 }
 
 
