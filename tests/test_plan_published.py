@@ -201,7 +201,8 @@ def test_expected_names_bad_input():
     """An unknown stack, or one the calibration has no run of, is refused with the fix."""
     from helpers.plan.steptime import StepTime
 
-    step = StepTime(1.0, 1.0, 0.1, {"compute": 0.6, "memory": 0.4, "overhead": 0.0}, 1e12, 1e9, 100)
+    step = StepTime(seconds=1.0, kernels_s=1.0, host_s=0.1, by_regime={"compute": 0.6, "memory": 0.4},
+                    flops=1e12, bytes=1e9, kernels=100)
     e = expected(step, "eager")
     assert e.low < e.seconds < e.high
     assert math.isclose(e.seconds, 0.6 + CALIBRATION.factors["eager"] * 0.4)

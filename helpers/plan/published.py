@@ -387,8 +387,8 @@ class Row:
 
 
 def rows(runs: Sequence[PublishedRun] = RUNS, *, processes: int = 1) -> list[Row]:
-    """Every run rebuilt: ten dry runs and counts of 1-2-layer copies per model variant, about 20 s each on
-    one core (lessons 09, 10)."""
+    """Every run rebuilt: ten dry runs and counts of 1-2-layer copies per model variant, 10 to 25 s each on
+    one core of the 2-core CPU (lessons 09, 10)."""
     return [Row(r, o.step) for r, o in zip(runs, rebuild_all(runs, processes=processes))]
 
 
@@ -397,10 +397,12 @@ def published_table(found: Sequence[Row] | None = None, calibration: Calibration
     theirs / expected when the run is left out of the fit (lessons 09, 10)."""
     found = rows() if found is None else found
     held_out = leave_one_out(found, calibration.model)
+    factors = ", ".join(f"{k} {v:.2g}" for k, v in calibration.factors.items())
     t = Table(["run", "GPU", "stack", "theirs (ms)", "roof (ms)", "expected (ms)", "range (ms)",
                "theirs / expected", "left out of the fit", "not modelled", "source"],
-              title=f"Published runs against the planner ({calibration.how('eager').split(';')[0]}; "
-                    f"{calibration.runs} runs)")
+              title=f"Published runs against the planner: expected = compute-bound kernels at their roof + "
+                    f"memory-bound ones x the stack's factor ({factors}), range x{calibration.low:.2f} to "
+                    f"x{calibration.high:.2f}")
     for row, out in zip(found, held_out):
         e = expected(row.step, row.stack, calibration)
         t.add(row.run.name, row.run.gpu.key, row.stack, row.measured_s * 1e3, row.step.seconds * 1e3,
