@@ -32,7 +32,15 @@ from course.lessons.lesson09 import (
 )
 from helpers.measure.gpus import gpu
 from helpers.plan import published
-from helpers.plan.calibrate import CALIBRATION, MODELS, STACKS, calibrate, expected, leave_one_out
+from helpers.plan.calibrate import (
+    CALIBRATION,
+    ESTIMATES,
+    STACKS,
+    calibrate,
+    expected,
+    fit_factors,
+    leave_one_out,
+)
 from helpers.plan.fit import Levers
 from helpers.plan.planner import count_step, example_batch
 
@@ -149,7 +157,7 @@ def test_each_run_is_expected_within_its_range(rebuilt):
     worst = max(max(x, 1 / x) for x in held_out)
     print(f"leave-one-out: the worst run {worst:.2f}x off, the median "
           f"{statistics.median(max(x, 1 / x) for x in held_out):.2f}x")
-    plain = leave_one_out(rows, MODELS[1])
+    plain = leave_one_out(rows, ESTIMATES[1])
     print(f"the whole step slowed per stack instead: the worst run {max(max(x, 1 / x) for x in plain):.2f}x "
           "off when left out")
     assert misses(rows) == []
@@ -220,3 +228,28 @@ def test_expected_names_bad_input():
                           "move LORA_RUNS into RUNS and the LoRA figure into MEMORY_FIGURES, and refit")
 def test_the_lora_runs_wait_for_the_peft_dry_run():
     published.rebuild(published.LORA_RUNS[0])
+
+
+def test_the_fit_recovers_a_known_factor():
+    """Runs made with memory-bound kernels exactly 2.5x (eager) and 1.2x (fused) their roof: the fit finds
+    those factors, predicts each run it leaves out exactly, and the whole-step estimate cannot."""
+    from types import SimpleNamespace
+
+    from helpers.plan.steptime import StepTime
+
+    def run(stack, compute, memory, factor):
+        step = StepTime(seconds=compute + memory, kernels_s=compute + memory, host_s=0.0,
+                        by_regime={"compute": compute, "memory": memory}, flops=0.0, bytes=0.0, kernels=1)
+        return SimpleNamespace(stack=stack, step=step, measured_s=compute + factor * memory)
+
+    runs = [run("eager", c, m, 2.5) for c, m in ((1, 1), (3, 1), (1, 4))] + \
+        [run("fused", c, m, 1.2) for c, m in ((2, 1), (1, 2))]
+    factors = fit_factors(runs)
+    assert math.isclose(factors["eager"], 2.5, rel_tol=1e-4)
+    assert math.isclose(factors["fused"], 1.2, rel_tol=1e-4)
+    assert all(math.isclose(x, 1.0, rel_tol=1e-4) for x in leave_one_out(runs))
+    assert max(max(x, 1 / x) for x in leave_one_out(runs, ESTIMATES[1])) > 1.2
+    cal = calibrate(runs)
+    assert (cal.low, cal.high) == (1.0, 1.0) and cal.runs == 5
+    host_bound = replace(runs[0].step, host_s=10.0)
+    assert expected(host_bound, "eager", cal).seconds == 10.0  # the queue: the host's issue time sets it

@@ -12,12 +12,12 @@ from typing import Protocol
 
 from helpers.plan.steptime import StepTime
 
-__all__ = ["STACKS", "MODELS", "Observed", "Expected", "Calibration", "CALIBRATION", "expected",
+__all__ = ["STACKS", "ESTIMATES", "Observed", "Expected", "Calibration", "CALIBRATION", "expected",
            "expected_seconds", "fit_factors", "leave_one_out", "calibrate"]
 
 STACKS = ("eager", "compiled", "fused")  # plain PyTorch ops; torch.compile; hand-fused kernels
-# the two ways of turning a roof plan into an estimate, by their names in docs/plan.md
-MODELS = ("memory-bound kernels slowed per stack", "the whole step slowed per stack")
+# the two ways of turning a roof plan into an estimate, compared in docs/plan.md
+ESTIMATES = ("memory-bound kernels slowed per stack", "the whole step slowed per stack")
 _BOUNDS = (0.1, 20.0)  # the factors searched
 
 
@@ -29,14 +29,14 @@ class Observed(Protocol):
     measured_s: float
 
 
-def expected_seconds(step: StepTime, factor: float, model: str = MODELS[0]) -> float:
+def expected_seconds(step: StepTime, factor: float, estimate: str = ESTIMATES[0]) -> float:
     """The step's seconds with its memory-bound kernels `factor` times slower than their roof (the queue,
     the collectives and an offload as the roof plan has them), or the whole roof plan times `factor`
     (lessons 09, 10)."""
-    if model == MODELS[1]:
+    if estimate == ESTIMATES[1]:
         return step.seconds * factor
-    if model != MODELS[0]:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    if estimate != ESTIMATES[0]:
+        raise ValueError(f"estimate must be one of {ESTIMATES}, got {estimate!r}")
     kernels = step.by_regime.get("compute", 0.0) + factor * step.by_regime.get("memory", 0.0)
     busy = max(kernels, step.host_s)  # a GPU's queue: the longer of the kernels and the host's issue time
     return max(busy, step.communication_s) + step.offload_s
@@ -57,7 +57,7 @@ def _best(error: Callable[[float], float]) -> float:
     return math.exp((lo + hi) / 2)
 
 
-def fit_factors(runs: Sequence[Observed], model: str = MODELS[0]) -> dict[str, float]:
+def fit_factors(runs: Sequence[Observed], estimate: str = ESTIMATES[0]) -> dict[str, float]:
     """Per stack, the factor whose estimates miss the stack's runs least: the sum of squared logarithms of
     measured / expected, so 2x too slow and 2x too fast weigh the same (lessons 09, 10)."""
     out = {}
@@ -65,18 +65,18 @@ def fit_factors(runs: Sequence[Observed], model: str = MODELS[0]) -> dict[str, f
         mine = [r for r in runs if r.stack == stack]
         if mine:
             out[stack] = _best(lambda f, mine=mine: sum(
-                math.log(r.measured_s / expected_seconds(r.step, f, model)) ** 2 for r in mine))
+                math.log(r.measured_s / expected_seconds(r.step, f, estimate)) ** 2 for r in mine))
     return out
 
 
-def leave_one_out(runs: Sequence[Observed], model: str = MODELS[0]) -> list[float | None]:
+def leave_one_out(runs: Sequence[Observed], estimate: str = ESTIMATES[0]) -> list[float | None]:
     """Per run, measured / expected with the run left out of the fit: how well the estimate predicts a run it
     has not seen; None for a run alone in its stack (lessons 09, 10)."""
     out: list[float | None] = []
     for i, run in enumerate(runs):
         others = [r for j, r in enumerate(runs) if j != i]
-        factors = fit_factors(others, model)
-        out.append(run.measured_s / expected_seconds(run.step, factors[run.stack], model)
+        factors = fit_factors(others, estimate)
+        out.append(run.measured_s / expected_seconds(run.step, factors[run.stack], estimate)
                    if run.stack in factors else None)
     return out
 
@@ -89,11 +89,11 @@ class Calibration:
     low: float  # the range: expected x low to expected x high
     high: float
     runs: int  # the published runs fitted
-    model: str = MODELS[0]
+    estimate: str = ESTIMATES[0]
 
     def how(self, stack: str) -> str:
         f = self.factors[stack]
-        if self.model == MODELS[1]:
+        if self.estimate == ESTIMATES[1]:
             core = f"the roof plan x {f:.2g} ({stack})"
         else:
             core = f"compute-bound kernels at their roof, memory-bound ones x {f:.2g} ({stack})"
@@ -101,14 +101,14 @@ class Calibration:
                 "their leave-one-out errors (helpers.plan.published)")
 
 
-def calibrate(runs: Sequence[Observed], model: str = MODELS[0]) -> Calibration:
+def calibrate(runs: Sequence[Observed], estimate: str = ESTIMATES[0]) -> Calibration:
     """The factors fitted on `runs` and the range their leave-one-out errors span, widened to two decimals
     (lessons 09, 10)."""
-    errors = [e for e in leave_one_out(runs, model) if e is not None]
+    errors = [e for e in leave_one_out(runs, estimate) if e is not None]
     if not errors:
         raise ValueError("calibrate needs at least two runs of one stack: none could be left out")
-    return Calibration(fit_factors(runs, model), math.floor(min(errors) * 100) / 100,
-                       math.ceil(max(errors) * 100) / 100, len(runs), model)
+    low, high = math.floor(min(errors) * 100 + 1e-6) / 100, math.ceil(max(errors) * 100 - 1e-6) / 100
+    return Calibration(fit_factors(runs, estimate), low, high, len(runs), estimate)
 
 
 # Fitted by `calibrate(helpers.plan.published.rows())` on the 17 runs of helpers.plan.published.RUNS (on a
@@ -148,5 +148,5 @@ def expected(step: StepTime, stack: str, calibration: Calibration = CALIBRATION)
     if stack not in calibration.factors:
         raise ValueError(f"the calibration has no published run on the {stack!r} stack: it holds "
                          f"{sorted(calibration.factors)}")
-    s = expected_seconds(step, calibration.factors[stack], calibration.model)
+    s = expected_seconds(step, calibration.factors[stack], calibration.estimate)
     return Expected(s, s * calibration.low, s * calibration.high, calibration.how(stack))

@@ -396,7 +396,7 @@ def published_table(found: Sequence[Row] | None = None, calibration: Calibration
     """Each published run: their step, the roof plan, the expected time and its range, theirs / expected, and
     theirs / expected when the run is left out of the fit (lessons 09, 10)."""
     found = rows() if found is None else found
-    held_out = leave_one_out(found, calibration.model)
+    held_out = leave_one_out(found, calibration.estimate)
     factors = ", ".join(f"{k} {v:.2g}" for k, v in calibration.factors.items())
     t = Table(["run", "GPU", "stack", "theirs (ms)", "roof (ms)", "expected (ms)", "range (ms)",
                "theirs / expected", "left out of the fit", "not modelled", "source"],
