@@ -1,30 +1,22 @@
-"""The planner against published GPU step times (lesson 09): each run is rebuilt from what its source
-describes (model, batch per GPU, sequence length, bf16, AdamW) and planned on its GPU's datasheet roofs; the
-test prints the planner's step time beside theirs and holds the ratio to `PUBLISHED_FACTOR`.
+"""The planner against published GPU runs (lessons 09, 10).
 
-The figures (`course.lessons.lesson09.PUBLISHED`, each with its source), read from the repositories named:
+`helpers.plan.published` holds the runs, each with its source, and rebuilds them with the planner's
+`Pricer`; `helpers.plan.calibrate` fits the expected step time on them. These tests rebuild every run, print
+the table and the leave-one-out errors, and hold each run to the done-when of issue 49: the expected time
+within 1.3x of theirs, theirs inside the printed range. Planted errors (a doubled batch, a wrong GPU, a wrong
+lever, a run's time doubled in the fit) fail the same checks. The published memory figures for the levers are
+held to their stated factors.
 
-- karpathy/nanoGPT, README.md at commit 5a725d9 (2022-12-30): torch.compile cut "iteration time from ~250ms /
-  iter to 135ms / iter"; bench.py at that commit runs GPT-2 124M (12 layers, 12 heads, 768 wide, an untied
-  output layer, naive causal attention), batch 8 x 1024, bf16 autocast, dropout 0, AdamW. The README does not
-  name the GPU of that line: the same README trains on "1 A100 40GB GPU", and the test plans an A100 40GB.
-- Dao-AILab/flash-attention, training/README.md at commit 4a6eaa9 (2022-11-29), "Training speed" on 8 x A100
-  80GB SXM4: GPT3-125M 1310k tokens/s, GPT3-1.3B 169k tokens/s; per GPU an eighth (their DDP and ZeRO-1
-  steps, one micro-batch each). Batch per GPU from the experiment configs of that commit (gpt3s-flash: 32 x
-  2048 on an 80 GB GPU; gpt3xl-flash: 8 x 2048); bf16; GPT-2's architecture at 2,048 positions, vocabulary
-  padded to 50,264.
-- pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024), table 1: Llama 3.1 8B, FSDP on
-  8 H100 (96GB HBM2e, 2.4 TB/s, 500 W), local batch 2, 5,762 tokens/s per GPU; sequence length 8,192 from
-  train_configs/llama3_8b.toml at the torchtitan commit the page names (9dec370).
-
-The factor, [1/1.5, 3.5]: the planner puts every op at its roof, so a real eager step is slower (kernels
-below their roofs, the host's gaps: nanoGPT's eager step is the widest, its naive attention's T x T passes run
-below the memory roof); a fused or compiled step moves fewer bytes than the eager ops the planner counts and
-can beat it (FlashAttention's fused GPT3-125M does, by 10 %). The ratios this test printed on the 2-core CPU:
-nanoGPT eager 3.0, compiled 1.6; GPT3-125M 0.91; GPT3-1.3B 1.03; Llama 3.1 8B 1.65.
+The tests of lesson 09's own list (`course.lessons.lesson09.PUBLISHED`, until the lesson switches to
+`helpers.plan.published`) come first; their sources are in lesson09.py.
 """
 
 from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -38,6 +30,18 @@ from course.lessons.lesson09 import (
     counts_by_layers,
     published_table,
 )
+from helpers.measure.gpus import gpu
+from helpers.plan import published
+from helpers.plan.calibrate import (
+    CALIBRATION,
+    ESTIMATES,
+    STACKS,
+    calibrate,
+    expected,
+    fit_factors,
+    leave_one_out,
+)
+from helpers.plan.fit import Levers
 from helpers.plan.planner import count_step, example_batch
 
 
@@ -88,3 +92,165 @@ def test_published_step_times_are_within_the_factor():
         print(f"{fig.name}: theirs / planned = {ratio:.2f} (factor {low:.2f} to {high:.2f})")
     for fig, ratio in zip(PUBLISHED, ratios):
         assert low <= ratio <= high, f"{fig.name}: {ratio:.2f} outside [{low:.2f}, {high:.2f}]"
+
+
+# --- helpers.plan.published and helpers.plan.calibrate ------------------------------------------------------
+
+WITHIN = 1.3  # issue 49: the expected step time within 1.3x of each published run
+PLANTED = {  # name -> (the run it plants into, the fields it changes)
+    "a doubled batch": ("BERT-large, fp32, batch 4", lambda r: dict(levers=replace(r.levers, micro_batch=8))),
+    "a wrong GPU": ("nanoGPT GPT-2 124M, eager", lambda r: dict(gpu=gpu("H100"))),
+}
+PLANTED_MEMORY = ("ZeRO-3 / FSDP2: everything sharded", dict(levers=Levers(1, gpus=64, sharding="optimizer")))
+
+
+@pytest.fixture(scope="module")
+def rebuilt():
+    """Every run and memory figure rebuilt once, with the planted errors, in two worker processes."""
+    by_name = {r.name: r for r in published.RUNS}
+    planted = [replace(by_name[name], **change(by_name[name])) for name, change in PLANTED.values()]
+    figure = next(f for f in published.MEMORY_FIGURES if f.name == PLANTED_MEMORY[0])
+    wrong_figure = replace(figure, **PLANTED_MEMORY[1])
+    jobs = [*published.RUNS, *planted, *map(published.as_run, (*published.MEMORY_FIGURES, wrong_figure))]
+    started = time.perf_counter()
+    options = published.rebuild_all(jobs, processes=2)
+    print(f"{len(jobs)} runs and figures rebuilt in {time.perf_counter() - started:.0f} s (2 processes)")
+    n = len(published.RUNS)
+    rows = [published.Row(r, o.step) for r, o in zip(published.RUNS, options)]
+    planted_rows = [published.Row(r, o.step) for r, o in zip(planted, options[n:n + len(planted)])]
+    memory = [published.memory_row(f, o) for f, o in
+              zip((*published.MEMORY_FIGURES, wrong_figure), options[n + len(planted):])]
+    return rows, planted_rows, memory[:-1], memory[-1]
+
+
+def misses(rows, cal=CALIBRATION):
+    """Each run whose expected time is not within WITHIN of theirs or whose range leaves theirs out."""
+    out = []
+    for r in rows:
+        e = expected(r.step, r.stack, cal)
+        if not (1 / WITHIN <= r.measured_s / e.seconds <= WITHIN and e.low <= r.measured_s <= e.high):
+            out.append(f"{r.run.name}: theirs {r.measured_s * 1e3:,.0f} ms, expected "
+                       f"{e.seconds * 1e3:,.0f} ms ({e.low * 1e3:,.0f} to {e.high * 1e3:,.0f})")
+    return out
+
+
+def test_the_published_runs_are_what_the_issue_asks_for():
+    """At least eight, among them a fine-tune, a multi-GPU run and one at small batch; every stack fitted."""
+    runs = published.RUNS
+    assert len(runs) >= 8
+    assert any(r.model == "bert-large-uncased" for r in runs)  # fine-tunes of a pretrained BERT
+    assert any(r.levers.gpus > 1 for r in runs)
+    assert any(r.levers.micro_batch == 1 for r in runs)
+    assert {r.stack for r in runs} == set(STACKS)
+    assert len({r.name for r in runs}) == len(runs)
+
+
+def test_each_run_is_expected_within_its_range(rebuilt):
+    """Issue 49's done-when: expected within 1.3x of each run, each run inside its printed range; the
+    leave-one-out errors printed: how well the estimate predicts a run it was not fitted on."""
+    rows, _, _, _ = rebuilt
+    print(published.published_table(rows))
+    held_out = leave_one_out(rows)
+    for r, out in zip(rows, held_out):
+        print(f"{r.run.name}: theirs / roof {r.ratio:.2f}, theirs / expected "
+              f"{r.measured_s / expected(r.step, r.stack).seconds:.2f}, left out of the fit {out:.2f}")
+    worst = max(max(x, 1 / x) for x in held_out)
+    print(f"leave-one-out: the worst run {worst:.2f}x off, the median "
+          f"{statistics.median(max(x, 1 / x) for x in held_out):.2f}x")
+    plain, whole = leave_one_out(rows, ESTIMATES[1]), calibrate(rows, ESTIMATES[1])
+    fitted = [r.measured_s / expected(r.step, r.stack, whole).seconds for r in rows]
+    print(f"the whole step slowed per stack instead: the worst run {max(max(x, 1 / x) for x in fitted):.2f}x "
+          f"off, {max(max(x, 1 / x) for x in plain):.2f}x when left out")
+    assert misses(rows) == []
+
+
+def test_the_calibration_is_what_the_runs_fit(rebuilt):
+    """CALIBRATION's figures are the fit of today's rebuilt runs (within 5 %: version sets count a few ops
+    differently); a run's time doubled moves the fit out of it."""
+    rows, _, _, _ = rebuilt
+    fitted = calibrate(rows)
+    print(f"fitted: {fitted}")
+    print(f"kept:   {CALIBRATION}")
+
+    def agrees(a, b):
+        close = all(math.isclose(a.factors[s], b.factors[s], rel_tol=0.05) for s in STACKS)
+        ends = math.isclose(a.low, b.low, abs_tol=0.05) and math.isclose(a.high, b.high, abs_tol=0.05)
+        return close and ends
+
+    assert fitted.runs == CALIBRATION.runs == len(rows)
+    assert agrees(fitted, CALIBRATION)
+    slow = [replace(r, run=replace(r.run, measured_s=2 * r.measured_s)) if i == 0 else r
+            for i, r in enumerate(rows)]
+    assert not agrees(calibrate(slow), CALIBRATION)
+
+
+def test_planted_errors_fail_the_check(rebuilt):
+    """A doubled batch or a wrong GPU in one run puts it outside its range: the check can fail."""
+    _, planted_rows, _, _ = rebuilt
+    for name, row in zip(PLANTED, planted_rows):
+        found = misses([row])
+        print(f"planted {name}: {found}")
+        assert found, f"planted {name} in {row.run.name} passed the check"
+
+
+def test_the_memory_figures_are_held_to_their_factors(rebuilt):
+    """ZeRO's model states per device (plain, ZeRO-1, ZeRO-3) and the BERT-large peaks of the levers, each
+    within its stated factor; a wrong lever in ZeRO-3's rebuild fails."""
+    _, _, memory, wrong = rebuilt
+    print(published.memory_table(memory))
+    assert len(memory) >= 3
+    for r in memory:
+        low, high = r.figure.held
+        assert r.held, f"{r.figure.name}: planner / theirs {r.ratio:.2f} outside {low:.2f} to {high:.2f}"
+    print(f"planted (ZeRO-1's lever for ZeRO-3's figure): planner / theirs {wrong.ratio:.1f}")
+    assert not wrong.held
+
+
+def test_expected_names_bad_input():
+    """An unknown stack, or one the calibration has no run of, is refused with the fix."""
+    from helpers.plan.steptime import StepTime
+
+    step = StepTime(seconds=1.0, kernels_s=1.0, host_s=0.1, by_regime={"compute": 0.6, "memory": 0.4},
+                    flops=1e12, bytes=1e9, kernels=100)
+    e = expected(step, "eager")
+    assert e.low < e.seconds < e.high
+    assert math.isclose(e.seconds, 0.6 + CALIBRATION.factors["eager"] * 0.4)
+    assert " to " in str(e) and "fitted on" in e.how
+    with pytest.raises(ValueError, match="stack must be one of"):
+        expected(step, "jit")
+    with pytest.raises(ValueError, match="no published run on the 'fused' stack"):
+        expected(step, "fused", replace(CALIBRATION, factors={"eager": 3.0}))
+    with pytest.raises(ValueError, match="name the box"):
+        replace(published.RUNS[-1], gpu=published.TITAN_H100)
+
+
+@pytest.mark.xfail(strict=True, raises=(RuntimeError, ValueError),
+                   reason="the dry run does not take a peft model yet (issue 49): when it does, this fails; "
+                          "move LORA_RUNS into RUNS and the LoRA figure into MEMORY_FIGURES, and refit")
+def test_the_lora_runs_wait_for_the_peft_dry_run():
+    published.rebuild(published.LORA_RUNS[0])
+
+
+def test_the_fit_recovers_a_known_factor():
+    """Runs made with memory-bound kernels exactly 2.5x (eager) and 1.2x (fused) their roof: the fit finds
+    those factors, predicts each run it leaves out exactly, and the whole-step estimate cannot."""
+    from types import SimpleNamespace
+
+    from helpers.plan.steptime import StepTime
+
+    def run(stack, compute, memory, factor):
+        step = StepTime(seconds=compute + memory, kernels_s=compute + memory, host_s=0.0,
+                        by_regime={"compute": compute, "memory": memory}, flops=0.0, bytes=0.0, kernels=1)
+        return SimpleNamespace(stack=stack, step=step, measured_s=compute + factor * memory)
+
+    runs = [run("eager", c, m, 2.5) for c, m in ((1, 1), (3, 1), (1, 4))] + \
+        [run("fused", c, m, 1.2) for c, m in ((2, 1), (1, 2))]
+    factors = fit_factors(runs)
+    assert math.isclose(factors["eager"], 2.5, rel_tol=1e-4)
+    assert math.isclose(factors["fused"], 1.2, rel_tol=1e-4)
+    assert all(math.isclose(x, 1.0, rel_tol=1e-4) for x in leave_one_out(runs))
+    assert max(max(x, 1 / x) for x in leave_one_out(runs, ESTIMATES[1])) > 1.2
+    cal = calibrate(runs)
+    assert (cal.low, cal.high) == (1.0, 1.0) and cal.runs == 5
+    host_bound = replace(runs[0].step, host_s=10.0)
+    assert expected(host_bound, "eager", cal).seconds == 10.0  # the queue: the host's issue time sets it
