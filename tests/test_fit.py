@@ -193,3 +193,28 @@ def test_the_planners_memory_per_gpu_agrees_with_the_levers_own_dry_run():
         tolerance = 0.10 if levers.offload else 0.05
         assert abs(planned - dry) <= tolerance * dry and (planned >= dry or not levers.offload), (
             levers.describe(), planned, dry)
+
+
+def test_a_deep_step_peaking_in_its_backward_is_not_taken_for_its_copies_optimizer_peak():
+    """A step's peak is the larger of two moments, each linear in layers and sequences: the optimizer step's
+    (weights and state: big for shallow copies with a large embedding) and the backward's (activations). At
+    one sequence the 1- and 2-layer copies peak at their optimizer step, the whole model in its backward (as
+    BERT-large's 24 layers at 1 x 512 do: 5.75 GiB where the 1-2-layer segment alone gave 5.00)."""
+    from helpers.measure.memory import MemoryEstimate
+
+    def optimizer_moment(layers, rows):
+        return 1000 + 100 * layers  # the embedding's weights and state, plus each layer's
+
+    def backward_moment(layers, rows):
+        return 200 + 480 * layers * rows  # activations grow with layers x sequences
+
+    def estimate(layers, rows):
+        peak = max(optimizer_moment(layers, rows), backward_moment(layers, rows))
+        return MemoryEstimate(0, 0, 0, 0, 0, 0, "fp32", rows, 8, method="dry run", dry_run_peak=peak)
+
+    corners = {(n, r): estimate(n, r) for n in (1, 2) for r in (1, 2, 4)}
+    assert optimizer_moment(2, 1) > backward_moment(2, 1)  # the copies peak at the optimizer step ...
+    assert backward_moment(24, 1) > optimizer_moment(24, 1)  # ... the whole model in its backward
+    for layers, rows in ((24, 1), (24, 3), (24, 8), (2, 1), (1, 2)):
+        want = max(optimizer_moment(layers, rows), backward_moment(layers, rows))
+        assert memory_at(corners, layers, rows).peak == want, (layers, rows)

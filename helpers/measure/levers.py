@@ -50,7 +50,7 @@ class LoRA:
 
     rank: int = 8
     alpha: int = 16
-    targets: tuple[str, ...] | None = None
+    targets: tuple[str, ...] | str | None = None  # layer names; "all-linear" (peft's word); None
     base_dtype: str = "bf16"  # the frozen base model's weights; the adapters stay float32
 
     def __post_init__(self) -> None:
@@ -63,7 +63,8 @@ class LoRA:
     def config(self) -> Any:
         """peft's LoraConfig for these adapters."""
         peft = compat.optional_import("peft", "LoRA")
-        targets = list(self.targets) if self.targets is not None else None
+        targets = self.targets
+        targets = list(targets) if isinstance(targets, tuple) else targets  # a str: "all-linear" as it is
         return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, lora_dropout=0.0)
 
 

@@ -87,19 +87,17 @@ def counts_at(
     return out
 
 
-def memory_at(corners: Mapping[tuple[int, int], MemoryEstimate], layers: int, rows: int) -> MemoryEstimate:
-    """The dry run's terms and peak at (layers, rows), each from the four corners of the segment of sizes it
-    lies in: the peak is the largest of several moments' bytes, each linear in the rows, so it bends where
-    another moment takes over (from 1 to 2 sequences, often); within a segment it is exact (lesson 10)."""
-    sizes = sorted({r for _, r in corners})
-    lo = max([r for r in sizes[:-1] if r <= rows] or sizes[:1])
-    hi = sizes[sizes.index(lo) + 1]
+def _segment(
+    corners: Mapping[tuple[int, int], MemoryEstimate], lo: int, hi: int, layers: int, rows: int
+) -> MemoryEstimate:
+    """The dry run's terms, peak and categories at (layers, rows) from the four corners at rows lo and hi."""
     corners = {k: v for k, v in corners.items() if k[1] in (lo, hi)}
     one = corners[min(corners)]
+    terms = ("parameters", "gradients", "optimizer", "weight_copies", "activations", "temporary")
     ints = {
         f.name: max(round(bilinear({k: getattr(e, f.name) for k, e in corners.items()}, layers, rows)), 0)
         for f in fields(MemoryEstimate)
-        if f.name in ("parameters", "gradients", "optimizer", "weight_copies", "activations", "temporary")
+        if f.name in terms
     }
     peak = bilinear({k: e.peak for k, e in corners.items()}, layers, rows)
     at_peak = {
@@ -112,8 +110,23 @@ def memory_at(corners: Mapping[tuple[int, int], MemoryEstimate], layers: int, ro
         batch_size=rows,
         dry_run_peak=max(round(peak), 0),
         at_peak=at_peak,
-        assumes=(*one.assumes, "extrapolated from dry runs of 1 and 2 layers and 1 and 2 sequences"),
+        assumes=(*one.assumes, f"extrapolated from dry runs of 1 and 2 layers at {lo} and {hi} sequences"),
     )
+
+
+def memory_at(corners: Mapping[tuple[int, int], MemoryEstimate], layers: int, rows: int) -> MemoryEstimate:
+    """The dry run at (layers, rows) from its corners: the peak is the largest of several moments' bytes (the
+    backward's, the optimizer step's), each bilinear in (layers, rows), so each segment of sizes extrapolates
+    the moment that held its copies' peak, and the largest answer counts (a 1-2-layer copy at one sequence
+    can peak at its optimizer step where the whole model peaks in its backward) (lesson 10)."""
+    sizes = sorted({r for _, r in corners})
+    segments = list(zip(sizes, sizes[1:]))
+    # a segment speaks for the sizes up to its upper end (below it, a moment its copies did not show may
+    # take over: the larger answer counts); above the last size, the last segment's moment holds the peak
+    found = [_segment(corners, lo, hi, layers, rows) for lo, hi in segments if rows <= hi] or [
+        _segment(corners, *segments[-1], layers, rows)
+    ]
+    return max(found, key=lambda e: e.peak)
 
 
 def corners_of(

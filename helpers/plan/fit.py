@@ -16,7 +16,8 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -159,11 +160,41 @@ def _unsharded(model: nn.Module) -> int:
 
 @dataclass
 class _Variant:
-    """One prepared model (checkpointing on or off, LoRA or not) and its dry runs and op counts by corner."""
+    """One prepared model (checkpointing on or off, LoRA or not), its dry runs and op counts by corner, each
+    made when first asked for (a published step time needs the counts only)."""
 
     model: nn.Module
-    memory: dict = field(default_factory=dict)
-    counts: dict = field(default_factory=dict)
+    prepare: Any  # how a rebuilt 1- or 2-layer copy is prepared the same way
+    family: str  # the precision the dry runs and counts run in
+    seq_len: int
+    _memory: dict | None = None
+    _counts: dict | None = None
+
+    @property
+    def memory(self) -> dict:
+        if self._memory is None:
+            seq, family = self.seq_len, self.family
+            self._memory = corners_of(
+                lambda m, r: estimate_step_memory(m, example_batch(m, r, seq), precision=family),
+                self.model_full,
+                (1, 2, 4),
+                prepare=self.prepare,
+            )
+        return self._memory
+
+    @property
+    def counts(self) -> dict:
+        if self._counts is None:
+            seq, family = self.seq_len, self.family
+            self._counts = corners_of(
+                lambda m, r: count_step(m, example_batch(m, r, seq), precision=family),
+                self.model_full,
+                (1, 2),
+                prepare=self.prepare,
+            )
+        return self._counts
+
+    model_full: nn.Module | None = None  # the unprepared model the copies are rebuilt from
 
 
 @dataclass(frozen=True)
@@ -331,7 +362,7 @@ class Pricer:
         model: nn.Module,
         seq_len: int,
         *,
-        lora_targets: tuple[str, ...] | None = None,
+        lora_targets: tuple[str, ...] | str | None = None,
         launch_s: float = LAUNCH_S,
     ) -> None:
         if seq_len < 1:
@@ -356,21 +387,31 @@ class Pricer:
                     turn_on_checkpointing(base)
                 return base
 
-            v = self.variants[key] = _Variant(prepare(self.model))
-            seq = self.seq_len
-            v.memory = corners_of(
-                lambda m, r: estimate_step_memory(m, example_batch(m, r, seq), precision=family),
-                self.model,
-                (1, 2, 4),
-                prepare=prepare,
-            )
-            v.counts = corners_of(
-                lambda m, r: count_step(m, example_batch(m, r, seq), precision=family),
-                self.model,
-                (1, 2),
-                prepare=prepare,
+            self.variants[key] = _Variant(
+                prepare(self.model), prepare, family, self.seq_len, model_full=self.model
             )
         return self.variants[key]
+
+    def step(self, g: str | GPU, levers: Levers, *, precision: str | None = None) -> StepTime:
+        """`levers` on class `g`: the optimizer step's time at the roofs, from the op counts alone (no dry
+        run: a published step time is rebuilt with this) (lessons 09, 10)."""
+        g = gpu(g)
+        if levers.gpus != g.count:
+            raise ValueError(f"{g.key} has {g.count} GPU(s), the levers spread over {levers.gpus}")
+        precision = precision or class_rules(g)[0]
+        v = self.variant(_family(precision), levers)
+        counts = counts_at(v.counts, self.layers, levers.micro_batch)
+        trainable = sum(p.numel() for p in v.model.parameters() if p.requires_grad)
+        params = sum(p.numel() for p in v.model.parameters())
+        return step_time(
+            _optimizer_counts(counts, levers.optimizer),
+            datasheet_roofline(g, launch_s=self.launch_s),
+            precision,
+            parallel=levers.parallel,
+            g=g,
+            trainable=trainable,
+            parameters=params,
+        )
 
     def option(
         self,
@@ -383,24 +424,10 @@ class Pricer:
     ) -> Option:
         """`levers` on class `g` (its precision by the course's rules, or `precision`): memory and time."""
         g = gpu(g)
-        if levers.gpus != g.count:
-            raise ValueError(f"{g.key} has {g.count} GPU(s), the levers spread over {levers.gpus}")
         precision = precision or class_rules(g)[0]
-        family = "fp32" if precision in ("fp32", "tf32") else "bf16"
-        v = self.variant(family, levers)
+        step = self.step(g, levers, precision=precision)
+        v = self.variant(_family(precision), levers)
         est = memory_at(v.memory, self.layers, levers.micro_batch)
-        counts = counts_at(v.counts, self.layers, levers.micro_batch)
-        trainable = sum(p.numel() for p in v.model.parameters() if p.requires_grad)
-        params = sum(p.numel() for p in v.model.parameters())
-        step = step_time(
-            _optimizer_counts(counts, levers.optimizer),
-            datasheet_roofline(g, launch_s=self.launch_s),
-            precision,
-            parallel=levers.parallel,
-            g=g,
-            trainable=trainable,
-            parameters=params,
-        )
         board = re.sub(r"^\d+x", "", g.key)  # prices are per GPU of the board
         usable = int(g.total_memory * (1 - MARGIN)) if g.total_memory else 0
         return Option(
@@ -424,7 +451,7 @@ def make_it_fit(
     allow: Sequence[str] = ("accumulation", "checkpointing", "sharding", "offload"),
     objective: str = "time",
     lora_rank: int = 8,
-    lora_targets: tuple[str, ...] | None = None,
+    lora_targets: tuple[str, ...] | str | None = None,
     prices: Prices | None = EXAMPLE_PRICES,
     dataset_tokens: float | None = None,
     launch_s: float = LAUNCH_S,
@@ -478,6 +505,11 @@ def _combinations(per_gpu: int, n: int, allow: Sequence[str], lora_rank: int) ->
             continue  # LoRA's base is 16-bit already
         out.append(Levers(m, per_gpu // m, ckpt, n, shard, off, w16, opt, lora))
     return out
+
+
+def _family(precision: str) -> str:
+    """The precision a dry run runs in: fp16 and bf16 hold the same bytes and run the same ops."""
+    return "fp32" if precision in ("fp32", "tf32") else "bf16"
 
 
 def _per_gpu(est: MemoryEstimate, model: nn.Module, levers: Levers) -> GpuMemory:

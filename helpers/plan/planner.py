@@ -309,7 +309,11 @@ def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-        counts = count_ops(step, warmup=1)  # the warm-up step makes AdamW's state
+        for p in params:  # AdamW's state appears at its first step: made on zero gradients, not by a pass
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        counts = count_ops(step, warmup=0)
     # prim:: ops are the fake mode's own questions (a tensor's device), not kernels
     return {k: c for k, c in counts.items() if not k[1].startswith("prim::")}
 

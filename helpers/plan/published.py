@@ -325,7 +325,7 @@ def _pricer(model: str, seq_len: int, lora_targets: tuple[str, ...]) -> Pricer:
     """One Pricer per model, sequence length and LoRA targets: its dry runs and counts are made once."""
     with torch.device("meta"):
         built = MODELS[model]()
-    return Pricer(built, seq_len, lora_targets=list(lora_targets) or "all-linear")
+    return Pricer(built, seq_len, lora_targets=tuple(lora_targets) or "all-linear")
 
 
 def rebuild(run: PublishedRun, **changes: object) -> Option:
@@ -336,13 +336,19 @@ def rebuild(run: PublishedRun, **changes: object) -> Option:
     return pricer.option(run.gpu, run.levers, precision=run.precision)
 
 
-def _rebuild_all(runs: Sequence[PublishedRun]) -> list[Option]:
-    return [rebuild(r) for r in runs]
+def rebuild_step(run: PublishedRun) -> StepTime:
+    """`run`'s roof step time alone: the op counts, no dry run (lessons 09, 10)."""
+    pricer = _pricer(run.model, run.seq_len, run.lora_targets)
+    return pricer.step(run.gpu, run.levers, precision=run.precision)
 
 
-def rebuild_all(runs: Sequence[PublishedRun], *, processes: int = 1) -> list[Option]:
-    """`rebuild` of every run, the runs that share a model's dry runs together, in `processes` worker
-    processes (a dry run is Python-bound: one core each) (lessons 09, 10)."""
+def _rebuild_all(runs: Sequence[PublishedRun]) -> list[StepTime]:
+    return [rebuild_step(r) for r in runs]
+
+
+def rebuild_all(runs: Sequence[PublishedRun], *, processes: int = 1) -> list[StepTime]:
+    """`rebuild_step` of every run, the runs that share a model's counts together, in `processes` worker
+    processes (counting is Python-bound: one core each) (lessons 09, 10)."""
     if not (isinstance(processes, int) and processes >= 1):
         raise ValueError(f"processes must be a whole number >= 1, got {processes!r}")
     if processes == 1:
@@ -356,7 +362,7 @@ def rebuild_all(runs: Sequence[PublishedRun], *, processes: int = 1) -> list[Opt
         key = (r.model, r.seq_len, r.lora_targets, r.precision == "fp32", lv.checkpointing, lv.lora_rank,
                lv.weights16)
         groups.setdefault(key, []).append(i)
-    out: list[Option | None] = [None] * len(runs)
+    out: list[StepTime | None] = [None] * len(runs)
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         done = {pool.submit(_rebuild_all, [runs[i] for i in idx]): idx for idx in groups.values()}
         for future, idx in done.items():
@@ -389,7 +395,7 @@ class Row:
 def rows(runs: Sequence[PublishedRun] = RUNS, *, processes: int = 1) -> list[Row]:
     """Every run rebuilt: ten dry runs and counts of 1-2-layer copies per model variant, 10 to 25 s each on
     one core of the 2-core CPU (lessons 09, 10)."""
-    return [Row(r, o.step) for r, o in zip(runs, rebuild_all(runs, processes=processes))]
+    return [Row(r, step) for r, step in zip(runs, rebuild_all(runs, processes=processes))]
 
 
 def published_table(found: Sequence[Row] | None = None, calibration: Calibration = CALIBRATION) -> Table:
