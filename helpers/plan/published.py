@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers.core.adapt import CourseOutput, ModelShape
+from helpers.core.adapt import ModelOutput, ModelShape
 from helpers.core.tables import Table
 from helpers.measure.gpus import GPU, GiB, gpu
 from helpers.plan.calibrate import CALIBRATION, STACKS, Calibration, expected, leave_one_out
@@ -137,14 +137,14 @@ class NanoGPT2022(nn.Module):
         self.h = nn.ModuleList([_NanoBlock(c.n_embd, c.n_head, c.block_size) for _ in range(c.n_layer)])
         self.ln_f, self.lm_head = nn.LayerNorm(c.n_embd), nn.Linear(c.n_embd, c.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CourseOutput:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
         pos = torch.arange(0, input_ids.size(1), dtype=torch.long, device=input_ids.device).unsqueeze(0)
         x = self.wte(input_ids) + self.wpe(pos)
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
         loss = None if labels is None else F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
-        return CourseOutput(loss, logits)
+        return ModelOutput(logits, loss)
 
 
 def _gpt3(n_embd: int, n_head: int, n_layer: int) -> Callable[[], nn.Module]:
