@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from helpers.measure.gpus import gpu
-from helpers.measure.levers import AdamW8bitState, optimizer_state_bytes
+from helpers.measure.levers import AdamW8bitState, Levers, optimizer_state_bytes
 from helpers.measure.memory import estimate_step_memory
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
 from helpers.measure.roofline import Roofline, datasheet_roofline
 from helpers.model.models import TransformerConfig
 from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at, with_layers
-from helpers.plan.fit import GpuMemory, Levers, Pricer, make_it_fit
+from helpers.plan.fit import GpuMemory, Pricer, make_it_fit
 from helpers.plan.planner import count_step, example_batch
-from helpers.plan.steptime import Parallel, communication, step_time
+from helpers.plan.steptime import communication, step_time
 
 SEQ = 16
 
@@ -60,7 +60,7 @@ def _counts(fwd_bytes: float, opt_bytes: float, calls: int = 1) -> dict:
 def test_accumulation_repeats_the_micro_batch_and_steps_the_optimizer_once():
     roof = Roofline("gpu", {"bf16": 1e15, "fp32": 1e14}, 1e12, device_type="cuda", overhead_s=0.0)
     one = step_time(_counts(1e9, 5e8), roof, "bf16")
-    four = step_time(_counts(1e9, 5e8), roof, "bf16", parallel=Parallel(accumulation=4))
+    four = step_time(_counts(1e9, 5e8), roof, "bf16", levers=Levers(accumulation=4))
     assert one.seconds == pytest.approx(1.5e-3) and four.seconds == pytest.approx(4.5e-3)
 
 
@@ -76,16 +76,16 @@ def test_a_gpu_step_is_the_longer_of_its_kernels_and_the_hosts_issue_time():
 
 def test_collectives_move_the_bytes_of_a_ring_over_the_slowest_link():
     h100, n = gpu("8xH100"), 8
-    ddp, link = communication(Parallel(gpus=n), h100, trainable=10**9, parameters=10**9)
+    ddp, link = communication(Levers(gpus=n), h100, trainable=10**9, parameters=10**9)
     assert link == "NVLink 4" and ddp == pytest.approx(2 * 7 / 8 * 4e9 / 450e9)
-    fsdp, _ = communication(Parallel(accumulation=2, gpus=n, sharding="full"), h100, trainable=10**9,
+    fsdp, _ = communication(Levers(accumulation=2, gpus=n, sharding="full"), h100, trainable=10**9,
                             parameters=10**9)
     assert fsdp == pytest.approx(2 * (2 * 7 / 8 * 2e9 + 7 / 8 * 4e9) / 450e9)
-    across, link = communication(Parallel(gpus=16), gpu("8xH100").with_count(16), trainable=10**9,
+    across, link = communication(Levers(gpus=16), gpu("8xH100").with_count(16), trainable=10**9,
                                  parameters=10**9)
     assert "InfiniBand" in link and across == pytest.approx(2 * 15 / 16 * 4e9 / 50e9)
     with pytest.raises(ValueError, match="needs gpus >= 2"):
-        Parallel(sharding="full")
+        Levers(sharding="full")
 
 
 # --- memory per GPU with the levers ----------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_the_choice_fits_is_the_fastest_and_says_what_is_too_large(pricer):
     plan = make_it_fit(model, seq_len=SEQ, global_batch=16, gpus=[small, tiny], allow=allow, prices=None)
     pick, base = plan.chosen("small T4"), plan.baseline("small T4")
     assert not base.fits and pick.fits and pick.levers.global_batch == 16
-    assert all(o.step.seconds * 1.01 >= pick.step.seconds for o in plan.of("small T4") if o.fits)
+    assert all(o.expected.seconds * 1.01 >= pick.expected.seconds for o in plan.of("small T4") if o.fits)
     why = plan.why("small T4")
     assert f"the largest part is {base.memory.largest()}" in why and "Chosen:" in why
     stuck = plan.why("tiny T4")

@@ -43,7 +43,7 @@ def _measured(model: torch.nn.Module, *, accum: int = 1, optimizer=None, spec=No
 def _dry(levers: Levers, model: torch.nn.Module | None = None, **kwargs) -> int:
     with torch.device("meta"):
         shape = small_llama() if model is None else model
-    return estimate_step_memory(shape, batch(), **levers.kwargs(), **kwargs).peak
+    return estimate_step_memory(shape, batch(), **levers.dry_run_kwargs(), **kwargs).peak
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -110,7 +110,7 @@ def test_lora_trains_the_adapters_only_and_its_dry_run_holds():
     measured = _measured(model)
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed), sorted(changed)[:5]
-    _within(_dry(Levers(lora=LoRA())), measured, "LoRA r=8, bf16 base")
+    _within(_dry(Levers(lora_rank=8)), measured, "LoRA r=8, bf16 base")
     # the same model handed to the dry run as it is (a peft model of one's own) counts the same
     with torch.device("meta"):
         meta = peft.get_peft_model(small_llama().to(torch.bfloat16), LoRA().config())

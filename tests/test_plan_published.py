@@ -31,6 +31,7 @@ from course.lessons.lesson09 import (
     published_table,
 )
 from helpers.measure.gpus import gpu
+from helpers.measure.levers import Levers
 from helpers.plan import published
 from helpers.plan.calibrate import (
     CALIBRATION,
@@ -41,7 +42,6 @@ from helpers.plan.calibrate import (
     fit_factors,
     leave_one_out,
 )
-from helpers.plan.fit import Levers
 from helpers.plan.planner import count_step, example_batch
 
 

@@ -12,9 +12,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from helpers.measure.levers import LEVERS
 from helpers.measure.roofline import LAUNCH_S
 from helpers.model.models import meta_model
-from helpers.plan.fit import LEVERS, make_it_fit
+from helpers.plan.fit import make_it_fit
 from helpers.plan.planner import EXAMPLE_PRICES, Prices, plan
 from helpers.train.runspec import flag_parser, spec_flags, spec_from_arguments
 
@@ -37,6 +38,7 @@ class PlanFlags:
     fit: bool = False  # make it fit (lesson 10): --batch is the global batch, --gpus boxes such as 8xH100
     allow: str = "accumulation,checkpointing,sharding,offload"  # the levers --fit may pull (helpers.plan.fit)
     objective: str = "time"  # --fit picks the fastest ("time") or the cheapest per epoch ("cost")
+    stack: str = "eager"  # --fit: what the step runs as, for its expected time: eager, compiled or fused
 
 
 def _prices(text: str, date: str) -> Prices | None:
@@ -82,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fit(own: PlanFlags, model: object, gpus: list[str]) -> int:
     allow = [a.strip() for a in own.allow.split(",") if a.strip()]
     f = make_it_fit(model, seq_len=own.seq, global_batch=own.batch, gpus=gpus, allow=allow,
-                    objective=own.objective, prices=_prices(own.prices, own.prices_date),
+                    objective=own.objective, stack=own.stack, prices=_prices(own.prices, own.prices_date),
                     dataset_tokens=own.tokens or None, launch_s=own.launch_us * 1e-6)
     print(f.table().to_markdown())
     print()

@@ -1,27 +1,9 @@
-"""The levers that make a training step fit, as data, and as the dry run applies them to a model (lesson 10).
-
-When a step runs out of memory, one of four parts is too large: the parameters, the gradients, the
-optimizer state or the activations. Each lever cuts one or more of them, at a cost in time:
-
-| lever                     | what it cuts                                 | what it costs                |
-|---------------------------|----------------------------------------------|------------------------------|
-| `accumulation=k`          | activations: a micro-batch of B/k rows       | k passes per optimizer step  |
-| `checkpointing=True`      | activations: each block keeps its input      | a second forward per block   |
-| `shards=N` (FSDP2)        | parameters, gradients, optimizer state: 1/N  | all-gathers, reduce-scatters |
-| `offload=True` (FSDP2)    | parameters, gradients, optimizer state: CPU  | PCIe copies, a CPU optimizer |
-| `optimizer="adamw8bit"`   | optimizer state: 2 bytes a parameter, not 8  | (de)quantising the state     |
-| `lora=LoRA(...)` (`peft`) | gradients and optimizer state: adapters only | the base stays frozen        |
-
-With accumulation the batch given to the dry run is one micro-batch, and the gradients live through the whole
-step: they add to the activations instead of replacing them. `Levers` holds one combination;
-`helpers.measure.memory.estimate_step_memory(model, batch, **levers.kwargs())` counts its memory on fake
-tensors. `AdamW8bitState` is bitsandbytes' 8-bit AdamW as the dry run counts it (bitsandbytes itself cannot
-be built on fake tensors); `add_lora`, `turn_on_checkpointing` and `shard` apply the levers to a model.
-"""
+"""The levers that make a training step fit, as data (`Levers`), and as the dry run applies them to a model:
+LoRA's adapters, checkpointing, FSDP2's shards, bitsandbytes' 8-bit state (lesson 10). Which part of memory
+each lever cuts, and what it costs: lesson 10's table and helpers.plan.fit.CUTS."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +13,9 @@ from torch import nn
 from helpers.core import compat
 from helpers.measure.flops import transformer_blocks
 
-__all__ = ["OPTIMIZER_STATE_BYTES", "LoRA", "Levers", "AdamW8bitState", "EIGHT_BIT_MIN_SIZE",
-           "EIGHT_BIT_BLOCK", "optimizer_state_bytes", "add_lora", "turn_on_checkpointing", "shard",
-           "local_bytes"]
+__all__ = ["LEVERS", "SHARDINGS", "OPTIMIZER_STATE_BYTES", "LoRA", "Levers", "AdamW8bitState",
+           "EIGHT_BIT_MIN_SIZE", "EIGHT_BIT_BLOCK", "optimizer_state_bytes", "add_lora",
+           "turn_on_checkpointing", "shard", "local_bytes"]
 
 # optimizer state bytes per trainable parameter: AdamW's two float32 moments; bitsandbytes' two 8-bit ones
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "adamw8bit": 2, "sgd_momentum": 4, "sgd": 0}
@@ -68,55 +50,89 @@ class LoRA:
         return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, lora_dropout=0.0)
 
 
+LEVERS = ("accumulation", "checkpointing", "sharding", "offload", "16-bit weights", "8-bit state", "LoRA")
+SHARDINGS = ("none", "optimizer", "full")  # DDP; ZeRO-1 (the optimizer state sharded); FSDP2 (everything)
+
+
 @dataclass(frozen=True)
 class Levers:
-    """One combination of the memory levers (see the module docstring) (lesson 10); `Levers()` is a plain
-    step: no accumulation, no checkpointing, one device, AdamW's float32 state, every weight trained."""
+    """One combination of the memory levers for a step of `micro_batch` sequences per GPU (lesson 10): the dry
+    run counts its memory (`estimate_step_memory(model, batch, **levers.dry_run_kwargs())`), the planner its
+    memory per GPU and its time. `Levers()` is a plain step: one sequence, one GPU, AdamW, every weight."""
 
-    accumulation: int = 1  # micro-batches per optimizer step: the batch is one of them
-    checkpointing: bool = False  # activation checkpointing of every Transformer block
-    shards: int = 1  # FSDP2 ranks sharing parameters, gradients and optimizer state
-    offload: bool = False  # FSDP2's CPUOffloadPolicy: this rank's shards and the optimizer on the CPU
+    micro_batch: int = 1  # sequences per forward and backward on one GPU
+    accumulation: int = 1  # micro-batches per optimizer step
+    checkpointing: bool = False  # activations recomputed in the backward instead of kept
+    gpus: int = 1  # data-parallel GPUs
+    sharding: str = "none"  # SHARDINGS: what the GPUs share
+    offload: bool = False  # FSDP2's CPUOffloadPolicy: the shards and the optimizer's step on the CPU
+    weights16: bool = False  # weights, gradients and Adam's state in bf16 (no fp32 copy), as torchtune trains
     optimizer: str = "adamw"  # a key of OPTIMIZER_STATE_BYTES; "adamw8bit": bitsandbytes' 8-bit AdamW
-    lora: LoRA | None = None  # adapters through peft, the base frozen in lora.base_dtype
+    lora_rank: int = 0  # 0: every weight trains; r: LoRA adapters of rank r, the base frozen in bf16
 
     def __post_init__(self) -> None:
-        for name in ("accumulation", "shards"):
+        for name in ("micro_batch", "accumulation", "gpus"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Levers.{name} must be an int >= 1, got {value!r}")
-        for name in ("checkpointing", "offload"):
+                raise ValueError(f"Levers.{name} must be a whole number >= 1, got {value!r}")
+        for name in ("checkpointing", "offload", "weights16"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Levers.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"Levers.sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        if self.sharding != "none" and self.gpus == 1:
+            raise ValueError(f"sharding={self.sharding!r} needs gpus >= 2: one GPU has nothing to share")
+        if self.offload and self.gpus > 1 and self.sharding != "full":
+            raise ValueError("offload is FSDP2's: with gpus >= 2 it needs sharding='full'")
         if self.optimizer not in OPTIMIZER_STATE_BYTES:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: use one of "
-                             f"{tuple(OPTIMIZER_STATE_BYTES)}")
-        if self.lora is not None and not isinstance(self.lora, LoRA):
-            raise ValueError(f"Levers.lora must be a LoRA(...) or None, got {type(self.lora).__name__}")
-        if self.optimizer == "adamw8bit" and (self.shards > 1 or self.offload):
-            raise ValueError("optimizer='adamw8bit' with shards > 1 or offload: the dry run counts "
-                             "bitsandbytes' 8-bit AdamW on whole parameters, not on FSDP2's shards (not "
-                             "measured here): use optimizer='adamw' with sharding, or shards=1")
+            known = tuple(OPTIMIZER_STATE_BYTES)
+            raise ValueError(f"unknown optimizer {self.optimizer!r}: use one of {known}")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ValueError(f"Levers.lora_rank must be a whole number >= 0, got {self.lora_rank!r}")
+
+    @property
+    def shards(self) -> int:
+        """FSDP2's ranks: the GPUs with sharding='full', one with offload alone, else none (1)."""
+        return self.gpus if self.sharding == "full" else 1
 
     @property
     def sharded(self) -> bool:
         """Whether the step runs under FSDP2 (several shards, or offload on one)."""
         return self.shards > 1 or self.offload
 
-    def kwargs(self) -> dict[str, Any]:
-        """The levers as `estimate_step_memory`'s keyword arguments."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.accumulation * self.gpus
+
+    def used(self) -> list[str]:
+        """The levers this combination pulls, in LEVERS' words."""
+        on = {"accumulation": self.accumulation > 1, "checkpointing": self.checkpointing,
+              "sharding": self.sharding != "none", "offload": self.offload, "16-bit weights": self.weights16,
+              "8-bit state": self.optimizer == "adamw8bit", "LoRA": self.lora_rank > 0}
+        return [name for name in LEVERS if on[name]]
 
     def describe(self) -> str:
-        """The levers in a few words, e.g. "LoRA r=8 + 8-bit AdamW + checkpointing" ("none" for none)."""
-        words = ([f"accumulation x{self.accumulation}"] * (self.accumulation > 1)
-                 + ["checkpointing"] * self.checkpointing
-                 + [f"FSDP2 x{self.shards}"] * (self.shards > 1) + ["offload"] * self.offload
-                 + ["8-bit AdamW"] * (self.optimizer == "adamw8bit")
-                 + ([f"LoRA r={self.lora.rank}"] if self.lora is not None else []))
+        """The combination in words: "micro-batch 2 x 8 accumulated, checkpointing"."""
+        parts = [f"micro-batch {self.micro_batch}"
+                 + (f" x {self.accumulation} accumulated" if self.accumulation > 1 else "")]
+        parts += ["checkpointing"] * self.checkpointing
+        if self.gpus > 1:
+            shard = {"none": "DDP", "optimizer": "ZeRO-1", "full": "FSDP2"}[self.sharding]
+            parts.append(f"{shard} over {self.gpus} GPUs")
+        parts += ["optimizer offloaded to the CPU"] * self.offload
+        parts += ["bf16 weights"] * self.weights16
+        parts += ["8-bit AdamW state"] * (self.optimizer == "adamw8bit")
+        parts += [f"LoRA r={self.lora_rank}"] * (self.lora_rank > 0)
         if self.optimizer not in ("adamw", "adamw8bit"):
-            words.append(self.optimizer)
-        return " + ".join(words) or "none"
+            parts.append(self.optimizer)
+        return ", ".join(parts)
+
+    def dry_run_kwargs(self, lora_targets: tuple[str, ...] | str | None = None) -> dict[str, Any]:
+        """The levers as `estimate_step_memory`'s keyword arguments (the batch given is one micro-batch)."""
+        lora = LoRA(rank=self.lora_rank, alpha=2 * self.lora_rank, targets=lora_targets) if self.lora_rank \
+            else None
+        return dict(accumulation=self.accumulation, checkpointing=self.checkpointing, shards=self.shards,
+                    offload=self.offload, optimizer=self.optimizer, lora=lora, weights16=self.weights16)
 
 
 class AdamW8bitState(torch.optim.Optimizer):

@@ -504,10 +504,25 @@ def _with_levers(model: nn.Module, levers: Levers, mesh: Any) -> nn.Module:
     return model
 
 
+def _dry_run_levers(accumulation: int, checkpointing: bool, shards: int, offload: bool, weights16: bool,
+                    optimizer: str, lora: LoRA | None) -> Levers:
+    """The dry run's levers, each checked (Levers does), and the combinations the dry run cannot count."""
+    if lora is not None and not isinstance(lora, LoRA):
+        raise ValueError(f"lora must be a LoRA(...) or None, got {type(lora).__name__}")
+    levers = Levers(accumulation=accumulation, checkpointing=checkpointing, gpus=shards,
+                    sharding="full" if shards > 1 else "none", offload=offload, weights16=weights16,
+                    optimizer=optimizer, lora_rank=lora.rank if lora is not None else 0)
+    if optimizer == "adamw8bit" and levers.sharded:
+        raise ValueError("optimizer='adamw8bit' with shards > 1 or offload: the dry run counts bitsandbytes' "
+                         "8-bit AdamW on whole parameters, not on FSDP2's shards (not measured here): use "
+                         "optimizer='adamw' with sharding, or shards=1")
+    return levers
+
+
 def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32", optimizer: str = "adamw",
                          fused: bool = True, accumulation: int = 1, checkpointing: bool = False,
                          shards: int = 1, offload: bool = False, lora: LoRA | None = None,
-                         kernels: str = "cuda") -> MemoryEstimate:
+                         weights16: bool = False, kernels: str = "cuda") -> MemoryEstimate:
     """The memory of one training step of any nn.Module on `batch` (a dict, or an (x, y) pair), from a dry
     run on fake tensors: the model copied with fake parameters, the optimizer's state made (a step on zero
     gradients), then one step tracked by torch's MemTracker; nothing is allocated, so full sizes run on a
@@ -515,7 +530,8 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
     helpers.core.adapt.as_course_model). Frozen parameters (a `peft` model, a frozen embedding) get no
     gradient and no optimizer state. DRY_RUN_ASSUMES says what it takes for granted.
 
-    The levers (helpers.measure.levers; `Levers(...).kwargs()` gives them all): `accumulation` micro-batches
+    The levers (helpers.measure.levers; `Levers(...).dry_run_kwargs()` gives them all): `accumulation`
+    micro-batches
     per step, `batch` being one; `checkpointing` every block; `shards` FSDP2 ranks (this rank's memory, on a
     fake process group); `offload` FSDP2's CPUOffloadPolicy (the CPU's part in `.host`, the device's in
     `.peak`); `optimizer` "adamw8bit" for bitsandbytes' 8-bit state; `lora` peft adapters on a base frozen in
@@ -529,7 +545,7 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
     from helpers.core.adapt import as_batch, loss_of, takes_course_batches
     from helpers.core.precision import autocast_context
 
-    levers = Levers(accumulation, checkpointing, shards, offload, optimizer, lora)  # checks each lever
+    levers = _dry_run_levers(accumulation, checkpointing, shards, offload, weights16, optimizer, lora)
     if kernels not in ("cuda", "cpu"):
         raise ValueError(f"kernels={kernels!r}: use 'cuda' (a GPU's kernels) or 'cpu'")
     if not isinstance(model, nn.Module):
@@ -547,6 +563,8 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
         from helpers.measure.levers import add_lora
 
         model = add_lora(_fake_copy(model, torch.device("meta"), _LORA_BASE[lora.base_dtype]), lora)
+    elif weights16:  # weights, gradients and Adam's state in bf16: the model's own copy cast
+        model = _fake_copy(model, torch.device("meta"), torch.bfloat16)
     group = compat.fake_process_group(shards) if levers.sharded else contextlib.nullcontext()
     with group as mesh, compat.fake_tensor_mode():
         fake = _with_levers(_fake_copy(model, device).train(), levers, mesh)

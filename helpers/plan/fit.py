@@ -25,26 +25,32 @@ from torch import nn
 from helpers.core.tables import Table
 from helpers.measure.flops import transformer_blocks
 from helpers.measure.gpus import GPU, gpu
-from helpers.measure.levers import LoRA, add_lora, optimizer_state_bytes, turn_on_checkpointing
+from helpers.measure.levers import (
+    LEVERS,
+    SHARDINGS,
+    Levers,
+    LoRA,
+    add_lora,
+    optimizer_state_bytes,
+    turn_on_checkpointing,
+)
 from helpers.measure.memory import MARGIN, MemoryEstimate, estimate_step_memory
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
 from helpers.measure.roofline import LAUNCH_S, datasheet_roofline
+from helpers.plan.calibrate import STACKS, Expected, expected
 from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at
 from helpers.plan.planner import EXAMPLE_PRICES, Prices, class_rules, count_step, example_batch, meta_copy
-from helpers.plan.steptime import SHARDINGS, Parallel, StepTime, step_time
+from helpers.plan.steptime import StepTime, step_time
 
 __all__ = [
-    "LEVERS",
     "OPTIMIZERS",
-    "Levers",
     "GpuMemory",
     "Option",
     "FitPlan",
     "make_it_fit",
 ]
 
-LEVERS = ("accumulation", "checkpointing", "sharding", "offload", "16-bit weights", "8-bit state", "LoRA")
-OPTIMIZERS = ("adamw", "adamw8bit")  # torch's AdamW; bitsandbytes' AdamW8bit (its blockwise 8-bit state)
+OPTIMIZERS = ("adamw", "adamw8bit")  # what the planner tries: torch's AdamW; bitsandbytes' 8-bit AdamW
 # a fused AdamW step moves 28 bytes per fp32 parameter (reads weight, gradient and two states; writes weight
 # and states); with 8-bit states, 16: the optimizer's op table is scaled by that ratio
 _ADAMW8_BYTES = 16 / 28
@@ -58,66 +64,6 @@ CUTS = {
     "optimizer state": ("sharding", "offload", "8-bit state", "16-bit weights", "LoRA"),
     "gathered weights": ("16-bit weights",),
 }
-
-
-@dataclass(frozen=True)
-class Levers:
-    """One combination of the memory levers (lesson 10)."""
-
-    micro_batch: int  # sequences per forward and backward on one GPU
-    accumulation: int = 1  # micro-batches per optimizer step
-    checkpointing: bool = False  # activations recomputed in the backward instead of kept
-    gpus: int = 1
-    sharding: str = "none"  # helpers.plan.steptime.SHARDINGS
-    offload: bool = False  # the optimizer's state and step on the CPU
-    weights16: bool = False  # weights, gradients and Adam's state in bf16 (no fp32 copy), as torchtune trains
-    optimizer: str = "adamw"
-    lora_rank: int = 0  # 0: every weight trains; r: LoRA adapters of rank r, the base frozen in 16 bits
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.micro_batch, int) and self.micro_batch >= 1):
-            raise ValueError(f"micro_batch must be a whole number >= 1, got {self.micro_batch!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if not (isinstance(self.lora_rank, int) and self.lora_rank >= 0):
-            raise ValueError(f"lora_rank must be a whole number >= 0, got {self.lora_rank!r}")
-        self.parallel  # checks accumulation, gpus, sharding
-
-    @property
-    def parallel(self) -> Parallel:
-        return Parallel(self.accumulation, self.gpus, self.sharding, self.offload)
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.accumulation * self.gpus
-
-    def used(self) -> list[str]:
-        """The levers this combination pulls, in LEVERS' words."""
-        on = {
-            "accumulation": self.accumulation > 1,
-            "checkpointing": self.checkpointing,
-            "sharding": self.sharding != "none",
-            "offload": self.offload,
-            "16-bit weights": self.weights16,
-            "8-bit state": self.optimizer == "adamw8bit",
-            "LoRA": self.lora_rank > 0,
-        }
-        return [name for name in LEVERS if on[name]]
-
-    def describe(self) -> str:
-        parts = [
-            f"micro-batch {self.micro_batch}"
-            + (f" x {self.accumulation} accumulated" if self.accumulation > 1 else "")
-        ]
-        parts += ["checkpointing"] * self.checkpointing
-        if self.gpus > 1:
-            shard = {"none": "DDP", "optimizer": "ZeRO-1", "full": "FSDP2"}[self.sharding]
-            parts.append(f"{shard} over {self.gpus} GPUs")
-        parts += ["optimizer offloaded to the CPU"] * self.offload
-        parts += ["bf16 weights"] * self.weights16
-        parts += ["8-bit AdamW state"] * (self.optimizer == "adamw8bit")
-        parts += [f"LoRA r={self.lora_rank}"] * (self.lora_rank > 0)
-        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -209,20 +155,29 @@ class Option:
     tokens_per_step: int  # the global batch's tokens
     price: float | None = None  # USD per GPU-hour
     dataset_tokens: float | None = None
+    stack: str = "eager"  # what the step will run as: helpers.plan.calibrate.STACKS
 
     @property
     def fits(self) -> bool:
         return self.memory.total <= self.usable
 
     @property
-    def tokens_per_s(self) -> float:
-        return self.tokens_per_step / self.step.seconds
+    def expected(self) -> Expected:
+        """The step's expected seconds and range on its stack, calibrated on published runs (lesson 09)."""
+        return expected(self.step, self.stack)
 
     @property
-    def epoch_cost(self) -> float | None:
+    def tokens_per_s(self) -> float:
+        """At the expected step time."""
+        return self.tokens_per_step / self.expected.seconds
+
+    @property
+    def epoch_cost(self) -> Expected | None:
+        """USD per epoch of `dataset_tokens`, expected and its range."""
         if self.price is None or not self.dataset_tokens:
             return None
-        return self.dataset_tokens / self.tokens_per_s / 3600 * self.price * self.levers.gpus
+        steps = self.dataset_tokens / self.tokens_per_step
+        return self.expected.scaled(steps / 3600 * self.price * self.levers.gpus)
 
 
 @dataclass(frozen=True)
@@ -255,7 +210,9 @@ class FitPlan:
         if not fitting:
             return None
         cost = (
-            (lambda o: o.epoch_cost or math.inf) if self.objective == "cost" else (lambda o: o.step.seconds)
+            (lambda o: o.epoch_cost.seconds if o.epoch_cost else math.inf)
+            if self.objective == "cost"
+            else (lambda o: o.expected.seconds)
         )
         best = min(cost(o) for o in fitting)
         # within 1 % of the best is a tie (below what the model can tell apart): then the fewest levers
@@ -292,13 +249,13 @@ class FitPlan:
         lines = [
             head,
             f"Chosen: {pick.levers.describe()} -> {pick.memory.total / 2**30:.1f} GiB, "
-            f"step {pick.step.seconds * 1e3:,.0f} ms.",
+            f"step {_ms_range(pick.expected)} ms expected.",
         ]
         for lever in pick.levers.used():  # what each lever of the choice buys, by taking it away
             without = self._without(pick, lever)
             if without is not None:
                 saved = without.memory.total - pick.memory.total
-                cost = pick.step.seconds / without.step.seconds - 1
+                cost = pick.expected.seconds / without.expected.seconds - 1
                 lines.append(f"  {lever}: saves {saved / 2**30:.1f} GiB for {cost:+.0%} step time")
         return "\n".join(lines)
 
@@ -339,13 +296,16 @@ class FitPlan:
                 f"  {part} (GiB per GPU)",
                 *[round(p.memory.parts()[part] / gib, 2) if p else None for p in picks],
             )
-        t.add("step time (ms)", *[round(p.step.seconds * 1e3, 1) if p else None for p in picks])
-        t.add("bound by", *[p.step.bound if p else None for p in picks])
-        t.add("tokens/s", *[float(f"{p.tokens_per_s:.3g}") if p else None for p in picks])
+        t.add(
+            "step at the roofs (ms), bound by",
+            *[f"{p.step.seconds * 1e3:,.3g}, {p.step.bound}" if p else None for p in picks],
+        )
+        t.add("step expected (ms, range)", *[_ms_range(p.expected) if p else None for p in picks])
+        t.add("tokens/s expected", *[float(f"{p.tokens_per_s:.2g}") if p else None for p in picks])
         if any(p and p.epoch_cost is not None for p in picks):
             t.add(
-                "USD per epoch",
-                *[float(f"{p.epoch_cost:.2g}") if p and p.epoch_cost else None for p in picks],
+                "USD per epoch (range)",
+                *[_usd_range(p.epoch_cost) if p and p.epoch_cost else None for p in picks],
             )
         return t
 
@@ -407,7 +367,7 @@ class Pricer:
             _optimizer_counts(counts, levers.optimizer),
             datasheet_roofline(g, launch_s=self.launch_s),
             precision,
-            parallel=levers.parallel,
+            levers=levers,
             g=g,
             trainable=trainable,
             parameters=params,
@@ -450,6 +410,7 @@ def make_it_fit(
     gpus: Sequence[str | GPU],
     allow: Sequence[str] = ("accumulation", "checkpointing", "sharding", "offload"),
     objective: str = "time",
+    stack: str = "eager",
     lora_rank: int = 8,
     lora_targets: tuple[str, ...] | str | None = None,
     prices: Prices | None = EXAMPLE_PRICES,
@@ -459,13 +420,16 @@ def make_it_fit(
     """Per GPU class of `gpus` ("T4", "8xH100": the box's count is the data-parallel size), every combination
     of the levers in `allow` that trains `global_batch` sequences of `seq_len` tokens per optimizer step,
     priced from the dry run and the op counts of the model's 1- and 2-layer copies; the fastest (or, with
-    objective="cost", cheapest) that fits is chosen (lesson 10)."""
+    objective="cost", cheapest) that fits is chosen; times expected on `stack` ("eager", "compiled", "fused":
+    helpers.plan.calibrate) (lesson 10)."""
     started = time.perf_counter()
     bad = set(allow) - set(LEVERS)
     if bad:
         raise ValueError(f"unknown lever(s) {sorted(bad)}: allow some of {LEVERS}")
     if objective not in ("time", "cost"):
         raise ValueError(f"objective must be 'time' or 'cost', got {objective!r}")
+    if stack not in STACKS:
+        raise ValueError(f"stack must be one of {STACKS}, got {stack!r}")
     if global_batch < 1:
         raise ValueError(f"global_batch must be >= 1 sequences, got {global_batch}")
     pricer = Pricer(model, seq_len, lora_targets=lora_targets, launch_s=launch_s)
@@ -475,9 +439,10 @@ def make_it_fit(
             raise ValueError(f"{g.key}: a global batch of {global_batch} does not split over {g.count} GPUs")
         precision = class_rules(g)[0]
         for levers in _combinations(global_batch // g.count, g.count, allow, lora_rank):
-            options.append(
-                pricer.option(g, levers, precision=precision, prices=prices, dataset_tokens=dataset_tokens)
+            option = pricer.option(
+                g, levers, precision=precision, prices=prices, dataset_tokens=dataset_tokens
             )
+            options.append(replace(option, stack=stack))
     name = f"{type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e9:,.2f} B parameters)"
     return FitPlan(
         name, seq_len, global_batch, tuple(options), objective, tuple(allow), time.perf_counter() - started
@@ -505,6 +470,14 @@ def _combinations(per_gpu: int, n: int, allow: Sequence[str], lora_rank: int) ->
             continue  # LoRA's base is 16-bit already
         out.append(Levers(m, per_gpu // m, ckpt, n, shard, off, w16, opt, lora))
     return out
+
+
+def _ms_range(e: Expected) -> str:
+    return f"{e.seconds * 1e3:,.2g} ({e.low * 1e3:,.2g} to {e.high * 1e3:,.2g})"
+
+
+def _usd_range(e: Expected) -> str:
+    return f"{e.seconds:,.2g} ({e.low:,.2g} to {e.high:,.2g})"
 
 
 def _family(precision: str) -> str:

@@ -20,8 +20,9 @@ from torch.nn import functional as F
 from helpers.core.adapt import ModelOutput, ModelShape
 from helpers.core.tables import Table
 from helpers.measure.gpus import GPU, GiB, gpu
+from helpers.measure.levers import Levers
 from helpers.plan.calibrate import CALIBRATION, STACKS, Calibration, expected, leave_one_out
-from helpers.plan.fit import Levers, Option, Pricer
+from helpers.plan.fit import Option, Pricer
 from helpers.plan.steptime import StepTime
 
 __all__ = ["Source", "PublishedRun", "RUNS", "LORA_RUNS", "MODELS", "TITAN_H100", "A6000", "rebuild", "Row",

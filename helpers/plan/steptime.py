@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from helpers.measure.gpus import BETWEEN_NODES, GPU, Link
+from helpers.measure.levers import Levers
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, op_class
 from helpers.measure.regimes import classify, predicted_time
 from helpers.measure.roofline import Roofline
@@ -17,8 +18,6 @@ from helpers.measure.roofline import Roofline
 __all__ = [
     "StepTime",
     "step_time",
-    "SHARDINGS",
-    "Parallel",
     "communication",
     "ASSUMED",
     "HOST_ADAMW_PARAMS_S",
@@ -26,7 +25,6 @@ __all__ = [
 ]
 
 _LINEAR_OPS = ("aten::mm", "aten::addmm", "aten::linear")  # what FP8 linears replace
-SHARDINGS = ("none", "optimizer", "full")  # DDP; ZeRO-1 (optimizer state sharded); FSDP2 (everything)
 # An optimizer offloaded to the CPU (FSDP2's CPUOffloadPolicy) steps there: AdamW on a server CPU reads and
 # writes ~16 bytes per fp32 parameter; 1e9 parameters/s is ~16 GB/s of a host's memory bandwidth. A parameter:
 # lesson 10 measures this machine's own rate.
@@ -123,36 +121,13 @@ def _phase_times(
     return phases
 
 
-@dataclass(frozen=True)
-class Parallel:
-    """How the step is spread and what it holds (lesson 10): micro-batches per optimizer step, data-parallel
-    GPUs, what is sharded among them, and an optimizer offloaded to the CPU."""
-
-    accumulation: int = 1  # micro-batches per optimizer step (their gradients added)
-    gpus: int = 1  # data-parallel GPUs
-    sharding: str = "none"  # SHARDINGS
-    offload: bool = False  # the optimizer's state and step on the CPU (with sharding="full": FSDP2's policy)
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.accumulation, int) and self.accumulation >= 1):
-            raise ValueError(f"accumulation must be a whole number >= 1, got {self.accumulation!r}")
-        if not (isinstance(self.gpus, int) and self.gpus >= 1):
-            raise ValueError(f"gpus must be a whole number >= 1, got {self.gpus!r}")
-        if self.sharding not in SHARDINGS:
-            raise ValueError(f"sharding must be one of {SHARDINGS}, got {self.sharding!r}")
-        if self.sharding != "none" and self.gpus == 1:
-            raise ValueError(
-                f"sharding={self.sharding!r} needs gpus >= 2: on one GPU there is nothing to share"
-            )
-
-
 def gpus_per_node(g: GPU) -> int:
     """GPUs one box holds: 8 of a board with NVLink (an HGX/DGX box), else as many as asked (lesson 10)."""
     return 8 if g.link is not None and g.link.kind.startswith("NVLink") else g.count
 
 
 def communication(
-    parallel: Parallel,
+    levers: Levers,
     g: GPU,
     *,
     trainable: int,
@@ -163,15 +138,15 @@ def communication(
 ) -> tuple[float, str]:
     """(seconds of one optimizer step's collectives per GPU, the link they run over) for `trainable` and
     `parameters` counted in elements; ring collectives at the slowest link the ring crosses (lesson 10)."""
-    n = parallel.gpus
+    n = levers.gpus
     if n == 1:
         return 0.0, "none"
     local = g.link if g.link is not None else between_nodes
     link = local if n <= max(gpus_per_node(g), 1) else min(local, between_nodes, key=lambda x: x.bandwidth)
     share = (n - 1) / n
-    if parallel.sharding == "full":  # FSDP2: gather for forward and backward, reduce-scatter, per micro-batch
+    if levers.sharding == "full":  # FSDP2: gather for forward and backward, reduce-scatter, per micro-batch
         per_micro = 2 * share * parameters * compute_bytes + share * trainable * grad_bytes
-        nbytes = parallel.accumulation * per_micro
+        nbytes = levers.accumulation * per_micro
     else:  # DDP (and ZeRO-1: reduce-scatter + all-gather, the same bytes): once per step, after accumulating
         nbytes = 2 * share * trainable * grad_bytes
     return nbytes / link.bandwidth, link.kind
@@ -183,26 +158,26 @@ def step_time(
     precision: str,
     *,
     fp8: bool = False,
-    parallel: Parallel | None = None,
+    levers: Levers | None = None,
     g: GPU | None = None,
     trainable: int = 0,
     parameters: int = 0,
     host_adamw_params_s: float = HOST_ADAMW_PARAMS_S,
 ) -> StepTime:
     """One optimizer step's time with each op of `counts` (one micro-batch's forward and backward, and the
-    optimizer's step) at `roofs` (lesson 04's model), repeated over `parallel.accumulation` micro-batches, the
-    optimizer's work shared among the GPUs that shard it, and the collectives and offload of `parallel` on
+    optimizer's step) at `roofs` (lesson 04's model), repeated over `levers.accumulation` micro-batches, the
+    optimizer's work shared among the GPUs that shard it, and the collectives and offload of `levers` on
     board `g` (`trainable`, `parameters`: element counts) (lessons 09, 10)."""
-    parallel = parallel or Parallel()
-    if parallel.gpus > 1 or parallel.offload:
+    levers = levers or Levers()
+    if levers.gpus > 1 or levers.offload:
         if g is None or not trainable:
             raise ValueError("data parallelism or offload needs the board `g` and the trainable parameters")
     phases = _phase_times(counts, roofs, precision, fp8)
-    k = parallel.accumulation
-    opt_share = 1 / parallel.gpus if parallel.sharding != "none" else 1.0
+    k = levers.accumulation
+    opt_share = 1 / levers.gpus if levers.sharding != "none" else 1.0
     weight = {ph: (opt_share if ph == OPTIMIZER_PHASE else k) for ph in phases}
     offload_s = 0.0
-    if parallel.offload:  # the optimizer's kernels leave the GPU: gradients down, the CPU's step, weights up
+    if levers.offload:  # the optimizer's kernels leave the GPU: gradients down, the CPU's step, weights up
         weight[OPTIMIZER_PHASE] = 0.0
         mine = trainable * opt_share
         offload_s = mine * 4 / g.host_link.bandwidth * 2 + mine / host_adamw_params_s
@@ -217,7 +192,7 @@ def step_time(
         by_regime["overhead"] += host_s - kernels_s  # the queue runs dry: the host sets the pace
     compute_s = kernels_s if roofs.synchronous else max(kernels_s, host_s)
     comm_s, _ = (
-        communication(parallel, g, trainable=trainable, parameters=parameters)
+        communication(levers, g, trainable=trainable, parameters=parameters)
         if g is not None
         else (0.0, "none")
     )
