@@ -492,9 +492,8 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
     if not isinstance(ids, torch.Tensor) or ids.dim() < 1:
         raise ValueError("the dry run's batch needs `input_ids` (or x of an (x, y) pair) as a tensor")
     device = torch.device("cpu")  # a fake CUDA tensor needs CUDA; the CPU's kernels stand in (assumes)
-    with compat.fake_tensor_mode():
+    with compat.fake_step(host, device) as fake_batch:  # the batch's values known: see compat.fake_step
         fake = _fake_copy(model, device).train()
-        fake_batch = {k: _fake_like(v, device) if isinstance(v, torch.Tensor) else v for k, v in host.items()}
         params = [p for p in fake.parameters() if p.requires_grad]
         opt = _optimizer(optimizer, params, fused)
 

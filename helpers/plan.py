@@ -342,10 +342,10 @@ def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "
     host = as_batch(batch)
     _shape(host)
     cpu = torch.device("cpu")
-    with compat.fake_tensor_mode(), _fake_counting(), gpu_like_attention():
+    # the batch's values stay known: a model that reads one (transformers 4.x BERT: is the mask all ones?)
+    # takes the branch a real step takes
+    with compat.fake_step(host, cpu) as fake_batch, _fake_counting(), gpu_like_attention():
         fake = _fake_of(model, cpu).train()
-        fake_batch = {k: torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=cpu)
-                      if isinstance(v, torch.Tensor) else v for k, v in host.items()}
         params = [p for p in fake.parameters() if p.requires_grad]
         # fused: one kernel for the update; else torch's default on a GPU, the multi-tensor (foreach) one
         opt = torch.optim.AdamW(params, lr=1e-3, fused=True) if fused_adamw else \

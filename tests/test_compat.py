@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -211,3 +212,21 @@ def test_exit_now_keeps_what_a_normal_exit_keeps(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stderr
     assert done.stdout == "printed, unflushed" and "logged" in done.stderr
     assert marker.read_text() == "ran"
+
+
+def test_guard_kind_names_what_each_guard_checks() -> None:
+    """Lesson 05 prints each Dynamo guard with what it checks: the tensor arguments' guards are TENSOR_MATCH
+    on every supported torch, asked through `create_fn_name()` where torch has it (2.13) and through the
+    builder function itself where it has not (2.7)."""
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    guards = [g for g in compat.explain_graphs(double, torch.ones(3)).out_guards if g.name]
+    kinds = {g.name: compat.guard_kind(g) for g in guards}
+    assert kinds.get("L['x']") == "TENSOR_MATCH", kinds
+    for g in guards:
+        if hasattr(g, "create_fn_name"):  # torch 2.13: the method the lesson called before
+            assert compat.guard_kind(g) == g.create_fn_name()
+    planted = SimpleNamespace(inner_create_fn=lambda: double)  # a guard of torch 2.7's shape
+    assert compat.guard_kind(planted) == "double"
+
