@@ -51,14 +51,16 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "optional_impor
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "triton_compiles_for",
            "check_triton_interpreter", "fully_shard",
-           "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
+           "reduce_scatter_averages", "all_reduce_averages", "all_reduce_with_avg", "average_fsdp_gradients",
+           "flex_compiles", "flex_trains",
            "scaled_mm_supports", "scaled_mm", "TorchDispatchMode", "op_schema", "storage_identity",
            "explain_graphs", "guard_kind",
            "TRANSFORMERS_V5",
-           "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
+           "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE", "GLOO_AVG"]
 
 TRANSFORMERS_V5 = "5.0"  # BERT on the attention interface: switchable in place, flex_attention, 4-D masks
 TRITON_NUMPY_FIX = "3.7"  # first triton whose interpreter runs with numpy >= 2.4 (triton PR 9172)
+GLOO_AVG = "2.8"  # first torch whose gloo all_reduce takes ReduceOp.AVG (2.7 raises; pytorch/pytorch#149781)
 FLEX_CPU_COMPILE = "2.11"  # oldest torch seen to compile FlexAttention for a CPU (2.7 fails to)
 
 
@@ -621,6 +623,77 @@ def reduce_scatter_averages() -> bool:
     import torch.distributed as dist
 
     return _averages(dist.get_backend(), dist.get_world_size())
+
+
+def all_reduce_averages(backend: str) -> bool:
+    """Whether `dist.all_reduce(t, op=ReduceOp.AVG)` runs on `backend`: NCCL's does; gloo's from torch 2.8 on
+    (pytorch/pytorch#149781: a sum, then a division by the group's size); torch 2.7's gloo raises "Cannot use
+    ReduceOp.AVG with Gloo" (lesson 07)."""
+    return backend.lower() != "gloo" or at_least("torch", GLOO_AVG)
+
+
+class _AveragedWork:
+    """The handle of an AVG all-reduce run as a sum: waiting for it (or its future) divides the sum by the
+    group's size, once."""
+
+    def __init__(self, work: Any, tensor: torch.Tensor, size: int) -> None:
+        import threading
+
+        self._work, self._tensor, self._size = work, tensor, size
+        self._lock, self._divided = threading.Lock(), False
+
+    def _divide(self) -> None:
+        with self._lock:  # a future's callback may run on another thread than wait()
+            if not self._divided:
+                self._divided = True
+                if self._tensor.is_floating_point() or self._tensor.is_complex():
+                    self._tensor.div_(self._size)
+                else:
+                    self._tensor.div_(self._size, rounding_mode="trunc")
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        done = self._work.wait(*args, **kwargs)
+        self._divide()
+        return done
+
+    def get_future(self) -> Any:
+        def averaged(future: Any) -> Any:
+            future.value()  # raises what the all-reduce raised
+            self._divide()
+            return [self._tensor]
+
+        return self._work.get_future().then(averaged)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def all_reduce_with_avg(all_reduce: Callable[..., Any]) -> Callable[..., Any]:
+    """`all_reduce` (torch.distributed's, or a wrapper with its signature) made to take op=ReduceOp.AVG where
+    the group's backend has none (gloo in torch 2.7): a sum, divided by the group's size when it is done (at
+    once, or when its handle or future is waited for), as gloo itself does from torch 2.8; every other call
+    as it was. Lesson 07's check runs the learner's function with it, so an AVG answer is right everywhere."""
+    import inspect
+
+    import torch.distributed as dist
+
+    signature = inspect.signature(all_reduce)
+
+    @functools.wraps(all_reduce)
+    def averaging(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        group = bound.arguments.get("group")
+        if bound.arguments.get("op") != dist.ReduceOp.AVG or all_reduce_averages(dist.get_backend(group)):
+            return all_reduce(*args, **kwargs)
+        bound.arguments["op"] = dist.ReduceOp.SUM
+        work = all_reduce(*bound.args, **bound.kwargs)
+        averaged = _AveragedWork(work, bound.arguments["tensor"], dist.get_world_size(group))
+        if work is None or not bound.arguments.get("async_op", False):
+            averaged._divide()  # a synchronous call: the sum is there now
+            return work
+        return averaged
+
+    return averaging
 
 
 def average_fsdp_gradients(modules: list[nn.Module], world_size: int) -> bool:
