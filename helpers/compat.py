@@ -6,9 +6,14 @@ README.md ("Supported versions") and `make test-matrix`.
 
 What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to newest:
 - transformers 4.x BERT picks its attention classes when it is built (eager or sdpa only), has no working
-  `set_attn_implementation`, and takes a packing mask as (R, T, T) of 1/0, not (R, 1, T, T);
-- triton < 3.4 has no `triton.knobs`; triton < 3.7's interpreter fails with numpy >= 2.4;
-- torch 2.7's gloo reduce-scatter sums where AVG is asked, so FSDP2 on CPUs summed gradients;
+  `set_attn_implementation`, and takes a packing mask as (R, T, T) of 1/0, not (R, 1, T, T); its forward
+  reads values (is the mask all ones? is the first or last token padding?), which a dry run on fake tensors
+  answers from the batch (`fake_step`), where transformers 5 skips the reads on fake tensors;
+- triton < 3.4 has no `triton.knobs` and compiles no fp16 `tl.dot` for sm_75; triton < 3.7's interpreter
+  fails with numpy >= 2.4;
+- torch 2.7's gloo reduce-scatter sums where AVG is asked, so FSDP2 on CPUs summed gradients, and its gloo
+  all-reduce refuses AVG (`all_reduce_with_avg` runs it as a sum and a division); torch 2.7's Dynamo guards
+  have no `create_fn_name()` (`guard_kind`);
 - compiled FlexAttention does not build on a CPU with torch 2.7; FlexAttention has no CPU backward in
   the torch releases after it (2.11, 2.13 checked);
 - torch._scaled_mm on a CPU scales per tensor only in some releases (2.11), row-wise too in others (2.13);
@@ -23,7 +28,7 @@ MemTracker (`torch._subclasses`, `torch.distributed._tools`), an op's `_schema`,
 dispatch mode of `torch.utils._python_dispatch`, `torch._dynamo.explain`) and Python's exit handlers
 (`atexit._run_exitfuncs`, for `exit_now`): they can change in any release, so each has one reader here (a
 test greps helpers/, scripts/ and benchmarks/ for others). Being the one home of all of these, it runs to
-about 400 lines, one section per subject.
+about 800 lines, one section per subject.
 """
 
 from __future__ import annotations

@@ -268,12 +268,14 @@ def _shape(batch: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _resized(batch: Mapping[str, Any], rows: int) -> dict[str, Any]:
-    """The batch with `rows` rows: every tensor whose first dimension is the batch's, its values zeros."""
+    """The batch with `rows` rows: every tensor whose first dimension is the batch's, its rows repeated. Its
+    values are the batch's, not zeros: a model may read them (transformers 4.x BERT warns of padding when
+    the first or last token is its pad token, id 0), and the dry run answers such reads from the batch."""
     n, _ = _shape(batch)
 
     def resized(v: Any) -> Any:
         batched = isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n
-        return v.new_zeros((rows, *v.shape[1:])) if batched else v
+        return v.repeat(-(-rows // n), *[1] * (v.dim() - 1))[:rows] if batched else v
 
     return {k: resized(v) for k, v in batch.items()}
 
