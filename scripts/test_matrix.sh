@@ -63,6 +63,7 @@ ignore=(--deselect tests/test_packaging.py::test_the_readmes_library_install_tak
 if [ -z "${PYTEST_ARGS:-}" ]; then
   for lesson in ${HOSTED_LESSONS:-}; do ignore+=("--ignore=notebooks/$lesson.ipynb"); done
 fi
+# --durations=25: the slowest tests, as `make test` prints them (what the floor's run in CI costs)
 # shellcheck disable=SC2086
 COURSE_PROFILE=smoke HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$PY" -m pytest -q --nbval-lax \
-  --nbval-current-env -p no:cacheprovider -k 'not browser' "${ignore[@]}" ${PYTEST_ARGS:-tests notebooks}
+  --nbval-current-env --durations=25 -p no:cacheprovider -k 'not browser' "${ignore[@]}" ${PYTEST_ARGS:-tests notebooks}
