@@ -62,9 +62,9 @@ test: $(STAMP) browser lint
 # The suite on one tested version set, in its own venv (.venv-$(SET), built once from
 # ci/constraints-$(SET).txt): SET=floor (default; torch 2.7.1, transformers 4.52, Python 3.11), SET=box
 # (torch 2.11, transformers 5.17, triton 3.6, Python 3.12) or SET=colab (Colab's versions: torch 2.11,
-# transformers 5.15, numpy 2.1, ipywidgets 7.7, Python 3.13). Not part of `make test`: about 20 min on
-# 2 cores, plus the first build (a few GB). MATRIX_PYTHON=/path/to/python3.X when the set's Python is not
-# on PATH (needed only to build the venv).
+# transformers 5.15, numpy 2.1, ipywidgets 7.7, Python 3.13). Not part of `make test`: 9-20 min on 2 cores,
+# plus the first build (a few GB); CI (.ci/run) runs SET=floor after `make test`. MATRIX_PYTHON=/path/to/
+# python3.X when the set's Python is not on PATH (needed only to build the venv).
 SET ?= floor
 test-matrix:
 	PYTEST_ARGS="$(PYTEST_ARGS)" HOSTED_LESSONS="$(HOSTED_LESSONS)" bash scripts/test_matrix.sh $(SET)

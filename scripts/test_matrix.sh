@@ -33,6 +33,13 @@ if [ ! -f "$STAMP" ] || [ "$CONSTRAINTS" -nt "$STAMP" ] || [ pyproject.toml -nt 
   [ "$have" = "$want" ] || {
     echo "$VENV is Python $have, the $SET set needs $want: remove $VENV, set MATRIX_PYTHON" >&2; exit 2; }
   "$PY" -m pip install --quiet --upgrade pip
+  # what building the course needs (pyproject.toml's [build-system] requires: setuptools >= 77, for the licence
+  # as an SPDX expression), in the set's pinned version: tests/test_install_split.py builds the package with
+  # this venv's own setuptools, without build isolation, and a venv of Python 3.11 starts with setuptools 65
+  build=$("$PY" -c 'import tomllib
+print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+  # shellcheck disable=SC2086
+  "$PY" -m pip install --quiet -c "$CONSTRAINTS" $build
   torch=$(grep -E '^torch==' "$CONSTRAINTS")
   # the CPU wheel first (no multi-GB CUDA libraries); the default index (CUDA build, runs on CPUs) if unreachable
   "$PY" -m pip install --quiet "$torch" --index-url https://download.pytorch.org/whl/cpu --retries 0 --timeout 15 \
@@ -56,6 +63,7 @@ ignore=(--deselect tests/test_packaging.py::test_the_readmes_library_install_tak
 if [ -z "${PYTEST_ARGS:-}" ]; then
   for lesson in ${HOSTED_LESSONS:-}; do ignore+=("--ignore=notebooks/$lesson.ipynb"); done
 fi
+# --durations=25: the slowest tests, as `make test` prints them (what the floor's run in CI costs)
 # shellcheck disable=SC2086
 COURSE_PROFILE=smoke HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$PY" -m pytest -q --nbval-lax \
-  --nbval-current-env -p no:cacheprovider -k 'not browser' "${ignore[@]}" ${PYTEST_ARGS:-tests notebooks}
+  --nbval-current-env --durations=25 -p no:cacheprovider -k 'not browser' "${ignore[@]}" ${PYTEST_ARGS:-tests notebooks}

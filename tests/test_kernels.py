@@ -21,6 +21,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere in this process
 
+from helpers.core import compat  # noqa: E402
 from helpers.model.attention import sdpa_attention  # noqa: E402
 from helpers.model.kernels import SUPPORTED_HEAD_DIMS, flash_attention, triton_available  # noqa: E402
 
@@ -225,8 +226,17 @@ def test_kernel_refusal_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -
     assert "fp16 or bf16" in fa.kernel_refusal("cuda", torch.float32, 128)
     assert "head dims (64, 128)" in fa.kernel_refusal("cuda", torch.float16, 32)
     fake_gpu(monkeypatch, "T4")
-    assert fa.kernel_refusal("cuda", torch.float16, 128) is None
-    assert "no bf16 units" in fa.kernel_refusal("cuda", torch.bfloat16, 128)
+    compiles, why = compat.triton_compiles_for((7, 5))
+    if compiles:  # triton 3.4 and newer
+        assert fa.kernel_refusal("cuda", torch.float16, 128) is None
+    else:  # triton 3.3, the floor: no fp16 tl.dot compiles for sm_75 (test_triton_targets.py shows it)
+        assert "triton>=3.4" in why, why
+        for dtype in (torch.float16, torch.bfloat16):  # what the installed triton cannot build comes first
+            assert fa.kernel_refusal("cuda", dtype, 128) == why
+    with monkeypatch.context() as m:  # the reasons after it, as a triton that compiles for sm_75 gives them
+        m.setattr(compat, "triton_compiles_for", lambda capability: (True, ""))
+        assert fa.kernel_refusal("cuda", torch.float16, 128) is None
+        assert "no bf16 units" in fa.kernel_refusal("cuda", torch.bfloat16, 128)
     fake_gpu(monkeypatch, "V100-16")
     assert "sm_75 and newer" in fa.kernel_refusal("cuda", torch.float16, 64)
     monkeypatch.setattr(fa, "triton_available", lambda: False)

@@ -16,6 +16,7 @@ import copy
 import math
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from owngpt import GPT, GPTConfig
 from course.exercises import EXERCISES, evaluate
 from course.exercises.lesson09 import draw_cases
 from course.sizing import MARGIN
+from helpers.core import compat
 from helpers.core.adapt import as_course_model
 from helpers.core.precision import training_precision
 from helpers.measure.gpus import GPUS, seen_as
@@ -77,6 +79,15 @@ def test_the_fake_count_is_the_real_count(name):
     fake = count_step(model, batch)  # fp32, fused AdamW: what the real step below runs
     real_model = copy.deepcopy(model)
     real = count_ops(labelled_step(real_model, batch, torch.optim.AdamW(real_model.parameters(), fused=True)))
+    _same_counts(fake, real)
+    if name == "BERT (Hugging Face)":
+        # transformers 4.x's BERT reads values in its forward (is the first or last token padding? is the
+        # attention mask all ones?), which the fake count answers from the batch; 5.x reads none
+        reads = ("forward", "aten::_local_scalar_dense") in real
+        assert reads == (not compat.at_least("transformers", compat.TRANSFORMERS_V5)), sorted(real)
+
+
+def _same_counts(fake: dict, real: dict) -> None:
     assert set(fake) == set(real), f"ops only in one count: {set(fake) ^ set(real)}"
     for key, r in real.items():
         f = fake[key]
@@ -85,6 +96,61 @@ def test_the_fake_count_is_the_real_count(name):
             assert f.bytes >= r.bytes, key
         else:
             assert f.bytes == r.bytes, (key, f.bytes, r.bytes)
+
+
+class _Reads(torch.nn.Module):
+    """A model that reads values in its forward, as models do: whether the batch has padding and which tokens
+    are real (`nonzero`: an output whose shape the values decide), both decided by the batch alone; with
+    `weights_read`, also whether its hidden state sums above zero, which the weights decide."""
+
+    def __init__(self, weights_read: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50)
+        self.weights_read = weights_read
+
+    def forward(self, input_ids, labels, attention_mask=None):
+        h, labels = self.emb(input_ids).flatten(0, 1), labels.flatten()
+        if attention_mask is not None and not attention_mask.bool().all():  # padding: the real tokens only
+            keep = attention_mask.flatten().nonzero().squeeze(1)
+            h, labels = h[keep], labels[keep]
+        if self.weights_read and h.sum() > 0:
+            h = h * 2
+        return SimpleNamespace(loss=torch.nn.functional.cross_entropy(self.out(h), labels))
+
+
+def _read_batch(padded: bool) -> dict[str, torch.Tensor]:
+    ids = torch.randint(50, (3, 16), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, 10:] = 0
+    return {"input_ids": ids, "labels": ids.clone(), "attention_mask": mask}
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no padding", "padded"])
+def test_a_value_the_batch_decides_takes_the_real_steps_branch(padded):
+    """The fake count and the dry run answer a model's reads of values the batch decides (transformers 4.x
+    BERT makes such reads) as a real step does: the same ops, and the branch follows the batch (planted: the
+    other batch takes the other branch, so an answer that did not come from the batch fails one case)."""
+    model, batch = _Reads(), _read_batch(padded)
+    fake = count_step(model, batch)
+    real_model = copy.deepcopy(model)
+    _same_counts(fake, count_ops(labelled_step(real_model, batch, torch.optim.AdamW(real_model.parameters(),
+                                                                                      fused=True))))
+    assert (("forward", "aten::nonzero") in fake) == padded
+    assert estimate_step_memory(model, batch).peak > 0
+
+
+def test_a_value_the_weights_decide_is_refused_naming_the_op_and_the_line():
+    """A read no dry run can answer (`if h.sum() > 0:` on the weights' output) fails with ValueReadError
+    naming the op, the model's line and the fix, in the count and in the memory dry run alike."""
+    from helpers.core.compat import ValueReadError
+
+    model, batch = _Reads(weights_read=True), _read_batch(False)
+    line = r"test_plan\.py:\d+ \(forward: `if self\.weights_read and h\.sum\(\) > 0:`\)"
+    for dry_run in (count_step, estimate_step_memory):
+        with pytest.raises(ValueReadError, match=r"aten::_local_scalar_dense.*" + line + r".*torch\.where"):
+            dry_run(model, batch)
 
 
 def test_a_count_keyed_by_data_pointer_is_wrong_on_fake_tensors():

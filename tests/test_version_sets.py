@@ -4,6 +4,7 @@ docs/setup.md's table name the same versions and Python."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -101,3 +102,21 @@ def test_a_matrix_venv_holds_its_set() -> None:
     differ = {pkg: (v, _installed(pkg)) for pkg, v in _pins(name).items() if _installed(pkg) != v}
     assert not differ, (f"ci/constraints-{name}.txt is not what .venv-{name} holds (pinned, installed): "
                         f"{differ}")
+
+
+def test_ci_runs_make_test_then_the_floor_set_and_fails_with_either(tmp_path: Path) -> None:
+    """.ci/run runs the README's `make test`, then `make test-matrix SET=floor`, and fails when either fails
+    (a `make` that records its arguments stands in; planted: each of the two fails in turn)."""
+    calls = tmp_path / "calls"
+    make = tmp_path / "make"
+    make.write_text('#!/bin/sh\necho "$*" >> "$CALLS"\n[ "$*" != "$FAIL" ]\n')
+    make.chmod(0o755)
+    both = ["test", "test-matrix SET=floor"]
+    for fail, ran, ok in (("", both, True), ("test", both[:1], False), (both[1], both, False)):
+        calls.write_text("")
+        env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "CALLS": str(calls),
+               "FAIL": fail}
+        done = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert calls.read_text().splitlines() == ran, (fail, calls.read_text())
+        assert (done.returncode == 0) == ok, (fail, done.returncode, done.stderr)

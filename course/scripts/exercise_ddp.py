@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course.exercises.lesson07 import bucket_sizes
+from helpers.core import compat
 from helpers.train.distributed import setup, teardown
 
 STEPS = 2  # SGD steps per candidate
@@ -114,13 +115,17 @@ def _in_world(fn: Any) -> Any:
 
 def _enter_worlds() -> None:
     """Patch torch.distributed so that the candidate's calls (through the module) stay in its world:
-    get_world_size() says the world's size, the collectives default to the world's group."""
+    get_world_size() says the world's size, the collectives default to the world's group (and all_reduce takes
+    ReduceOp.AVG on every backend)."""
     size = dist.get_world_size
 
     def get_world_size(group: Any = None) -> int:
         return _World.size if group is None else size(group)
 
     dist.get_world_size = get_world_size
+    # an answer may average with op=ReduceOp.AVG, which torch 2.7's gloo lacks: there it runs as a sum divided
+    # by the world's size (what gloo does from torch 2.8), so a right answer passes on every torch
+    dist.all_reduce = compat.all_reduce_with_avg(dist.all_reduce)
     for name in ("all_reduce", "barrier", "broadcast", "all_gather", "all_gather_into_tensor",
                  "reduce_scatter_tensor"):  # all in torch.distributed since torch 2.0
         setattr(dist, name, _in_world(getattr(dist, name)))

@@ -6,9 +6,14 @@ README.md ("Supported versions") and `make test-matrix`.
 
 What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to newest:
 - transformers 4.x BERT picks its attention classes when it is built (eager or sdpa only), has no working
-  `set_attn_implementation`, and takes a packing mask as (R, T, T) of 1/0, not (R, 1, T, T);
-- triton < 3.4 has no `triton.knobs`; triton < 3.7's interpreter fails with numpy >= 2.4;
-- torch 2.7's gloo reduce-scatter sums where AVG is asked, so FSDP2 on CPUs summed gradients;
+  `set_attn_implementation`, and takes a packing mask as (R, T, T) of 1/0, not (R, 1, T, T); its forward
+  reads values (is the mask all ones? is the first or last token padding?), which a dry run on fake tensors
+  answers from the batch (`fake_step`), where transformers 5 skips the reads on fake tensors;
+- triton < 3.4 has no `triton.knobs` and compiles no fp16 `tl.dot` for sm_75; triton < 3.7's interpreter
+  fails with numpy >= 2.4;
+- torch 2.7's gloo reduce-scatter sums where AVG is asked, so FSDP2 on CPUs summed gradients, and its gloo
+  all-reduce refuses AVG (`all_reduce_with_avg` runs it as a sum and a division); torch 2.7's Dynamo guards
+  have no `create_fn_name()` (`guard_kind`);
 - compiled FlexAttention does not build on a CPU with torch 2.7; FlexAttention has no CPU backward in
   the torch releases after it (2.11, 2.13 checked);
 - torch._scaled_mm on a CPU scales per tensor only in some releases (2.11), row-wise too in others (2.13);
@@ -23,7 +28,7 @@ MemTracker (`torch._subclasses`, `torch.distributed._tools`), an op's `_schema`,
 dispatch mode of `torch.utils._python_dispatch`, `torch._dynamo.explain`) and Python's exit handlers
 (`atexit._run_exitfuncs`, for `exit_now`): they can change in any release, so each has one reader here (a
 test greps helpers/, scripts/ and benchmarks/ for others). Being the one home of all of these, it runs to
-about 400 lines, one section per subject.
+about 800 lines, one section per subject.
 """
 
 from __future__ import annotations
@@ -46,20 +51,22 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "optional_impor
            "INSTALL_EXTRA", "set_attn_implementation", "attn_implementation", "is_hf_model",
            "disable_dropout", "bert_attn_implementations", "unwrap_model",
            "grad_scaler_scale", "profiler_enabled", "cuda_memory_snapshot", "memory_snapshot_html",
-           "fake_tensor_mode", "tracked_peak", "tracked_peak_sharded",
+           "fake_tensor_mode", "fake_step", "ValueReadError", "tracked_peak", "tracked_peak_sharded",
            "fake_process_group", "hf_model_in", "is_peft_model",
            "make_adamw", "hf_activation_checkpointing", "tf32_settings", "set_tf32_settings",
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "triton_compiles_for",
            "check_triton_interpreter", "fully_shard",
-           "reduce_scatter_averages", "average_fsdp_gradients", "flex_compiles", "flex_trains",
+           "reduce_scatter_averages", "all_reduce_averages", "all_reduce_with_avg", "average_fsdp_gradients",
+           "flex_compiles", "flex_trains",
            "scaled_mm_supports", "scaled_mm", "TorchDispatchMode", "op_schema", "storage_identity",
-           "explain_graphs",
+           "explain_graphs", "guard_kind",
            "TRANSFORMERS_V5",
-           "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE"]
+           "TRITON_NUMPY_FIX", "FLEX_CPU_COMPILE", "GLOO_AVG"]
 
 TRANSFORMERS_V5 = "5.0"  # BERT on the attention interface: switchable in place, flex_attention, 4-D masks
 TRITON_NUMPY_FIX = "3.7"  # first triton whose interpreter runs with numpy >= 2.4 (triton PR 9172)
+GLOO_AVG = "2.8"  # first torch whose gloo all_reduce takes ReduceOp.AVG (2.7 raises; pytorch/pytorch#149781)
 FLEX_CPU_COMPILE = "2.11"  # oldest torch seen to compile FlexAttention for a CPU (2.7 fails to)
 
 
@@ -271,6 +278,162 @@ def fake_tensor_mode() -> Any:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode()
+
+
+class ValueReadError(ValueError):
+    """A model read a tensor's value (`.item()`, `if t:`, `x in t`) that a dry run on fake tensors cannot
+    know: it depends on more than the batch (lessons 03 and 09)."""
+
+
+class _BatchValues(TorchDispatchMode):
+    """Below every other dispatch mode and above the fake mode: keeps the real value of each tensor the batch
+    alone decides (the batch's own tensors, constants and factory tensors made in the model, what ops compute
+    from those alone, at most `limit` elements each), so a read of such a value gets what a real step would
+    get. Tensors made from parameters, random numbers or `empty` have no value here."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.limit = limit
+        self.values: Any = WeakIdKeyDictionary()  # fake tensor -> its real value (keyed by identity)
+
+    def value(self, t: Any) -> torch.Tensor | None:
+        from torch._subclasses.fake_tensor import is_fake
+
+        return self.values.get(t) if is_fake(t) else t  # a real tensor (a constant) is its own value
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+            unset_fake_temporarily,
+        )
+        from torch.utils import _pytree
+
+        kwargs = kwargs or {}
+        flat, spec = _pytree.tree_flatten((args, kwargs))
+        inputs = [x for x in flat if isinstance(x, torch.Tensor)]
+        real = [self.value(x) if isinstance(x, torch.Tensor) else x for x in flat]
+        known = all(self.value(x) is not None for x in inputs) and self._defined(func)
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+            if not known:  # .item(), bool(t), `if t:` of a value the fake mode does not have
+                raise ValueReadError(_value_read_message(func))
+            with unset_fake_temporarily():
+                return real[0].item()
+        try:
+            out = func(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            if not known:  # an op whose output's shape or value depends on values (nonzero, equal)
+                raise ValueReadError(_value_read_message(func)) from None
+            return self._from_real(func, _pytree.tree_unflatten(real, spec))
+        if known and self._small(out, inputs):
+            self._keep(out, self._real(func, _pytree.tree_unflatten(real, spec)))  # writes its values too
+        else:  # a tensor written from what has no value here: it and every view of its storage lose theirs
+            written = {storage_identity(t) for t in _written(func, args, kwargs)}
+            for t in [t for t in list(self.values.keys()) if storage_identity(t) in written]:
+                del self.values[t]
+        return out
+
+    @staticmethod
+    def _defined(func: Any) -> bool:
+        """Whether the op's output values follow from its inputs: not random, not uninitialised memory."""
+        name = op_schema(func).name
+        return torch.Tag.nondeterministic_seeded not in func.tags and not any(
+            word in name for word in ("empty", "resize", "set_"))
+
+    def _small(self, out: Any, inputs: list[Any]) -> bool:
+        # a view of an input allocates nothing; a new tensor is kept only up to `limit` elements (the batch's
+        # size): values the batch decides are batch-sized (tokens, masks, positions), and a copy of anything
+        # larger, an activation, would allocate what the dry run exists to avoid
+        from torch.utils import _pytree
+
+        storages = {storage_identity(t) for t in inputs}
+        return all(storage_identity(t) in storages or t.numel() <= self.limit
+                   for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+
+    @staticmethod
+    def _real(func: Any, call: tuple) -> Any:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        args, kwargs = call
+        with unset_fake_temporarily():
+            try:
+                return func(*args, **kwargs)
+            except (RuntimeError, TypeError, NotImplementedError):
+                return None  # no value for this op's outputs; a later read of them raises ValueReadError
+
+    def _keep(self, out: Any, value: Any) -> None:
+        from torch.utils import _pytree
+
+        if value is None:
+            return
+        for t, v in zip(_pytree.tree_leaves(out), _pytree.tree_leaves(value)):
+            if isinstance(t, torch.Tensor) and isinstance(v, torch.Tensor):
+                self.values[t] = v
+
+    def _from_real(self, func: Any, call: tuple) -> Any:
+        """An op whose output shape depends on values, its inputs known: computed for real, its tensors
+        handed on as fake tensors of the real shapes (that keep the real values)."""
+        from torch.utils import _pytree
+
+        value = self._real(func, call)
+        if value is None:
+            raise ValueReadError(_value_read_message(func))
+
+        def fake(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return v
+            # made through the fake mode (this mode is off inside its own dispatch): a fake of the real shape
+            t = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=v.device)
+            self.values[t] = v
+            return t
+
+        return _pytree.tree_map(fake, value)
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors an op writes in place (its schema marks them: `self` of add_, `out=`)."""
+    found = []
+    for i, arg in enumerate(op_schema(func).arguments):
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
+            found.append(value)
+    return found
+
+
+def _value_read_message(func: Any) -> str:
+    """Where the model read a value it cannot have on fake tensors, and what to do (ValueReadError)."""
+    import traceback
+
+    skip = (os.path.dirname(torch.__file__), __file__, os.path.dirname(contextlib.__file__))
+    frames = [f for f in traceback.extract_stack()
+              if not f.filename.startswith(skip) and f.name != "__torch_dispatch__"]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name}: `{frames[-1].line}`)" \
+        if frames else ""
+    return (f"the model reads a tensor's value ({op_schema(func).name}: .item(), bool(t), `if t:`, `x in t`, "
+            f"or an op whose output shape depends on values){where}, which a dry run on fake tensors does "
+            "not have: it keeps only the values the batch alone decides (tokens, masks, positions; at most "
+            "the batch's size), not those of weights or random numbers. Write the branch without reading a "
+            "value (torch.where(cond, a, b)), or move the read out of forward; or measure the step on a "
+            "device that can hold it")
+
+
+@contextlib.contextmanager
+def fake_step(batch: dict[str, Any], device: torch.device) -> Iterator[dict[str, Any]]:
+    """A fake mode for a dry run of a step (lessons 03 and 09): yields `batch` as fake tensors on `device`
+    whose values stay known, as do those of what the batch alone decides, so that a model that reads such a
+    value (transformers 4.x BERT asks whether the attention mask is all ones, and whether the first or last
+    token is padding) gets the answer a real step gets; a read of any other value raises ValueReadError
+    naming the op and the line."""
+    values = {k: v.detach().to(device).clone() for k, v in batch.items()  # copies: a model may write into
+              if isinstance(v, torch.Tensor)}                              # its batch
+    with fake_tensor_mode(), _BatchValues(max((v.numel() for v in values.values()), default=1)) as known:
+        fake = dict(batch)
+        for k, v in values.items():
+            fake[k] = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=device)
+            known.values[fake[k]] = v
+        yield fake
 
 
 class _NoHook:
@@ -546,6 +709,77 @@ def reduce_scatter_averages() -> bool:
     return _averages(dist.get_backend(), dist.get_world_size())
 
 
+def all_reduce_averages(backend: str) -> bool:
+    """Whether `dist.all_reduce(t, op=ReduceOp.AVG)` runs on `backend`: NCCL's does; gloo's from torch 2.8 on
+    (pytorch/pytorch#149781: a sum, then a division by the group's size); torch 2.7's gloo raises "Cannot use
+    ReduceOp.AVG with Gloo" (lesson 07)."""
+    return backend.lower() != "gloo" or at_least("torch", GLOO_AVG)
+
+
+class _AveragedWork:
+    """The handle of an AVG all-reduce run as a sum: waiting for it (or its future) divides the sum by the
+    group's size, once."""
+
+    def __init__(self, work: Any, tensor: torch.Tensor, size: int) -> None:
+        import threading
+
+        self._work, self._tensor, self._size = work, tensor, size
+        self._lock, self._divided = threading.Lock(), False
+
+    def _divide(self) -> None:
+        with self._lock:  # a future's callback may run on another thread than wait()
+            if not self._divided:
+                self._divided = True
+                if self._tensor.is_floating_point() or self._tensor.is_complex():
+                    self._tensor.div_(self._size)
+                else:
+                    self._tensor.div_(self._size, rounding_mode="trunc")
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        done = self._work.wait(*args, **kwargs)
+        self._divide()
+        return done
+
+    def get_future(self) -> Any:
+        def averaged(future: Any) -> Any:
+            future.value()  # raises what the all-reduce raised
+            self._divide()
+            return [self._tensor]
+
+        return self._work.get_future().then(averaged)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def all_reduce_with_avg(all_reduce: Callable[..., Any]) -> Callable[..., Any]:
+    """`all_reduce` (torch.distributed's, or a wrapper with its signature) made to take op=ReduceOp.AVG where
+    the group's backend has none (gloo in torch 2.7): a sum, divided by the group's size when it is done (at
+    once, or when its handle or future is waited for), as gloo itself does from torch 2.8; every other call
+    as it was. Lesson 07's check runs the learner's function with it, so an AVG answer is right everywhere."""
+    import inspect
+
+    import torch.distributed as dist
+
+    signature = inspect.signature(all_reduce)
+
+    @functools.wraps(all_reduce)
+    def averaging(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        group = bound.arguments.get("group")
+        if bound.arguments.get("op") != dist.ReduceOp.AVG or all_reduce_averages(dist.get_backend(group)):
+            return all_reduce(*args, **kwargs)
+        bound.arguments["op"] = dist.ReduceOp.SUM
+        work = all_reduce(*bound.args, **bound.kwargs)
+        averaged = _AveragedWork(work, bound.arguments["tensor"], dist.get_world_size(group))
+        if work is None or not bound.arguments.get("async_op", False):
+            averaged._divide()  # a synchronous call: the sum is there now
+            return work
+        return averaged
+
+    return averaging
+
+
 def average_fsdp_gradients(modules: list[nn.Module], world_size: int) -> bool:
     """Make FSDP2 average gradients where the backend's reduce-scatter sums (torch 2.7 on gloo): divide
     each reduced shard by the world size. True when a fix was needed (lesson 07)."""
@@ -630,6 +864,15 @@ def explain_graphs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return _dynamo.explain(fn)(*args, **kwargs)
     finally:
         _dynamo.reset()
+
+
+def guard_kind(guard: Any) -> str:
+    """What a Dynamo guard checks, as the name of the function that builds it (TENSOR_MATCH, TYPE_MATCH, ...)
+    (lesson 05): torch 2.13 has `Guard.create_fn_name()`; torch 2.7 has not, only `inner_create_fn()`, the
+    function itself (2.13 has both)."""
+    if hasattr(guard, "create_fn_name"):
+        return guard.create_fn_name()
+    return guard.inner_create_fn().__name__
 
 
 # --- ending a launched process ------------------------------------------------------------------------------

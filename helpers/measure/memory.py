@@ -566,9 +566,9 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
     elif weights16:  # weights, gradients and Adam's state in bf16: the model's own copy cast
         model = _fake_copy(model, torch.device("meta"), torch.bfloat16)
     group = compat.fake_process_group(shards) if levers.sharded else contextlib.nullcontext()
-    with group as mesh, compat.fake_tensor_mode():
+    # the batch's values known to the fake mode: see compat.fake_step
+    with group as mesh, compat.fake_step(host, device) as fake_batch:
         fake = _with_levers(_fake_copy(model, device).train(), levers, mesh)
-        fake_batch = {k: _fake_like(v, device) if isinstance(v, torch.Tensor) else v for k, v in host.items()}
         params = [p for p in fake.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters: nothing to train")

@@ -215,12 +215,14 @@ def _shape(batch: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _resized(batch: Mapping[str, Any], rows: int) -> dict[str, Any]:
-    """The batch with `rows` rows: every tensor whose first dimension is the batch's, its values zeros."""
+    """The batch with `rows` rows: every tensor whose first dimension is the batch's, its rows repeated. Its
+    values are the batch's, not zeros: a model may read them (transformers 4.x BERT warns of padding when
+    the first or last token is its pad token, id 0), and the dry run answers such reads from the batch."""
     n, _ = _shape(batch)
 
     def resized(v: Any) -> Any:
         batched = isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n
-        return v.new_zeros((rows, *v.shape[1:])) if batched else v
+        return v.repeat(-(-rows // n), *[1] * (v.dim() - 1))[:rows] if batched else v
 
     return {k: resized(v) for k, v in batch.items()}
 
@@ -289,10 +291,10 @@ def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "
     host = as_batch(batch)
     _shape(host)
     cpu = torch.device("cpu")
-    with compat.fake_tensor_mode(), _fake_counting(), gpu_like_attention():
+    # the batch's values stay known: a model that reads one (transformers 4.x BERT: is the mask all ones?)
+    # takes the branch a real step takes
+    with compat.fake_step(host, cpu) as fake_batch, _fake_counting(), gpu_like_attention():
         fake = _fake_of(model, cpu).train()
-        fake_batch = {k: torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=cpu)
-                      if isinstance(v, torch.Tensor) else v for k, v in host.items()}
         params = [p for p in fake.parameters() if p.requires_grad]
         # fused: one kernel for the update; else torch's default on a GPU, the multi-tensor (foreach) one
         opt = torch.optim.AdamW(params, lr=1e-3, fused=True) if fused_adamw else \
