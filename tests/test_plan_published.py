@@ -113,13 +113,13 @@ def rebuilt():
     wrong_figure = replace(figure, **PLANTED_MEMORY[1])
     jobs = [*published.RUNS, *planted, *map(published.as_run, (*published.MEMORY_FIGURES, wrong_figure))]
     started = time.perf_counter()
-    options = published.rebuild_all(jobs, processes=2)
-    print(f"{len(jobs)} runs and figures rebuilt in {time.perf_counter() - started:.0f} s (2 processes)")
+    steps = published.rebuild_all([*published.RUNS, *planted], processes=2)
     n = len(published.RUNS)
-    rows = [published.Row(r, o.step) for r, o in zip(published.RUNS, options)]
-    planted_rows = [published.Row(r, o.step) for r, o in zip(planted, options[n:n + len(planted)])]
-    memory = [published.memory_row(f, o) for f, o in
-              zip((*published.MEMORY_FIGURES, wrong_figure), options[n + len(planted):])]
+    rows = [published.Row(r, step) for r, step in zip(published.RUNS, steps)]
+    planted_rows = [published.Row(r, step) for r, step in zip(planted, steps[n:])]
+    memory = [published.memory_row(f, published.rebuild(published.as_run(f)))
+              for f in (*published.MEMORY_FIGURES, wrong_figure)]
+    print(f"{len(jobs)} runs and figures rebuilt in {time.perf_counter() - started:.0f} s")
     return rows, planted_rows, memory[:-1], memory[-1]
 
 
@@ -224,11 +224,14 @@ def test_expected_names_bad_input():
         replace(published.RUNS[-1], gpu=published.TITAN_H100)
 
 
-@pytest.mark.xfail(strict=True, raises=(RuntimeError, ValueError),
-                   reason="the dry run does not take a peft model yet (issue 49): when it does, this fails; "
-                          "move LORA_RUNS into RUNS and the LoRA figure into MEMORY_FIGURES, and refit")
-def test_the_lora_runs_wait_for_the_peft_dry_run():
-    published.rebuild(published.LORA_RUNS[0])
+def test_the_lora_runs_are_rebuilt_and_left_out_of_the_fit_for_a_stated_reason():
+    """torchtune's LoRA runs rebuild (the planner takes a peft model), but their tokens/s would have every
+    kernel beat its roof: the step the planner counts cannot run that fast on the board's dense peak, so what
+    their tokens count is not what the planner counts, and they stay out of the calibration."""
+    for run in published.LORA_RUNS:
+        step = published.rebuild_step(run)
+        print(f"{run.name}: theirs {run.measured_s:.2f} s, every kernel at its roof {step.seconds:.2f} s")
+        assert run.measured_s < step.seconds, run.name
 
 
 def test_the_fit_recovers_a_known_factor():
