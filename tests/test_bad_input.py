@@ -145,3 +145,22 @@ def test_token_id_beyond_the_vocabulary_names_the_largest_id_and_the_size():
     ids[1, 3] = -1
     with pytest.raises(ValueError, match="found ids from -1 to"):
         model(ids)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("entry", ["train", "TrainStep", "evaluate"])
+def test_a_device_the_machine_lacks_is_named_with_the_fix(entry):
+    """train(..., device="cuda") on a CPU-only machine raised torch's bare "Torch not compiled with CUDA
+    enabled" from inside model.to (issue 48): each entry point names the device and what to do instead."""
+    from helpers.core.device import DeviceUnavailableError
+    from helpers.model.models import TransformerConfig
+    from helpers.train.evaluation import evaluate
+    from helpers.train.loop import TrainConfig, TrainStep, make_optimizer, train
+
+    model = TransformerConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=1, max_len=8).build()
+    batch = {"input_ids": torch.zeros(2, 8, dtype=torch.long), "labels": torch.zeros(2, 8, dtype=torch.long)}
+    calls = {"train": lambda: train(model, [batch], TrainConfig(steps=1, progress=False), device="cuda"),
+             "TrainStep": lambda: TrainStep(model, make_optimizer(model, 1e-3, 0.0), device="cuda"),
+             "evaluate": lambda: evaluate(model, [], device="cuda")}
+    with pytest.raises(DeviceUnavailableError, match=r"CUDA was requested .* use device 'auto' or 'cpu'"):
+        calls[entry]()

@@ -215,11 +215,11 @@ def _train_ddp_one_step(model, opt, spec) -> None:  # noqa: ANN001
     one_step(model, opt, xs, spec, env, no_sync=True)
 
 
-@pytest.mark.parametrize("where", ["train", "train_step", "train_ddp"])
+@pytest.mark.parametrize("where", ["train", "TrainStep", "train_ddp"])
 def test_autocast_covers_the_forward_pass_only_and_tf32_the_whole_step(where):
     # PyTorch's AMP guide: autocast wraps forward and loss; backward runs in the dtypes autocast chose for
     # the forward ops; optimizer.step() runs outside autocast. TF32, a global setting, covers the whole step.
-    from helpers.train.loop import train_step
+    from helpers.train.loop import TrainStep
 
     log = {"forward": [], "backward": [], "step": []}
     model = _ProbeModel(log)
@@ -228,8 +228,8 @@ def test_autocast_covers_the_forward_pass_only_and_tf32_the_whole_step(where):
     if where == "train":
         train(model, _probe_batch, TrainConfig(steps=2, grad_accum=2, progress=False, track_memory=False),
               device="cpu", spec=spec, optimizer=opt)
-    elif where == "train_step":
-        train_step(model, [_probe_batch(0, 0), _probe_batch(0, 1)], opt, spec=spec, device="cpu")
+    elif where == "TrainStep":
+        TrainStep(model, opt, spec=spec, device="cpu")([_probe_batch(0, 0), _probe_batch(0, 1)])
     else:
         _train_ddp_one_step(model, opt, spec)
     assert log["forward"] and all(log["forward"]), "the forward pass must run under autocast"

@@ -55,6 +55,27 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_000004.pt", "step_000006.pt"]
 
 
+def test_a_resume_with_a_changed_learning_rate_names_it_and_keeps_what_it_is_told(tmp_path, capsys):
+    """Issue 48: a resume whose configuration differs from the checkpoint's once kept the old learning rate
+    from the optimizer's saved state, saying nothing. Now it refuses, naming the setting, or keeps the
+    checkpoint's or this run's as asked, and says which."""
+    from helpers.train.checkpoint import CheckpointError
+
+    batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ)
+    train(tiny_model(), batch_fn, quiet(steps=2, lr=3e-3, checkpoint_dir=str(tmp_path), checkpoint_every=2))
+    same = train(tiny_model(), batch_fn, quiet(steps=3, lr=3e-3, checkpoint_dir=str(tmp_path)))
+    assert same.resumed_from == 2  # the same settings: no question asked
+    with pytest.raises(CheckpointError, match=r"lr: 0.003 in the checkpoint, 0.001 in this run.*'this run'"):
+        train(tiny_model(), batch_fn, quiet(steps=4, lr=1e-3, checkpoint_dir=str(tmp_path)))
+    lrs = {}
+    for keep in ("checkpoint", "this run"):
+        result = train(tiny_model(), batch_fn, quiet(steps=4, lr=1e-3, checkpoint_dir=str(tmp_path),
+                                                      on_changed_settings=keep, checkpoint_every=0))
+        lrs[keep] = result.lrs[-1]
+        assert f"{keep}'s kept" in capsys.readouterr().out
+    assert lrs == {"checkpoint": pytest.approx(3e-3), "this run": pytest.approx(1e-3)}
+
+
 def test_resume_with_a_sequence_and_an_iterable_of_batches(tmp_path):
     batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=1)
     data = [batch_fn(i, 0) for i in range(3)]  # 3 batches, 5 steps: the epochs repeat in order
@@ -303,22 +324,23 @@ def test_losses_are_bit_identical_to_a_plain_loop_that_syncs_every_step():
 
 def test_train_step_in_a_loop_of_your_own_matches_train():
     from helpers.core.seeding import seed_everything
-    from helpers.train.loop import make_optimizer, train_step
+    from helpers.train.loop import TrainStep, make_optimizer
 
     batch_fn = synthetic_batch_fn(VOCAB, BATCH, SEQ, seed=7)
     expected = train(tiny_model(), batch_fn, quiet(steps=4, grad_accum=2)).losses
     model = tiny_model()
     seed_everything(0)
     opt = make_optimizer(model, 3e-3, 0.01)
-    outs = [train_step(model, [batch_fn(s, m) for m in range(2)], opt) for s in range(4)]
+    step = TrainStep(model, opt)  # made once: it checks the spec on the device, the model and the clipping
+    outs = [step([batch_fn(s, m) for m in range(2)]) for s in range(4)]
     assert [float(o.loss) for o in outs] == expected
     assert all(o.samples == 2 * BATCH and o.tokens == 2 * BATCH * SEQ for o in outs)
     with pytest.raises(ValueError, match="GradScaler"):
-        train_step(model, batch_fn(0, 0), opt, spec=RunSpec(precision="fp16"))
+        TrainStep(model, opt, spec=RunSpec(precision="fp16"))
 
 
 def test_tokens_are_counted_on_the_host_before_the_model_runs():
-    from helpers.train.loop import make_optimizer, train_step
+    from helpers.train.loop import TrainStep, make_optimizer
 
     class EatsItsMask(nn.Module):  # zeroes the mask it gets: a count taken afterwards would see 0
         def __init__(self):
@@ -333,7 +355,7 @@ def test_tokens_are_counted_on_the_host_before_the_model_runs():
     batch = synthetic_batch_fn(VOCAB, BATCH, SEQ, pad_fraction=0.5)(0, 0)
     real = int(batch["attention_mask"].sum())
     model = EatsItsMask()
-    out = train_step(model, batch, make_optimizer(model, 1e-3, 0.0))
+    out = TrainStep(model, make_optimizer(model, 1e-3, 0.0))(batch)
     assert isinstance(out.tokens, int) and out.tokens == real < BATCH * SEQ
 
 
@@ -559,7 +581,7 @@ def test_6_a_cpu_peak_counts_the_optimizer_state_a_later_step_starts_with():
     """On a CPU the peak is read with the profiler over one step. The first step's peak comes before AdamW
     makes its two moments: the steady state holds them during every later forward and backward pass."""
     from helpers.measure.memory import tensor_bytes, track_peak_memory
-    from helpers.train.loop import make_optimizer, train_step
+    from helpers.train.loop import TrainStep, make_optimizer
 
     batch_fn = synthetic_batch_fn(VOCAB, 8, SEQ)
     cfg = dict(dropout=0.0, d_model=64, n_layers=2)
@@ -567,10 +589,11 @@ def test_6_a_cpu_peak_counts_the_optimizer_state_a_later_step_starts_with():
     model = tiny_model(**cfg)  # the same run by hand: the second step measured as the steady state
     seed_everything(0)
     opt = make_optimizer(model, 3e-3, 0.01)
-    train_step(model, batch_fn(0, 0), opt)
+    step = TrainStep(model, opt)
+    step(batch_fn(0, 0))
     opt.zero_grad(set_to_none=True)
     with track_peak_memory("cpu", baseline_bytes=tensor_bytes(model, opt)) as steady:
-        train_step(model, batch_fn(1, 0), opt)
+        step(batch_fn(1, 0))
     moments = tensor_bytes(opt)  # the optimizer state the first step's peak has not got
     assert moments > 0.05 * steady.peak_bytes  # large enough to tell the two apart
     assert abs(result.peak_memory_bytes - steady.peak_bytes) < 0.25 * moments, (

@@ -412,11 +412,59 @@ def _raise_on_every_rank(failure: Exception | None, path: Path) -> None:
         raise failure
 
 
+# the optimizer's settings a resumed run compares with the checkpoint's ("initial_lr": a scheduler's base)
+SETTINGS = ("initial_lr", "lr", "weight_decay", "betas", "eps", "momentum", "dampening", "nesterov")
+ON_CHANGED_SETTINGS = ("refuse", "checkpoint", "this run")
+
+
+def _settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings (a scheduler's base learning rate stands for the learning rate)."""
+    out = []
+    for group in optimizer.param_groups:
+        keys = [k for k in SETTINGS if k in group and not (k == "lr" and "initial_lr" in group)]
+        out.append({k: group[k] for k in keys})
+    return out
+
+
+def _changed(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    return [f"group {i} {k}: {after[i][k]!r} in the checkpoint, {b[k]!r} in this run"
+            for i, b in enumerate(before) if i < len(after)
+            for k in b if k in after[i] and after[i][k] != b[k]]
+
+
+def _settle_settings(optimizer: torch.optim.Optimizer, scheduler: Any, before: list[dict[str, Any]],
+                     on_changed: str, log: Any) -> None:
+    """After a load: the optimizer's settings that differ from this run's, refused or kept as `on_changed`
+    says (the checkpoint's, or this run's), and said."""
+    changed = _changed(before, _settings(optimizer))
+    if not changed:
+        return
+    if on_changed == "refuse":
+        raise CheckpointError("the checkpoint's optimizer settings differ from this run's: "
+                              + "; ".join(changed) + ". Resume with TrainConfig(on_changed_settings="
+                              "'checkpoint') to keep the checkpoint's, or 'this run' to train on with the "
+                              "new ones")
+    if on_changed == "this run":
+        for group, mine in zip(optimizer.param_groups, before):
+            group.update(mine)
+            if "initial_lr" in mine:
+                group["lr"] = mine["initial_lr"]
+        if scheduler is not None and hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [g.get("initial_lr", g["lr"]) for g in optimizer.param_groups]
+    log(f"resume: {'; '.join(changed)}: {on_changed}'s kept")
+
+
 def resume_latest(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                   scaler: torch.amp.GradScaler | None = None, scheduler: Any = None, sharded: bool = False,
-                  restore_rng: bool = True, log: Any = print) -> dict[str, Any] | None:
+                  restore_rng: bool = True, log: Any = print,
+                  on_changed_settings: str = "refuse") -> dict[str, Any] | None:
     """On start: remove what an interrupted save left (rank 0), then load the newest checkpoint in `folder`
-    into every rank's model and optimizer; its {"step", "extra", "path"}, or None (lessons 07, 08)."""
+    into every rank's model and optimizer; its {"step", "extra", "path"}, or None (lessons 07, 08). Where the
+    optimizer's settings (learning rate, weight decay, betas...) differ from the checkpoint's, it refuses
+    naming them, or keeps the checkpoint's or this run's as `on_changed_settings` says, and says which."""
+    if on_changed_settings not in ON_CHANGED_SETTINGS:
+        raise ValueError(f"on_changed_settings must be one of {ON_CHANGED_SETTINGS}, got "
+                         f"{on_changed_settings!r}")
     main, barrier = _rank0_and_barrier()
     if main:
         remove_stale_temporaries(folder, log=log)
@@ -430,9 +478,11 @@ def resume_latest(folder: str | os.PathLike, model: nn.Module, optimizer: torch.
         run = "shards" if sharded else "does not shard"
         raise CheckpointError(f"{path} is {kind} checkpoint, but this run {run} its model: point it at "
                               "another folder")
+    before = _settings(optimizer)
     if sharded:
         state = load_sharded(path, model, optimizer, scaler=scaler, scheduler=scheduler,
                              restore_rng=restore_rng, log=log)
     else:
         state = load_checkpoint(path, model, optimizer, scaler, scheduler=scheduler, restore_rng=restore_rng)
+    _settle_settings(optimizer, scheduler, before, on_changed_settings, log)
     return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path}

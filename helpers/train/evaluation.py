@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from helpers.core.device import get_device
 from helpers.data.text import PadCollate
 from helpers.model.packed_model import PackedModel
 from helpers.train.runspec import RunSpec
@@ -32,7 +33,7 @@ def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, spec: RunS
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     spec = spec if spec is not None else RunSpec()
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = get_device(str(device)) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
     collate = PadCollate(pad_token_id)

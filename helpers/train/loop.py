@@ -1,7 +1,8 @@
 """One training loop: a run's switches (a `helpers.train.runspec.RunSpec`), gradient accumulation, a
 learning-rate
 schedule, atomic checkpoints that resume; it reports the loss curve, tokens/s, MFU and peak memory
-(`helpers.train.meter`) (lessons 02-08). `train_step` is one optimizer step, for a loop of your own.
+(`helpers.train.meter`) (lessons 02-08). `TrainStep(model, optimizer)(batch)` is one optimizer step, for a
+loop of your own.
 
     model = spec.apply(model)  # the model switches: attention, FP8, compile, checkpointing, packing
     result = train(model, batches, TrainConfig(steps=100, lr_schedule="linear"), spec=spec)
@@ -53,7 +54,6 @@ from __future__ import annotations
 
 import numbers
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -63,14 +63,15 @@ from torch import nn
 
 from helpers.core.adapt import adapter_hint, as_batch, is_batch, loss_of, takes_course_batches
 from helpers.core.compat import grad_scaler_scale, make_adamw, profiler_enabled
+from helpers.core.device import get_device
 from helpers.core.seeding import seed_everything
-from helpers.train.checkpoint import is_due, resume_latest, save_step
+from helpers.train.checkpoint import ON_CHANGED_SETTINGS, is_due, resume_latest, save_step
 from helpers.train.distributed import grad_sync, is_sharded
 from helpers.train.meter import Meter, TrainResult
 from helpers.train.runspec import FUSED_ADAMW_DEVICES, RunSpec
 
 __all__ = ["LRSchedule", "LR_SCHEDULES", "TrainConfig", "StepOutput", "make_optimizer", "make_lr_scheduler",
-           "count_tokens", "TrainStep", "train_step", "train"]
+           "count_tokens", "TrainStep", "train"]
 
 LRSchedule = Literal["constant", "linear"]  # after the warm-up: held, or decayed to 0 at the last step
 LR_SCHEDULES: tuple[str, ...] = get_args(LRSchedule)
@@ -108,6 +109,9 @@ class TrainConfig:
     progress: bool = True  # tqdm.auto bar
     seed: int = 0
     resume: bool = True  # continue from the newest checkpoint in checkpoint_dir when there is one
+    # where the optimizer's settings differ from the checkpoint's: "refuse", keep the "checkpoint"'s, or
+    # "this run"'s (a new learning rate, say)
+    on_changed_settings: str = "refuse"
     track_memory: bool = True  # peak memory (CUDA stats; on CPU the profiler during the first step)
     peak_flops: float | None = None  # FLOP/s for MFU; None: helpers.measure.roofline.mfu_peak for the device
 
@@ -127,6 +131,9 @@ class TrainConfig:
         _check_max_grad_norm(self.max_grad_norm)
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}: use one of {LR_SCHEDULES}")
+        if self.on_changed_settings not in ON_CHANGED_SETTINGS:
+            raise ValueError(f"on_changed_settings must be one of {ON_CHANGED_SETTINGS}, got "
+                             f"{self.on_changed_settings!r}")
         if self.warmup_steps < 0 or not 0 <= self.warmup_frac < 1 or (self.warmup_steps and self.warmup_frac):
             raise ValueError(f"give warmup_steps >= 0 or 0 <= warmup_frac < 1, not both; got "
                              f"warmup_steps={self.warmup_steps}, warmup_frac={self.warmup_frac}")
@@ -299,7 +306,8 @@ class TrainStep:
         if not isinstance(self.spec, RunSpec):
             raise ValueError(f"spec must be a helpers.train.runspec.RunSpec, got {type(self.spec).__name__}")
         _check_model(model)
-        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        # a device the machine lacks: a clear error naming it and the fix (helpers.core.device.get_device)
+        self.device = get_device(str(device)) if device is not None else next(model.parameters()).device
         self._step_context, self._autocast = self.spec.step_contexts(self.device)  # checks the spec, once
         _check_max_grad_norm(max_grad_norm)
         if self.spec.precision == "fp16" and (scaler is None or not scaler.is_enabled()):
@@ -375,28 +383,6 @@ def _scale_tensor(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
     return grad_scaler_scale(scaler)
 
 
-# train_step's TrainStep per optimizer (made again when an argument changes), gone with the optimizer
-_KEPT_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def train_step(model: nn.Module, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-               optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None = None,
-               spec: RunSpec | None = None, device: torch.device | str | None = None,
-               max_grad_norm: float | None = 1.0, scheduler: Any = None) -> StepOutput:
-    """One optimizer step, for a loop of your own (lessons 02, 03): `TrainStep`'s, checked on the first call
-    and again only when an argument changes (the step is kept on the optimizer). `batch`: one batch, or a
-    list of micro-batches whose gradients are accumulated (averaged). The loss is a device tensor."""
-    spec = spec if spec is not None else RunSpec()
-    key = (id(model), spec, None if device is None else torch.device(device), id(scaler), max_grad_norm,
-           id(scheduler))
-    kept = _KEPT_STEPS.get(optimizer)
-    if kept is None or kept[0] != key:
-        kept = (key, TrainStep(model, optimizer, spec=spec, device=device, scaler=scaler,
-                               max_grad_norm=max_grad_norm, scheduler=scheduler))
-        _KEPT_STEPS[optimizer] = kept
-    return kept[1](batch)
-
-
 # --- the loop ---------------------------------------------------------------------------------------
 
 def _resume(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any,
@@ -406,7 +392,8 @@ def _resume(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer
     history: dict[str, Any] = {"losses": [], "skipped_steps": [], "scales": [], "lrs": [],
                                "resumed_from": None}
     folder = cfg.checkpoint_dir
-    state = (resume_latest(folder, model, optimizer, scaler=scaler, scheduler=scheduler, sharded=sharded)
+    state = (resume_latest(folder, model, optimizer, scaler=scaler, scheduler=scheduler, sharded=sharded,
+                           on_changed_settings=cfg.on_changed_settings)
              if folder is not None and cfg.resume else None)
     if state is None:
         return 0, history
@@ -435,7 +422,7 @@ def _check(model: nn.Module, cfg: TrainConfig, spec: RunSpec | None, device: Any
         raise ValueError("give either a scheduler or cfg.lr_schedule/warm-up, not both")
     spec = spec if spec is not None else RunSpec()
     _check_model(model)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = get_device(str(device)) if device is not None else next(model.parameters()).device
     if not spec.applied_to(model):
         raise ValueError(f"{spec} changes the model (attention, FP8, compile, activation checkpointing or "
                          "packing): train the model it returns, model = spec.apply(model)")

@@ -237,7 +237,7 @@ class RunSpec:
 
     def make_scaler(self, device: torch.device | str) -> torch.amp.GradScaler:
         """The run's GradScaler, kept from step to step: enabled for fp16 only, starting at `init_scale`
-        (lessons 02, 03: `train` makes it; a loop of your own passes it to `train_step`)."""
+        (lessons 02, 03: `train` makes it; a loop of your own passes it to `TrainStep`)."""
         return make_scaler(self.precision, device, self.init_scale)
 
     # --- the data ------------------------------------------------------------------------------------
