@@ -120,7 +120,7 @@ def test_sharding_divides_what_it_shards_and_nothing_else(pricer):
     fsdp = pricer.option(g, Levers(2, gpus=8, sharding="full")).memory
     assert zero1.optimizer == plain.optimizer // 8 and zero1.weights == plain.weights
     assert fsdp.weights == plain.weights // 8 and fsdp.optimizer == plain.optimizer // 8 and fsdp.gathered > 0
-    assert fsdp.gradients == 2 * plain.gradients // 8  # the sharded gradients and the reduce-scatter's buffer
+    assert fsdp.gradients == plain.gradients // 8  # the shard; the reduce-scatter's buffer with the gathered
     assert fsdp.activations == plain.activations  # each GPU still runs its micro-batch whole
     offload = pricer.option(g, Levers(2, gpus=8, sharding="full", offload=True))
     assert offload.memory.optimizer == 0 and offload.memory.weights == 0 and offload.step.offload_s > 0

@@ -62,7 +62,7 @@ CUTS = {
     "weights": ("sharding", "offload", "16-bit weights", "LoRA"),
     "gradients": ("sharding", "16-bit weights", "LoRA"),
     "optimizer state": ("sharding", "offload", "8-bit state", "16-bit weights", "LoRA"),
-    "gathered weights": ("16-bit weights",),
+    "FSDP buffers": ("16-bit weights",),
 }
 
 
@@ -74,7 +74,7 @@ class GpuMemory:
     gradients: int
     optimizer: int
     activations: int  # activations and temporaries (the logits), and the batch
-    gathered: int = 0  # FSDP's unsharded parameters of the layers being computed (current and prefetched)
+    gathered: int = 0  # FSDP2's buffers: the unsharded weights it computes with, the reduce-scatter's
 
     @property
     def total(self) -> int:
@@ -86,7 +86,7 @@ class GpuMemory:
             "gradients": self.gradients,
             "optimizer state": self.optimizer,
             "activations": self.activations,
-            "gathered weights": self.gathered,
+            "FSDP buffers": self.gathered,
         }
 
     def largest(self) -> str:
@@ -291,7 +291,7 @@ class FitPlan:
         )
         t.add("largest part without levers", *[b.memory.largest() for b in bases])
         t.add("levers chosen", *[p.levers.describe() if p else "nothing fits" for p in picks])
-        for part in ("weights", "gradients", "optimizer state", "activations", "gathered weights"):
+        for part in ("weights", "gradients", "optimizer state", "activations", "FSDP buffers"):
             t.add(
                 f"  {part} (GiB per GPU)",
                 *[round(p.memory.parts()[part] / gib, 2) if p else None for p in picks],
@@ -502,9 +502,10 @@ def _per_gpu(est: MemoryEstimate, model: nn.Module, levers: Levers) -> GpuMemory
         optimizer //= n
     if levers.sharding == "full" or (levers.offload and n == 1):  # FSDP2
         # each rank keeps its shard, gathers what it computes, and reduce-scatters gradients through a buffer
-        weights, gradients, gathered = weights // n, 2 * gradients // n, _unsharded(model)
+        # (the reduce-scatter's buffer, one micro-step's gradients / n, counts with the gathered weights)
+        weights, gradients, gathered = weights // n, gradients // n, _unsharded(model) + gradients // n
     if levers.offload:  # FSDP2's CPUOffloadPolicy: the shards and the optimizer on the host
-        weights, optimizer, gradients = 0, 0, gradients // 2
+        weights, optimizer, gradients = 0, 0, 0
     return GpuMemory(weights, gradients, optimizer, activations, gathered)
 
 

@@ -541,8 +541,7 @@ def memory_row(figure: MemoryFigure, option: Option) -> MemoryRow:
 
 def memory_rows(figures: Sequence[MemoryFigure] = MEMORY_FIGURES, *, processes: int = 1) -> list[MemoryRow]:
     """Each memory figure rebuilt by the planner (lessons 09, 10)."""
-    options = rebuild_all([as_run(f) for f in figures], processes=processes)
-    return [memory_row(f, o) for f, o in zip(figures, options)]
+    return [memory_row(f, rebuild(as_run(f))) for f in figures]
 
 
 def memory_table(found: Sequence[MemoryRow] | None = None) -> Table:
