@@ -68,7 +68,7 @@ CHROMIUM_CANDIDATES = (
     "google-chrome",
     "google-chrome-stable",
 )
-WIDGET_IMPORT = re.compile(r"\bipywidgets\b|\bhelpers\.widgets\b|from\s+helpers\s+import\s+[^\n]*\bwidgets\b")
+WIDGET_IMPORT = re.compile(r"\bipywidgets\b|\bcourse\.widgets\b|from\s+course\s+import\s+[^\n]*\bwidgets\b")
 FIGURE_CODE = re.compile(r"\bplt\.|\bplots\.|\bmatplotlib\b|\bwidgets\.")
 LAYER_LABEL = re.compile(r"^\s*layer\b", re.IGNORECASE)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in tracebacks
@@ -101,7 +101,7 @@ def _has_outputs(nb: nbformat.NotebookNode) -> bool:
     return any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code")
 
 
-HELPER_WIDGETS = re.compile(r"from[ \t]+helpers\.widgets[ \t]+import[ \t]+(\([^)]*\)|[^\n#]+)")
+HELPER_WIDGETS = re.compile(r"from[ \t]+course\.widgets[ \t]+import[ \t]+(\([^)]*\)|[^\n#]+)")
 
 
 def _widgets(path: Path, nb: nbformat.NotebookNode) -> set[str]:

@@ -205,6 +205,7 @@ KEPT_BYTES: dict[str, dict[str, Bytes]] = {
     "06_input_pipeline": {"model0": lambda s: 4 * _params(_small06(s))},  # every experiment copies it
     "07_distributed": {},
     "09_plan_your_run": {},
+    "10_make_it_fit": {},  # the planner allocates nothing; the levers run on the CPU
 }
 
 
@@ -278,6 +279,7 @@ STEPS = [
     Step("06_input_pipeline", "56163627", "a training step on a copy of model0", _step06),
     Step("07_distributed", "11a7fde5", "DDP, one rank", _step07),
     Step("09_plan_your_run", "l09-here", "the small Transformer's step, measured here"),
+    Step("10_make_it_fit", "l10-09", "the small Llama's step, measured on the CPU"),  # nothing on the GPU
 ]
 
 

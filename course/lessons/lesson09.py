@@ -30,6 +30,7 @@ from helpers.measure.optime import per_call_overhead
 from helpers.measure.regimes import (
     EXCESS,
     ROOF_MARGIN,
+    MemoryRoofs,
     measure_memory_roofs,
     measure_peak_flops,
     profile_step,
@@ -85,7 +86,7 @@ def setup(profile: str | None = None) -> LessonSetup:
 
 # --- the planner on this machine: predicted beside measured ----------------------------------------------
 
-def _roofs_here(device: torch.device) -> tuple[Roofline, Roofline, float]:
+def _roofs_here(device: torch.device) -> tuple[Roofline, Roofline, MemoryRoofs, float]:
     """This machine's roofs, measured now as lesson 04 measures them: the best matmul rate of a few sizes,
     a copy beyond the caches, the copies that fit the caches, and the cost of one call."""
     gpu_here = device.type == "cuda"
@@ -98,7 +99,7 @@ def _roofs_here(device: torch.device) -> tuple[Roofline, Roofline, float]:
     cache = last_level_cache_bytes(device)
     memory = measure_memory_roofs(device, roofline, cache_bytes=cache, overhead_s=overhead)
     roofs = measured_roofs(roofline, overhead_s=overhead, memory_roofs=memory, device=device)
-    return roofline, roofs, overhead
+    return roofline, roofs, memory, overhead
 
 
 def check_on_this_machine(model: nn.Module, batch: Mapping[str, Any], *,
@@ -112,13 +113,13 @@ def check_on_this_machine(model: nn.Module, batch: Mapping[str, Any], *,
     import copy
 
     device = torch.device(device) if device is not None else get_device()
-    roofline, roofs, overhead = _roofs_here(device)
+    roofline, roofs, memory, overhead = _roofs_here(device)
     predicted = predict_step(model, batch, roofs)
     here = copy.deepcopy(model).to(device)
     on_device = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     opt = torch.optim.AdamW(here.parameters(), lr=1e-4, fused=True)
     table = profile_step(labelled_step(here, on_device, opt), roofline, device=device, overhead_s=overhead,
-                         memory_roofs=roofs.memory_roofs, steps=3, untimed="estimate")
+                         memory_roofs=memory, steps=3, untimed="estimate")
     measured = table.unprofiled_s or table.total_s
     causes, scale = table.causes(), measured / max(table.total_s, 1e-12)
     t = Table(["", "ms per step", "where it comes from"],

@@ -14,14 +14,25 @@ import torch
 from course import paths
 from course.lessons import LessonSetup
 from course.profile import get_profile, pick
+from course.scripts.fsdp_levers import ROWS, SEQ, batch, small_llama
+from course.sizing import Size, fit_sizes
 from course.verdicts import AtLeast, AtMost, MeasuredTable, Range
 from helpers.core.device import get_device
 from helpers.core.tables import Table
+from helpers.measure.memory import estimate_step_memory
 from helpers.train.distributed import launch
 
-__all__ = ["setup", "measure_fsdp", "lever_table", "summary_table"]
+__all__ = ["SIZES", "setup", "measure_fsdp", "lever_table", "summary_table"]
 
 MiB = 2**20
+SIZES = {"LEVER_ROWS": Size(full=ROWS, smoke=ROWS)}  # sequences per micro-batch of the small Llama measured
+
+
+def _small_llama_step(sizes: Mapping[str, int]) -> int:
+    """The small Llama's step peak at `sizes` (its shapes on the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        shape = small_llama()
+    return estimate_step_memory(shape, batch(rows=sizes["LEVER_ROWS"])).peak
 
 
 def setup(profile: str | None = None) -> LessonSetup:
@@ -29,18 +40,24 @@ def setup(profile: str | None = None) -> LessonSetup:
     the levers are measured on a Llama of 2 layers and 128 wide, on the CPU, whatever the device."""
     profile = get_profile(profile)
     device = get_device()
+    gpus = pick(profile, smoke=["T4", "8xH100"], full=["T4", "L4", "A100-80", "8xH100"])
+    seq, global_batch = pick(profile, smoke=512, full=1024), pick(profile, smoke=16, full=32)
+    fit = fit_sizes(SIZES, {"the small Llama's step, measured on the CPU": _small_llama_step},
+                    shrink=["LEVER_ROWS"], profile=profile, device=device, precision="fp32",
+                    notes=[f"plans qwen2.5-0.5b at {global_batch} x {seq} tokens on {', '.join(gpus)} "
+                           "(nothing allocated)", f"measures each lever on a 2-layer Llama, {SEQ} tokens a "
+                           "sequence, on the CPU whatever the device"])
     s = LessonSetup(
-        PROFILE=profile, DEVICE=device,
+        PROFILE=fit.profile, DEVICE=device, FIT=fit, **fit.sizes,
         # the model a free T4 cannot train as it is: Qwen2.5-0.5B's shape (its config; nothing downloaded)
-        MODEL="qwen2.5-0.5b", SEQ=pick(profile, smoke=512, full=1024),
-        GLOBAL_BATCH=pick(profile, smoke=16, full=32),  # sequences per optimizer step
-        GPUS=pick(profile, smoke=["T4", "8xH100"], full=["T4", "L4", "A100-80", "8xH100"]),
+        MODEL="qwen2.5-0.5b", SEQ=seq,
+        GLOBAL_BATCH=global_batch,  # sequences per optimizer step
+        GPUS=gpus,
         BIG_MODEL="llama-2-7b", BIG_GPUS=["A100-80", "8xH100"],
         PLAN_BIG=profile != "smoke",  # a 7B plan takes a minute here: the full profile only
         FSDP_PROCESSES=2,
     )
-    print(f"lesson 10 ({profile}): plans {s.MODEL} at {s.GLOBAL_BATCH} x {s.SEQ} tokens on "
-          f"{', '.join(s.GPUS)}; measures each lever on a 2-layer Llama on the CPU")
+    print(fit.line())
     return s
 
 
