@@ -34,7 +34,7 @@ from helpers.train.runspec import PADDINGS, RunSpec
 __all__ = ["SIZES", "setup", "to_device", "pin_batch", "make_trainer", "worker_settings", "fastest_rounds",
            "workers_table", "time_copies", "check_syncs", "syncs_table", "check_padding_keeps_the_loss",
            "loader_for", "time_epochs", "padding_table", "check_padding_order", "headline_and_first_sentence",
-           "short_texts", "sample", "check_trace", "PHASES", "time_phases", "summary_table"]
+           "short_texts", "sample", "check_trace", "summary_table"]
 
 SIZES = {"BATCH": Size(full=32, smoke=8, floor=4)}  # articles per batch
 C10, C12 = "docs/claims.md#c10", "docs/claims.md#c12"
@@ -363,44 +363,6 @@ def check_trace(path: Path, labels: Iterable[str] = ("forward",)) -> None:
     assert not missing, f"the trace {path} lacks the labels {missing}"
     print(f"checked: the trace holds our labels; {path} ({Path(path).stat().st_size / 1e6:.1f} MB, "
           f"{len(events)} events): open it at https://ui.perfetto.dev")
-
-
-PHASES = ("data", "to device", "forward", "backward", "optimizer")
-
-
-def time_phases(loader: DataLoader, model: torch.nn.Module, opt: torch.optim.Optimizer, S: LessonSetup,
-                ) -> dict[str, float]:
-    """Seconds per phase of a training step, averaged over S.PROFILE_STEPS steps after one warm-up, with the
-    device synchronised after each phase so that GPU work is charged to the phase that queued it; on a GPU
-    the loader's batches must arrive pinned (AssertionError otherwise) (lesson 06, section 6)."""
-    gpu = S.DEVICE.type == "cuda"
-    spent = dict.fromkeys(PHASES, 0.0)
-    it = iter(loader)
-    model.train()
-    for step in range(1 + S.PROFILE_STEPS):
-        marks = []
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        batch = next(it)
-        assert not gpu or all(t.is_pinned() for t in batch.values()), "the loader's batch is not pinned"
-        marks.append(time.perf_counter())
-        batch = to_device(batch, S.DEVICE, non_blocking=gpu)
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        loss = model(**batch).loss
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        loss.backward()
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        if step:  # step 0 is the warm-up
-            for name, a, b in zip(PHASES, marks, marks[1:]):
-                spent[name] += (b - a) / S.PROFILE_STEPS
-    return spent
 
 
 def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:

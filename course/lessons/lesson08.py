@@ -52,7 +52,7 @@ __all__ = ["SIZES", "BERT_DROPOUT", "NOTEBOOK_CONTEXT_BYTES", "RESULTS_URL", "se
            "free_device_memory", "check_device_free", "check_climb", "check_fp8_curves", "check_accuracy",
            "check_recall", "check_recorded_comparison", "check_reloaded", "class_table", "ladder_table",
            "ladder_chart", "fp8_loss_curves", "loss_curves_chart", "ddp_rung", "training_subset",
-           "recorded_comparison", "classify", "summary_table", "story_table", "recorded_runs", "clean_up"]
+           "recorded_comparison", "summary_table", "story_table", "recorded_runs", "clean_up"]
 
 SIZES = {"LADDER_BATCH": Size(full=32, smoke=4, floor=4),  # samples per step while the ladder is timed
          "FINAL_BATCH": Size(full=32, smoke=16, floor=4),  # samples per step of the final fine-tuning
@@ -326,19 +326,6 @@ def check_reloaded(reference: nn.Module, loaded: nn.Module, batch: Mapping[str, 
         same = torch.equal(reference(**batch).logits, loaded(**batch).logits)
     assert same, "the reloaded model's logits differ from the saved model's"
     print("reloaded: identical logits")
-
-
-def classify(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, max_length: int,
-             device: torch.device) -> Table:
-    """Each text's predicted class and its probability, from a classifier with id2label (lesson 08)."""
-    enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True,
-                    return_tensors="pt").to(device)
-    with torch.no_grad():
-        probs = model(**enc).logits.float().softmax(-1).cpu()
-    out = Table(["text", "predicted", "probability"], title="New text, classified by the reloaded model")
-    for text, p in zip(texts, probs):
-        out.add(text, model.config.id2label[int(p.argmax())], float(p.max()))
-    return out
 
 
 def class_table(splits: Any) -> Table:
