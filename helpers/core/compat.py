@@ -46,7 +46,7 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "optional_impor
            "INSTALL_EXTRA", "set_attn_implementation", "attn_implementation", "is_hf_model",
            "disable_dropout", "bert_attn_implementations", "unwrap_model",
            "grad_scaler_scale", "profiler_enabled", "cuda_memory_snapshot", "memory_snapshot_html",
-           "fake_tensor_mode", "tracked_peak",
+           "fake_tensor_mode", "tracked_peak", "MEM_TRACKER_NOISE",
            "make_adamw", "hf_activation_checkpointing", "tf32_settings", "set_tf32_settings",
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "triton_compiles_for",
@@ -296,6 +296,9 @@ def _global_peak_tracker() -> Any:
     return tracker
 
 
+MEM_TRACKER_NOISE = r"Module is None\. Skipping (PRE|POST)_BW hook"  # MemTracker's warning (torch 2.13)
+
+
 def tracked_peak(step: Callable[[], Any], *tracked: Any) -> dict[str, int]:
     """Run `step()` under torch's MemTracker (private, `torch.distributed._tools.mem_tracker`), the modules
     and optimizers in `tracked` labelled; the bytes alive at the step's peak by category ("Parameter",
@@ -303,7 +306,10 @@ def tracked_peak(step: Callable[[], Any], *tracked: Any) -> dict[str, int]:
     (lesson 03)."""
     tracker = _global_peak_tracker()
     tracker.track_external(*tracked)
-    with tracker:
+    with tracker, warnings.catch_warnings():
+        # its backward hooks warn for each module whose weak reference died before backward ran: they skip
+        # that module's own statistics, while the step's bytes are counted all the same
+        warnings.filterwarnings("ignore", message=MEM_TRACKER_NOISE, category=UserWarning)
         step()
     peak: dict[str, int] = {}
     for per_device in tracker.get_tracker_snapshot("peak").values():
