@@ -21,8 +21,10 @@ import importlib.util
 import logging
 import os
 import re
+import stat
 import subprocess
 import sys
+import threading
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -77,7 +79,7 @@ class _Drop(logging.Filter):
         return not record.getMessage().startswith(self.start)
 
 
-_QUIETED: set[int] = set()  # the stderr streams already filtered, by id
+_QUIETED: set[int] = set()  # {2} once fd 2 is filtered: once per process
 
 
 def quiet_known_noise() -> None:
@@ -89,15 +91,35 @@ def quiet_known_noise() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _Drop) and f.start == start for f in logger.filters):
             logger.addFilter(_Drop(start))
-    stream = sys.stderr  # in a notebook: the kernel's stream, which also carries native code's stderr
-    if type(stream).__module__.startswith("ipykernel") and id(stream) not in _QUIETED:
-        write = stream.write
+    if type(sys.stderr).__module__.startswith("ipykernel") and not _QUIETED:
+        _filter_native_stderr()
+        _QUIETED.add(2)
 
-        def filtered(text: str) -> int:
-            kept = NATIVE_NOISE.sub("", text)
-            return write(kept) if kept else len(text)
-        stream.write = filtered
-        _QUIETED.add(id(stream))
+
+def _filter_native_stderr() -> None:
+    """In a notebook, what native code writes to fd 2 goes to the cell through a pipe the kernel reads: put a
+    pipe of ours in front of it, and pass on all but NATIVE_NOISE's lines. C++'s stderr arrives in pieces
+    (each `<<` flushed on its own), so a piece that may start such a line waits for the rest of it."""
+    if not stat.S_ISFIFO(os.fstat(2).st_mode):  # the kernel does not read fd 2 here: nothing shows
+        return
+    kernel = os.dup(2)  # the write end of the kernel's pipe, where the kept bytes go
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+
+    def forward() -> None:
+        pending = b""
+        while chunk := os.read(read, 4096):
+            lines = (pending + chunk).splitlines(keepends=True)
+            pending = b""
+            if lines and not lines[-1].endswith(b"\n") and any(
+                    lines[-1].startswith(s) or s.startswith(lines[-1]) for s in (b"USDT:", b"WARNING:")):
+                pending = lines.pop()  # kineto's lines start with their level: may be noise, wait for its end
+            kept = b"".join(line for line in lines
+                            if not NATIVE_NOISE.fullmatch(line.decode("utf-8", "replace")))
+            if kept:
+                os.write(kernel, kept)
+    threading.Thread(target=forward, name="course_setup: native stderr", daemon=True).start()
 
 
 def helpers_problem() -> str | None:
