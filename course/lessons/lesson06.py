@@ -25,7 +25,7 @@ from helpers.core.device import get_device
 from helpers.core.tables import Table
 from helpers.core.timing import LoadProbe, benchmark, busy, synchronize
 from helpers.data.packing import PackCollate, PackedBatchSampler
-from helpers.data.text import PadCollate, TextExamples, TokenizedDataset, padding_fraction
+from helpers.data.text import PadCollate, TextExamples, TokenizedDataset
 from helpers.measure.memory import estimate_training_memory
 from helpers.model.models import SmallTransformer
 from helpers.model.packed_model import PackedModel
@@ -304,17 +304,18 @@ def time_epochs(model0: torch.nn.Module, ds: TokenizedDataset, S: LessonSetup, p
     return {p: (min(epoch_s[p]), batches[p]) for p in PADDINGS}, spread
 
 
-def padding_table(name: str, train: TokenizedDataset, timed: Mapping[str, tuple[float, list]], S: LessonSetup,
-                  pad_id: int, max_len: int, title: str, measured: dict[str, Any]) -> Table:
-    """Per way of batching: padding share (over the `train` split), tokens computed, real tokens, steps, epoch
-    time, real tokens/s, speed-up; fills measured[f"{name} ..."] (lesson 06, section 5)."""
+def padding_table(name: str, padding: Mapping[str, float], timed: Mapping[str, tuple[float, list]],
+                  title: str, measured: dict[str, Any]) -> Table:
+    """Per way of batching: its padding share (`padding`, over the train split, as section 5's cell computes
+    it), tokens computed, real tokens, steps, epoch time, real tokens/s, speed-up; fills
+    measured[f"{name} ..."] (lesson 06, section 5)."""
     table = Table(["batching", "padding (train split)", "tokens computed", "real tokens", "steps", "epoch s",
                    "real tokens/s", "speed-up vs fixed"], title=title)
     fixed_s = timed["fixed"][0]
     for p, (seconds, bs) in timed.items():
         computed = sum(b["input_ids"].numel() for b in bs)
         real = sum(int(b["attention_mask"].sum()) for b in bs)
-        measured[f"{name} padding {p}"] = padding_fraction(loader_for(train, p, S, pad_id, max_len))
+        measured[f"{name} padding {p}"] = padding[p]
         measured[f"{name} epoch {p} s"], measured[f"{name} tokens {p}"] = seconds, computed
         measured[f"{name} real tokens/s {p}"] = real / seconds
         table.add(p, measured[f"{name} padding {p}"], computed, real, len(bs), seconds, real / seconds,
