@@ -100,7 +100,8 @@ def test_the_notebooks_roof_loop_is_the_one_tested():
     """The loop above is the notebook's: the same roof-time line in section 2's cell."""
     cell = _cell("l04-two-timed-code")
     assert "roof_s = max(c.flops / PEAK, c.bytes / bandwidth)" in cell
-    assert "bandwidth = memory_roofs.bandwidth_for(c.bytes)" in cell and "lesson04.check_roofs(placed)" in cell
+    assert "bandwidth = memory_roofs.bandwidth_for(c.bytes)" in cell
+    assert "lesson04.check_roofs(placed)" in cell
 
 
 # --- section 3: the profile against the plain step ----------------------------------------------------------
@@ -143,7 +144,8 @@ def test_the_step_flops_are_the_formula_and_a_doubled_matmul_is_caught(capsys):
 
 def _sweep(spread: float = 0.0, batches=(2, 4)) -> lesson04.Sweep:
     # the steps' times, fixed: 5 ms + 1 ms per sequence (what a CPU shows: a fixed part, then linear)
-    timings = {b: Timing(f"batch {b}", 0.005 + 0.001 * b, spread * (0.005 + 0.001 * b), 3, 1) for b in batches}
+    timings = {b: Timing(f"batch {b}", 0.005 + 0.001 * b, spread * (0.005 + 0.001 * b), 3, 1)
+               for b in batches}
     return lesson04.Sweep(timings, {})
 
 
@@ -178,7 +180,7 @@ def _tiny(overhead_s: float) -> types.SimpleNamespace:
 
 def test_the_sweep_and_the_op_table_must_agree_on_the_overhead(capsys):
     work = _fixed_work()
-    lesson04.check_overhead(_sweep(), 0.005, work, _tiny(0.004), quiet())  # 5 ms fixed, less the work, vs 4 ms
+    lesson04.check_overhead(_sweep(), 0.005, work, _tiny(0.004), quiet())  # 5 ms fixed less the work vs 4 ms
     assert "agree" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="is the per-call cost"):
         lesson04.check_overhead(_sweep(), 0.005, work, _tiny(0.0005), quiet())  # planted: the calls only
