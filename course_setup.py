@@ -55,9 +55,12 @@ def restart_menu() -> str:
 # --- the known noise ----------------------------------------------------------------------------------------
 # Lines torch's native code writes to the process's stderr, which a notebook shows under the cell: torch
 # 2.13's profiler (kineto) logs every start and stop at its USDT level, above ERROR, so no log level drops
-# them alone; a CUDA build of torch on a machine without a GPU (Colab's CPU runtime) logs its failed device
-# count.
+# them alone; its memory profiling warns of blocks allocated before it started (which it leaves out, as the
+# course's measurements expect); a CUDA build of torch on a machine without a GPU (Colab's CPU runtime) logs
+# its failed device count.
 NATIVE_NOISE = re.compile(r"^(?:USDT:[^\n]* SyncActivityProfilerHandler\.cpp:\d+\] profiler_(?:start|stop)"
+                          r"|\[W[^\n]* CPUAllocator\.cpp:\d+\] Memory block of unknown size was allocated "
+                          r"before the profiling started[^\n]*"
                           r"|[^\n]*gpuGetDeviceCount failed with code 35[^\n]*)\n?", re.M)
 # Log records: (logger, the start of the message). transformers' default loss of a GPT-2 LM head (right, and
 # said as if the config were wrong); torch's C++-extension helper on a machine with CUDA's files but no GPU.
@@ -102,6 +105,7 @@ def _filter_native_stderr() -> None:
     (each `<<` flushed on its own), so a piece that may start such a line waits for the rest of it."""
     if not stat.S_ISFIFO(os.fstat(2).st_mode):  # the kernel does not read fd 2 here: nothing shows
         return
+    STARTS = (b"USDT:", b"WARNING:", b"[W")  # how kineto's and c10's log lines begin: with their level
     kernel = os.dup(2)  # the write end of the kernel's pipe, where the kept bytes go
     read, write = os.pipe()
     os.dup2(write, 2)
@@ -112,9 +116,9 @@ def _filter_native_stderr() -> None:
         while chunk := os.read(read, 4096):
             lines = (pending + chunk).splitlines(keepends=True)
             pending = b""
-            if lines and not lines[-1].endswith(b"\n") and any(
-                    lines[-1].startswith(s) or s.startswith(lines[-1]) for s in (b"USDT:", b"WARNING:")):
-                pending = lines.pop()  # kineto's lines start with their level: may be noise, wait for its end
+            last = lines[-1] if lines else b"\n"
+            if not last.endswith(b"\n") and any(last.startswith(s) or s.startswith(last) for s in STARTS):
+                pending = lines.pop()  # a native log line's start: may be noise, so wait for its end
             kept = b"".join(line for line in lines
                             if not NATIVE_NOISE.fullmatch(line.decode("utf-8", "replace")))
             if kept:

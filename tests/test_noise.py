@@ -24,6 +24,8 @@ USDT = ("USDT:2026-12-04 23:39:40 18036:18036 SyncActivityProfilerHandler.cpp:52
         "USDT:2026-12-04 23:39:41 18036:18036 SyncActivityProfilerHandler.cpp:59] profiler_stop\n")
 PLANTED = [USDT,
            "[W1204 23:40:01.1 kineto] gpuGetDeviceCount failed with code 35\n",
+           "[W1205 01:20:18.436114961 CPUAllocator.cpp:245] Memory block of unknown size was allocated "
+           "before the profiling started, profiler results will not include the deallocation event\n",
            "[transformers] `loss_type=None` was set in the config but it is unrecognized. Using the default "
            "loss: `ForCausalLMLoss`.\n",
            "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'\n",
