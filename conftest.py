@@ -16,7 +16,9 @@
 - after each checked exercise's check cell, one more cell runs the exercise's solution, strictly
   (`_add_exercise_solutions` says why and how);
 - a notebook that tests/test_browser.py runs cell by cell in Chromium (lesson 01) is left out of nbval when
-  that test runs in the same session: it has nbval's checks there (`_leave_browser_runs_to_the_browser`).
+  that test runs in the same session: it has nbval's checks there (`_leave_browser_runs_to_the_browser`);
+- a cell whose output shows known noise (course_setup's NATIVE_NOISE, LOG_NOISE, WARNING_NOISE, and
+  MemTracker's warning) fails: the lessons filter it at its source (`noise_in`).
 """
 
 from __future__ import annotations
@@ -191,3 +193,36 @@ def _add_exercise_solutions(items: list[pytest.Item]) -> None:
             extra.add_marker(marker)
         out.append(extra)
     items[:] = out
+
+
+# --- known noise under the cells (issue 50) -----------------------------------------------------------------
+
+def noise_in(outputs: list) -> list[str]:
+    """The lines of a cell's outputs (nbval's or nbformat's output dicts) that show known noise: what
+    course_setup.quiet_known_noise filters in every lesson, and MemTracker's warning, filtered where
+    helpers.core.compat runs it."""
+    import course_setup
+    from helpers.core.compat import MEM_TRACKER_NOISE
+
+    texts = [str(o.get("text", "")) for o in outputs if o.get("output_type") == "stream"]
+    for o in outputs:  # a logged warning can also arrive as display data; an error's text counts too
+        texts += [str(v) for k, v in (o.get("data") or {}).items() if k == "text/plain"]
+    starts = [start for _, start in course_setup.LOG_NOISE]
+    patterns = [re.compile(p) for p, _ in course_setup.WARNING_NOISE] + [re.compile(MEM_TRACKER_NOISE)]
+    found = []
+    for line in "\n".join(texts).splitlines():
+        if (course_setup.NATIVE_NOISE.fullmatch(line) or any(start in line for start in starts)
+                or any(p.search(line) for p in patterns)):
+            found.append(line.strip())
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> object:
+    result = yield
+    outputs = getattr(item, "test_outputs", None) if getattr(item, "cell", None) is not None else None
+    found = noise_in(outputs) if outputs else []
+    if found:
+        raise AssertionError(f"{len(found)} line(s) of known noise under the cell, e.g. {found[0]!r}: filter "
+                             "it at its source (course_setup.quiet_known_noise, helpers.core.compat)")
+    return result

@@ -9,19 +9,28 @@ sure the lesson will find what it needs, and says in one line what it found:
   gets it installed here (about 270 MiB), and no other lesson installs it;
 - the installed course is the release the notebook belongs to.
 
-It imports nothing heavy (no torch), so it runs in a second.
+It imports nothing heavy (no torch), so it runs in a second. It also silences the known lines of torch and
+transformers that say nothing to a learner (`quiet_known_noise`), each matched by its own text and source, and
+its messages name the restart menu of the host the lesson runs on (`restart_menu`).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
+import os
+import re
+import stat
 import subprocess
 import sys
+import threading
+import warnings
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["RELEASE", "DISTRIBUTION", "NEEDS_TRITON", "CourseSetupError", "check", "helpers_problem"]
+__all__ = ["RELEASE", "DISTRIBUTION", "NEEDS_TRITON", "CourseSetupError", "check", "helpers_problem",
+           "restart_menu", "NATIVE_NOISE", "LOG_NOISE", "WARNING_NOISE", "quiet_known_noise"]
 
 RELEASE = "main"  # the release these files belong to (scripts/course_release.py writes it)
 DISTRIBUTION = "fast-transformers-course"
@@ -32,6 +41,89 @@ PACKAGES = ("helpers", "course")  # the library and the course's machinery
 
 class CourseSetupError(RuntimeError):
     """The course cannot run here as it is; the message names the problem and the fix."""
+
+
+def restart_menu() -> str:
+    """The menu item that restarts this notebook's kernel on the host it runs on (every lesson)."""
+    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:
+        return "Runtime > Restart session"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
+        return "Run > Restart & clear cell outputs"
+    return "Kernel > Restart Kernel"
+
+
+# --- the known noise ----------------------------------------------------------------------------------------
+# Lines torch's native code writes to the process's stderr, which a notebook shows under the cell: torch
+# 2.13's profiler (kineto) logs every start and stop at its USDT level, above ERROR, so no log level drops
+# them alone; its memory profiling warns of blocks allocated before it started (which it leaves out, as the
+# course's measurements expect); a CUDA build of torch on a machine without a GPU (Colab's CPU runtime) logs
+# its failed device count.
+NATIVE_NOISE = re.compile(r"^(?:USDT:[^\n]* SyncActivityProfilerHandler\.cpp:\d+\] profiler_(?:start|stop)"
+                          r"|\[W[^\n]* CPUAllocator\.cpp:\d+\] Memory block of unknown size was allocated "
+                          r"before the profiling started[^\n]*"
+                          r"|[^\n]*gpuGetDeviceCount failed with code 35[^\n]*)\n?", re.M)
+# Log records: (logger, the start of the message). transformers' default loss of a GPT-2 LM head (right, and
+# said as if the config were wrong); torch's C++-extension helper on a machine with CUDA's files but no GPU.
+LOG_NOISE = (("transformers.modeling_utils", "`loss_type=None` was set in the config but it is unrecognized"),
+             ("torch.utils.cpp_extension", "No CUDA runtime is found, using CUDA_HOME"))
+# Python warnings: (message pattern, category). torch 2.9-2.11 warn on every use of the TF32 switch the course
+# shows (`torch.set_float32_matmul_precision`), which still works.
+WARNING_NOISE = ((r"Please use the new API settings to control TF32", UserWarning),)
+
+
+class _Drop(logging.Filter):
+    """Drops the records of one logger whose message starts with `start`."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+_QUIETED: set[int] = set()  # {2} once fd 2 is filtered: once per process
+
+
+def quiet_known_noise() -> None:
+    """Silence the known noise (NATIVE_NOISE, LOG_NOISE, WARNING_NOISE), each matched by its own text and
+    source, never a whole stream or logger; safe to call again (every lesson)."""
+    for pattern, category in WARNING_NOISE:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
+    for name, start in LOG_NOISE:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) and f.start == start for f in logger.filters):
+            logger.addFilter(_Drop(start))
+    if type(sys.stderr).__module__.startswith("ipykernel") and not _QUIETED:
+        _filter_native_stderr()
+        _QUIETED.add(2)
+
+
+def _filter_native_stderr() -> None:
+    """In a notebook, what native code writes to fd 2 goes to the cell through a pipe the kernel reads: put a
+    pipe of ours in front of it, and pass on all but NATIVE_NOISE's lines. C++'s stderr arrives in pieces
+    (each `<<` flushed on its own), so a piece that may start such a line waits for the rest of it."""
+    if not stat.S_ISFIFO(os.fstat(2).st_mode):  # the kernel does not read fd 2 here: nothing shows
+        return
+    STARTS = (b"USDT:", b"WARNING:", b"[W")  # how kineto's and c10's log lines begin: with their level
+    kernel = os.dup(2)  # the write end of the kernel's pipe, where the kept bytes go
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+
+    def forward() -> None:
+        pending = b""
+        while chunk := os.read(read, 4096):
+            lines = (pending + chunk).splitlines(keepends=True)
+            pending = b""
+            last = lines[-1] if lines else b"\n"
+            if not last.endswith(b"\n") and any(last.startswith(s) or s.startswith(last) for s in STARTS):
+                pending = lines.pop()  # a native log line's start: may be noise, so wait for its end
+            kept = b"".join(line for line in lines
+                            if not NATIVE_NOISE.fullmatch(line.decode("utf-8", "replace")))
+            if kept:
+                os.write(kernel, kept)
+    threading.Thread(target=forward, name="course_setup: native stderr", daemon=True).start()
 
 
 def helpers_problem() -> str | None:
@@ -47,14 +139,14 @@ def helpers_problem() -> str | None:
             origin = spec.origin if spec is not None else None
         if origin is None:
             return (f"the course's `{package}` package is missing beside {HERE}: reinstall the course "
-                    "(run this cell again after Kernel > Restart)")
+                    f"(run this cell again after {restart_menu()})")
         if Path(origin).resolve() == expected:
             continue
         mine = Path(origin)
         what = mine.parent if mine.name == "__init__.py" else mine
         return (f"`import {package}` finds {what}, not the course's {expected.parent}: a file or folder "
                 f"named `{package}` of yours hides it. Rename yours (for example to my_{package}.py), then "
-                "Kernel > Restart and run this cell again")
+                f"{restart_menu()} and run this cell again")
     return None
 
 
@@ -86,7 +178,9 @@ def _ensure_triton(lesson: str) -> str:
 
 
 def check(lesson: str, release: str | None = None) -> None:
-    """Check that `lesson` can run here, install what only it needs, and print one line (every lesson)."""
+    """Check that `lesson` can run here, install what only it needs, silence the known noise, and print one
+    line (every lesson)."""
+    quiet_known_noise()
     problem = helpers_problem()
     if problem:
         raise CourseSetupError(problem)
@@ -98,7 +192,7 @@ def check(lesson: str, release: str | None = None) -> None:
     note = _ensure_triton(lesson)
     if release is not None and release != RELEASE:
         note += (f"; this notebook is from release {release} but the installed course is {RELEASE}: "
-                 f"pip install --force-reinstall the notebook's release, then Kernel > Restart")
+                 f"pip install --force-reinstall the notebook's release, then {restart_menu()}")
     try:
         torch = f"torch {metadata.version('torch')}"
     except metadata.PackageNotFoundError:

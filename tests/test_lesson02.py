@@ -35,6 +35,20 @@ def test_planted_format_mixups_fail(planted, message):
         lesson02.check_format_facts(**planted)
 
 
+def test_tf32_is_off_for_matmuls_by_default_and_one_line_turns_it_on():
+    """Issue 50: the lesson says PyTorch leaves TF32 off for float32 matmuls (precision "highest") and lets
+    cuDNN's convolutions use it; `set_float32_matmul_precision("high")` turns it on. Read in a fresh process,
+    where nothing of the course has touched the settings."""
+    import subprocess
+    import sys
+
+    probe = ("import torch; a = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,"
+             " torch.backends.cudnn.allow_tf32); torch.set_float32_matmul_precision('high');"
+             " print(a, torch.backends.cuda.matmul.allow_tf32)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "('highest', False, True) True"
+
+
 # --- section 2: autocast ---------------------------------------------------------------------------------
 
 OPS = {"F.linear": lambda t: F.linear(t["x"], t["w"]),
@@ -259,3 +273,52 @@ def test_the_summary_judges_no_timing_when_other_programs_took_the_cpus(capsys):
         assert summary.verdicts["AMP peak-memory saving (bf16)"] == "holds"  # memory: judged as ever
         out = capsys.readouterr().out
         assert ("2.00x the speed of fp32" in out) == (want == "holds"), out
+
+
+# --- section 3: MFU by hand (issue 50) ----------------------------------------------------------------------
+
+def _counted(flops_per_token: float) -> SimpleNamespace:
+    return SimpleNamespace(flops_per_token=flops_per_token)
+
+
+def _small_model():
+    from course.profile import small_config
+    from helpers.model.models import SmallTransformer
+
+    return SmallTransformer(small_config("smoke", vocab_size=256, max_len=16))
+
+
+def _by_hand(model, count) -> float:
+    c = model.cfg
+    return 6 * count(model) + 12 * c.n_layers * c.n_heads * (c.d_model // c.n_heads) * 16
+
+
+def _matmul_params(model) -> int:  # the notebook's N
+    return sum(p.numel() for p in {id(p): p for m in model.modules() if isinstance(m, nn.Linear)
+                                   for p in m.parameters()}.values())
+
+
+def test_the_formula_by_hand_is_the_training_loops_count(capsys):
+    from helpers.measure.flops import model_flops_per_token
+
+    model = _small_model()
+    counted = _counted(model_flops_per_token(model, 16))
+    lesson02.check_flops_per_token(_by_hand(model, _matmul_params), counted)
+    assert "the training loop's count exactly" in capsys.readouterr().out
+    everything = _by_hand(model, lambda m: sum(p.numel() for p in m.parameters()))  # planted: every parameter
+    with pytest.raises(AssertionError, match="does N count every nn.Linear"):
+        lesson02.check_flops_per_token(everything, _counted(model_flops_per_token(model, 16)))
+
+
+def test_counting_every_parameter_of_bert_base_counts_about_30_percent_more():
+    """The slip of issue 50: `sum(p.numel())` for BERT-base gives about 30 % more FLOPs than 6·N."""
+    from transformers import AutoModelForSequenceClassification
+
+    from helpers.model.models import bert_config
+
+    with torch.device("meta"):
+        bert = AutoModelForSequenceClassification.from_config(bert_config("base", 2))
+    everything, n = sum(p.numel() for p in bert.parameters()), _matmul_params(bert)
+    # lesson 08 cites the two counts: "85.6 M of its 109.5 M parameters"
+    assert (round(everything / 1e6, 1), round(n / 1e6, 1)) == (109.5, 85.6)
+    assert 0.25 < everything / n - 1 < 0.32

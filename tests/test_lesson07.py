@@ -225,3 +225,43 @@ class _Probe:
         from helpers.core.timing import CpuLoad
 
         return CpuLoad(self.others, 60.0, 2)
+
+
+# --- DDP's buckets when bucket_cap_mb is left unset (issue 50) ---------------------------------------------
+
+def _buckets_per_step(**ddp_kwargs) -> list[int]:
+    """Bytes of each bucket DDP hands to the all-reduce in one step, in one gloo process: a model of four
+    1 MiB weights."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]), **ddp_kwargs)
+        seen: list[int] = []
+
+        def count(state, bucket):  # each bucket's flat gradient buffer, then the default all-reduce
+            seen.append(bucket.buffer().nbytes)
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        model.register_comm_hook(None, count)
+        for _ in range(2):  # DDP rebuilds its buckets after the first step, in the order gradients came
+            seen.clear()
+            model(torch.randn(8, 512)).sum().backward()
+        return seen
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_unset_bucket_cap_gives_a_small_first_bucket_and_25_mib_the_rest():
+    """Lesson 07: with `bucket_cap_mb` unset, DDP's buckets hold 25 MiB, but the first one (the last layers'
+    gradients, ready first) is capped at 1 MiB so that its all-reduce starts early; an explicit 25 (what the
+    course's script passes) makes every bucket 25 MiB, so this 4 MiB of gradients is one bucket."""
+    mib = 2**20
+    unset, explicit = _buckets_per_step(), _buckets_per_step(bucket_cap_mb=25)
+    total = sum(unset)
+    assert total == sum(explicit) and 4 * mib < total < 5 * mib
+    assert len(explicit) == 1  # 25 MiB for every bucket: all of it in one
+    assert len(unset) == 2 and unset[0] <= mib + 8 * 1024 and unset[1] == total - unset[0]  # 1 MiB first

@@ -315,3 +315,32 @@ def test_the_summary_judges_no_timing_after_the_ladder_was_too_busy():
                                          const_acc=0.94, final_s=10.0, pretrained=True)
         assert [summary.verdicts[k] for k in timed] == want, (busy_rungs, summary.verdicts)
         assert summary.verdicts["final model: test accuracy (your stack, warm-up + linear decay)"] == "holds"
+
+
+# --- what the ladder times in the smoke profile (issue 50) -------------------------------------------------
+
+def test_the_smoke_ladder_times_texts_whose_lengths_spread_under_the_window():
+    """At the smoke profile's 64 tokens every article fills the window: bucketing and packing would have no
+    padding to remove there. Each article's headline and first sentence does not, and its length spreads."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from helpers.core.hub import offline_bert_path
+    from helpers.data.text import load_text_classification
+
+    train = load_text_classification("bundled", seed=0, verbose=False).train
+    train = type(train)(train.texts[:300], train.labels[:300])  # enough to see the lengths
+    tokenizer = AutoTokenizer.from_pretrained(offline_bert_path())
+
+    def lengths(texts: str) -> list[int]:
+        S = SimpleNamespace(MAX_LENGTH=64, LADDER_TEXTS=texts)
+        return lesson08.ladder_texts(train, tokenizer, S).lengths
+
+    full = lengths("articles")  # planted: what the ladder timed before
+    assert sum(n == 64 for n in full) / len(full) > 0.99
+    short = sorted(lengths("headlines"))
+    assert sum(n == 64 for n in short) / len(short) < 0.05  # most leave padding to remove
+    assert short[len(short) // 10] < 0.8 * short[9 * len(short) // 10]  # and their lengths spread
+    with pytest.raises(ValueError, match="LADDER_TEXTS"):
+        lengths("sentences")

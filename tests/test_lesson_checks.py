@@ -45,6 +45,27 @@ def test_l00_fp32_matmul_check_passes_fp32_and_catches_tf32():
     tf32 = lesson00.tf32_inputs
     with pytest.raises(AssertionError, match="is TF32 on"):
         lesson00.check_fp32_matmul(a, b, tf32(a) @ tf32(b))  # the planted bug: TF32's inputs
+    lesson00.check_fp32_matmul(a, b, a @ b, tf32_product=tf32(a) @ tf32(b))  # the lesson's own rounding
+    with pytest.raises(AssertionError, match="rounded to 10 bits"):  # planted: the bits never cleared
+        lesson00.check_fp32_matmul(a, b, a @ b, tf32_product=a @ b)
+
+
+def test_l00_the_notebooks_bit_trick_is_tf32s_rounding():
+    """Section 4's `tf32_rounded`, run as the notebook writes it: the same bits as lesson00.tf32_inputs, and
+    10 mantissa bits left (the 13 low bits of 23 cleared)."""
+    import json
+    from pathlib import Path
+
+    nb = Path(__file__).resolve().parents[1] / "notebooks" / "00_setup.ipynb"
+    cell = next("".join(c["source"]) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"]
+                if "def tf32_rounded" in "".join(c["source"]))
+    ns = {"torch": torch}
+    exec(cell[cell.index("def tf32_rounded"):cell.index("\nerror, tf32_error")], ns)  # noqa: S102
+    t = torch.randn(1000)
+    rounded = ns["tf32_rounded"](t)
+    assert torch.equal(rounded, lesson00.tf32_inputs(t))
+    assert not (rounded.view(torch.int32) & 0x1FFF).any()  # the 13 low bits cleared
+    assert (rounded - t).abs().max() <= t.abs().max() * 2**-11  # rounded, not truncated: half a step at most
 
 
 def test_l00_cold_start_check_catches_a_first_call_timed_in_this_process():

@@ -174,3 +174,31 @@ def test_no_lesson_writes_to_tmp_or_walks_up_from_its_folder():
     found = [f"{p.name} cell {i}: {line.strip()}" for p in NOTEBOOKS for i, c in enumerate(_cells(p))
              if c["cell_type"] == "code" for line in "".join(c["source"]).split("\n") if bad.search(line)]
     assert not found, found
+
+
+# --- exercise prompts (issue 50) ----------------------------------------------------------------------------
+
+PROMPT_WORDS = 120  # the task of an exercise, read before writing it; what the check does is a collapsed note
+
+
+def prompt_words(task: str) -> int:
+    """Words of an exercise's task cell a learner reads: its heading and its collapsed `<details>` note left
+    out, links counted by their text."""
+    text = re.sub(r"<details>.*?</details>", " ", task, flags=re.S)
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    return len(re.sub(r"<[^>]+>", " ", text).split())
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_exercise_prompts_are_short(path):
+    long = {_source(c).splitlines()[0]: prompt_words(_source(c)) for c in _cells(path)
+            if "exercise-task" in c.get("metadata", {}).get("tags", [])}
+    assert all(n <= PROMPT_WORDS for n in long.values()), {k: n for k, n in long.items() if n > PROMPT_WORDS}
+
+
+def test_a_long_prompt_is_counted_and_a_collapsed_note_is_not():
+    task = "### Exercise x\n\nWrite it. [the solution](../x.py)\n<details><summary>s</summary>\n\n" + \
+        "word " * 500 + "\n</details>\n"
+    assert prompt_words(task) == 4
+    assert prompt_words(task.replace("<details>", "")) > PROMPT_WORDS  # planted: the note left open

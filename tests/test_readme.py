@@ -89,3 +89,53 @@ def test_a_missing_target_path_or_a_bare_python_is_found():
     found = problems(planted)
     assert len(found) == 3, found
     assert "nosuch-target" in found[0] and "no_such_script.py" in found[1] and "bare python" in found[2]
+
+
+# --- every lesson in the README (issue 50) ------------------------------------------------------------------
+
+def _release_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("course_release", ROOT / "scripts" / "course_release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def lessons_missing(readme: str, notebooks: list[str], root: Path = ROOT) -> list[str]:
+    """What the README lacks for each lesson: its row in the table of lessons, with the lesson's Colab and
+    Kaggle links at the release; and one step of the path line per lesson."""
+    release = _release_script()
+    info = release.release_info(root)
+    rows = {m[1]: line for line in readme.split("\n") if (m := release.README_ROW.match(line))}
+    out = []
+    for name in notebooks:
+        if name not in rows:
+            out.append(f"{name}: no row in the table of lessons")
+            continue
+        out += [f"{name}: its row lacks the {host} link {url}"
+                for host, url in release.links(info, name).items() if url not in rows[name]]
+    path = next((line for line in readme.split("\n\n") if "The path runs" in line), "")
+    steps = path.split("The path runs", 1)[-1].split(". ")[0].count("→") + 1 if path else 0
+    if steps != len(notebooks):
+        out.append(f"the path line names {steps} steps for {len(notebooks)} lessons")
+    return out
+
+
+def test_every_lesson_has_its_row_and_its_links():
+    """Issue 50: lesson 09 was missing from the table and from the path line; the next lesson added is
+    caught the same way, whatever its number."""
+    notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert lessons_missing((ROOT / "README.md").read_text(), notebooks) == []
+
+
+def test_a_lesson_without_its_row_or_link_is_found():
+    readme = (ROOT / "README.md").read_text()
+    notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    last = notebooks[-1]
+    row = next(line for line in readme.split("\n") if line.startswith(f"| `{last}`"))
+    dropped = lessons_missing(readme.replace(row + "\n", ""), notebooks)
+    assert dropped == [f"{last}: no row in the table of lessons"]
+    unlinked = lessons_missing(readme.replace(row, row.split(" · ")[0] + " |"), notebooks)
+    assert len(unlinked) == 1 and "kaggle link" in unlinked[0]
+    assert "steps for" in lessons_missing(readme, notebooks + ["99_new_lesson.ipynb"])[-1]

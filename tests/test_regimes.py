@@ -109,6 +109,32 @@ def test_write_only_ops_do_not_read_their_destination():
     assert c.bytes_read == 0 and c.bytes_written == x.nbytes and c.flops == 0
 
 
+def _fused_adamw_counts(grad_scale):
+    """The bytes count_ops charges one fused AdamW step of a 1000 x 100 weight, with a grad scale or not."""
+    p = torch.nn.Parameter(torch.randn(1000, 100))
+    p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
+    opt.step()  # its state: two moments and a step counter per weight
+    st = opt.state[p]
+
+    def step():
+        torch._fused_adamw_([p], [p.grad], [st["exp_avg"]], [st["exp_avg_sq"]], [], [st["step"]], lr=1e-3,
+                            beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False,
+                            maximize=False, grad_scale=grad_scale)
+    return p.nbytes, count_ops(one_op(step), warmup=0)[("forward", "aten::_fused_adamw_")]
+
+
+def test_fused_adamw_reads_four_numbers_per_weight_and_writes_three():
+    """Issue 50 (lesson 04: "AdamW reads four numbers per parameter and writes three"): the kernel stores the
+    gradient back only when it unscales it (fused_adam_utils.cuh: `if (grad_scale_ptr)`), so without a grad
+    scale the gradient is read, not written; with one, it is written too."""
+    size, c = _fused_adamw_counts(None)
+    step_counter = 4  # the float32 step count, read
+    assert c.bytes_read == 4 * size + step_counter and c.bytes_written == 3 * size
+    size, scaled = _fused_adamw_counts(torch.tensor(2.0))
+    assert scaled.bytes_written == 4 * size  # the unscaled gradient stored back
+
+
 def test_index_ops_are_charged_for_what_they_touch():
     table, idx = torch.randn(1000, 16), torch.tensor([3, 3, 7, 9, 3])  # 3 distinct rows of a 1000-row table
     c = count_ops(one_op(lambda: F.embedding(idx, table)), warmup=0)[("forward", "aten::embedding")]

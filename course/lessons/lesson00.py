@@ -120,16 +120,20 @@ def relative_error(product: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def check_fp32_matmul(a: torch.Tensor, b: torch.Tensor, product: torch.Tensor,
-                      reference: torch.Tensor | None = None) -> float:
+                      reference: torch.Tensor | None = None, *,
+                      tf32_product: torch.Tensor | None = None) -> float:
     """`product` (a @ b) against `reference` (a @ b in float64; computed when None), below FP32_MATMUL_TOL;
-    TF32's rounding, emulated (and on an Ampere or later GPU, its tensor cores), must fail the same test.
-    Returns the error (lesson 00)."""
+    TF32's rounding must fail the same test: `tf32_product`, the product of TF32-rounded inputs the lesson
+    computes (else `tf32_inputs`'), and on an Ampere or later GPU its tensor cores. Returns the error
+    (lesson 00)."""
     ref = reference if reference is not None else a.double() @ b.double()
     err = relative_error(product, ref)
     assert err < FP32_MATMUL_TOL, (
         f"fp32 matmul: relative error {err:.1e} above {FP32_MATMUL_TOL:g}: is TF32 on?")
-    tf32_err = relative_error(tf32_inputs(a) @ tf32_inputs(b), ref)  # the planted-bug control
-    assert tf32_err > FP32_MATMUL_TOL, f"the check cannot tell TF32 ({tf32_err:.1e}) from fp32"
+    control = tf32_product if tf32_product is not None else tf32_inputs(a) @ tf32_inputs(b)
+    tf32_err = relative_error(control, ref)  # the planted-bug control
+    assert tf32_err > FP32_MATMUL_TOL, (
+        f"the check cannot tell TF32 ({tf32_err:.1e}) from fp32: are the TF32 inputs rounded to 10 bits?")
     extra = ""
     if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device) >= (8, 0):
         with tf32_matmuls(True):  # the real TF32 units, for the control only; the setting found comes back

@@ -25,16 +25,17 @@ from helpers.core.tables import Table
 from helpers.core.timing import LoadProbe, benchmark_interleaved, busy
 from helpers.measure.flops import mfu
 from helpers.measure.memory import estimate_training_memory
-from helpers.measure.roofline import measure_roofline, mfu_peak, peak_flops
+from helpers.measure.roofline import PeakFlops, measure_roofline, mfu_peak, peak_flops
 from helpers.model.models import SmallTransformer, TransformerConfig
 from helpers.train.meter import TrainResult
 from helpers.train.runspec import RunSpec
 
 __all__ = ["SIZES", "setup", "wide_config", "format_table", "check_format_facts", "op_inputs",
            "autocast_group", "autocast_table", "EXPECTED_GROUPS", "check_autocast_groups", "median_step_s",
-           "check_runs_learn", "speed_table", "loss_chart", "step_time_chart", "scale_chart",
-           "overflowing_scale", "ScalerStep", "scaler_table", "check_skipped_steps", "check_scaler_resumed",
-           "check_matmul_close", "matmul_size_table", "GPU_SCRIPT", "summary_table"]
+           "check_runs_learn", "peak_for_mfu", "speed_table", "check_flops_per_token", "loss_chart",
+           "step_time_chart", "scale_chart", "overflowing_scale", "ScalerStep", "scaler_table",
+           "check_skipped_steps", "check_scaler_resumed", "check_matmul_close", "matmul_size_table",
+           "GPU_SCRIPT", "summary_table"]
 
 SIZES = {"BATCH": Size(full=32, smoke=8, floor=4),  # sequences per step
          "SEQ": Size(full=512, smoke=64, floor=128),  # tokens per sequence
@@ -222,15 +223,24 @@ def check_runs_learn(results: Mapping[str, TrainResult], *, start_rtol: float = 
           + ", ".join(f"{p} {r.losses[0]:.3f} -> {r.losses[-1]:.3f}" for p, r in results.items()))
 
 
-def speed_table(results: Mapping[str, TrainResult], device: torch.device, *, matmul_n: int) -> Table:
-    """Step time, tokens/s, memory, final loss and MFU of each precision against fp32's, and two lines on
-    how memory and MFU were measured (lesson 02, section 3)."""
+def peak_for_mfu(device: torch.device, *, matmul_n: int) -> PeakFlops | None:
+    """The one peak every precision's MFU divides by: the device's fastest dense rate among fp32, fp16 and
+    bf16 (`mfu_peak`), a known GPU's datasheet figure, else measured now under the runs' conditions; prints
+    which (lesson 02, section 3)."""
     roofline = None
     if peak_flops(device, "fp32") is None:  # not a GPU of the datasheet table: measure this device's matmul
         # peak under the same conditions as the runs (a roofline saved earlier may come from another load)
         roofline = measure_roofline(device, precisions=["fp32", "bf16", "fp16"], matmul_size=matmul_n,
                                     min_run_time=0.3)
-    peak = mfu_peak(device, roofline=roofline)  # one peak for every precision: the fastest dense rate
+    peak = mfu_peak(device, roofline=roofline)
+    print(f"MFU against the {peak.precision} peak, {peak.flops / 1e12:.3g} TFLOP/s ({peak.source})" if peak
+          else "MFU: no peak known for this device")
+    return peak
+
+
+def speed_table(results: Mapping[str, TrainResult], device: torch.device, peak: PeakFlops | None) -> Table:
+    """Step time, tokens/s, memory, final loss and MFU (against `peak`) of each precision against fp32's, and
+    a line on how memory was measured (lesson 02, section 3)."""
     base = results["fp32"]
     steps = len(base.losses)
     t = Table(["precision", "median step [ms]", "tokens/s", "speed-up vs fp32", "peak memory [MiB]",
@@ -242,9 +252,17 @@ def speed_table(results: Mapping[str, TrainResult], device: torch.device, *, mat
               r.peak_memory_bytes / 2 ** 20, r.peak_memory_bytes / base.peak_memory_bytes, r.losses[-1],
               f"{u:.1%}" if u is not None else "–")
     print(f"memory measured with: {base.memory_method}")
-    print(f"MFU against the {peak.precision} peak, {peak.flops / 1e12:.3g} TFLOP/s ({peak.source})" if peak
-          else "MFU: no peak known for this device")
     return t
+
+
+def check_flops_per_token(by_hand: float, run: TrainResult) -> None:
+    """The MFU formula written out in the lesson gives the FLOPs per token the training loop counted
+    (`helpers.measure.flops.model_flops_per_token`); AssertionError otherwise (lesson 02, section 3)."""
+    assert run.flops_per_token is not None, "the run counted no FLOPs per token"
+    assert abs(by_hand - run.flops_per_token) <= 1e-9 * run.flops_per_token, (
+        f"6·N + 12·L·H·Q·T by hand gives {by_hand:,.0f} FLOPs per token, the training loop counted "
+        f"{run.flops_per_token:,.0f}: does N count every nn.Linear's weight and bias, and nothing else?")
+    print(f"checked: {by_hand:,.0f} FLOPs per token by hand, the training loop's count exactly")
 
 
 def loss_chart(results: Mapping[str, TrainResult], device: torch.device) -> Figure:

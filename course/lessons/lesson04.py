@@ -11,7 +11,6 @@ says so, and from then on this run prints no verdict, only "too busy to judge".
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -33,7 +32,6 @@ from helpers.core.timing import (
     Busy,
     LoadProbe,
     Timing,
-    benchmark,
     benchmark_interleaved,
     busy,
     time_interleaved,
@@ -43,7 +41,7 @@ from helpers.core.timing import (
 from helpers.measure.flops import model_flops_per_token
 from helpers.measure.memory import estimate_training_memory
 from helpers.measure.opcount import OpCount, StepFn, count_ops, labelled_step
-from helpers.measure.optime import call_cost, cuda_graphed, time_ops
+from helpers.measure.optime import call_cost, time_ops
 from helpers.measure.regimes import (
     EXCESS,
     OPTIMISATION_TARGETS,
@@ -54,23 +52,21 @@ from helpers.measure.regimes import (
     check_reconciled,
     check_regimes,
     classify,
-    is_synchronous,
     measure_memory_roofs,
     measure_peak_flops,
     predicted_time,
-    roof_times,
 )
 from helpers.measure.roofline import Roofline, load_roofline, measure_roofline
 from helpers.model.models import SmallTransformer, TransformerConfig, bert_config
 from helpers.train.loop import make_optimizer
 
-__all__ = ["SIZES", "setup", "Judge", "roofs_here", "call_cost_table", "check_counts",
-           "time_against_roofs", "check_roofs", "random_batch", "small_transformer_step", "bert_step",
-           "expected_flops", "check_step_flops", "check_profile", "check_step", "reading",
-           "where_time_goes", "flops_are_not_time", "MATMUL_LIKE", "C16_RULE", "Sweep", "batch_sweep",
-           "check_overhead", "decode_weights", "Decode", "time_decode", "check_decode", "gpu_idle_share",
-           "replay_speedup", "OpKinds", "bf16_units", "predicted", "Effects", "measure_effects",
-           "check_against_model", "score_table", "reconciliation_table", "summary"]
+__all__ = ["SIZES", "setup", "Judge", "roofs_here", "call_cost_table", "check_counts", "check_roofs",
+           "random_batch", "small_transformer_step", "bert_step", "expected_flops", "check_step_flops",
+           "check_profile", "check_step", "reading", "where_time_goes", "flops_are_not_time", "MATMUL_LIKE",
+           "C16_RULE", "Sweep", "batch_sweep", "check_overhead", "decode_weights", "Decode", "time_decode",
+           "check_decode", "gpu_idle_share", "replay_speedup", "KINDS", "OpKinds", "bf16_units", "predicted",
+           "OPTIMISATIONS", "Effects", "time_arms", "check_against_model", "score_table",
+           "reconciliation_table", "summary"]
 
 SIZES = {"BATCHES_MAX": Size(full=64, smoke=16, floor=4),  # the batch sweep: 1, 2, 4, ... up to this
          "BATCH": Size(full=16, smoke=4, floor=2),  # sequences per training step (small Transformer)
@@ -233,53 +229,18 @@ def check_counts(mm: OpCount, gelu: OpCount, x: torch.Tensor, w: torch.Tensor, h
     print("checked: both ops' FLOPs and bytes are the hand formulas, exactly")
 
 
-@dataclass(frozen=True)
-class Placed:
-    """Ops timed and set against their roofs (lesson 04): a table in Jupyter."""
-
-    rows: tuple[dict[str, Any], ...]
-    ridge: float
-
-    def table(self) -> Table:
-        t = Table(["op", "FLOPs", "bytes", "FLOP/byte", "ridge", "regime", "memory roof GB/s", "roof µs",
-                   "measured µs", "% of its roof"], title="Two ops of the MLP against their roofs")
-        for r in self.rows:
-            t.add(r["op"], r["flops"], r["bytes"], r["flops"] / r["bytes"], self.ridge, r["regime"],
-                  r["bandwidth"] / 1e9, r["roof_s"] * 1e6, r["time_s"] * 1e6, 100 * r["roof_s"] / r["time_s"])
-        return t
-
-    def _repr_markdown_(self) -> str:
-        return self.table().to_markdown()
-
-
-def time_against_roofs(ops: Mapping[str, tuple[OpCount, Callable[[], Any]]], peak: float,
-                       memory_roofs: MemoryRoofs, call_costs: Mapping[str, float] | float,
-                       min_run_time: float) -> Placed:
-    """Time each op (its counts, a call of it) and set it against its roof: FLOPs at the peak, bytes at the
-    memory roof of its working set; its regime by the largest of the three times (lesson 04)."""
-    rows = []
-    for name, (c, fn) in ops.items():
-        bw = memory_roofs.bandwidth_for(c.bytes / c.calls)
-        t = benchmark(fn, name=name, min_run_time=min_run_time).median_s
-        regime = classify(c.flops, c.bytes, c.calls, peak_flops=peak, bandwidth=bw,
-                          overhead_s=call_cost(call_costs, c.op, c.phase))
-        rows.append(dict(op=name, flops=c.flops, bytes=c.bytes, regime=regime, bandwidth=bw,
-                         roof_s=max(roof_times(c.flops, c.bytes, 0, peak_flops=peak, bandwidth=bw,
-                                               overhead_s=0.0).values()), time_s=t))
-    return Placed(tuple(rows), peak / memory_roofs.beyond)
-
-
-def check_roofs(placed: Placed) -> None:
-    """No op ran faster than its roof allows, beyond `ROOF_MARGIN` (lesson 04): a count too high or a roof too
-    low would."""
-    fast = [f"{r['op']} ran {r['roof_s'] / r['time_s']:.1f}x faster than its roof (margin {ROOF_MARGIN:g}x): "
-            "are its FLOPs and bytes counted right, the roofs measured in the right unit?"
-            for r in placed.rows if r["time_s"] < r["roof_s"] / ROOF_MARGIN]
+def check_roofs(placed: Sequence[tuple[str, float, float]]) -> None:
+    """No op ran faster than its roof allows, beyond `ROOF_MARGIN` (lesson 04): `placed` holds (op, roof
+    seconds, measured seconds), as section 2's loop computes them; a count too high or a roof too low
+    would."""
+    fast = [f"{name} ran {roof_s / measured_s:.1f}x faster than its roof (margin {ROOF_MARGIN:g}x): are its "
+            "FLOPs and bytes counted right, the roofs measured in the right unit?"
+            for name, roof_s, measured_s in placed if measured_s < roof_s / ROOF_MARGIN]
     assert not fast, "; ".join(fast)
-    print(f"checked: no op ran faster than its roof allows (margin {ROOF_MARGIN:g}x, section 7)")
+    print(f"checked: no op ran faster than its roof allows (margin {ROOF_MARGIN:g}x, section 8)")
 
 
-# --- section 3: a training step, op by op -------------------------------------------------------------------
+# --- section 4: a training step, op by op -------------------------------------------------------------------
 
 def random_batch(S: LessonSetup, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random token ids and labels of `S.SEQ` tokens on `S.DEVICE`: their values do not change the time, only
@@ -368,7 +329,7 @@ def check_profile(table: OpTable, name: str, judge: Judge) -> None:
     problems = check_reconciled(table)
     assert not problems, problems
     print(f"checked: the profile less the profiler's events is {table.reconciled_ratio:.2f}x the plain step "
-          f"(rule: within {0.25 + table.noise:.0%}, section 7)")
+          f"(rule: within {0.25 + table.noise:.0%}, section 8)")
 
 
 def check_step(table: OpTable, model: torch.nn.Module, batch_size: int, seq: int, judge: Judge, *, name: str,
@@ -393,7 +354,7 @@ def reading(table: OpTable, judge: Judge, *, top: int = 6) -> None:
               f"{parts['overhead']:.0%} its calls, {parts[EXCESS]:.0%} below its roof")
 
 
-# --- section 4: the step's time by cause --------------------------------------------------------------------
+# --- section 5: the step's time by cause --------------------------------------------------------------------
 
 def where_time_goes(tables: Mapping[str, OpTable], roof: Roofline, judge: Judge) -> Table | None:
     """The picture (ops on the roofline; each step by cause) and the table of each step's shares by cause,
@@ -414,35 +375,25 @@ def where_time_goes(tables: Mapping[str, OpTable], roof: Roofline, judge: Judge)
     return t
 
 
-def _time_share(table: OpTable) -> float:
-    """Matmuls' and attention's share of the step's time (the ops less the profiler's events inside them)."""
-    return sum(r.time_s for r in table.rows if r.op_class in MATMUL_LIKE) / table.total_s
-
-
-def _flop_share(table: OpTable) -> float:
-    return sum(r.flops for r in table.rows if r.op_class in MATMUL_LIKE) / sum(r.flops for r in table.rows)
-
-
-def flops_are_not_time(tables: Mapping[str, OpTable], judge: Judge) -> Table | None:
-    """Claim C16: matmuls' and attention's share of the FLOPs and of the time, and its verdict, or "too busy
-    to judge" (lesson 04)."""
+def flops_are_not_time(shares: Mapping[str, tuple[float, float]], judge: Judge) -> Table | None:
+    """Claim C16's verdict on each step's (share of the FLOPs, share of the time) of matmuls and attention,
+    as section 5's cell computes them, or "too busy to judge" (lesson 04)."""
     if judge.too_busy:
         print(judge.said("C16, matmuls are where the time goes"))
         return None
     t = Table(["step", "matmul + attention share of FLOPs", "their share of the time", "C16 verdict"],
               title="FLOPs are not time")
-    for name, table in tables.items():
-        share = _time_share(table)
-        t.add(name, f"{_flop_share(table):.1%}", f"{share:.1%}", C16_RULE.verdict(share))
+    for name, (flop_share, time_share) in shares.items():
+        t.add(name, f"{flop_share:.1%}", f"{time_share:.1%}", C16_RULE.verdict(time_share))
     return t
 
 
-# --- section 5: small batches, one token at a time ----------------------------------------------------------
+# --- section 6: small batches, one token at a time ----------------------------------------------------------
 
 @dataclass(frozen=True)
 class Sweep:
-    """A step timed at several batch sizes in rotating rounds, and the line time = fixed + per-sample x batch
-    through the medians (lesson 04)."""
+    """A step timed at several batch sizes in rotating rounds: each size's median and IQR (lesson 04). The
+    line time = fixed + per-sample x batch through the medians is fitted in the lesson's cell."""
 
     timings: dict[int, Timing]  # batch size -> its rounds (median, IQR)
     steps: dict[int, StepFn]
@@ -451,14 +402,6 @@ class Sweep:
     @property
     def batches(self) -> list[int]:
         return sorted(self.timings)
-
-    def fit(self) -> tuple[float, float]:
-        """(fixed seconds, seconds per sample): least squares through (batch, median)."""
-        b = self.batches
-        t = [self.timings[x].median_s for x in b]
-        mb, mt = sum(b) / len(b), sum(t) / len(t)
-        per = sum((x - mb) * (y - mt) for x, y in zip(b, t)) / sum((x - mb) ** 2 for x in b)
-        return mt - per * mb, per
 
     @property
     def noise(self) -> float:
@@ -484,13 +427,14 @@ class Sweep:
             t.add(b, m.median_s * 1e3, m.median_s * 1e3 / b, 100 * m.iqr_s / m.median_s)
         return t
 
-    def chart(self, title: str = "Step time vs batch") -> Figure:
-        """Measured medians, the fitted line, and a line proportional to the batch, log-log."""
+    def chart(self, fixed: float, per_sample: float, title: str = "Step time vs batch") -> Figure:
+        """Measured medians, the fitted line (`fixed` + `per_sample` x batch, seconds), and a line
+        proportional to the batch, log-log."""
         import matplotlib.pyplot as plt
 
         b = self.batches
         ms = [self.timings[x].median_s * 1e3 for x in b]
-        fixed, per = self.fit()
+        per = per_sample
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         ax.loglog(b, ms, "o-", label="measured step (median of the rounds)")
         line = [(x, (fixed + per * x) * 1e3) for x in b if fixed + per * x > 0]
@@ -509,7 +453,7 @@ class Sweep:
 
 def batch_sweep(step_of: Callable[[int], StepFn], batches: Sequence[int], rounds: int, judge: Judge) -> Sweep:
     """Time `step_of(b)` for every batch size once per round, in an order that rotates from round to round, so
-    that a change of the machine's load falls on all of them alike (lesson 04). Prints the fit."""
+    that a change of the machine's load falls on all of them alike (lesson 04)."""
     steps = {b: step_of(b) for b in batches}
 
     def plain(name: str) -> contextlib.nullcontext:  # the step run without the profiler's labels
@@ -523,18 +467,16 @@ def batch_sweep(step_of: Callable[[int], StepFn], batches: Sequence[int], rounds
             for b in list(batches[r % len(batches):]) + list(batches[:r % len(batches)]):
                 times[b].append(time_once(lambda: steps[b](plain))[1])
     sweep = Sweep({b: timing_from(times[b], f"batch {b}") for b in batches}, steps, probe.load.others)
-    fixed, per = sweep.fit()
-    print(f"fit: {fixed * 1e3:.2f} ms fixed + {per * 1e3:.3f} ms per sample; a sample at batch {batches[0]} "
-          f"costs {sweep.per_sample_ratio:.1f}x one at batch {batches[-1]} (rounds spread {sweep.noise:.0%})")
+    print(f"{len(batches)} batch sizes, {rounds} rounds each; a sample at batch {batches[0]} costs "
+          f"{sweep.per_sample_ratio:.1f}x one at batch {batches[-1]} (rounds spread {sweep.noise:.0%})")
     judge.see("the batch sweep", sweep.busy)
     return sweep
 
 
-def check_overhead(sweep: Sweep, fixed_work: float, tiny: OpTable, judge: Judge) -> None:
-    """Two measures of overhead agree: the sweep's fixed part less the work that does not grow with the batch,
-    and the op table's overhead at the smallest batch, within 3x widened by the rounds' spread; or too busy
-    to judge (lesson 04)."""
-    fixed, _ = sweep.fit()
+def check_overhead(sweep: Sweep, fixed: float, fixed_work: float, tiny: OpTable, judge: Judge) -> None:
+    """Two measures of overhead agree: the sweep's fixed part (`fixed`, seconds: section 6's fit) less the
+    work that does not grow with the batch, and the op table's overhead at the smallest batch, within 3x
+    widened by the rounds' spread; or too busy to judge (lesson 04)."""
     overhead = tiny.overhead_total_s()
     agree = (fixed - fixed_work) / overhead
     print(f"the sweep's fixed part {fixed * 1e3:.2f} ms = {fixed_work * 1e3:.2f} ms of work that does not "
@@ -571,10 +513,6 @@ class Decode:
     batch: Timing
     tokens: int  # in the batch arm
     ratio: PairedRatio  # batch / one, pair by pair
-    weight_bytes: int
-    roof_s: float  # the weights read once at the memory roof
-    model_one_s: float  # the roofline model's time of one token (the calls included)
-    model_batch_s: float
     others: float | None = None
 
     @property
@@ -582,37 +520,22 @@ class Decode:
         return busy(self.ratio.spread, load=self.others)
 
 
-def time_decode(decode: Callable[[torch.Tensor], torch.Tensor], one: torch.Tensor, several: torch.Tensor,
-                weights: torch.Tensor, memory_roofs: MemoryRoofs, peak: float,
-                call_costs: Mapping[str, float] | float, *, repeats: int = 7) -> Decode:
-    """Time `decode` on one token and on `several`, in interleaved pairs, and set both against the roofline
-    model: the weights read once, the tokens' FLOPs; prints what it found (lesson 04)."""
-    device = one.device
+def time_decode(decode: Callable[[torch.Tensor], torch.Tensor], one: torch.Tensor, several: torch.Tensor, *,
+                repeats: int = 7) -> Decode:
+    """Time `decode` on one token and on `several`, in interleaved pairs, after a warm-up (lesson 04)."""
     decode(one), decode(several)  # warm-up
     with LoadProbe() as probe:
         t1, tb = time_interleaved(lambda: decode(one), lambda: decode(several), repeats=repeats,
-                                  device=device)
-    n, layers = several.shape[0], weights.shape[0]
-    bw = memory_roofs.bandwidth_for(weights.nbytes)
-    kw = dict(peak_flops=peak, bandwidth=bw, overhead_s=call_cost(call_costs, "aten::mm"),
-              synchronous=is_synchronous(device))
-    result = Decode(t1, tb, n, PairedRatio.of(tb.times_s, t1.times_s), weights.nbytes, weights.nbytes / bw,
-                    predicted_time(2 * weights.numel(), weights.nbytes, layers, **kw),
-                    predicted_time(2 * n * weights.numel(), weights.nbytes, layers, **kw), probe.load.others)
-    print(f"{layers} layers of {weights.shape[1]} x {weights.shape[2]}: {weights.nbytes / 2**20:,.0f} MiB of "
-          f"weights; one token {t1.median_s * 1e3:.2f} ms, the weights at the memory roof "
-          f"{result.roof_s * 1e3:.2f} ms ({weights.nbytes / t1.median_s / 1e9:.1f} GB/s reached)")
-    print(f"{n} tokens: {tb.median_s * 1e3:.2f} ms, {result.ratio.median:.2f}x one token (median of "
-          f"{len(result.ratio.ratios)} pairs, spread {result.ratio.spread:.0%}); the roofs say "
-          f"{result.model_batch_s / result.model_one_s:.2f}x at best")
-    return result
+                                  device=one.device)
+    return Decode(t1, tb, several.shape[0], PairedRatio.of(tb.times_s, t1.times_s), probe.load.others)
 
 
-def check_decode(d: Decode, judge: Judge) -> None:
-    """One token runs no faster than its weights allow (the roof rule), and the batch costs less than half of
-    `tokens` times one token, because it shares one read of the weights; or too busy to judge (lesson 04)."""
-    assert d.one.median_s >= d.roof_s / ROOF_MARGIN, (
-        f"one token ran {d.roof_s / d.one.median_s:.1f}x faster than its weights at the memory roof allow "
+def check_decode(d: Decode, roof_s: float, judge: Judge) -> None:
+    """One token runs no faster than its weights at the memory roof allow (`roof_s`, the roof rule), and the
+    batch costs less than half of `tokens` times one token, because it shares one read of the weights; or
+    too busy to judge (lesson 04)."""
+    assert d.one.median_s >= roof_s / ROOF_MARGIN, (
+        f"one token ran {roof_s / d.one.median_s:.1f}x faster than its weights at the memory roof allow "
         f"(margin {ROOF_MARGIN:g}x): is the memory roof in the right unit?")
     if not judge.see("the decode step", d.busy):
         print(judge.said(f"do {d.tokens} tokens share one read of the weights"))
@@ -647,7 +570,7 @@ def replay_speedup(eager: Callable[[], Any], replay: Callable[[], Any], min_run_
     return e
 
 
-# --- section 6: predict, then measure -----------------------------------------------------------------------
+# --- section 7: predict, then measure -----------------------------------------------------------------------
 
 KINDS = ("compute-bound", "memory-bound", "overhead-bound")
 
@@ -730,6 +653,9 @@ def predicted(kinds: OpKinds, predict: Callable[..., tuple[str, float]] | None, 
     return model, t
 
 
+OPTIMISATIONS = ("bf16", "compile", "bigger batch", "CUDA graphs")  # section 7's arms, in the table's order
+
+
 @dataclass
 class Effects:
     """What each optimisation did to each kind of op, measured (lesson 04)."""
@@ -745,70 +671,38 @@ class Effects:
         return busy(*noise, load=self.others)
 
 
-def _timed_pair(base: Callable, variant: Callable, min_run_time: float, **kw: Any) -> tuple[Effect, Timing]:
-    arms = benchmark_interleaved({"base": base, "variant": variant}, rounds=3, warmup=2,
-                                 min_run_time=min_run_time)
-    return effect(arms["base"], arms["variant"], **kw), arms["base"]
+def _why_not(optimisation: str, device: torch.device) -> str:
+    if optimisation == "CUDA graphs" and device.type != "cuda":
+        return "needs a CUDA GPU"
+    if optimisation == "compile":
+        return "not compiled in the smoke profile (COMPILE_ALL = False)"
+    return "not measured"
 
 
-def _timed_calls(base: Callable, variant: Callable, device: torch.device, **kw: Any) -> tuple[Effect, Timing]:
-    # ops of a tenth of a second or more: single calls, alternating (ab, ba, ...), one warm-up call each
-    base(), variant()
-    base_t, variant_t = time_interleaved(base, variant, repeats=3, device=device)
-    return effect(base_t, variant_t, **kw), base_t
-
-
-def measure_effects(kinds: OpKinds, optimisations: Sequence[str], bigger: int, compile_all: bool,
-                    min_run_time: float) -> Effects:
-    """Each optimisation against the same op in fp32 eager, correct before fast: every variant's result is
-    compared with fp32 eager's first (bf16 within 5 %, the others 1e-4); timed side by side in rotating
-    rounds; compile's first call timed apart, Dynamo reset before each compiled arm (lesson 04)."""
-    out = Effects()
-    dev = kinds.device
-    with LoadProbe() as probe:
-        for kind in KINDS:
-            fn, args = kinds.inputs(kind)
-            ref = fn(*args)
-            base = lambda fn=fn, args=args: fn(*args)  # noqa: E731
-            timed = ((lambda b, v, **kw: _timed_calls(b, v, dev, **kw)) if kind == "memory-bound" else
-                     (lambda b, v, **kw: _timed_pair(b, v, min_run_time, **kw)))
-            row: dict[str, Effect] = {}
-            if "bf16" in optimisations:  # the same op on bf16 copies of the inputs
-                args16 = [a.to(torch.bfloat16) for a in args]
-                torch.testing.assert_close(fn(*args16).float(), ref, rtol=0.05,
-                                           atol=0.05 * ref.abs().max().item())
-                row["bf16"], base_t = timed(base, lambda fn=fn, a=args16: fn(*a))
-                out.base_s[kind] = base_t.median_s
-            if "compile" in optimisations:
-                if kind == "memory-bound" or compile_all:
-                    torch.compiler.reset()  # a fresh compile of this arm, not a recompile of another's graph
-                    compiled = torch.compile(fn)
-                    t0 = time.perf_counter()
-                    got = compiled(*args)
-                    out.compile_s[kind] = time.perf_counter() - t0
-                    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
-                    row["compile"], base_t = timed(base, lambda c=compiled, a=args: c(*a))
-                    out.base_s.setdefault(kind, base_t.median_s)
-                else:
-                    row["compile"] = not_measured("not compiled in the smoke profile (COMPILE_ALL = False)")
-            if "bigger batch" in optimisations:  # `bigger` times the rows, compared per row
-                fn_big, args_big = kinds.inputs(kind, bigger)
-                row["bigger batch"], base_t = timed(base, lambda f=fn_big, a=args_big: f(*a),
-                                                    work_ratio=bigger)
-                out.base_s.setdefault(kind, base_t.median_s)
-                del fn_big, args_big  # its tensors are `bigger` times the op's: free them now
-            if "CUDA graphs" in optimisations:  # the op recorded once, replayed with one launch
-                replay = cuda_graphed(base)
-                torch.testing.assert_close(replay(), ref, rtol=1e-5, atol=1e-5)  # the same kernels, replayed
-                row["CUDA graphs"], _ = timed(base, replay)
-            elif dev.type != "cuda":
-                row["CUDA graphs"] = not_measured("needs a CUDA GPU")
-            out.effects[kind] = row
-    out.others = probe.load.others
-    print("measured (fp32 eager): " + ", ".join(f"{k} {v * 1e6:,.1f} µs" for k, v in out.base_s.items())
-          + "; first compiled call (compiling included): "
-          + ", ".join(f"{k} {v:.1f} s" for k, v in out.compile_s.items()))
-    return out
+def time_arms(effects: Effects, kind: str, base: Callable[[], Any], arms: Mapping[str, Callable[[], Any]], *,
+              work: Mapping[str, float], device: torch.device, min_run_time: float) -> None:
+    """Time each arm beside `base`, the op in fp32 eager, and record its speed-up per unit of work (`work`:
+    an arm's work / the base's) in `effects` (lesson 04): ops of a tenth of a second or more as single calls
+    alternating (ab, ba, ...), smaller ones in rotating rounds of `min_run_time`. Arms not in `arms` are
+    recorded as not measured, with the reason. Prints the fp32 time."""
+    row: dict[str, Effect] = {}
+    for name in OPTIMISATIONS:
+        if name not in arms:
+            row[name] = not_measured(_why_not(name, device))
+            continue
+        if kind == "memory-bound":  # ops of a tenth of a second: single calls, alternating, one warm-up each
+            base(), arms[name]()
+            base_t, variant_t = time_interleaved(base, arms[name], repeats=3, device=device)
+        else:
+            timed = benchmark_interleaved({"base": base, "variant": arms[name]}, rounds=3, warmup=2,
+                                          min_run_time=min_run_time)
+            base_t, variant_t = timed["base"], timed["variant"]
+        row[name] = effect(base_t, variant_t, work_ratio=work.get(name, 1.0))
+        effects.base_s.setdefault(kind, base_t.median_s)
+    effects.effects[kind] = row
+    print(f"{kind}: fp32 eager {effects.base_s[kind] * 1e6:,.1f} µs; "
+          + ", ".join(f"{o} {e.speedup:.2f}x" for o, e in row.items() if e.speedup is not None)
+          + (f"; first compiled call {effects.compile_s[kind]:.1f} s" if kind in effects.compile_s else ""))
 
 
 def check_against_model(effects: Effects, model: Mapping[str, tuple[str, float]], judge: Judge) -> None:
@@ -853,7 +747,7 @@ def score_table(locked: Locked, effects: Effects, measured_at: float, judge: Jud
     return t
 
 
-# --- section 7 and the summary ------------------------------------------------------------------------------
+# --- section 8 and the summary ------------------------------------------------------------------------------
 
 def reconciliation_table(tables: Mapping[str, OpTable]) -> Table:
     """Each profiled step against the plain step timed beside it, the profiler's events taken out
@@ -868,10 +762,12 @@ def reconciliation_table(tables: Mapping[str, OpTable]) -> Table:
     return t
 
 
-def summary(roof: Roofline, tables: Mapping[str, OpTable], sweep: Sweep, decode: Decode, effects: Effects,
-            judge: Judge, *, overhead_s: float, gpu: Mapping[str, Any] | None = None) -> MeasuredTable:
-    """"What we measured on this machine": this run's numbers next to the claims; every share, ratio and
-    verdict "too busy to judge" when the run was (lesson 04)."""
+def summary(roof: Roofline, tables: Mapping[str, OpTable], shares: Mapping[str, tuple[float, float]],
+            sweep: Sweep, decode: Decode, effects: Effects, judge: Judge, *, overhead_s: float,
+            gpu: Mapping[str, Any] | None = None) -> MeasuredTable:
+    """"What we measured on this machine": this run's numbers next to the claims (`shares`: section 5's
+    matmul + attention shares of the FLOPs and of the time); every share, ratio and verdict "too busy to
+    judge" when the run was (lesson 04)."""
     state = judge.state
     out = MeasuredTable(f"Lesson 04 on {roof.device_name}")
     quiet = not judge.too_busy
@@ -881,7 +777,6 @@ def summary(roof: Roofline, tables: Mapping[str, OpTable], sweep: Sweep, decode:
 
     out.add("ridge point, FLOP/byte (fp32 peak / memory roof beyond the caches)", roof.ridge_point("fp32"))
     out.add("cost of one call of the smallest op (a one-element add), µs", overhead_s * 1e6)
-    names = list(tables)
     for name, t in tables.items():
         out.add(f"{name}: step, ms (without the profiler)", t.unprofiled_s * 1e3)
         s = t.shares()
@@ -889,11 +784,10 @@ def summary(roof: Roofline, tables: Mapping[str, OpTable], sweep: Sweep, decode:
                 shown(f"{100 * s['compute']:.0f} / {100 * s['memory']:.0f} / {100 * s['overhead']:.0f} / "
                       f"{100 * s[EXCESS]:.0f}"))
     claim = "~99 %, so that is where the time goes (C16)"
-    for name in names[:2]:
-        t = tables[name]
-        out.add(f"{name}: matmul + attention share of the FLOPs, %", 100 * _flop_share(t), "~99 %")
+    for name, (flop_share, time_share) in shares.items():
+        out.add(f"{name}: matmul + attention share of the FLOPs, %", 100 * flop_share, "~99 %")
         if quiet:
-            out.add(f"{name}: matmul + attention share of the time, %", 100 * _time_share(t), claim,
+            out.add(f"{name}: matmul + attention share of the time, %", 100 * time_share, claim,
                     rule=AtLeast(100 * C16_RULE.threshold))
         else:
             out.add(f"{name}: matmul + attention share of the time, %", None, claim, verdict=TOO_BUSY_VERDICT,

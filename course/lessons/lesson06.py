@@ -25,7 +25,7 @@ from helpers.core.device import get_device
 from helpers.core.tables import Table
 from helpers.core.timing import LoadProbe, benchmark, busy, synchronize
 from helpers.data.packing import PackCollate, PackedBatchSampler
-from helpers.data.text import PadCollate, TextExamples, TokenizedDataset, padding_fraction
+from helpers.data.text import PadCollate, TextExamples, TokenizedDataset
 from helpers.measure.memory import estimate_training_memory
 from helpers.model.models import SmallTransformer
 from helpers.model.packed_model import PackedModel
@@ -34,7 +34,7 @@ from helpers.train.runspec import PADDINGS, RunSpec
 __all__ = ["SIZES", "setup", "to_device", "pin_batch", "make_trainer", "worker_settings", "fastest_rounds",
            "workers_table", "time_copies", "check_syncs", "syncs_table", "check_padding_keeps_the_loss",
            "loader_for", "time_epochs", "padding_table", "check_padding_order", "headline_and_first_sentence",
-           "short_texts", "sample", "check_trace", "PHASES", "time_phases", "summary_table"]
+           "short_texts", "sample", "check_trace", "summary_table"]
 
 SIZES = {"BATCH": Size(full=32, smoke=8, floor=4)}  # articles per batch
 C10, C12 = "docs/claims.md#c10", "docs/claims.md#c12"
@@ -304,17 +304,18 @@ def time_epochs(model0: torch.nn.Module, ds: TokenizedDataset, S: LessonSetup, p
     return {p: (min(epoch_s[p]), batches[p]) for p in PADDINGS}, spread
 
 
-def padding_table(name: str, train: TokenizedDataset, timed: Mapping[str, tuple[float, list]], S: LessonSetup,
-                  pad_id: int, max_len: int, title: str, measured: dict[str, Any]) -> Table:
-    """Per way of batching: padding share (over the `train` split), tokens computed, real tokens, steps, epoch
-    time, real tokens/s, speed-up; fills measured[f"{name} ..."] (lesson 06, section 5)."""
+def padding_table(name: str, padding: Mapping[str, float], timed: Mapping[str, tuple[float, list]],
+                  title: str, measured: dict[str, Any]) -> Table:
+    """Per way of batching: its padding share (`padding`, over the train split, as section 5's cell computes
+    it), tokens computed, real tokens, steps, epoch time, real tokens/s, speed-up; fills
+    measured[f"{name} ..."] (lesson 06, section 5)."""
     table = Table(["batching", "padding (train split)", "tokens computed", "real tokens", "steps", "epoch s",
                    "real tokens/s", "speed-up vs fixed"], title=title)
     fixed_s = timed["fixed"][0]
     for p, (seconds, bs) in timed.items():
         computed = sum(b["input_ids"].numel() for b in bs)
         real = sum(int(b["attention_mask"].sum()) for b in bs)
-        measured[f"{name} padding {p}"] = padding_fraction(loader_for(train, p, S, pad_id, max_len))
+        measured[f"{name} padding {p}"] = padding[p]
         measured[f"{name} epoch {p} s"], measured[f"{name} tokens {p}"] = seconds, computed
         measured[f"{name} real tokens/s {p}"] = real / seconds
         table.add(p, measured[f"{name} padding {p}"], computed, real, len(bs), seconds, real / seconds,
@@ -363,44 +364,6 @@ def check_trace(path: Path, labels: Iterable[str] = ("forward",)) -> None:
     assert not missing, f"the trace {path} lacks the labels {missing}"
     print(f"checked: the trace holds our labels; {path} ({Path(path).stat().st_size / 1e6:.1f} MB, "
           f"{len(events)} events): open it at https://ui.perfetto.dev")
-
-
-PHASES = ("data", "to device", "forward", "backward", "optimizer")
-
-
-def time_phases(loader: DataLoader, model: torch.nn.Module, opt: torch.optim.Optimizer, S: LessonSetup,
-                ) -> dict[str, float]:
-    """Seconds per phase of a training step, averaged over S.PROFILE_STEPS steps after one warm-up, with the
-    device synchronised after each phase so that GPU work is charged to the phase that queued it; on a GPU
-    the loader's batches must arrive pinned (AssertionError otherwise) (lesson 06, section 6)."""
-    gpu = S.DEVICE.type == "cuda"
-    spent = dict.fromkeys(PHASES, 0.0)
-    it = iter(loader)
-    model.train()
-    for step in range(1 + S.PROFILE_STEPS):
-        marks = []
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        batch = next(it)
-        assert not gpu or all(t.is_pinned() for t in batch.values()), "the loader's batch is not pinned"
-        marks.append(time.perf_counter())
-        batch = to_device(batch, S.DEVICE, non_blocking=gpu)
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        loss = model(**batch).loss
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        loss.backward()
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        synchronize(S.DEVICE)
-        marks.append(time.perf_counter())
-        if step:  # step 0 is the warm-up
-            for name, a, b in zip(PHASES, marks, marks[1:]):
-                spent[name] += (b - a) / S.PROFILE_STEPS
-    return spent
 
 
 def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:

@@ -227,10 +227,10 @@ def check_no_sync(ddp: Summary, ddp_sync: Summary, accum: int) -> None:
 
 
 def check_overlap(ddp: Summary, ddp_buckets: Summary) -> float:
-    """DDP's default buckets hold this model's gradients in one all-reduce, small buckets in several, and
-    some of the small buckets' communication ran while backward was computing (lesson 07). Returns the
-    largest share hidden behind backward on one rank, with the small buckets. The small buckets' run must
-    train as the default's: the same sums, grouped otherwise."""
+    """Buckets of 25 MiB (the script's --bucket-cap-mb) hold this model's gradients in one all-reduce, small
+    buckets in several, and some of the small buckets' communication ran while backward was computing
+    (lesson 07). Returns the largest share hidden behind backward on one rank, with the small buckets. The
+    small buckets' run must train as the default's: the same sums, grouped otherwise."""
     check_same_training(ddp_buckets, ddp, "0.05 MB buckets vs one bucket")
     one, small = _overlaps(ddp), _overlaps(ddp_buckets)
     # the structure, decided by DDP (not by the machine's load): the calls DDP made, one per bucket (gloo's
@@ -449,7 +449,7 @@ def summary_table(S: LessonSetup, runs: dict[str, Summary], overlap_hidden: floa
     summary.add("all-reduce time hidden behind backward, 0.05 MB buckets (best rank; checked in step 4)",
                 overlap_hidden, "DDP overlaps the all-reduce with backward (step 1)",
                 verdict="holds" if overlap_hidden > 0 else "does not hold", busy=state,
-                why="with DDP's default 25 MB one bucket holds this model's gradients: nothing to overlap")
+                why="in buckets of 25 MiB, one bucket holds this model's gradients: nothing to overlap")
     summary.add("model state of the largest FSDP rank / a DDP rank", _fsdp_ratio(ddp, fsdp),
                 f"~1/N = {1 / n:.2f}: at most 1.1/N", rule=AtMost(1.1 / n))
     shared = efficiency < 0.8 and not (state and state.too_busy)  # why it is low, on a quiet machine only

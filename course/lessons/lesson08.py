@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from course.lessons import LessonSetup
+from course.lessons.lesson06 import short_texts
 from course.paths import checkout_root, output_dir, script
 from course.plots import ladder_chart as _ladder_chart
 from course.profile import get_profile, pick
@@ -39,7 +40,7 @@ from course.verdicts import AtLeast, MeasuredTable
 from helpers.core.device import get_device
 from helpers.core.tables import Table
 from helpers.core.timing import Busy
-from helpers.data.text import TokenizedDataset
+from helpers.data.text import TextExamples, TokenizedDataset, tokenize
 from helpers.measure.memory import estimate_training_memory
 from helpers.model.fp8 import fp8_capable, fp8_supported
 from helpers.model.models import SmallTransformer, TransformerConfig, bert_config
@@ -51,8 +52,9 @@ from helpers.train.runspec import RunSpec
 __all__ = ["SIZES", "BERT_DROPOUT", "NOTEBOOK_CONTEXT_BYTES", "RESULTS_URL", "setup", "step_peak",
            "free_device_memory", "check_device_free", "check_climb", "check_fp8_curves", "check_accuracy",
            "check_recall", "check_recorded_comparison", "check_reloaded", "class_table", "ladder_table",
-           "ladder_chart", "fp8_loss_curves", "loss_curves_chart", "ddp_rung", "training_subset",
-           "recorded_comparison", "classify", "summary_table", "story_table", "recorded_runs", "clean_up"]
+           "ladder_chart", "fp8_loss_curves", "loss_curves_chart", "ddp_rung", "ladder_texts",
+           "training_subset", "recorded_comparison", "summary_table", "story_table", "recorded_runs",
+           "clean_up"]
 
 SIZES = {"LADDER_BATCH": Size(full=32, smoke=4, floor=4),  # samples per step while the ladder is timed
          "FINAL_BATCH": Size(full=32, smoke=16, floor=4),  # samples per step of the final fine-tuning
@@ -107,6 +109,9 @@ def setup(profile: str | None = None, *, ddp_procs: int = 2) -> LessonSetup:
     return LessonSetup(
         PROFILE=p, DEVICE=device, FIT=fit, FP8=fp8, FP8_WHY=fp8_why, **fit.sizes,
         LADDER_STEPS=pick(p, smoke=1, full=4),  # steps per timed pass (the same samples for every stack)
+        # what the ladder times: at the smoke sizes' 64 tokens every article fills the window, and bucketing
+        # and packing would have no padding to remove; each headline and first sentence is tens of tokens
+        LADDER_TEXTS=pick(p, smoke="headlines", full="articles"),
         REPEATS=pick(p, smoke=3, full=5),  # timed passes per stack: median and IQR
         FINAL_EXAMPLES=pick(p, smoke=320, full=0),  # training articles for the final model; 0 = all
         FINAL_LR=pick(p, smoke=2e-4, full=5e-5),  # peak lr: a short run takes a higher one (with warm-up)
@@ -288,6 +293,16 @@ def ddp_rung(S: LessonSetup, stack: RunSpec, reference: nn.Module, *, model_name
     return scaling
 
 
+def ladder_texts(train: TextExamples, tokenizer: Any, S: LessonSetup) -> TokenizedDataset:
+    """The training articles the ladder times, tokenised and cut at S.MAX_LENGTH: the articles themselves,
+    or where S.LADDER_TEXTS says "headlines" (the smoke profile) each one's headline and first sentence
+    (lesson 06's `short_texts`), whose lengths spread under the window (lesson 08)."""
+    if S.LADDER_TEXTS not in ("articles", "headlines"):
+        raise ValueError(f"LADDER_TEXTS must be 'articles' or 'headlines', got {S.LADDER_TEXTS!r}")
+    return tokenize(short_texts(train) if S.LADDER_TEXTS == "headlines" else train, tokenizer,
+                    max_length=S.MAX_LENGTH)
+
+
 # --- the final model ---------------------------------------------------------------------------------------
 
 def training_subset(train: TokenizedDataset, n: int, seed: int) -> TokenizedDataset:
@@ -326,19 +341,6 @@ def check_reloaded(reference: nn.Module, loaded: nn.Module, batch: Mapping[str, 
         same = torch.equal(reference(**batch).logits, loaded(**batch).logits)
     assert same, "the reloaded model's logits differ from the saved model's"
     print("reloaded: identical logits")
-
-
-def classify(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, max_length: int,
-             device: torch.device) -> Table:
-    """Each text's predicted class and its probability, from a classifier with id2label (lesson 08)."""
-    enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True,
-                    return_tensors="pt").to(device)
-    with torch.no_grad():
-        probs = model(**enc).logits.float().softmax(-1).cpu()
-    out = Table(["text", "predicted", "probability"], title="New text, classified by the reloaded model")
-    for text, p in zip(texts, probs):
-        out.add(text, model.config.id2label[int(p.argmax())], float(p.max()))
-    return out
 
 
 def class_table(splits: Any) -> Table:

@@ -52,7 +52,7 @@ __all__ = ["version_of", "version_tuple", "at_least", "require", "optional_impor
            "disable_dropout", "bert_attn_implementations", "unwrap_model",
            "grad_scaler_scale", "profiler_enabled", "cuda_memory_snapshot", "memory_snapshot_html",
            "fake_tensor_mode", "fake_step", "ValueReadError", "tracked_peak", "tracked_peak_sharded",
-           "fake_process_group", "hf_model_in", "is_peft_model",
+           "fake_process_group", "hf_model_in", "is_peft_model", "MEM_TRACKER_NOISE",
            "make_adamw", "hf_activation_checkpointing", "tf32_settings", "set_tf32_settings",
            "tf32_matmul_enabled", "varlen_attn",
            "packing_attention_mask", "triton_interpret_enabled", "triton_compiles_for",
@@ -477,6 +477,13 @@ def _peak_tracker(stock: type, *args: Any) -> Any:
     return tracker
 
 
+# MemTracker's warnings (torch 2.13): its backward hooks warn for each module whose weak reference died before
+# backward ran (they skip that module's own statistics; the step's bytes are counted all the same), and its
+# module tracker warns when a module runs twice in a pass (a tied or reused module: the same bytes counted)
+MEM_TRACKER_NOISE = (r"Module is None\. Skipping (PRE|POST)_BW hook"
+                     r"|The module hierarchy tracking maybe be messed up")
+
+
 def _by_category(tracker: Any) -> dict[str, int]:
     peak: dict[str, int] = {}
     for per_device in tracker.get_tracker_snapshot("peak").values():
@@ -497,7 +504,8 @@ def tracked_peak(step: Callable[..., Any], *tracked: Any, passes: bool = False) 
 
     tracker = _peak_tracker(MemTracker)
     tracker.track_external(*tracked)
-    with tracker:
+    with tracker, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MEM_TRACKER_NOISE, category=UserWarning)
         step(tracker.reset_mod_stats) if passes else step()
     return _by_category(tracker)
 
@@ -511,7 +519,8 @@ def tracked_peak_sharded(step: Callable[..., Any], root: nn.Module, optimizer: A
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     tracker = _peak_tracker(FSDPMemTracker, root, optimizer)
-    with tracker:
+    with tracker, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MEM_TRACKER_NOISE, category=UserWarning)
         step(tracker.reset_mod_stats) if passes else step()
     return _by_category(tracker)
 

@@ -125,6 +125,10 @@ _NO_DATA = re.compile(r"::(empty|empty_like|empty_strided|_unsafe_view|_reshape_
                       r"lift_fresh|resize_|set_)$")
 # Mutated arguments these ops overwrite without reading them.
 _WRITE_ONLY = re.compile(r"::(fill_|zero_|bernoulli_|normal_|uniform_|random_|exponential_|copy_)$")
+# Fused Adam(W)'s schema marks the gradients mutable, but its kernels write them back only when they unscale
+# them (a `grad_scale` given: fused_adam_utils.cuh stores the gradient `if (grad_scale_ptr)`, as the CPU
+# kernel does): without one the step reads the weight, its gradient and two moments, and writes three.
+_GRADS_WRITTEN_WITH_SCALE = re.compile(r"::_fused_adamw?_$")
 
 
 # SDPA's CPU kernel, counted with the library's own formulas (FlopCounterMode has them for the GPU kernels);
@@ -265,10 +269,13 @@ def _traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int, 
     read: dict[tuple, torch.Tensor] = {}
     extra_read = extra_written = extra_elements = 0
     write_only = bool(_WRITE_ONLY.search(name))
+    grads_kept = bool(_GRADS_WRITTEN_WITH_SCALE.search(name)) and _argument(schema, args, kwargs,
+                                                                           "grad_scale") is None
     partial_keys: set[tuple] = set()
     for i, arg in enumerate(schema.arguments):
         value = args[i] if i < len(args) else kwargs.get(arg.name)
-        mutated = arg.alias_info is not None and arg.alias_info.is_write
+        mutated = arg.alias_info is not None and arg.alias_info.is_write and not (grads_kept
+                                                                                  and arg.name == "grads")
         if arg.name in partial:  # touched in part: its bytes are counted by the rule, not whole
             r, w = partial[arg.name]
             extra_read, extra_written = extra_read + r, extra_written + w
