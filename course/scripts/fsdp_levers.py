@@ -25,7 +25,8 @@ def small_llama(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=344, num_hidden_layers=LAYERS,
                       num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=SEQ,
-                      attn_implementation="eager")
+                      attn_implementation="eager",
+                      use_cache=False)  # training: no key/value cache (checkpointing refuses one)
     return LlamaForCausalLM(cfg)
 
 

@@ -4,6 +4,7 @@ each lever cuts, and what it costs: lesson 10's table and helpers.plan.fit.CUTS.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,7 +209,10 @@ def add_lora(model: nn.Module, lora: LoRA) -> nn.Module:
     dtype = _DTYPES[lora.base_dtype]
     if any(p.is_floating_point() and p.dtype != dtype for p in model.parameters()):
         model = model.to(dtype)
-    return peft.get_peft_model(model, lora.config())
+    with warnings.catch_warnings():  # peft reads transformers' old name for it (deprecated in transformers 5)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing. is deprecated",
+                                category=FutureWarning)
+        return peft.get_peft_model(model, lora.config())
 
 
 def turn_on_checkpointing(model: nn.Module) -> None:

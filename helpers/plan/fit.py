@@ -473,11 +473,20 @@ def _combinations(per_gpu: int, n: int, allow: Sequence[str], lora_rank: int) ->
 
 
 def _ms_range(e: Expected) -> str:
-    return f"{e.seconds * 1e3:,.2g} ({e.low * 1e3:,.2g} to {e.high * 1e3:,.2g})"
+    """"1,300 (1,100 to 1,560)": milliseconds, three significant figures at most, no exponent."""
+    return f"{_sig(e.seconds * 1e3)} ({_sig(e.low * 1e3)} to {_sig(e.high * 1e3)})"
+
+
+def _sig(x: float) -> str:
+    """`x` to three significant figures, written out ("3,040", "36.2", "0.512")."""
+    if not x:
+        return "0"
+    r = float(f"{x:.3g}")
+    return f"{r:,.{max(0, 2 - math.floor(math.log10(abs(r))))}f}"
 
 
 def _usd_range(e: Expected) -> str:
-    return f"{e.seconds:,.2g} ({e.low:,.2g} to {e.high:,.2g})"
+    return f"{_sig(e.seconds)} ({_sig(e.low)} to {_sig(e.high)})"
 
 
 def _family(precision: str) -> str:
