@@ -145,7 +145,8 @@ def test_the_choice_fits_is_the_fastest_and_says_what_is_too_large(pricer):
     small = replace(gpu("T4"), key="small T4", total_memory=int(one.total / 0.8))
     tiny = replace(gpu("T4"), key="tiny T4", total_memory=int((one.weights + one.optimizer) / 0.9))
     allow = ("accumulation", "checkpointing")
-    plan = make_it_fit(model, seq_len=SEQ, global_batch=16, gpus=[small, tiny], allow=allow, prices=None)
+    plan = make_it_fit(model, seq_len=SEQ, global_batch=16, gpus=[small, tiny], allow=allow, prices=None,
+                       pricer=pricer)  # the fixture's dry runs and counts, reused
     pick, base = plan.chosen("small T4"), plan.baseline("small T4")
     assert not base.fits and pick.fits and pick.levers.global_batch == 16
     assert all(o.expected.seconds * 1.01 >= pick.expected.seconds for o in plan.of("small T4") if o.fits)
@@ -157,6 +158,8 @@ def test_the_choice_fits_is_the_fastest_and_says_what_is_too_large(pricer):
     assert "accumulation" not in stuck.split("would cut")[0].split("it needs")[1]  # no lever that cannot help
     with pytest.raises(ValueError, match="unknown lever"):
         make_it_fit(model, seq_len=SEQ, global_batch=16, gpus=["T4"], allow=("magic",))
+    with pytest.raises(ValueError, match="pricer was made for another model, seq_len"):
+        make_it_fit(model, seq_len=2 * SEQ, global_batch=16, gpus=["T4"], pricer=pricer)
 
 
 def test_gpu_memory_names_its_largest_part():

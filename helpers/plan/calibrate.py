@@ -12,13 +12,14 @@ from typing import Protocol
 
 from helpers.plan.steptime import StepTime
 
-__all__ = ["STACKS", "ESTIMATES", "Observed", "Expected", "Calibration", "CALIBRATION", "expected",
+__all__ = ["STACKS", "ESTIMATES", "WITHIN", "Observed", "Expected", "Calibration", "CALIBRATION", "expected",
            "expected_seconds", "fit_factors", "leave_one_out", "calibrate"]
 
 STACKS = ("eager", "compiled", "fused")  # plain PyTorch ops; torch.compile; hand-fused kernels
 # the two ways of turning a roof plan into an estimate, compared in docs/plan.md
 ESTIMATES = ("memory-bound kernels slowed per stack", "the whole step slowed per stack")
 _BOUNDS = (0.1, 20.0)  # the factors searched
+WITHIN = 1.3  # the expected step is held within 1.3x of every published run (tests/test_plan_published.py)
 
 
 class Observed(Protocol):

@@ -373,6 +373,13 @@ class Pricer:
             parameters=params,
         )
 
+    def memory(self, g: str | GPU, levers: Levers, *, precision: str | None = None) -> GpuMemory:
+        """`levers` on class `g`: the memory per GPU by part, from the dry runs alone (no op count; a
+        published memory figure is rebuilt with this) (lessons 09, 10)."""
+        g = gpu(g)
+        v = self.variant(_family(precision or class_rules(g)[0]), levers)
+        return _per_gpu(memory_at(v.memory, self.layers, levers.micro_batch), v.model, levers)
+
     def option(
         self,
         g: str | GPU,
@@ -386,14 +393,12 @@ class Pricer:
         g = gpu(g)
         precision = precision or class_rules(g)[0]
         step = self.step(g, levers, precision=precision)
-        v = self.variant(_family(precision), levers)
-        est = memory_at(v.memory, self.layers, levers.micro_batch)
         board = re.sub(r"^\d+x", "", g.key)  # prices are per GPU of the board
         usable = int(g.total_memory * (1 - MARGIN)) if g.total_memory else 0
         return Option(
             g,
             levers,
-            _per_gpu(est, v.model, levers),
+            self.memory(g, levers, precision=precision),
             usable,
             step,
             levers.global_batch * self.seq_len,
@@ -416,12 +421,14 @@ def make_it_fit(
     prices: Prices | None = EXAMPLE_PRICES,
     dataset_tokens: float | None = None,
     launch_s: float = LAUNCH_S,
+    pricer: Pricer | None = None,
 ) -> FitPlan:
     """Per GPU class of `gpus` ("T4", "8xH100": the box's count is the data-parallel size), every combination
     of the levers in `allow` that trains `global_batch` sequences of `seq_len` tokens per optimizer step,
     priced from the dry run and the op counts of the model's 1- and 2-layer copies; the fastest (or, with
     objective="cost", cheapest) that fits is chosen; times expected on `stack` ("eager", "compiled", "fused":
-    helpers.plan.calibrate) (lesson 10)."""
+    helpers.plan.calibrate); `pricer`: a Pricer of this model and seq_len made before, whose dry runs and
+    counts are reused (lesson 10)."""
     started = time.perf_counter()
     bad = set(allow) - set(LEVERS)
     if bad:
@@ -432,7 +439,15 @@ def make_it_fit(
         raise ValueError(f"stack must be one of {STACKS}, got {stack!r}")
     if global_batch < 1:
         raise ValueError(f"global_batch must be >= 1 sequences, got {global_batch}")
-    pricer = Pricer(model, seq_len, lora_targets=lora_targets, launch_s=launch_s)
+    if pricer is None:
+        pricer = Pricer(model, seq_len, lora_targets=lora_targets, launch_s=launch_s)
+    elif (pricer.model, pricer.seq_len, pricer.lora_targets, pricer.launch_s) != (
+        model, seq_len, lora_targets, launch_s
+    ):
+        raise ValueError(
+            "pricer was made for another model, seq_len, lora_targets or launch_s: make it with "
+            "Pricer(model, seq_len, lora_targets=..., launch_s=...) as this call has them, or leave it out"
+        )
     options = []
     for g in (gpu(g) for g in gpus):
         if global_batch % g.count:

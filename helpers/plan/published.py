@@ -22,7 +22,7 @@ from helpers.core.tables import Table
 from helpers.measure.gpus import GPU, GiB, gpu
 from helpers.measure.levers import Levers
 from helpers.plan.calibrate import CALIBRATION, STACKS, Calibration, expected, leave_one_out
-from helpers.plan.fit import Option, Pricer
+from helpers.plan.fit import GpuMemory, Option, Pricer
 from helpers.plan.steptime import StepTime
 
 __all__ = ["Source", "PublishedRun", "RUNS", "LORA_RUNS", "MODELS", "TITAN_H100", "A6000", "rebuild", "Row",
@@ -346,29 +346,39 @@ def _rebuild_all(runs: Sequence[PublishedRun]) -> list[StepTime]:
     return [rebuild_step(r) for r in runs]
 
 
-def rebuild_all(runs: Sequence[PublishedRun], *, processes: int = 1) -> list[StepTime]:
-    """`rebuild_step` of every run, the runs that share a model's counts together, in `processes` worker
-    processes (counting is Python-bound: one core each) (lessons 09, 10)."""
+def _variant_key(run: PublishedRun) -> tuple:
+    """What one Pricer variant's dry runs and counts depend on: runs sharing it are rebuilt together."""
+    lv = run.levers
+    return (run.model, run.seq_len, run.lora_targets, run.precision == "fp32", lv.checkpointing, lv.lora_rank,
+            lv.weights16)
+
+
+def _pooled(work: Callable[[list], list], items: Sequence, keys: Sequence[tuple], processes: int) -> list:
+    """`work` over `items` in `processes` worker processes, the items of one key in one call (their Pricer
+    variant made once); results in the items' order. Counting is Python-bound: one core each."""
     if not (isinstance(processes, int) and processes >= 1):
         raise ValueError(f"processes must be a whole number >= 1, got {processes!r}")
     if processes == 1:
-        return _rebuild_all(runs)
+        return work(list(items))
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    groups: dict[tuple, list[int]] = {}  # runs sharing one Pricer variant: its dry runs are made once
-    for i, r in enumerate(runs):
-        lv = r.levers
-        key = (r.model, r.seq_len, r.lora_targets, r.precision == "fp32", lv.checkpointing, lv.lora_rank,
-               lv.weights16)
+    groups: dict[tuple, list[int]] = {}
+    for i, key in enumerate(keys):
         groups.setdefault(key, []).append(i)
-    out: list[StepTime | None] = [None] * len(runs)
+    out: list = [None] * len(items)
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-        done = {pool.submit(_rebuild_all, [runs[i] for i in idx]): idx for idx in groups.values()}
+        done = {pool.submit(work, [items[i] for i in idx]): idx for idx in groups.values()}
         for future, idx in done.items():
-            for i, option in zip(idx, future.result()):
-                out[i] = option
+            for i, result in zip(idx, future.result()):
+                out[i] = result
     return out
+
+
+def rebuild_all(runs: Sequence[PublishedRun], *, processes: int = 1) -> list[StepTime]:
+    """`rebuild_step` of every run, the runs that share a model's counts together, in `processes` worker
+    processes (lessons 09, 10)."""
+    return _pooled(_rebuild_all, runs, [_variant_key(r) for r in runs], processes)
 
 
 @dataclass(frozen=True)
@@ -532,16 +542,30 @@ def as_run(figure: MemoryFigure) -> PublishedRun:
                         ("q_proj", "v_proj") if figure.levers.lora_rank else ())
 
 
-def memory_row(figure: MemoryFigure, option: Option) -> MemoryRow:
-    """A memory figure beside the planner's memory per GPU in `option` (lessons 09, 10)."""
-    m = option.memory
+def rebuild_memory(figure: MemoryFigure, **changes: object) -> GpuMemory:
+    """The planner's memory per GPU for the run `figure` describes, from the dry runs alone; with `changes`,
+    the figure's fields replaced first (a planted error) (lessons 09, 10)."""
+    f = replace(figure, **changes) if changes else figure
+    run = as_run(f)
+    pricer = _pricer(run.model, run.seq_len, run.lora_targets)
+    return pricer.memory(run.gpu, run.levers, precision=run.precision)
+
+
+def memory_row(figure: MemoryFigure, memory: GpuMemory | None = None) -> MemoryRow:
+    """A memory figure beside the planner's memory per GPU (`memory`, else rebuilt) (lessons 09, 10)."""
+    m = rebuild_memory(figure) if memory is None else memory
     ours = m.weights + m.gradients + m.optimizer if figure.part == "model states" else m.total
     return MemoryRow(figure, ours)
 
 
+def _rebuild_memory_all(figures: Sequence[MemoryFigure]) -> list[GpuMemory]:
+    return [rebuild_memory(f) for f in figures]
+
+
 def memory_rows(figures: Sequence[MemoryFigure] = MEMORY_FIGURES, *, processes: int = 1) -> list[MemoryRow]:
-    """Each memory figure rebuilt by the planner (lessons 09, 10)."""
-    return [memory_row(f, rebuild(as_run(f))) for f in figures]
+    """Each memory figure rebuilt by the planner, in `processes` worker processes (lessons 09, 10)."""
+    found = _pooled(_rebuild_memory_all, figures, [_variant_key(as_run(f)) for f in figures], processes)
+    return [memory_row(f, m) for f, m in zip(figures, found)]
 
 
 def memory_table(found: Sequence[MemoryRow] | None = None) -> Table:
