@@ -102,11 +102,6 @@ def summary_table(*, plain: int, levers: Mapping[str, tuple[int, int]], lora_tra
     return t
 
 
-def dry_run_kwargs(**levers: Any) -> dict[str, Any]:
-    """The measured levers' dry-run keyword arguments: bitsandbytes' CPU kernel for 8-bit state here."""
-    return {**levers, **({"kernels": "cpu"} if levers.get("optimizer") == "adamw8bit" else {})}
-
-
 def one_thread() -> int:
     """One thread for the measurements (on a busy 2-core machine two threads ran ten times slower); returns
     the number before, to set back."""
