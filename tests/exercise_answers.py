@@ -3156,3 +3156,147 @@ for _id, _answers in BATCH_39.items():  # the second batch joins the first (04's
         WRONG[_id].update(_answers)
 for _id, _answers in RIGHT_39.items():
     RIGHT[_id].update(_answers)
+
+# --- 10-model-states: model_states_per_gpu(parameters, gpus, sharding) --------------------------------
+
+WRONG["10-model-states"] = {
+    "one-moment": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    weights, grads, adam = 4 * parameters, 4 * parameters, 4 * parameters  # Adam: one fp32 number per weight
+    if sharding == "optimizer":
+        adam = 4 * -(-parameters // gpus)
+    if sharding == "full":
+        n = -(-parameters // gpus)
+        weights, grads, adam = 4 * n, 4 * n, 4 * n
+    return {"weights": weights, "gradients": grads, "optimizer state": adam}
+''',
+    "zero1-shards-weights": '''
+import math
+
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = math.ceil(parameters / gpus)
+    if sharding == "none":
+        return {"weights": 4 * parameters, "gradients": 4 * parameters, "optimizer state": 8 * parameters}
+    if sharding == "optimizer":  # ZeRO-1: the optimizer's copy of the weights goes with its state
+        return {"weights": 4 * shard, "gradients": 4 * parameters, "optimizer state": 8 * shard}
+    return {"weights": 4 * shard, "gradients": 4 * shard, "optimizer state": 8 * shard}
+''',
+    "zero1-shards-gradients": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    per_gpu = -(-parameters // gpus)
+    out = {"weights": 4 * parameters, "gradients": 4 * parameters, "optimizer state": 8 * parameters}
+    if sharding in ("optimizer", "full"):
+        out["optimizer state"] = 8 * per_gpu
+        out["gradients"] = 4 * per_gpu  # each GPU updates its shard: it needs only those gradients
+    if sharding == "full":
+        out["weights"] = 4 * per_gpu
+    return out
+''',
+    "fsdp-keeps-gradients": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = (parameters + gpus - 1) // gpus
+    weights = 4 * (shard if sharding == "full" else parameters)
+    state = 8 * (shard if sharding != "none" else parameters)
+    return {"weights": weights, "gradients": 4 * parameters, "optimizer state": state}
+''',
+    "floor-division": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    split = {"none": set(), "optimizer": {"optimizer state"},
+             "full": {"weights", "gradients", "optimizer state"}}
+    size = {"weights": 4, "gradients": 4, "optimizer state": 8}
+    return {k: b * (parameters // gpus if k in split[sharding] else parameters) for k, b in size.items()}
+''',
+    "fp16-weights": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = -(-parameters // gpus)
+    w = 2 * (shard if sharding == "full" else parameters)  # weights and gradients in 16 bits
+    g = 2 * (shard if sharding == "full" else parameters)
+    s = 8 * (parameters if sharding == "none" else shard)
+    return {"weights": w, "gradients": g, "optimizer state": s}
+''',
+    "nothing-sharded": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    # every GPU trains the whole model
+    return {"weights": 4 * parameters, "gradients": 4 * parameters, "optimizer state": 8 * parameters}
+''',
+    "everything-sharded": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    n = -(-parameters // gpus)
+    return {"weights": 4 * n, "gradients": 4 * n, "optimizer state": 8 * n}
+''',
+    "float": '''
+import math
+
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = float(math.ceil(parameters / gpus))
+    if parameters % gpus == 0:
+        shard = parameters / gpus
+    whole = float(parameters)
+    cut = {"none": (), "optimizer": ("optimizer state",), "full": ("weights", "gradients", "optimizer state")}
+    return {k: b * (shard if k in cut[sharding] else whole)
+            for k, b in (("weights", 4), ("gradients", 4), ("optimizer state", 8))}
+''',
+    "keys": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = -(-parameters // gpus)
+    full = sharding == "full"
+    return {"params": 4 * (shard if full else parameters), "grads": 4 * (shard if full else parameters),
+            "adam": 8 * (parameters if sharding == "none" else shard)}
+''',
+    "not-a-dict": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = -(-parameters // gpus)
+    full = sharding == "full"
+    return (4 * (shard if full else parameters), 4 * (shard if full else parameters),
+            8 * (parameters if sharding == "none" else shard))
+''',
+    "not-the-same-twice": '''
+CALLS = []
+
+def model_states_per_gpu(parameters, gpus, sharding):
+    CALLS.append(parameters)  # counts the calls, and lets the count leak into the answer
+    shard = -(-parameters // gpus)
+    full = sharding == "full"
+    return {"weights": 4 * (shard if full else parameters) + (len(CALLS) > 1 and CALLS[-2] == parameters),
+            "gradients": 4 * (shard if full else parameters),
+            "optimizer state": 8 * (parameters if sharding == "none" else shard)}
+''',
+    "differs": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = -(-parameters // gpus)
+    if gpus > 100:  # too many GPUs: assume they shard nothing more
+        shard = -(-parameters // 100)
+    full = sharding == "full"
+    return {"weights": 4 * (shard if full else parameters), "gradients": 4 * (shard if full else parameters),
+            "optimizer state": 8 * (parameters if sharding == "none" else shard)}
+''',
+}
+
+WRONG["10-model-states"]["differs#beyond-the-named-cases"] = '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = -(-parameters // min(gpus, 700))  # right on every count of GPUs the named cases draw (<= 512)
+    cut = {"none": (), "optimizer": ("optimizer state",), "full": ("weights", "gradients", "optimizer state")}
+    return {k: b * (shard if k in cut[sharding] else parameters)
+            for k, b in (("weights", 4), ("gradients", 4), ("optimizer state", 8))}
+'''
+
+RIGHT["10-model-states"] = {
+    "if-chain": '''
+def model_states_per_gpu(parameters, gpus, sharding):
+    shard = (parameters + gpus - 1) // gpus
+    if sharding == "none":
+        return {"weights": 4 * parameters, "gradients": 4 * parameters, "optimizer state": 8 * parameters}
+    if sharding == "optimizer":
+        return {"weights": 4 * parameters, "gradients": 4 * parameters, "optimizer state": 8 * shard}
+    return {"weights": 4 * shard, "gradients": 4 * shard, "optimizer state": 8 * shard}
+''',
+    "math-ceil-on-ints": '''
+import math
+
+def model_states_per_gpu(parameters: int, gpus: int, sharding: str) -> dict:
+    def part(nbytes, sharded):
+        return nbytes * (-(-parameters // gpus) if sharded else parameters)
+    return {"weights": part(4, sharding == "full"), "gradients": part(4, sharding == "full"),
+            "optimizer state": part(8, sharding in ("optimizer", "full"))}
+''',
+}

@@ -45,6 +45,7 @@ from course.exercises import (
     lesson07,
     lesson08,
     lesson09,
+    lesson10,
 )
 from course.exercises.core import (
     STATUSES,
@@ -97,6 +98,9 @@ EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
                  "measured on the GPU); then climb the lesson's ladder with it"),
     Exercise("09-largest-batch", "09_plan_your_run", "The largest batch that fits, from two dry runs",
              "largest_batch_from", "09_plan_your_run/largest_batch_from.py", lesson09.largest_batch_from),
+    Exercise("10-model-states", "10_make_it_fit", "Weights, gradients and AdamW's state per GPU: DDP, "
+             "ZeRO-1, FSDP2", "model_states_per_gpu", "10_make_it_fit/model_states_per_gpu.py",
+             lesson10.model_states_per_gpu),
 )}
 
 _LAST: dict[str, Outcome] = {}  # exercise id -> the outcome of its latest check in this process
