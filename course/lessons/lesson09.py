@@ -37,6 +37,7 @@ from helpers.plan.planner import (
     example_batch,
     gpu_like_attention,
     measured_roofs,
+    plan,
     predict_step,
 )
 from helpers.plan.published import RUNS, Row, rows
@@ -160,11 +161,12 @@ def theirs_over_expected(found: Sequence[Row]) -> list[float]:
 
 def compare_prediction(answer: Callable[..., int], model: nn.Module, the_plan: Plan, key: str = "T4") -> None:
     """Your `largest_batch_from` for class `key`, from two dry runs (the plan's batch and twice it), beside
-    the largest batch the planner searched (lesson 09); an untouched skeleton shows the planner's alone."""
+    the largest batch the planner searches now (lesson 09); an untouched skeleton shows the search alone."""
     from course.exercises import is_skeleton
 
     c = the_plan[key]
     rows = the_plan.batch_size
+    searched = plan(model, (rows, the_plan.seq_len), gpus=[key], prices=None)[key].largest_batch
     batch = example_batch(model, 2 * rows, the_plan.seq_len)
     with gpu_like_attention():
         peaks = [estimate_step_memory(model, {k: v[:n] for k, v in batch.items()}, precision="bf16").peak
@@ -172,7 +174,7 @@ def compare_prediction(answer: Callable[..., int], model: nn.Module, the_plan: P
     line = (f"{key}: dry runs {peaks[0] / 2**30:.2f} GiB at batch {rows} and {peaks[1] / 2**30:.2f} GiB at "
             f"{2 * rows}; {c.gpu.total_memory / 2**30:.1f} GiB, {MARGIN:.0%} kept free")
     print(line)
-    print(f"the planner's search: {c.largest_batch} (dry runs until one fits next to one that does not)")
+    print(f"the planner's search: {searched} (dry runs until one fits next to one that does not)")
     if is_skeleton(answer):
         print("your line: write largest_batch_from above to see your prediction here")
     else:

@@ -14,14 +14,16 @@ from pathlib import Path
 
 import torch
 
+# at the top, not in small_llama: lesson 10 builds it under torch.device("meta"), where transformers 4.52
+# cannot import a model's module
+from transformers import LlamaConfig, LlamaForCausalLM
+
 VOCAB, WIDTH, LAYERS, HEADS = 1024, 128, 2, 4  # a Llama small enough to measure in a second
 ROWS, SEQ = 4, 64  # one micro-batch
 
 
 def small_llama(seed: int = 0) -> torch.nn.Module:
     """The Llama every lever is measured on (random weights, eager attention, fp32) (lesson 10)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=344, num_hidden_layers=LAYERS,
                       num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=SEQ,

@@ -202,6 +202,16 @@ def set_attn_implementation(model: nn.Module, impl: str) -> nn.Module:
     if at_least("transformers", TRANSFORMERS_V5) and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(impl)
         return model
+    if any(type(m).__module__.startswith("peft.") for m in model.modules()):
+        # peft's adapters inside: a rebuilt copy would lose them. Models of the attention-interface kind
+        # (Llama, Qwen2, ...) read config._attn_implementation at each forward in transformers 4.x, so the
+        # switch holds in place; BERT chooses its attention modules when it is built and cannot
+        if type(model).__name__.startswith("Bert"):
+            raise RuntimeError(f"attn_implementation {impl!r} on a BERT with peft adapters needs "
+                               f"transformers >= {TRANSFORMERS_V5} (this environment has "
+                               f"{version_of('transformers')}): apply the RunSpec before adding the adapters")
+        model.config._attn_implementation = impl
+        return model
     if impl not in bert_attn_implementations():
         raise RuntimeError(f"attn_implementation {impl!r} for a BERT model needs transformers >= "
                            f"{TRANSFORMERS_V5}; this environment has transformers "

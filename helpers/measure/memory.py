@@ -480,6 +480,13 @@ def _fake_copy(model: nn.Module, device: torch.device, dtype: torch.dtype | None
             fake = _fake_like(t, device, dtype if t.is_floating_point() else None)
             memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
                 else fake
+    # tensors a module keeps as plain attributes (Llama's rotary `original_inv_freq`, left in fp32 when a
+    # cast to 16 bits made a new `inv_freq` buffer): copied as fakes too, not cloned by deepcopy inside the
+    # fake mode (torch 2.7 refuses a real tensor there)
+    for m in model.modules():
+        for t in vars(m).values():
+            if isinstance(t, torch.Tensor) and id(t) not in memo:
+                memo[id(t)] = _fake_like(t, device, None)
     return copy.deepcopy(model, memo)
 
 

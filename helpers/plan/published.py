@@ -120,7 +120,8 @@ class _NanoConfig:
     vocab_size: int = 50257
 
     def build(self) -> NanoGPT2022:
-        return NanoGPT2022(self)
+        with torch.device("meta"):
+            return NanoGPT2022(self)
 
 
 class NanoGPT2022(nn.Module):
@@ -153,8 +154,9 @@ def _gpt3(n_embd: int, n_head: int, n_layer: int) -> Callable[[], nn.Module]:
         from transformers import GPT2Config, GPT2LMHeadModel
 
         # flash-attention's GPT-2 model at 2,048 positions, its vocabulary padded to a multiple of 8
-        return GPT2LMHeadModel(GPT2Config(n_positions=2048, vocab_size=50264, n_embd=n_embd, n_head=n_head,
-                                          n_layer=n_layer))
+        with torch.device("meta"):
+            return GPT2LMHeadModel(GPT2Config(n_positions=2048, vocab_size=50264, n_embd=n_embd,
+                                              n_head=n_head, n_layer=n_layer))
     return build
 
 
@@ -162,27 +164,32 @@ def _llama3_8b() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     # Llama 3.1 8B's shape (torchtitan's llama3 "8B" flavour, torchtune's llama3_1_8b)
-    return LlamaForCausalLM(LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                        max_position_embeddings=8192))
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192)
+    with torch.device("meta"):
+        return LlamaForCausalLM(cfg)
 
 
 def _bert_large() -> nn.Module:
     from transformers import BertConfig, BertForSequenceClassification
 
     # bert-large-uncased with a 2-class head; the transformers of early 2022 ran BERT's own (eager) attention
-    return BertForSequenceClassification(BertConfig(hidden_size=1024, num_hidden_layers=24,
-                                                    num_attention_heads=16, intermediate_size=4096,
-                                                    num_labels=2, attn_implementation="eager"))
+    cfg = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                     num_labels=2, attn_implementation="eager")
+    with torch.device("meta"):
+        return BertForSequenceClassification(cfg)
 
 
 def _gpt_7_5b() -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     # a GPT of 7.46 B parameters (36 layers of 4,096): ZeRO's example model has 7.5 B and no other shape
-    return GPT2LMHeadModel(GPT2Config(n_positions=1024, n_embd=4096, n_head=32, n_layer=36))
+    with torch.device("meta"):
+        return GPT2LMHeadModel(GPT2Config(n_positions=1024, n_embd=4096, n_head=32, n_layer=36))
 
 
+# Each builds its model on the meta device, after its imports: transformers 4.52 cannot import a
+# model's module under torch.device("meta") (its "cannot import name" hides the error met there)
 MODELS: dict[str, Callable[[], nn.Module]] = {
     "nanoGPT 124M (2022)": _NanoConfig().build,
     "bert-large-uncased": _bert_large,
@@ -323,8 +330,7 @@ LORA_RUNS: tuple[PublishedRun, ...] = (
 @functools.lru_cache(maxsize=None)
 def _pricer(model: str, seq_len: int, lora_targets: tuple[str, ...]) -> Pricer:
     """One Pricer per model, sequence length and LoRA targets: its dry runs and counts are made once."""
-    with torch.device("meta"):
-        built = MODELS[model]()
+    built = MODELS[model]()  # on the meta device
     return Pricer(built, seq_len, lora_targets=tuple(lora_targets) or "all-linear")
 
 
@@ -531,8 +537,7 @@ class MemoryRow:
 
 @functools.lru_cache(maxsize=None)
 def _parameters(model: str) -> int:
-    with torch.device("meta"):
-        return sum(p.numel() for p in MODELS[model]().parameters())
+    return sum(p.numel() for p in MODELS[model]().parameters())  # on the meta device
 
 
 def as_run(figure: MemoryFigure) -> PublishedRun:
