@@ -4546,7 +4546,7 @@ NEW_RUNG = ladder.Rung("+ no loss scale", "init_scale", -1.0, "no scaling at all
 
 _FROM = "def largest_batch_from(batch, peak_at_batch, peak_at_double, memory_bytes, margin):\n"
 BATCH_51["09-largest-batch"] = {
-    "output-type#numpy-int": "import numpy as np\n\n\n" + _FROM + '''\
+    "not-a-number#numpy-int": "import numpy as np\n\n\n" + _FROM + '''\
     per = (peak_at_double - peak_at_batch) / batch
     fixed = peak_at_batch - batch * per
     return np.maximum(0, np.floor((memory_bytes * (1 - margin) - fixed) / per)).astype(np.int64)
@@ -4571,10 +4571,10 @@ BATCH_51["09-largest-batch"] = {
     usable = np.float32(memory_bytes) * np.float32(1 - margin)
     return max(0, math.floor((usable - (peaks[0] - batch * per)) / per))
 ''',
-    "no-margin#margin-in-percent": "import math\n\n\n" + _FROM + '''\
+    "differs#margin-added": "import math\n\n\n" + _FROM + '''\
     per = (peak_at_double - peak_at_batch) / batch
     fixed = peak_at_batch - batch * per
-    return max(0, math.floor((memory_bytes * (1 - margin / 100) - fixed) / per))  # margin in %
+    return max(0, math.floor((memory_bytes * (1 + margin) - fixed) / per))  # the margin's headroom
 ''',
     "no-fixed-part#double-over-its-samples": "import math\n\n\n" + _FROM + '''\
     per = peak_at_double / (2 * batch)  # the larger dry run, shared out over its samples
