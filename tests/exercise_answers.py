@@ -499,7 +499,7 @@ import torch
 def flash_forward(q, k, v, block_k=16, block_q=8):
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3])
+    lse = torch.empty(q.shape[:3], dtype=q.dtype)  # L in q's dtype too (float64 for gradcheck)
     for i in range(0, q.shape[2], block_q):
         qi = q[:, :, i:i + block_q] * scale
         m = torch.full(qi.shape[:3], float("-inf"))

@@ -122,10 +122,10 @@ def _number_kind(x: Any) -> str | None:
 
 
 def like(got: Any, want: Any, name: str = "the result", *, exact_numbers: bool = False) -> Wrong | None:
-    """Wrong("output-dtype" or "output-type") when `got` is not of the kind of `want`, the solution's result:
-    a tensor's dtype, device and shape; a Python number (an int or a float, either unless `exact_numbers`),
-    not a numpy scalar or a tensor; a sequence of as many items (a list or a tuple); a string; None (every
-    lesson)."""
+    """Wrong("output-dtype", "output-type" or "return-shape") when `got` is not of the kind of `want`, the
+    solution's result: a tensor's dtype, device and shape; a Python number (an int or a float, either unless
+    `exact_numbers`), not a numpy scalar or a tensor; a sequence (a tuple's length too: a list's may differ,
+    which is the values' business) of items of the same kinds; a string; None (every lesson)."""
     if _is_tensor(want):
         if not _is_tensor(got):
             return Wrong("output-type", f"{name} is {describe(got)}, not a tensor like the solution's "
@@ -145,9 +145,11 @@ def like(got: Any, want: Any, name: str = "the result", *, exact_numbers: bool =
                          f"{tuple(want.shape)}", "return the shape the task gives")
         return None
     if isinstance(want, (list, tuple)):
-        if not isinstance(got, (list, tuple)) or len(got) != len(want):
-            return Wrong("output-type", f"{name} is {describe(got)}, not a {type(want).__name__} of "
-                         f"{len(want)} like the solution's", "return what the task names, in its order")
+        fixed = isinstance(want, tuple)  # a tuple has a structure: so many values; a list any length
+        if not isinstance(got, (list, tuple)) or (fixed and len(got) != len(want)):
+            return Wrong("return-shape", f"{name} is {describe(got)}, not a {type(want).__name__}"
+                         + (f" of {len(want)}" if fixed else "") + " like the solution's",
+                         "return what the task names, in its order")
         for i, (g, w) in enumerate(zip(got, want)):
             wrong = like(g, w, f"item {i} of {name}", exact_numbers=exact_numbers)
             if wrong is not None:
@@ -485,12 +487,17 @@ class Task:
     result: str = "the result"  # how the returned value is named in a line
     exact_numbers: bool = False  # an int where the solution returns a float (or back) is a breach
     validate: Callable[[Any, Any], None] | None = None  # (returned, case): the exercise's own type checks
+    guard: Callable[[], Any] | None = None  # a context around each call of the answer (an op budget)
     hint: str = "run it on that input beside the task's rule, step by step"  # the search's generic hint
     outputs: tuple[str, ...] = field(default=())  # names of the returned values, for lines
 
     def call(self, fn: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
         positional = [v for k, v in arguments.items() if k not in self.keywords]
-        return fn(*positional, **{k: arguments[k] for k in self.keywords if k in arguments})
+        keywords = {k: arguments[k] for k in self.keywords if k in arguments}
+        if self.guard is None or fn is self.reference:
+            return fn(*positional, **keywords)
+        with self.guard():
+            return fn(*positional, **keywords)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -580,6 +587,11 @@ def _try(answer: Callable[..., Any], task: Task, case: Any) -> _Failure | None:
         raise
     except Exception as err:  # noqa: BLE001 - the answer's error: shrunk, then raised again on the case
         return _Failure(error=err)
+    if task.validate is not None:
+        try:
+            task.validate(returned, case)
+        except Wrong as wrong:
+            return _Failure(returned, None, wrong.what, wrong=wrong)
     want_returned = task.call(task.reference, want_args := task.arguments(case))
     mismatch = like(returned, want_returned, task.result, exact_numbers=task.exact_numbers)
     if mismatch is not None:
@@ -589,9 +601,19 @@ def _try(answer: Callable[..., Any], task: Task, case: Any) -> _Failure | None:
     return None if what is None else _Failure(got, want, what)
 
 
+def _way(failure: _Failure) -> tuple[Any, ...]:
+    """How a case fails: an error (of which type), a kind mismatch (which), or a difference (of what: the
+    first words of `agree`'s line)."""
+    if failure.error is not None:
+        return ("error", type(failure.error))
+    if failure.wrong is not None:
+        return ("wrong", failure.wrong.mistake)
+    return ("differs", tuple(failure.what.split(" ")[:2]))
+
+
 def _shrink(answer: Callable[..., Any], task: Task, case: Any, failure: _Failure,
             budget: int = 60) -> tuple[Any, _Failure, int]:
-    """The smallest case still failing the same way (raising, or not), by greedy steps; the tries it made."""
+    """The smallest case still failing the same way (`_way`), by greedy steps; the tries it made."""
     tries = 0
     improved = True
     while improved and tries < budget:
@@ -599,7 +621,7 @@ def _shrink(answer: Callable[..., Any], task: Task, case: Any, failure: _Failure
         for smaller in task.shrink(case):
             tries += 1
             again = _try(answer, task, smaller)
-            if again is not None and (again.error is None) == (failure.error is None):
+            if again is not None and _way(again) == _way(failure):
                 case, failure, improved = smaller, again, True
                 break
             if tries >= budget:
@@ -636,6 +658,8 @@ def search(answer: Callable[..., Any], task: Task, rng: Any, *, draws: int,
         failure = _try(answer, task, case)
         if failure is None:
             continue
+        if name is not None and failure.error is None and failure.wrong is None:
+            name(case, failure.got, failure.want)  # a known mistake, named on the case as drawn
         case, failure, _ = _shrink(answer, task, case, failure)
         shown = task.show(case)
         if failure.error is not None:
