@@ -195,9 +195,11 @@ def test_lesson_07_answers_in_one_torchrun_launch(tmp_path):
         answers["failed", key] = _load(tmp_path / f"wrong-{key.replace('#', '-')}.py", source, ex.answer)
     # a planted fault, not a learner's answer: every gradient right, a parameter moved by 0.1 % after the
     # last step's finish(): only the parameter error the workers report can tell (the check never read it)
-    planted = ex.solution_path.read_text().replace("        pending.clear()", """        pending.clear()
+    from course.scripts.exercise_ddp import STEPS
+
+    planted = ex.solution_path.read_text().replace("        pending.clear()", f"""        pending.clear()
         done.append(1)
-        if len(done) == 2:  # the last of the check's 2 steps
+        if len(done) == {STEPS}:  # the last of the check's steps
             next(model.parameters()).data.mul_(1.001)""")
     planted = planted.replace("    world = dist", "    done = []\n    world = dist")
     assert planted.count("done") == 3

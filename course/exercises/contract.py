@@ -22,6 +22,7 @@ import math
 import numbers
 import runpy
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from course.paths import solutions_dir
 
 __all__ = ["Task", "contract", "search", "reference", "snapshot", "difference", "describe", "like",
            "same", "switches", "switch_changes", "restore_switches", "outer_state", "outer_changes",
-           "case_note", "CASE_NOTE"]
+           "case_note", "CASE_NOTE", "left_by_earlier_runs"]
 
 # the input the search found an error on, named by core's "raised" line ("" outside a search)
 CASE_NOTE: contextvars.ContextVar[str] = contextvars.ContextVar("course_exercise_case", default="")
@@ -390,8 +391,11 @@ def outer_changes(before: dict[str, tuple[Any, Any]], fn: Any) -> str | None:
             continue
         if record[0] in ("list", "tuple", "set", "frozenset", "deque", "dict") and mine[0] == record[0] \
                 and mine[1] != record[1]:
+            items = list(value.values()) if isinstance(value, dict) else list(value)
+            errors = " (exceptions: each holds its traceback, and the objects of its frames)" \
+                if any(isinstance(v, BaseException) for v in items) else ""
             return f"it changed `{name}`, a {record[0]} defined outside it ({record[1]} items before the " \
-                   f"call, {mine[1]} after)"
+                   f"call, {mine[1]} after{errors})"
         if record[0] == "value":
             return f"it changed `{name}`, defined outside it, from {describe(record[1])} to {describe(value)}"
         if record[0] == "tensor":
@@ -400,6 +404,51 @@ def outer_changes(before: dict[str, tuple[Any, Any]], fn: Any) -> str | None:
     for name in now:
         if name not in before:
             return f"it defined `{name}` outside itself"
+    return None
+
+
+# What each answer reached outside itself when a check first called it, by the function object (a cell run
+# again defines a new one, with fresh state): a later run of a check in the same kernel compares, since state
+# an earlier run left (a dict filled, a `global` set once) changes what the next run sees.
+_FIRST_MET: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _globals_set(fn: Any) -> set[str]:
+    """The names `fn`'s code (and the code defined inside it) assigns with `global`."""
+    import dis
+
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return set()
+    return {ins.argval for c in _codes(code) for ins in dis.get_instructions(c)
+            if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")}
+
+
+def left_by_earlier_runs(fn: Any) -> str | None:
+    """What earlier calls of `fn` (in an earlier run of a check) left in the state outside it, in plain
+    words; None when it is as when a check first met `fn` (the first time, it records it) (every lesson)."""
+    target = inspect.unwrap(fn)
+    if not isinstance(target, types.FunctionType):
+        return None
+    now = outer_state(target)
+    try:
+        first = _FIRST_MET.setdefault(target, now)
+    except TypeError:  # not weakly referable
+        return None
+    assigned = _globals_set(target)
+    for name, (obj, record) in first.items():
+        if name not in now or now[name][1] == record:
+            continue
+        value, mine = now[name]
+        if value is obj and record[0] in ("list", "set", "deque", "dict") and mine[1] != record[1]:
+            return (f"`{name}`, a {record[0]} defined outside it, held {record[1]} item(s) when a check "
+                    f"first called it and holds {mine[1]} now: earlier calls left them, and this run starts "
+                    "from them")
+        if value is obj and record[0] == "tensor":
+            return f"the tensor `{name}`, defined outside it, was changed by earlier calls"
+        if name in assigned:
+            return (f"`{name}`, which it sets with `global`, was {describe(obj)} when a check first called "
+                    f"it and is {describe(value)} now: this run starts from what earlier calls left")
     return None
 
 
@@ -487,14 +536,14 @@ class Task:
     result: str = "the result"  # how the returned value is named in a line
     exact_numbers: bool = False  # an int where the solution returns a float (or back) is a breach
     validate: Callable[[Any, Any], None] | None = None  # (returned, case): the exercise's own type checks
-    guard: Callable[[], Any] | None = None  # a context around each call of the answer (an op budget)
+    guard: Callable[[], Any] | None = None  # a context around each call (an op budget, a quick collector)
     hint: str = "run it on that input beside the task's rule, step by step"  # the search's generic hint
     outputs: tuple[str, ...] = field(default=())  # names of the returned values, for lines
 
     def call(self, fn: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
         positional = [v for k, v in arguments.items() if k not in self.keywords]
         keywords = {k: arguments[k] for k in self.keywords if k in arguments}
-        if self.guard is None or fn is self.reference:
+        if self.guard is None:
             return fn(*positional, **keywords)
         with self.guard():
             return fn(*positional, **keywords)
@@ -534,6 +583,10 @@ def contract(answer: Callable[..., Any], task: Task, case: Any) -> tuple[Any, An
     call on fresh copies of the same inputs gives another result), "input-changed" (it changed what it was
     given), "output-dtype" / "output-type" (not the solution's kind of result), after the exercise's own
     `validate`; -> (the answer's observation, the solution's) on that case (every lesson)."""
+    earlier = left_by_earlier_runs(answer)
+    if earlier is not None:
+        raise Wrong("hidden-state", f"{earlier} (this check ran your {task.name} before, in this kernel)",
+                    _STATE_HINT)
     arguments = task.arguments(case)
     before = {name: snapshot(value) for name, value in arguments.items()}
     outside = outer_state(answer)
@@ -560,7 +613,11 @@ def contract(answer: Callable[..., Any], task: Task, case: Any) -> tuple[Any, An
     if mismatch is not None:
         raise Wrong(mismatch.mistake, f"{mismatch.what} (on {task.show(case)})", mismatch.hint)
     got = task.observe(returned, arguments)
+    outside = outer_state(answer)
     second = task.call(answer, again := task.arguments(case))
+    changed = outer_changes(outside, answer)
+    if changed is not None:
+        raise Wrong("hidden-state", f"{changed} (a second call, on {task.show(case)})", _STATE_HINT)
     if not _same(got, task.observe(second, again)):
         raise Wrong("hidden-state", f"called twice on the same input ({task.show(case)}, fresh copies each "
                     f"time), it gave {describe(got)}, then {describe(task.observe(second, again))}",
@@ -580,13 +637,18 @@ class _Failure:
 
 
 def _try(answer: Callable[..., Any], task: Task, case: Any) -> _Failure | None:
-    """None when the answer agrees with the solution on `case`; else how it fails (an error it raised)."""
+    """None when the answer agrees with the solution on `case`; else how it fails (an error it raised).
+    Wrong("hidden-state") when the call changed state outside the answer."""
+    outside = outer_state(answer)
     try:
         returned = task.call(answer, arguments := task.arguments(case))
     except (Wrong, KeyboardInterrupt):
         raise
     except Exception as err:  # noqa: BLE001 - the answer's error: shrunk, then raised again on the case
         return _Failure(error=err)
+    changed = outer_changes(outside, answer)
+    if changed is not None:
+        raise Wrong("hidden-state", f"{changed} (on {task.show(case)})", _STATE_HINT)
     if task.validate is not None:
         try:
             task.validate(returned, case)

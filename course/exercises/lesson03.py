@@ -11,11 +11,12 @@ garbage collector off, its failed tries would hold memory without bound) and tol
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,6 +267,29 @@ def _name_case(seen: list[tuple[int, int]], c: _Case, got: Any, want: Any) -> No
                         f"{what} does; expected {want}", hint)
 
 
+@contextlib.contextmanager
+def _quick_collector() -> Iterator[None]:
+    """gc.collect() in a call looks only at the objects made since (milliseconds, not a scan of all of
+    torch), and nothing is collected but by the learner's gc.collect(), as in `_search`; an out-of-memory
+    error that escapes the answer is named."""
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.freeze()
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as err:
+        if "(simulated)" not in str(err):
+            raise
+        raise Wrong("oom-not-caught", f"an out-of-memory error escaped your function "
+                    f"({str(err).split('. ')[1]})", "catch torch.cuda.OutOfMemoryError around step_fn(n): "
+                    "that is how a size that does not fit shows (step_fn returns nothing when it "
+                    "fits)") from None
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
 def task() -> Task:
     """03-largest-batch's function for the contract and the search: a simulated device per call."""
     return Task(reference("03_memory/largest_batch.py", "largest_batch"), draw=_draw_case,
@@ -273,7 +297,7 @@ def task() -> Task:
                                      "limit": c.limit},
                 agree=lambda got, want, c: None if got == want else f"it returned {got!r}, expected {want}",
                 show=repr, shrink=_shrink, name="largest_batch", result="the size it returned",
-                exact_numbers=True,
+                exact_numbers=True, guard=_quick_collector,
                 hint="double from 1 while it fits (up to the limit), then bisect between the last size that "
                      "fitted and the first that did not; 0 if 1 does not fit")
 
