@@ -181,8 +181,29 @@ def _clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
 
 
 def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_norm: float,
-                     scale: float) -> None:
-    """Name the mistake whose update matches the learner's (updates are lr x the gradient SGD used)."""
+                     scale: float, clipped_elsewhere: bool = False) -> None:
+    """Name the mistake whose update matches the learner's (updates are lr x the gradient SGD used).
+    `clipped_elsewhere`: the answer clipped right on the check's first step (the search found this case), so
+    an unclipped update here is a max_norm it did not honour, not a missing clip."""
+    flat = torch.cat([u.flatten() for u in update])
+    clipped = torch.cat([g.flatten() for g in _clip(grads, max_norm)]) * 0.1
+    if torch.allclose(flat, clipped, rtol=2e-2, atol=1e-7 + 2e-2 * clipped.abs().max().item()):
+        return
+    norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+    by_value = torch.cat([g.clamp(-max_norm, max_norm).flatten() for g in grads]) * 0.1
+    unclipped = torch.cat([g.flatten() for g in grads]) * 0.1
+    bites = not torch.allclose(by_value, unclipped)  # the check's own step: some element above max_norm
+    if bites and torch.allclose(flat, by_value, rtol=2e-2, atol=1e-7 + 2e-2 * by_value.abs().max().item()):
+        raise Wrong("update", f"the update is the gradient with each element clipped to ±{max_norm:.3g} (as "
+                    "clip_grad_value_ does), not the gradient scaled to a norm of max_norm",
+                    "clip the norm of all the gradients together, as one vector: "
+                    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)")
+    if clipped_elsewhere and torch.allclose(flat, unclipped, rtol=2e-2,
+                                            atol=1e-7 + 2e-2 * unclipped.abs().max().item()):
+        raise Wrong("update", f"with max_norm {max_norm:.3g} below the gradient's norm ({norm:.3g}) the "
+                    "update is the unclipped gradient's, though the check's first step was clipped right: "
+                    "this max_norm was not honoured", "clip to the max_norm you are given, whatever its "
+                    "value: clip_grad_norm_(model.parameters(), max_norm), no floor or ceiling of your own")
     hypotheses = [
         (None, _clip(grads, max_norm)),
         ("no-clip", grads),
@@ -191,7 +212,6 @@ def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_
     ]
     if abs(max_norm - 1.0) > 0.1:  # a norm of 1.0 whatever max_norm: tutorials' usual value
         hypotheses.append(("clip-default-norm", _clip(grads, 1.0)))
-    flat = torch.cat([u.flatten() for u in update])
     for mistake, g in hypotheses:
         want = torch.cat([x.flatten() for x in g]) * 0.1
         if torch.allclose(flat, want, rtol=2e-2, atol=1e-7 + 2e-2 * want.abs().max().item()):
@@ -357,7 +377,7 @@ def _name_case(c: _Case, got: tuple, want: tuple) -> None:
     grads = [p.grad.detach().clone() for p in model.parameters()]
     sizes = [p.numel() for p in model.parameters()]
     _diagnose_update([u.view_as(g) for u, g in zip(update.split(sizes), grads)], grads, c.max_norm,
-                     c.init_scale)
+                     c.init_scale, clipped_elsewhere=True)
 
 
 def task() -> Task:
@@ -400,9 +420,16 @@ def fp16_step(answer: Callable, seed: int) -> str:
             break
     else:
         raise RuntimeError(f"02-fp16-step: no batch with a gradient norm above 1.5 for seed {seed}")
-    max_norm = norm * rng.uniform(0.05, 0.4)  # clipping bites
-    while abs(max_norm - 1.0) < 0.2:  # 1.0, tutorials' usual norm, must give another update than max_norm's
-        max_norm = norm * rng.uniform(0.05, 0.4)
+    # clipping bites; 1.0, tutorials' usual norm, gives another update than max_norm's; and some element of
+    # the gradient is above max_norm, so that clipping each element (clip_grad_value_) is not clipping nothing
+    biggest = max(g.abs().max().item() for g in grads)
+    max_norm = norm * rng.uniform(0.05, 0.4)
+    for _ in range(200):
+        if abs(max_norm - 1.0) >= 0.2 and max_norm < 0.8 * biggest:
+            break
+        max_norm = norm * rng.uniform(0.05, 0.4) * (1 if rng.random() < 0.5 else 0.8 * biggest / norm)
+    else:
+        raise RuntimeError(f"02-fp16-step: no max_norm fits the gradient drawn with seed {seed}")
     log, model, scaler, loss = _fp16_case(answer, model0, batch, max_norm, init_scale)
     _check_fp16_order(log)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:

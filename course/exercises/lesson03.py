@@ -245,11 +245,15 @@ class _Case:
 
 def _draw_case(rng: random.Random) -> _Case:
     """One case: limits of 1, 2, 3, small, powers of two and one off them, large; capacities of 0, 1, at the
-    limit, one under and one over it, at a power of two and one off it, anywhere."""
+    limit, one under and one over it, at a power of two and one off it, one under the first size the
+    bisection after the doubling tries (where an upper bound moved past a failed size skips the answer),
+    anywhere."""
     p = 2 ** rng.randint(1, 11)
     limit = rng.choice((1, 2, 3, rng.randint(4, 64), p, p - 1, p + 1, rng.randint(65, 3000)))
     q = 2 ** rng.randint(0, max(0, limit.bit_length() - 1))
-    capacity = rng.choice((0, 1, limit - 1, limit, limit + 1, q, q - 1, q + 1, rng.randint(0, limit + 5)))
+    under_mid = (q + min(2 * q, limit)) // 2 - 1
+    capacity = rng.choice((0, 1, limit - 1, limit, limit + 1, q, q - 1, q + 1, under_mid, under_mid,
+                           rng.randint(0, limit + 5)))
     return _Case(max(0, capacity), limit)
 
 
@@ -311,6 +315,12 @@ def largest_batch(answer: Callable, seed: int) -> str:
     runs = [_search(answer, c, lim, cycle=True) for c, lim in cases]
     for (c, lim), r in zip(cases, runs):
         bad = [n for n in r.mem.calls if not (isinstance(n, int) and 1 <= n <= lim)]
+        if bad and 1 not in r.mem.calls and min((n for n in r.mem.calls if isinstance(n, int)),
+                                                 default=0) > 1:
+            # not a bound overrun but a start past 1: a limit of 1 shows it first (the search names it too)
+            raise Wrong("wrong-size", f"with limit {lim} it tried batch size {bad[0]!r} and never 1: the "
+                        "search started above 1", "start at 1: a batch of 1 may be all that fits, and the "
+                        "limit may be 1")
         if bad:
             raise Wrong("beyond-limit", f"it tried batch size {bad[0]!r} with limit {lim}",
                         "try whole sizes from 1 to the limit only")
