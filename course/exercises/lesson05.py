@@ -12,8 +12,10 @@ lesson would compile again), and what it caches belongs to the copy, which goes 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import io
 import random
 import types
 from collections.abc import Callable, Mapping
@@ -197,7 +199,8 @@ class _Stub(nn.Module):
         # a forward of its own per stub (a copy of the code): Dynamo's cache entries for it go with the stub,
         # so runs of the check with other vocabularies never fill one shared forward's recompile limit
         code = _Stub._forward.__code__.replace()
-        self.forward = types.MethodType(types.FunctionType(code, _Stub._forward.__globals__, "forward"), self)
+        forward = types.FunctionType(code, _Stub._forward.__globals__, "forward", _Stub._forward.__defaults__)
+        self.forward = types.MethodType(forward, self)
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: Any = None, labels: Any = None) -> Any:
         from helpers.model.models import ModelOutput  # what the course's Transformer returns
@@ -281,6 +284,16 @@ def graph_break(answer: Callable, seed: int) -> str:
     plain = first.loss
     below, above = first.factor, rng.uniform(1.25, 3.0)
     _compare_losses(answer, model, batch, plain, below, above)
+    for factor in (1 - rng.uniform(1e-3, 1e-2), 1 + rng.uniform(1e-3, 1e-2)):  # a hair either side
+        with contextlib.redirect_stdout(io.StringIO()):  # the given function prints
+            want, _ = _loss_and_grads(loss_with_breaks, model, batch, plain * factor)
+        got, _ = _loss_and_grads(answer, model, batch, plain * factor)
+        if not torch.allclose(got.double(), want.double(), rtol=1e-5):
+            side = "below" if factor < 1 else "above"
+            raise Wrong("loss-differs", f"with max_loss {abs(1 - factor):.2%} {side} the loss ({plain:.4g}) "
+                        f"it returned {got.item():.6g}, the given function {want.item():.6g}", "compare the "
+                        "loss with max_loss exactly (loss > max_loss), with no slack: the guard scales a "
+                        "loss even a hair above max_loss")
     for factor in (below, above):  # a break in either branch is a break
         stub, batch = _Stub(first.vocab), first.build()[1]
         broken = graph_breaks(answer, stub, batch, stub.loss_of(batch) * factor)
