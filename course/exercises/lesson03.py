@@ -311,7 +311,9 @@ def largest_batch(answer: Callable, seed: int) -> str:
     rng = random.Random(seed)
     cases = _cases(rng)
     the_task = task()
-    contract(answer, the_task, _Case(*cases[0]))
+    # the contract on a case where a size fails (capacity under the limit; seven of the ten are): state an
+    # answer keeps about failed tries (the errors, the sizes) shows on every run, not only on some seeds
+    contract(answer, the_task, _Case(*next(c for c in cases if c[0] < c[1])))
     runs = [_search(answer, c, lim, cycle=True) for c, lim in cases]
     for (c, lim), r in zip(cases, runs):
         bad = [n for n in r.mem.calls if not (isinstance(n, int) and 1 <= n <= lim)]
