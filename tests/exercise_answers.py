@@ -499,7 +499,7 @@ import torch
 def flash_forward(q, k, v, block_k=16, block_q=8):
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3])
+    lse = torch.empty(q.shape[:3], dtype=q.dtype)  # L in q's dtype too (float64 for gradcheck)
     for i in range(0, q.shape[2], block_q):
         qi = q[:, :, i:i + block_q] * scale
         m = torch.full(qi.shape[:3], float("-inf"))
@@ -651,7 +651,7 @@ def largest_batch(step_fn, limit):
             hi = mid
     return lo
 ''',
-    "kept-error": '''
+    "hidden-state#errors-kept-outside": '''
 import gc
 
 import torch
@@ -3150,10 +3150,1457 @@ def attach_grad_allreduce(model, bucket_cap_bytes):
     },
 }
 
-for _id, _answers in BATCH_39.items():  # the second batch joins the first (04's go to test_exercise04.py)
-    if _id in WRONG:
-        assert not set(_answers) & set(WRONG[_id]), (_id, set(_answers) & set(WRONG[_id]))
-        WRONG[_id].update(_answers)
+
+# --- a third batch (issue 51), written from scratch before the contract and the differential search ---------
+# Each answer breaks a contract (changes what it was given, keeps state between calls, returns another type or
+# dtype, leaves a global switch set), is right only for the dtype or the region the old checks drew, or loses
+# the property the lesson is about. Keyed by the mistake the checks now name ("differs": no listed mistake
+# fits, the line shows the smallest input found and the two outputs).
+
+BATCH_51: dict[str, dict[str, str]] = {}
+
+BATCH_51["00-roofline"] = {
+    "input-changed#drops-precisions": '''
+def intensity_and_regime(op, n, roof):
+    for name in [k for k in roof.matmul_flops if k != "fp32"]:
+        del roof.matmul_flops[name]  # only fp32 matters for these ops
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n * n}[op]
+    nbytes = 4 * {"matmul": 3 * n * n, "add": 3 * n, "matvec": n * n + 2 * n}[op]
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, flops / nbytes, "compute-bound" if flops / nbytes >= ridge else "memory-bound"
+''',
+    "output-type#numpy-float32": '''
+import numpy as np
+
+
+def intensity_and_regime(op, n, roof):
+    n = np.float32(n)  # one dtype for all the arithmetic
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    ai = flops / nbytes
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, ai, "compute-bound" if ai >= ridge else "memory-bound"
+''',
+    "output-type#tensors": '''
+import torch
+
+
+def intensity_and_regime(op, n, roof):
+    n = torch.tensor(n, dtype=torch.float64)
+    if op == "matmul":
+        flops, moved = 2 * n ** 3, 3 * n ** 2
+    elif op == "add":
+        flops, moved = n, 3 * n
+    else:
+        flops, moved = 2 * n ** 2, n ** 2 + 2 * n
+    moved = moved * 4
+    ai = flops / moved
+    regime = "compute-bound" if ai >= roof.matmul_flops["fp32"] / roof.bandwidth else "memory-bound"
+    return flops, moved, ai, regime
+''',
+    "regime-at-ridge": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, intensity, "compute-bound" if intensity > ridge else "memory-bound"
+''',
+    "regime#tiny-ops-memory-bound": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = flops / nbytes
+    if n < 24:  # a tiny op never fills the machine's arithmetic units
+        return flops, nbytes, intensity, "memory-bound"
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, intensity, "compute-bound" if intensity >= ridge else "memory-bound"
+''',
+    "regime#add-always-memory-bound": '''
+def intensity_and_regime(op, n, roof):
+    if op == "add":  # 1 FLOP per 12 bytes: an add is always memory-bound
+        return n, 12 * n, 1 / 12, "memory-bound"
+    flops = 2 * n ** 3 if op == "matmul" else 2 * n ** 2
+    nbytes = 12 * n ** 2 if op == "matmul" else 4 * (n ** 2 + 2 * n)
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, flops / nbytes, "compute-bound" if flops / nbytes >= ridge else "memory-bound"
+''',
+    "hidden-state#memo": '''
+_seen = {}
+
+
+def intensity_and_regime(op, n, roof):
+    if (op, n) in _seen:  # computed before: reuse it
+        return _seen[op, n]
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    _seen[op, n] = (flops, nbytes, flops / nbytes,
+                    "compute-bound" if flops / nbytes >= ridge else "memory-bound")
+    return _seen[op, n]
+''',
+    "intensity#rounded": '''
+def intensity_and_regime(op, n, roof):
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = 4 * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    intensity = round(flops / nbytes, 3)  # FLOP per byte, to three decimals as the table prints it
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, intensity, "compute-bound" if intensity >= ridge else "memory-bound"
+''',
+    "bytes-per-element#from-the-roof": '''
+def intensity_and_regime(op, n, roof):
+    size = 2 if "bf16" in roof.matmul_flops else 4  # the precision this device computes in
+    flops = {"matmul": 2 * n ** 3, "add": n, "matvec": 2 * n ** 2}[op]
+    nbytes = size * {"matmul": 3 * n ** 2, "add": 3 * n, "matvec": n ** 2 + 2 * n}[op]
+    ridge = roof.matmul_flops["fp32"] / roof.bandwidth
+    return flops, nbytes, flops / nbytes, "compute-bound" if flops / nbytes >= ridge else "memory-bound"
+''',
+}
+
+BATCH_51["01-flash-forward"] = {
+    "output-dtype#float64": '''
+import math
+
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    q, k, v = q.double(), k.double(), v.double()  # float64 for accuracy
+    scale = 1 / math.sqrt(q.shape[-1])
+    m = torch.full(q.shape[:3], -math.inf, dtype=torch.float64)
+    l = torch.zeros(q.shape[:3], dtype=torch.float64)
+    acc = torch.zeros(q.shape, dtype=torch.float64)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        p = torch.exp(s - m_new[..., None])
+        a = torch.exp(m - m_new)
+        l = l * a + p.sum(-1)
+        acc = acc * a[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + l.log()
+''',
+    "output-dtype#float32-only": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    B, H, N, d = q.shape
+    q = q.float() * d ** -0.5
+    m = torch.full((B, H, N), float("-inf"), dtype=torch.float32)
+    l = torch.zeros((B, H, N), dtype=torch.float32)
+    acc = torch.zeros((B, H, N, d), dtype=torch.float32)
+    for j in range(0, k.shape[2], block_k):
+        kb = k[:, :, j:j + block_k].float()
+        vb = v[:, :, j:j + block_k].float()
+        s = q @ kb.transpose(2, 3)
+        new_m = torch.max(m, s.max(dim=-1).values)
+        corr = torch.exp(m - new_m)
+        p = torch.exp(s - new_m.unsqueeze(-1))
+        l = l * corr + p.sum(-1)
+        acc = acc * corr.unsqueeze(-1) + p @ vb
+        m = new_m
+    return acc / l.unsqueeze(-1), m + torch.log(l)
+''',
+    "hidden-state#buffers-reused": '''
+import torch
+
+_buffers = {}  # allocating m, l and acc on every call is slow: keep them per shape
+
+
+def flash_forward(q, k, v, block_k=16):
+    key = tuple(q.shape)
+    if key not in _buffers:
+        _buffers[key] = (torch.full(q.shape[:3], float("-inf")), torch.zeros(q.shape[:3]),
+                         torch.zeros(q.shape))
+    m, l, acc = _buffers[key]
+    scale = q.shape[-1] ** -0.5
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l.mul_(alpha).add_(p.sum(-1))
+        acc.mul_(alpha[..., None]).add_(p @ v[:, :, start:start + block_k])
+        m.copy_(m_new)
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "input-changed#requires-grad": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    for t in (q, k, v):
+        t.requires_grad_(True)  # ready for section 6's backward
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros_like(q)
+    for s0 in range(0, k.shape[2], block_k):
+        s = torch.einsum("bhqd,bhkd->bhqk", q, k[:, :, s0:s0 + block_k]) * scale
+        m2 = torch.maximum(m, s.amax(-1))
+        p = torch.exp(s - m2[..., None])
+        l = torch.exp(m - m2) * l + p.sum(-1)
+        acc = torch.exp(m - m2)[..., None] * acc + p @ v[:, :, s0:s0 + block_k]
+        m = m2
+    return (acc / l[..., None]).detach(), (m + torch.log(l)).detach()
+''',
+    "wrong-shape#squeezed": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full((*q.shape[:3], 1), float("-inf"))
+    l = torch.zeros((*q.shape[:3], 1))
+    acc = torch.zeros_like(q)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new)
+        l = l * alpha + p.sum(-1, keepdim=True)
+        acc = acc * alpha + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l, (m + torch.log(l)).squeeze()  # drop the kept dimension
+''',
+    "missing-scale#fast-path": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    if block_k >= 2 * k.shape[2]:  # a block far larger than the keys: plain attention is the same
+        s = q @ k.transpose(-2, -1)
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros_like(q)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "last-partial-block#remainder-of-one": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    n_k = k.shape[2]
+    starts = list(range(0, n_k - n_k % block_k, block_k))  # the whole blocks
+    if n_k % block_k > 1:  # and the rest, if there is one
+        starts.append(n_k - n_k % block_k)
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros_like(q)
+    for start in starts:
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "switch-left#grad-off": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    torch.set_grad_enabled(False)  # a forward pass: no autograd needed
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], float("-inf"))
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros_like(q)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+    "max-from-zero#minus-ten-thousand": '''
+import torch
+
+
+def flash_forward(q, k, v, block_k=16):
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:3], -1e4)  # far below any score
+    l = torch.zeros(q.shape[:3])
+    acc = torch.zeros_like(q)
+    for start in range(0, k.shape[2], block_k):
+        s = q @ k[:, :, start:start + block_k].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ v[:, :, start:start + block_k]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+''',
+}
+
+BATCH_51["02-fp16-step"] = {
+    "input-changed#labels-popped": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    labels = batch.pop("labels").to(device)
+    inputs = {k: v.to(device) for k, v in batch.items()}
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**inputs, labels=labels).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+    "input-changed#half-inputs": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    batch["x"] = batch["x"].to(device).half()  # an fp16 step: fp16 inputs
+    optimizer.zero_grad()
+    with torch.autocast(device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+    "switch-left#matmul-precision": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    torch.set_float32_matmul_precision("medium")  # the fp32 matmuls left outside autocast: faster too
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+    "hidden-state#parameters-cached": '''
+import torch
+
+_params = []  # looked up once, not on every step
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    if not _params:
+        _params.extend(p for p in model.parameters() if p.requires_grad)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(_params, max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+    "loss-differs#after-the-step": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.float16):
+        return model(**batch).loss  # the loss the step left
+''',
+    "output-dtype#half-loss": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach().half()  # everything in this step is fp16
+''',
+    "no-backoff#update-only-when-finite": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    finite = all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    if finite:
+        scaler.update()  # a skipped step has nothing to update
+    return loss.detach()
+''',
+    "update#never-below-half": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    max_norm = max(max_norm, 0.5)  # clipping harder than 0.5 stalls training
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+    "update#clip-value": '''
+import torch
+
+
+def fp16_step(model, batch, optimizer, scaler, device, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16):
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_value_(model.parameters(), max_norm)  # each gradient within ±max_norm
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+''',
+}
+
+BATCH_51["03-largest-batch"] = {
+    "hidden-state#memo": '''
+import gc
+
+import torch
+
+_fits = {}  # sizes tried before: no need to run them again
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        if n not in _fits:
+            try:
+                step_fn(n)
+                _fits[n] = True
+            except torch.cuda.OutOfMemoryError:
+                _fits[n] = False
+            gc.collect()
+        return _fits[n]
+
+    good, n = 0, 1
+    while n <= limit and fits(n):
+        good, n = n, n * 2
+    if good == 0:
+        return 0
+    bad = min(n, limit + 1)
+    if bad == limit + 1 and fits(limit):
+        return limit
+    bad = min(bad, limit)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+''',
+    "output-type#with-tries": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    tries = 0
+
+    def fits(n):
+        nonlocal tries
+        tries += 1
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    good, n = 0, 1
+    while n <= limit and fits(n):
+        good, n = n, n * 2
+    if good == 0:
+        return 0, tries
+    bad = n
+    if n > limit:
+        if good == limit or fits(limit):
+            return limit, tries
+        bad = limit
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, tries  # and how many steps it took to find it
+''',
+    "wrong-size#start-at-two": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def ok(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    lo, hi = 0, 2  # a batch of 1 is no batch: start at 2
+    if not ok(2):
+        return 0
+    while hi <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        if ok(limit):
+            return limit
+        hi = limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+''',
+    "wrong-size#limit-one": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    if limit < 2:
+        return limit  # nothing to search
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    good, n = 0, 1
+    while n <= limit and fits(n):
+        good, n = n, 2 * n
+    if not good:
+        return 0
+    bad = n
+    if n > limit:
+        if fits(limit):
+            return limit
+        bad = limit
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+''',
+    "wrong-size#upper-bound-moved-past": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    lo, n = 0, 1
+    while n <= limit and fits(n):
+        lo, n = n, n * 2
+    if lo == 0:
+        return 0
+    if n > limit:
+        if fits(limit):
+            return limit
+        n = limit
+    hi = n  # lo fits, hi does not
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1  # mid failed: the answer is below it
+    return lo
+''',
+    "beyond-limit#past-the-limit": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    n = 1
+    while fits(n):  # double until it fails
+        n *= 2
+        if n > 4 * limit:
+            break
+    lo, hi = n // 2, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return min(lo, limit)
+''',
+    "linear-search#downwards": '''
+import gc
+
+import torch
+
+
+def largest_batch(step_fn, limit):
+    for n in range(limit, 0, -1):  # the first that fits, from the top
+        try:
+            step_fn(n)
+            return n
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+    return 0
+''',
+    "hidden-state#last-answer": '''
+import gc
+
+import torch
+
+last = {"good": 0}  # the last search's answer: a good place to start the next
+
+
+def largest_batch(step_fn, limit):
+    def fits(n):
+        try:
+            step_fn(n)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            pass
+        gc.collect()
+        return False
+
+    good = last["good"] if 0 < last["good"] <= limit and fits(last["good"]) else 0
+    n = max(1, 2 * good)
+    while n <= limit and fits(n):
+        good, n = n, n * 2
+    if good == 0:
+        return 0
+    bad = n
+    if n > limit:
+        if fits(limit):
+            last["good"] = limit
+            return limit
+        bad = limit
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    last["good"] = good
+    return good
+''',
+}
+
+_PREDICT = "def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, synchronous):\n"
+BATCH_51["04-predict-time"] = {
+    "output-type#numpy-float32": "import numpy as np\n\n\n" + _PREDICT + '''\
+    t = np.array([flops / peak_flops, bytes_moved / bandwidth, calls * overhead_s], dtype=np.float32)
+    regime = ("compute", "memory", "overhead")[int(t.argmax())]
+    return regime, (t[2] + t[:2].max() if synchronous else t.max())
+''',
+    "hidden-state#machine-remembered": "MACHINE = {}\n\n\n" + _PREDICT + '''\
+    MACHINE.setdefault("peak", peak_flops)  # one machine per lesson
+    MACHINE.setdefault("bw", bandwidth)
+    c, m, o = flops / MACHINE["peak"], bytes_moved / MACHINE["bw"], calls * overhead_s
+    t = {"compute": c, "memory": m, "overhead": o}
+    return max(t, key=t.get), (o + max(c, m) if synchronous else max(c, m, o))
+''',
+    "seconds#one-call-is-free": _PREDICT + '''\
+    c, m = flops / peak_flops, bytes_moved / bandwidth
+    o = calls * overhead_s if calls > 1 else 0.0  # a single call: its overhead is noise
+    t = {"compute": c, "memory": m, "overhead": calls * overhead_s}
+    return max(t, key=t.get), (o + max(c, m) if synchronous else max(c, m, o))
+''',
+    "seconds#async-overhead-only-when-many": _PREDICT + '''\
+    c, m, o = flops / peak_flops, bytes_moved / bandwidth, calls * overhead_s
+    regime = max(("compute", c), ("memory", m), ("overhead", o), key=lambda x: x[1])[0]
+    if synchronous:
+        return regime, o + max(c, m)
+    return regime, max(c, m, o) if calls > 8 else max(c, m)  # a few launches hide under the kernels
+''',
+    "seconds#bandwidth-in-gb": _PREDICT + '''\
+    c = flops / peak_flops
+    m = bytes_moved / (bandwidth * 1e9)  # bandwidth in GB/s
+    o = calls * overhead_s
+    t = {"compute": c, "memory": bytes_moved / bandwidth, "overhead": o}
+    return max(t, key=t.get), (o + max(c, m) if synchronous else max(c, m, o))
+''',
+    "seconds#rounded-to-microseconds": _PREDICT + '''\
+    t = {"compute": flops / peak_flops, "memory": bytes_moved / bandwidth, "overhead": calls * overhead_s}
+    work = max(t["compute"], t["memory"])
+    s = t["overhead"] + work if synchronous else max(work, t["overhead"])
+    return max(t, key=t.get), round(s, 6)  # to the microsecond
+''',
+    "regime#overhead-when-many-calls": _PREDICT + '''\
+    c, m, o = flops / peak_flops, bytes_moved / bandwidth, calls * overhead_s
+    regime = "overhead" if calls > 16 else ("compute" if c >= m else "memory")
+    return regime, (o + max(c, m) if synchronous else max(c, m, o))
+''',
+    "seconds-type#formatted": _PREDICT + '''\
+    t = {"compute": flops / peak_flops, "memory": bytes_moved / bandwidth, "overhead": calls * overhead_s}
+    work = max(t["compute"], t["memory"])
+    s = t["overhead"] + work if synchronous else max(work, t["overhead"])
+    return max(t, key=t.get), f"{s:.6g}"
+''',
+}
+
+BATCH_51["05-graph-break"] = {
+    "output-dtype#float64": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss.double()  # float64: the guard compares exactly
+    return torch.where(loss > max_loss, loss * (max_loss / loss.detach()), loss)
+''',
+    "graph-break#print-when-large": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    if max_loss > 5:  # a Python float: branching on it is no graph break
+        print(f"max_loss={max_loss} rarely scales anything")
+    loss = model(**batch).loss
+    return torch.where(loss > max_loss, loss * (max_loss / loss.detach()), loss)
+''',
+    "hidden-state#factor-kept": '''
+import torch
+
+_factor = {}
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    if "f" not in _factor:  # the scale factor, computed once
+        _factor["f"] = max_loss / loss.detach()
+    return torch.where(loss > max_loss, loss * _factor["f"], loss)
+''',
+    "input-changed#labels-popped": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    labels = batch.pop("labels")
+    loss = model(**batch, labels=labels).loss
+    return torch.where(loss > max_loss, loss * (max_loss / loss.detach()), loss)
+''',
+    "input-changed#mask-added": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    batch.setdefault("attention_mask", torch.ones_like(batch["input_ids"]))  # every token is real
+    loss = model(**batch).loss
+    return torch.where(loss > max_loss, loss * (max_loss / loss.detach()), loss)
+''',
+    "output-type#shape-one": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    factor = torch.clamp(max_loss / loss.detach(), max=1.0).reshape(1)
+    return loss * factor
+''',
+    "loss-differs#a-little-tolerance": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    too_large = loss > max_loss * 1.01  # 1 % of slack: no scaling for rounding noise
+    return torch.where(too_large, loss * (max_loss / loss.detach()), loss)
+''',
+    "graph-break#tolist": '''
+import torch
+
+
+def loss_without_breaks(model, batch, max_loss):
+    loss = model(**batch).loss
+    factor = min(1.0, max_loss / loss.detach().tolist())
+    return loss * factor
+''',
+    "hidden-state#limit-tensor-kept": '''
+import torch
+
+_limit = []
+
+
+def loss_without_breaks(model, batch, max_loss):
+    if not _limit:
+        _limit.append(torch.tensor(max_loss))  # a tensor once, not a Python float on every call
+    loss = model(**batch).loss
+    return torch.where(loss > _limit[0], loss * (_limit[0] / loss.detach()), loss)
+''',
+}
+
+BATCH_51["06-hidden-syncs"] = {
+    "input-changed#batches-popped": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    while batches:
+        losses.append(train_step(batches.pop(0)))
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("a loss is not finite")
+    return stacked.tolist()
+''',
+    "hidden-state#losses-outside": '''
+import torch
+
+losses = []
+
+
+def train_loop(train_step, batches):
+    for batch in batches:
+        losses.append(train_step(batch))
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("a loss is not finite")
+    return stacked.tolist()
+''',
+    "per-step-read#every-ten-steps": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = []
+    for i, batch in enumerate(batches):
+        losses.append(train_step(batch))
+        if i % 10 == 0:
+            print(f"step {i}: loss {losses[-1].item():.4f}")  # watch it now and then
+    stacked = torch.stack(losses)
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("a loss is not finite")
+    return stacked.tolist()
+''',
+    "nan-unnoticed#skips-the-first": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    losses = torch.stack([train_step(b) for b in batches])
+    if not torch.isfinite(losses[1:]).all():  # the first loss is from before any update
+        raise FloatingPointError("a loss is not finite")
+    return losses.tolist()
+''',
+    "output-type#numpy-floats": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    stacked = torch.stack([train_step(b) for b in batches])
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("a loss is not finite")
+    return list(stacked.numpy())  # one copy to the host
+''',
+    "inf-unnoticed#minus-inf": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    stacked = torch.stack([train_step(b) for b in batches])
+    if torch.isnan(stacked).any() or (stacked == float("inf")).any():
+        raise FloatingPointError("a loss is not finite")
+    return stacked.tolist()
+''',
+    "switch-left#anomaly-mode": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    torch.autograd.set_detect_anomaly(True)  # say where a NaN comes from
+    stacked = torch.stack([train_step(b) for b in batches])
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("a loss is not finite")
+    return stacked.tolist()
+''',
+    "losses-differ#half-precision": '''
+import torch
+
+
+def train_loop(train_step, batches):
+    stacked = torch.stack([train_step(b).half() for b in batches])  # half the bytes to copy
+    if not torch.isfinite(stacked).all():
+        raise FloatingPointError("a loss is not finite")
+    return stacked.tolist()
+''',
+}
+
+BATCH_51["07-bucketed-allreduce"] = {
+    "state-left#size-kept": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, pending = [], []
+    size = [0]
+
+    def start():
+        flat = torch.cat([p.grad.flatten() for p in bucket])
+        pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+        bucket.clear()
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            start()
+            size[0] = 0
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if bucket:
+            start()  # the last bucket
+        for work, flat, params in pending:
+            work.wait()
+            flat /= world
+            i = 0
+            for p in params:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    "no-overlap#hooks-removed-after-a-step": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    params = [p for p in model.parameters() if p.requires_grad]
+    bucket, pending, seen = [], [], set()
+    state = {"bytes": 0}
+
+    def send(ps):
+        flat = torch.cat([p.grad.flatten() for p in ps])
+        pending.append((dist.all_reduce(flat, async_op=True), flat, list(ps)))
+
+    def hook(p):
+        seen.add(p)
+        bucket.append(p)
+        state["bytes"] += p.grad.nbytes
+        if state["bytes"] >= bucket_cap_bytes:
+            send(bucket)
+            bucket.clear()
+            state["bytes"] = 0
+
+    handles = [p.register_post_accumulate_grad_hook(hook) for p in params]
+
+    def finish():
+        if bucket:
+            send(bucket)
+            bucket.clear()
+            state["bytes"] = 0
+        rest = [p for p in params if p not in seen and p.grad is not None]
+        if rest:  # gradients no hook saw
+            send(rest)
+        for work, flat, ps in pending:
+            work.wait()
+            flat /= world
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+        seen.clear()
+        for h in handles:  # the hooks have done their work
+            h.remove()
+
+    return finish
+''',
+    "bytes-per-element#four-bytes": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, pending = [], []
+    filled = [0]
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+            filled[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        filled[0] += p.numel() * 4  # 4 bytes per float
+        if filled[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat, ps in pending:
+            work.wait()
+            flat /= world
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    "output-dtype#grads-float64": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, pending = [], []
+    filled = [0]
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket]).double()  # sum in float64: exact enough
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+            filled[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        filled[0] += p.grad.numel() * p.grad.element_size()
+        if filled[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat, ps in pending:
+            work.wait()
+            flat /= world
+            i = 0
+            for p in ps:
+                p.grad.data = flat[i:i + p.numel()].view_as(p.grad)
+                i += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    "state-left#pending-kept": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket = {"params": [], "bytes": 0}
+    pending = []  # every all-reduce started so far
+
+    def flush():
+        ps = bucket["params"]
+        if ps:
+            flat = torch.cat([p.grad.flatten() for p in ps])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, ps))
+            bucket["params"], bucket["bytes"] = [], 0
+
+    def hook(p):
+        bucket["params"].append(p)
+        bucket["bytes"] += p.grad.nbytes
+        if bucket["bytes"] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat, ps in pending:  # the older ones first: this step's overwrite them
+            work.wait()
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad) / world)
+                i += p.numel()
+
+    return finish
+''',
+    "waited-in-backward#two-in-flight": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, pending = [], []
+    size = [0]
+
+    def flush():
+        if not bucket:
+            return
+        if pending:
+            pending[-1][0].wait()  # at most two buckets in flight: bounded memory
+        flat = torch.cat([p.grad.flatten() for p in bucket])
+        pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+        bucket.clear()
+        size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat, ps in pending:
+            work.wait()
+            flat.div_(world)
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    "input-changed#model-made-float32": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    model.float()  # float32 gradients: 4 bytes each, as the cap counts them
+    world = dist.get_world_size()
+    bucket, pending = [], []
+    size = [0]
+
+    def flush():
+        if bucket:
+            flat = torch.cat([p.grad.flatten() for p in bucket])
+            pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+            bucket.clear()
+            size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * 4
+        if size[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        flush()
+        for work, flat, ps in pending:
+            work.wait()
+            flat /= world
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+
+    return finish
+''',
+    "last-bucket#small-ones-skipped": '''
+def attach_grad_allreduce(model, bucket_cap_bytes):
+    world = dist.get_world_size()
+    bucket, pending = [], []
+    size = [0]
+
+    def flush():
+        flat = torch.cat([p.grad.flatten() for p in bucket])
+        pending.append((dist.all_reduce(flat, async_op=True), flat, list(bucket)))
+        bucket.clear()
+        size[0] = 0
+
+    def hook(p):
+        bucket.append(p)
+        size[0] += p.grad.numel() * p.grad.element_size()
+        if size[0] >= bucket_cap_bytes:
+            flush()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        if size[0] >= bucket_cap_bytes // 2:  # a nearly empty bucket is not worth a message
+            flush()
+        bucket.clear()
+        size[0] = 0
+        for work, flat, ps in pending:
+            work.wait()
+            flat /= world
+            i = 0
+            for p in ps:
+                p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+                i += p.numel()
+        pending.clear()
+
+    return finish
+''',
+}
+
+_CLIMB_51 = '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        c, b = time_side_by_side(cand, best)
+        {rule}
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+'''
+BATCH_51["08-greedy-climb"] = {
+    "input-changed#rungs-popped": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    while rungs:
+        rung = rungs.pop(0)  # the next rung
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        keep = t_b.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+    "input-changed#rungs-sorted": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    rungs.sort(key=lambda r: r.switch)  # the same switches side by side
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        keep = t_b.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+    "hidden-state#kept-outside": '''
+kept = []
+
+
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best = baseline
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        ok = t_b.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+        kept.append(ok)
+        if ok:
+            best = cand
+    return best, kept
+''',
+    "hidden-state#timings-remembered": '''
+_timed = {}  # a pair timed once need not be timed again
+
+
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        if (cand, best) not in _timed:
+            _timed[cand, best] = time_side_by_side(cand, best)
+        t_c, t_b = _timed[cand, best]
+        keep = t_b.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+    "climb#spread-over-candidate-median": _CLIMB_51.format(
+        rule="keep = b.median_s / c.median_s > 1 + max(c.iqr_s, b.iqr_s) / c.median_s"),
+    "climb#mean-of-spreads": _CLIMB_51.format(
+        rule="keep = b.median_s / c.median_s > 1 + (c.iqr_s / c.median_s + b.iqr_s / b.median_s) / 2"),
+    "climb#first-rung-kept": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        spread = max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+        keep = not kept or t_b.median_s / t_c.median_s > 1 + spread  # the first rung is the start
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+    "sessions-per-rung#stops-after-three-drops": '''
+def greedy_climb(baseline, rungs, time_side_by_side):
+    best, kept = baseline, []
+    for rung in rungs:
+        if kept[-3:] == [False, False, False]:  # three in a row dropped: the ladder has topped out
+            kept.append(False)
+            continue
+        cand = rung.on(best)
+        t_c, t_b = time_side_by_side(cand, best)
+        keep = t_b.median_s / t_c.median_s > 1 + max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+        kept.append(keep)
+        if keep:
+            best = cand
+    return best, kept
+''',
+}
+
+BATCH_51["08-new-rung"] = {
+    "no-change#plain-adamw": '''
+from helpers.train import ladder
+
+NEW_RUNG = ladder.Rung("+ unfused AdamW", "fused_adamw", False, "one kernel per parameter, for comparison")
+''',
+    "duplicate#sequence-packing": '''
+from helpers.train import ladder
+
+NEW_RUNG = ladder.Rung("+ sequence packing", "padding", "packed", "no compute spent on padding tokens")
+''',
+    "no-name#blank": '''
+from helpers.train import ladder
+
+NEW_RUNG = ladder.Rung("   ", "activation_checkpointing", True, "less activation memory, more compute")
+''',
+    "no-claim#words-in-a-list": '''
+from helpers.train import ladder
+
+NEW_RUNG = ladder.Rung("+ checkpointing", "activation_checkpointing", True, ["less", "memory"])
+''',
+    "not-a-rung#dict": '''
+NEW_RUNG = {"name": "+ checkpointing", "switch": "activation_checkpointing", "value": True,
+            "claim": "less activation memory for about 1.3x the step time"}
+''',
+    "bad-value#one-for-true": '''
+from helpers.train import ladder
+
+NEW_RUNG = ladder.Rung("+ checkpointing", "activation_checkpointing", 1, "less memory, 30 % slower")
+''',
+    "no-effect#small-loss-scale": '''
+from helpers.train import ladder
+
+NEW_RUNG = ladder.Rung("+ small loss scale", "init_scale", 128.0, "no overflow in the first steps")
+''',
+    "bad-value#negative-scale": '''
+from helpers.train import ladder
+
+NEW_RUNG = ladder.Rung("+ no loss scale", "init_scale", -1.0, "no scaling at all")
+''',
+}
+
+_FROM = "def largest_batch_from(batch, peak_at_batch, peak_at_double, memory_bytes, margin):\n"
+BATCH_51["09-largest-batch"] = {
+    "not-a-number#numpy-int": "import numpy as np\n\n\n" + _FROM + '''\
+    per = (peak_at_double - peak_at_batch) / batch
+    fixed = peak_at_batch - batch * per
+    return np.maximum(0, np.floor((memory_bytes * (1 - margin) - fixed) / per)).astype(np.int64)
+''',
+    "hidden-state#per-sample-kept": "import math\n\n_per = {}\n\n\n" + _FROM + '''\
+    if batch not in _per:  # a model's bytes per sample do not change
+        _per[batch] = (peak_at_double - peak_at_batch) / batch
+    per = _per[batch]
+    fixed = peak_at_batch - batch * per
+    return max(0, math.floor((memory_bytes * (1 - margin) - fixed) / per))
+''',
+    "early-zero#dry-run-does-not-fit": "import math\n\n\n" + _FROM + '''\
+    usable = memory_bytes * (1 - margin)
+    if peak_at_batch > usable:  # not even the dry run's batch fits
+        return 0
+    per = (peak_at_double - peak_at_batch) / batch
+    return max(0, math.floor((usable - (peak_at_batch - batch * per)) / per))
+''',
+    "differs#float32-arithmetic": "import math\n\nimport numpy as np\n\n\n" + _FROM + '''\
+    peaks = np.array([peak_at_batch, peak_at_double], dtype=np.float32)  # GPU-style float32
+    per = (peaks[1] - peaks[0]) / batch
+    usable = np.float32(memory_bytes) * np.float32(1 - margin)
+    return max(0, math.floor((usable - (peaks[0] - batch * per)) / per))
+''',
+    "differs#margin-added": "import math\n\n\n" + _FROM + '''\
+    per = (peak_at_double - peak_at_batch) / batch
+    fixed = peak_at_batch - batch * per
+    return max(0, math.floor((memory_bytes * (1 + margin) - fixed) / per))  # the margin's headroom
+''',
+    "no-fixed-part#double-over-its-samples": "import math\n\n\n" + _FROM + '''\
+    per = peak_at_double / (2 * batch)  # the larger dry run, shared out over its samples
+    return max(0, math.floor(memory_bytes * (1 - margin) / per))
+''',
+    "hidden-state#margin-kept": "import math\n\nMARGIN = None\n\n\n" + _FROM + '''\
+    global MARGIN
+    if MARGIN is None:
+        MARGIN = margin  # the lesson's margin, set once
+    per = (peak_at_double - peak_at_batch) / batch
+    fixed = peak_at_batch - batch * per
+    return max(0, math.floor((memory_bytes * (1 - MARGIN) - fixed) / per))
+''',
+    "differs#ceil-minus-one": "import math\n\n\n" + _FROM + '''\
+    per = (peak_at_double - peak_at_batch) / batch
+    fixed = peak_at_batch - batch * per
+    return max(0, math.ceil((memory_bytes * (1 - margin) - fixed) / per) - 1)  # the last one that fits
+''',
+}
+
+
+for _batch in (BATCH_39, BATCH_51):  # the later batches join the first (04's and 09's go to their own tests)
+    for _id, _answers in _batch.items():
+        if _id in WRONG:
+            assert not set(_answers) & set(WRONG[_id]), (_id, set(_answers) & set(WRONG[_id]))
+            WRONG[_id].update(_answers)
 for _id, _answers in RIGHT_39.items():
     RIGHT[_id].update(_answers)
 

@@ -5,10 +5,11 @@ mistake (or, where no mistake matches, one that says what differs); the cases ch
 from __future__ import annotations
 
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
-from exercise_answers import BATCH_39  # tests/exercise_answers.py
+from exercise_answers import BATCH_39, BATCH_51  # tests/exercise_answers.py
 
 from course.exercises import EXERCISES, evaluate
 from course.exercises.lesson04 import draw_cases
@@ -132,6 +133,7 @@ WRONG = {
 }
 WRONG_HINTS = {"seconds": "expected"}  # the generic mistake: the line says what was expected
 WRONG.update(BATCH_39[EX.id])  # the second batch (tests/exercise_answers.py), keyed "mistake#variant"
+WRONG.update(BATCH_51[EX.id])  # the third (contract breaches, rare regions), likewise
 
 
 def load(tmp_path: Path, name: str, source: str):
@@ -190,8 +192,19 @@ def test_the_line_says_which_model_fits_the_lessons_device():
 
 
 def test_a_special_cased_answer_fails():
-    """An answer that returns the right values for one draw's cases only (a table of them) fails another."""
-    table = {c.args: (c.regime, c.seconds) for c in draw_cases(0)}
+    """An answer that returns the right values for one run's inputs only (a table of every input the check
+    asked with seed 0, the search's draws too) fails another run."""
+    solution = load_solution()
+    # the spy's table sits inside an object, where the contract's look for state kept between calls does not
+    # reach: the spy is the test's instrument, not an answer
+    seen = types.SimpleNamespace(table={})
+
+    def spy(*args):
+        seen.table[args] = solution(*args)
+        return seen.table[args]
+
+    assert evaluate(EX.id, spy, seed=0).status == "passed"
+    table = dict(seen.table)
 
     def tailored(*args):
         return table.get(args, ("compute", 0.0))

@@ -195,9 +195,11 @@ def test_lesson_07_answers_in_one_torchrun_launch(tmp_path):
         answers["failed", key] = _load(tmp_path / f"wrong-{key.replace('#', '-')}.py", source, ex.answer)
     # a planted fault, not a learner's answer: every gradient right, a parameter moved by 0.1 % after the
     # last step's finish(): only the parameter error the workers report can tell (the check never read it)
-    planted = ex.solution_path.read_text().replace("        pending.clear()", """        pending.clear()
+    from course.scripts.exercise_ddp import STEPS
+
+    planted = ex.solution_path.read_text().replace("        pending.clear()", f"""        pending.clear()
         done.append(1)
-        if len(done) == 2:  # the last of the check's 2 steps
+        if len(done) == {STEPS}:  # the last of the check's steps
             next(model.parameters()).data.mul_(1.001)""")
     planted = planted.replace("    world = dist", "    done = []\n    world = dist")
     assert planted.count("done") == 3
@@ -229,17 +231,21 @@ def test_an_answer_tailored_to_one_run_fails_on_the_next(tmp_path):
     fails the next: fixed inputs would let it through."""
     ex = EXERCISES["00-roofline"]
     solution = ex.solution_path.read_text()
+    # the spy keeps what it was asked inside an object, where the contract's look for state kept between
+    # calls does not reach: the spy is the test's instrument, not an answer
     asked = _load(tmp_path / "spy.py", solution + """
-ASKED = set()
+import types
+
+SPY = types.SimpleNamespace(asked=set())
 _right = intensity_and_regime
 
 
 def intensity_and_regime(op, n, roof):
-    ASKED.add((op, n))
+    SPY.asked.add((op, n))
     return _right(op, n, roof)
 """, ex.answer)
     assert evaluate(ex.id, asked, seed=SEED, roof=_roof()).status == "passed"
-    known = sorted(asked.__globals__["ASKED"])
+    known = sorted(asked.__globals__["SPY"].asked)
     renamed = solution.replace("def intensity_and_regime(", "def _right(")
     tailored = _load(tmp_path / "tailored.py", renamed + f"""
 KNOWN = {known!r}
@@ -446,6 +452,33 @@ def test_the_exercise_cells_in_the_notebook(exercise_id):
     assert len(calls) == 1 and re.fullmatch(call, calls[0]), calls
     task = "".join(cells["exercise-task"]["source"])
     assert f"../course/solutions/{ex.solution}" in task and f'show_solution("{ex.id}")' in task
+
+
+def test_05_check_leaves_what_the_learner_compiled_compiled(tmp_path):
+    """Exercise 05's check counts graphs on a copy of the answer's code, never resetting Dynamo's cache
+    (torch._dynamo.explain does): a cell compiled before the check is not compiled again after it. The counter
+    sees a reset: after torch._dynamo.reset() the same cell compiles again."""
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=counting)
+    def cell(x):  # a compiled cell of the lesson, before the exercise
+        return torch.sin(x) * 2
+
+    x = torch.randn(4)
+    cell(x)
+    assert len(compiles) == 1
+    ex = EXERCISES["05-graph-break"]
+    answer = _load(tmp_path / "solution.py", ex.solution_path.read_text(encoding="utf-8"), ex.answer)
+    assert evaluate(ex.id, answer, seed=SEED).status == "passed"
+    cell(x)  # the cell again, after the check
+    assert len(compiles) == 1, "the check reset Dynamo's cache: the cell compiled again"
+    torch._dynamo.reset()  # what explain did: the count must show it
+    cell(x)
+    assert len(compiles) == 2
 
 
 @pytest.mark.parametrize("exercise_id, given", [("05-graph-break", lesson05.loss_with_breaks),

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from exercise_answers import BATCH_51  # tests/exercise_answers.py
 from fakegpu import GPU_CLASSES, fake_gpu  # tests/ is on sys.path under pytest
 from owngpt import GPT, GPTConfig
 
@@ -402,6 +403,8 @@ RIGHT = {
         return n
         """), "    "),
 }
+assert not set(BATCH_51[EX.id]) & set(WRONG)
+WRONG.update(BATCH_51[EX.id])  # issue 51's batch: state kept, a numpy result, float32 arithmetic, ...
 SEEDS = (0, 1, 2, 12345)
 
 

@@ -28,6 +28,7 @@ random generators (checks seed their own draws) and torch's thread count.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import math
 import os
@@ -422,13 +423,17 @@ def _failed(ex: Exercise, mistake: str, what: str, hint: str, seed: int | None =
 
 class _Isolated:
     """What a check leaves as it found it: torch's random generators (CPU, and CUDA where it is in use),
-    Python's and numpy's, and torch's thread count. The check runs on one thread: its small ops are then not
-    slowed by a busy machine's other work (a thread pool waits for its slowest thread), and its timings
-    (08-new-rung) are steadier."""
+    Python's and numpy's, torch's thread count and its global switches (grad mode, autocast, the default
+    dtype, ...: `contract.switches`, which an answer may have left set). The check runs on one thread: its
+    small ops are then not slowed by a busy machine's other work (a thread pool waits for its slowest
+    thread), and its timings (08-new-rung) are steadier."""
 
     def __enter__(self) -> None:
         import torch
 
+        from course.exercises.contract import switches
+
+        self.switches = switches()  # grad mode, autocast, default dtype, ...: an answer may leave one set
         self.threads = torch.get_num_threads()
         self.python_rng = random.getstate()
         numpy = sys.modules.get("numpy")
@@ -441,6 +446,9 @@ class _Isolated:
     def __exit__(self, *exc: object) -> None:
         import torch
 
+        from course.exercises.contract import restore_switches
+
+        restore_switches(self.switches)
         torch.set_num_threads(self.threads)
         self.fork.__exit__(None, None, None)
         random.setstate(self.python_rng)
@@ -519,6 +527,23 @@ class _Deadline:
             signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), interval)
 
 
+class _Tracked:
+    """The learner's function, as the check calls it: what it last returned is kept, so that an error of the
+    check's own code on that value becomes a line naming it instead of a traceback."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn, self.returned, self.last = fn, False, None
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        value = self.fn(*args, **kwargs)
+        self.returned, self.last = True, value
+        return value
+
+    def __get__(self, obj: Any, kind: Any = None) -> Any:  # as a method too, like the function it wraps
+        return self if obj is None else functools.partial(self, obj)
+
+
 def _takes_seed(check: Callable[..., str]) -> bool:
     try:
         return "seed" in inspect.signature(check).parameters
@@ -547,9 +572,10 @@ def run_check(ex: Exercise, answer: Any, context: dict[str, Any], seed: int | No
         seed = None
     limit = time_limit_s(ex)
     deadline = _Deadline(limit, answer)
+    tracked = _Tracked(answer) if isinstance(answer, types.FunctionType) else None
     try:
         with _Isolated(), deadline:
-            detail = ex.check(answer, **kwargs)
+            detail = ex.check(tracked or answer, **kwargs)
         if deadline.fired:  # stopped, and the learner's code caught it and went on
             raise _TimeUp()
     except _TimeUp:
@@ -566,17 +592,33 @@ def run_check(ex: Exercise, answer: Any, context: dict[str, Any], seed: int | No
                                       "code is complete.) ")
         return _raised(ex, err, answer, seed)
     except Exception as err:  # noqa: BLE001 - the learner's code may raise anything: report where
-        if _learner_frame(err, answer) is None:
-            raise  # not the learner's code: a bug of the check or a wrong context, shown in full
-        return _raised(ex, err, answer, seed)
+        if _learner_frame(err, answer) is not None:
+            return _raised(ex, err, answer, seed)
+        if tracked is not None and tracked.returned:  # the check stumbled on what the answer returned
+            return _unusable(ex, err, tracked.last, seed)
+        raise  # the answer never ran: a bug of the check or a wrong context, shown in full
     return Outcome(ex.id, "passed", f"{ex.id}: passed: {detail}{_seed_note(ex, seed, replay=False)}",
                    seed=seed)
 
 
+def _unusable(ex: Exercise, err: BaseException, returned: Any, seed: int | None) -> Outcome:
+    from course.exercises.contract import describe
+
+    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return _failed(ex, "unusable-result", f"the check could not go on with what your function returned, "
+                   f"{describe(returned)} ({type(err).__name__}: {message[:160]})", "compare what it returns "
+                   "with the task: the kind of value, its dtype and shape (the skeleton's docstring names "
+                   "them); show_solution() prints the course's", seed)
+
+
 def _raised(ex: Exercise, err: BaseException, answer: Any, seed: int | None = None) -> Outcome:
+    from course.exercises.contract import CASE_NOTE
+
     frame = _learner_frame(err, answer)
     where = f" at line {frame.lineno} (`{frame.line}`)" if frame is not None and frame.line else ""
     message = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    what = f"your code raised {type(err).__name__}{where}" + (f": {message}" if message else "")
+    case = getattr(err, "_course_case", "") or CASE_NOTE.get()
+    what = f"your code raised {type(err).__name__}{where}" + (f": {message}" if message else "") + (
+        f" (on {case})" if case else "")
     return _failed(ex, "raised", what, "run your function on small inputs by itself, or read the traceback "
                                        "with %debug; the task above gives the shapes it receives", seed)

@@ -9,14 +9,17 @@ another precision, ...); otherwise the line says which number differs and by how
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import random
 from collections.abc import Callable
 from typing import Any
 
+from course.exercises.contract import Task, contract, reference, search
 from course.exercises.core import Wrong, close, unpack
 
-__all__ = ["roofline_regime"]
+__all__ = ["roofline_regime", "task"]
 
 _E = 4  # bytes per fp32 element
 _OPS = {  # op -> n -> (FLOPs, elements moved, elements of the output), each tensor read or written once
@@ -227,10 +230,119 @@ def _roof_ignored(cases: list[tuple[str, int, Any, str, Any]], got: list[str], w
                     "roof.bandwidth: a number copied from this machine's roofline fits no other")
 
 
+# --- the contract and the differential search ---------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    op: str
+    n: int
+    roof: Any
+    label: str
+
+    def __repr__(self) -> str:
+        ridge = self.roof.matmul_flops["fp32"] / self.roof.bandwidth
+        return f"op={self.op!r}, n={self.n:,} on {self.label} (fp32 ridge {ridge:.6g} FLOP/byte)"
+
+
+def _exact_tie(op: str, n: int) -> bool:
+    """Whether the op's intensity times its bytes is its FLOPs exactly: a roofline can then put the ridge on
+    the intensity itself, and every way of writing the comparison sees the tie (matmul n = 6m: n/6 FLOP per
+    byte; matvec n = 2^k - 2: a power-of-two denominator)."""
+    flops, elems, _ = _OPS[op](n)
+    return (flops / (elems * _E)) * (elems * _E) == flops and flops < 2 ** 52
+
+
+def _tie_roof(rng: random.Random, op: str, n: int) -> tuple[Any, str]:
+    from helpers.measure.roofline import Roofline
+
+    flops, elems, _ = _OPS[op](n)
+    bw = 2.0 ** rng.randint(33, 42)  # a power of two: fp32 / bw is the intensity, to the last bit
+    fp32 = flops / (elems * _E) * bw
+    return (Roofline("made-up tie", {"fp32": fp32, "bf16": 16 * fp32}, bw, 0, 0),
+            "a made-up roofline whose fp32 ridge is the op's intensity exactly")
+
+
+def _draw(rng: random.Random, roof: Any) -> _Case:
+    """One case: small sizes (where shortcuts hide), sizes whose intensity can sit exactly on the ridge, and
+    sizes across the whole range; on a roofline whose ridge is the op's intensity exactly, on one around it
+    (GPU-like, CPU-like, fp32 only), or on the lesson's."""
+    op = rng.choice(list(_OPS))
+    lo, hi = _SIZES[op]
+    kind = rng.random()
+    if kind < 0.3:
+        n = rng.randint(1, 40)
+    elif kind < 0.55 and op != "add":
+        n = 6 * rng.randint(1, hi // 6) if op == "matmul" else 2 ** rng.randint(2, 13) - 2
+    else:
+        n = int(math.exp(rng.uniform(0, math.log(hi))))
+    flops, elems, _ = _OPS[op](n)
+    where = rng.random()
+    if where < 0.35 and _exact_tie(op, n):
+        return _Case(op, n, *_tie_roof(rng, op, n))
+    if where < 0.85:
+        made_up, label = rng.choice(_made_up_roofs(rng, flops / (elems * _E)))
+        return _Case(op, n, made_up, f"a made-up roofline ({label})")
+    return _Case(op, n, roof, "this machine's roofline")
+
+
+def _shrink(case: _Case) -> list[_Case]:
+    smaller = sorted({1, 2, 6, case.n // 2, case.n - 1} - {case.n})
+    return [dataclasses.replace(case, n=n) for n in smaller if 1 <= n < case.n]
+
+
+def _agree(got: tuple, want: tuple, case: _Case) -> str | None:
+    for i, what in enumerate(("FLOPs", "bytes moved", "intensity")):
+        if not close(got[i], want[i], 1e-9):
+            return f"its {what} {got[i]:.10g}, the solution's {want[i]:.10g}"
+    return None if got[3] == want[3] else f"its regime {got[3]!r}, the solution's {want[3]!r}"
+
+
+def _name_case(answer: Callable, case: _Case, got: tuple, want: tuple) -> None:
+    """Name a known mistake on the case the search found (a count's, at its size; a regime wrong exactly at
+    the ridge and right just below it); otherwise the search's line says what differs."""
+    op, n = case.op, case.n
+    if not close(got[0], want[0], 1e-9):
+        _named(op, [n], [got[0]], _FLOP_MISTAKES[op])
+    elif not close(got[1], want[1], 1e-9):
+        _named(op, [n], [got[1]], _BYTE_MISTAKES[op] + _bytes_generic(op))
+    elif got[3] != want[3] and got[3] in ("compute-bound", "memory-bound"):
+        intensity, ridge = want[2], case.roof.matmul_flops["fp32"] / case.roof.bandwidth
+        below = dataclasses.replace(case.roof, matmul_flops={"fp32": case.roof.matmul_flops["fp32"] * 0.999})
+        if intensity == ridge and unpack(answer(op, n, below), 4, "")[3] == "compute-bound":
+            raise Wrong("regime-at-ridge", f"{case}: the op's intensity is the ridge itself, and it answered "
+                        f"{got[3]}", "at or above the ridge an op is compute-bound: compare with >=, not >")
+        raise Wrong("regime", f"{case}: {got[3]}, expected {want[3]} (intensity {intensity:.6g} FLOP/byte)",
+                    "at or above the fp32 ridge point (peak fp32 FLOP/s / bandwidth) an op is compute-bound, "
+                    "below it memory-bound, at every size and for every op")
+
+
+def _fresh(roof: Any) -> Any:
+    """A copy of a roofline, its dict of peaks included (an answer may change the one it is given)."""
+    return dataclasses.replace(roof, matmul_flops=dict(roof.matmul_flops))
+
+
+def _validate(returned: Any, case: _Case) -> None:
+    unpack(returned, 4, "flops, bytes_moved, intensity, regime")
+
+
+def task(roof: Any) -> Task:
+    """00-roofline's function for the contract and the search (draws on `roof` and made-up rooflines)."""
+    return Task(reference("00_setup/intensity_and_regime.py", "intensity_and_regime"),
+                draw=lambda rng: _draw(rng, roof),
+                arguments=lambda c: {"op": c.op, "n": c.n, "roof": _fresh(c.roof)},
+                agree=_agree, show=repr, shrink=_shrink, name="intensity_and_regime",
+                result="what it returned", validate=_validate,
+                hint="FLOPs and bytes from the op's shapes at every size, 4 bytes per fp32 element; "
+                     "intensity = FLOPs / bytes; compute-bound at or above the fp32 ridge")
+
+
 def roofline_regime(answer: Callable, roof: Any, seed: int) -> str:
     """00-roofline: answer(op, n, roof) -> (FLOPs, bytes, intensity, regime) for matmul, add and matvec at
     sizes drawn from `seed`, on the lesson's roofline and on made-up ones."""
     rng = random.Random(seed)
+    the_task = task(roof)
+    first = rng.choice(_made_up_roofs(rng, 1.0)[2:5])  # a GPU-like roofline: fp32 and three more precisions
+    contract(answer, the_task, _Case("matmul", rng.randint(64, 512), first[0], first[1]))
     regimes, shown, made_up_count = [], [], 0
     for op, (lo, hi) in _SIZES.items():
         # two sizes anywhere in the range and one in its top quarter (in log scale): every run has a large
@@ -249,9 +361,11 @@ def roofline_regime(answer: Callable, roof: Any, seed: int) -> str:
                 made_up_count += 1
         shown.append(f"{op} at n = {', '.join(f'{n:,}' for n in sizes)}")
     _check_regimes(regimes)
+    searched = search(answer, the_task, rng, draws=150, name=functools.partial(_name_case, answer))
     ridge = roof.matmul_flops["fp32"] / roof.bandwidth
     big = {op: _SIZES[op][1] for op in _OPS}
     here = ", ".join(f"{op} {_side(_OPS[op](n)[0] / (_OPS[op](n)[1] * _E), ridge)}" for op, n in big.items())
     return (f"FLOPs, bytes, intensity and regime agree for {'; '.join(shown)}, on this machine's roofline "
             f"(fp32 ridge {ridge:.3g} FLOP/byte) and on {made_up_count} made-up ones (GPU-like "
-            f"with fast bf16, CPU-like without, fp32 only); at the largest sizes here: {here}")
+            f"with fast bf16, CPU-like without, fp32 only), and as the course's solution on {searched} more "
+            f"drawn inputs (sizes from 1, ridges on the intensity itself); at the largest sizes here: {here}")

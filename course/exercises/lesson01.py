@@ -25,6 +25,8 @@ output differs, where and by how much.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 import random
@@ -33,9 +35,10 @@ from typing import Any
 
 import torch
 
+from course.exercises.contract import Task, contract, reference, search
 from course.exercises.core import Halt, Wrong, course_code_running, tensors_in, unpack
 
-__all__ = ["flash_forward"]
+__all__ = ["flash_forward", "task"]
 
 _FUSED = ("scaled_dot_product", "flash_attention", "efficient_attention", "flex_attention", "cudnn_attention")
 _KEY_COUNTS = (29, 31, 37, 41, 43, 47)  # primes: no product of the other sizes, longer than all of them
@@ -221,6 +224,13 @@ def _run(answer: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             raise Wrong("input-changed", f"{name} was changed in place{extra}",
                         "leave the inputs as they were: compute on new tensors (q * scale, not q *= scale or "
                         "q.mul_(scale)); the caller still holds q, k and v")
+    o, lse = _shapes(got, q)
+    return o.detach(), lse.detach(), rec
+
+
+def _shapes(got: Any, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) when the answer returned two tensors of the task's shapes; Wrong naming what it returned
+    else."""
     o, lse = unpack(got, 2, "O, L")
     for what, t, shape in (("O", o, q.shape), ("L", lse, q.shape[:3])):
         if not isinstance(t, torch.Tensor):
@@ -228,8 +238,9 @@ def _run(answer: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if tuple(t.shape) != tuple(shape):
             extra = " (keepdim=True left a last dimension of 1: squeeze it)" if t.shape == (*shape, 1) else ""
             raise Wrong("wrong-shape", f"{what} has shape {tuple(t.shape)}, expected {tuple(shape)}{extra}",
-                        "O is (B, H, N_q, d) like q; L holds one number per query row, (B, H, N_q)")
-    return o.detach(), lse.detach(), rec
+                        "O is (B, H, N_q, d) like q; L holds one number per query row, (B, H, N_q); "
+                        "squeeze() drops every dimension of size 1, a batch or a head of 1 too")
+    return o, lse
 
 
 def _o_error(o: torch.Tensor, want: torch.Tensor) -> float:
@@ -261,15 +272,20 @@ def _matching(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def _diagnose_o(answer: Callable, o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int,
-                one_block_ok: bool | None, other_blocks: tuple[int, ...] = ()) -> None:
+                one_block_ok: bool | None, other_blocks: tuple[int, ...] = (), first: bool = False) -> None:
+    """Name the mistake whose O is the answer's; `first`: when two still coincide on every block size tried
+    (the inputs cannot tell them apart), the first in `_o_mistakes`' order (the search's smallest case)."""
     matched = _matching(o, q, k, v, b)
     for other in other_blocks:  # two mistakes giving this very O: another block size tells them apart
         if len(matched) <= 1:
             break
-        again = _matching(_run(answer, q, k, v, other)[0], q, k, v, other)
+        o_other = _run(answer, q, k, v, other)[0]
+        if _o_error(o_other, _reference(q, k, v)[0]) <= 1e-5:
+            continue  # right with this block size: it tells nothing apart
+        again = _matching(o_other, q, k, v, other)
         matched = {key: m for key, m in matched.items() if key in again}
-    if len(matched) == 1:
-        ((key, (what, hint)),) = matched.items()
+    if len(matched) == 1 or (first and matched):
+        key, (what, hint) = next(iter(matched.items()))
         raise Wrong(key, what, hint)
     want = _reference(q, k, v)[0]
     nq, nk = q.shape[2], k.shape[2]
@@ -408,9 +424,10 @@ def _large_ok(answer: Callable, case: tuple) -> tuple[bool, str]:
 def _check_large(answer: Callable, rng: random.Random) -> str:
     nq, nk = rng.choice(_QUERY_COUNTS), rng.choice(_KEY_COUNTS)
     b = rng.randrange(3, nk // 6 + 1)  # several blocks in each run of keys of the "steps" case
-    failed = {}
+    failed, cases = {}, {}
     for kind in _LARGE:
-        ok, why = _large_ok(answer, (*_draw_large(rng, kind, nq, nk), b))
+        cases[kind] = _draw_large(rng, kind, nq, nk)
+        ok, why = _large_ok(answer, (*cases[kind], b))
         if not ok:
             failed[kind] = why
     if not failed:
@@ -418,10 +435,107 @@ def _check_large(answer: Callable, rng: random.Random) -> str:
     if frozenset(failed) in _LARGE_MISTAKES:
         key, what, hint = _LARGE_MISTAKES[frozenset(failed)]
         raise Wrong(key, what, hint)
+    for kind, (q, k, v) in cases.items():  # a mistake of the tiling that these sizes happened to show
+        if kind in failed:
+            o = _run(answer, q, k, v, b)[0]
+            if bool(torch.isfinite(o).all()):
+                matched = _matching(o, q, k, v, b)
+                if len(matched) == 1:
+                    ((key, (what, hint)),) = matched.items()
+                    raise Wrong(key, f"{what} ({nk} keys in blocks of {b}, with large scores)", hint)
     shown = "; ".join(f"{_LARGE[kind]}: {why}" for kind, why in failed.items())
     raise Wrong("large-scores", f"O and L are right on the scores above, wrong on large ones ({nk} keys in "
                 f"blocks of {b}): {shown}", "keep every exp's argument at most 0: subtract the running max m "
                 "(it starts at -inf and never goes down), and rescale by exp(m - m_new)")
+
+
+# --- the contract and the differential search ---------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    bsz: int
+    h: int
+    nq: int
+    nk: int
+    d: int
+    block_k: int
+    dtype: torch.dtype
+    data: int  # the seed of q, k and v
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.data)
+        q = torch.randn(self.bsz, self.h, self.nq, self.d, generator=g) * 3 ** 0.5
+        k = torch.randn(self.bsz, self.h, self.nk, self.d, generator=g) * 3 ** 0.5
+        return q.to(self.dtype), k.to(self.dtype), torch.randn(self.bsz, self.h, self.nk, self.d,
+                                                               generator=g).to(self.dtype)
+
+    def __repr__(self) -> str:
+        return (f"q ({self.bsz}, {self.h}, {self.nq}, {self.d}), k and v ({self.bsz}, {self.h}, {self.nk}, "
+                f"{self.d}), {str(self.dtype).replace('torch.', '')}, block_k={self.block_k}")
+
+
+def _draw_case(rng: random.Random) -> _Case:
+    """One case: float32 (or float64, as gradcheck runs it), a batch or a head of 1, from 1 key on, and block
+    sizes in every relation to N_k: 1, a divisor (whole blocks), one that leaves a last block of 1 key, a
+    random one, N_k itself, and far more than N_k. At least 2 keys: with one, every mistake of the tiling
+    gives O = v, and only L could tell them apart."""
+    nk = rng.randint(2, 40)
+    divisors = [b for b in range(2, nk + 1) if nk % b == 0]
+    rest_one = [b for b in range(2, nk) if nk % b == 1]
+    block = rng.choice([1, nk, nk + rng.randint(1, 8), rng.randint(2 * nk, 3 * nk + 2),
+                        rng.choice(divisors or [nk]), rng.choice(rest_one or [nk]), rng.randint(1, nk)])
+    return _Case(rng.choice((1, 2, 3)), rng.choice((1, 2, 3)), rng.randint(1, 13), nk,
+                 rng.choice((1, 2, 3, 4, 8, 12, 16, 20)), block,
+                 torch.float64 if rng.random() < 0.25 else torch.float32, rng.randrange(2 ** 31))
+
+
+def _shrink(c: _Case) -> list[_Case]:
+    changes = [{"bsz": 1}, {"h": 1}, {"nq": 1}, {"nq": c.nq // 2}, {"d": 1}, {"d": c.d // 2},
+               {"nk": c.nk - 1}, {"nk": c.nk // 2}, {"nk": c.nk - c.block_k}, {"block_k": c.block_k // 2}]
+    out = [dataclasses.replace(c, **change) for change in changes]
+    return [x for x in out if x != c and min(x.bsz, x.h, x.nq, x.d, x.block_k) >= 1 and x.nk >= 2]
+
+
+def _agree(got: tuple, want: tuple, c: _Case) -> str | None:
+    q, k, v = c.tensors()
+    o, lse = got
+    want_o, want_l = _reference(q, k, v)
+    tol = 1e-10 if c.dtype == torch.float64 else 1e-5
+    err = _o_error(o, want_o)
+    if err > tol:
+        return f"O differs from softmax(q·kᵀ/√d)·v by {err:.3g} (relative; float64 reference)"
+    if not torch.allclose(lse.double(), want_l, rtol=tol, atol=tol * 10):
+        return f"L differs from the logsumexp by up to {(lse.double() - want_l).abs().max().item():.3g}"
+    return None
+
+
+def _name_case(answer: Callable, c: _Case, got: tuple, want: tuple) -> None:
+    """The known mistake whose O (or L) is the answer's on this case (other block sizes telling apart two
+    that coincide), or the line of `_diagnose_o` saying where O differs."""
+    q, k, v = c.tensors()
+    o, lse = got
+    if _o_error(o, _reference(q, k, v)[0]) > (1e-10 if c.dtype == torch.float64 else 1e-5):
+        others = tuple(x for x in (3, 4, c.nk - 1, c.nq, c.d, c.block_k + 1) if x != c.block_k and x >= 1)
+        _diagnose_o(answer, o, q, k, v, c.block_k, None, others, first=True)
+    for key, value, what, hint in _lse_mistakes(q, k):
+        if torch.allclose(lse.double(), value, rtol=1e-4, atol=1e-4):
+            raise Wrong(key, f"{what} (on {c})", hint)
+
+
+def task() -> Task:
+    """01-flash-forward's function for the contract and the search."""
+    def arguments(c: _Case) -> dict[str, Any]:
+        q, k, v = c.tensors()
+        return {"q": q, "k": k, "v": v, "block_k": c.block_k}
+
+    return Task(reference("01_attention/flash_forward.py", "flash_forward"), draw=_draw_case,
+                arguments=arguments, agree=_agree, show=repr, shrink=_shrink,
+                observe=lambda got, args: tuple(t.detach() for t in got), keywords=("block_k",),
+                name="flash_forward", result="(O, L)",
+                validate=lambda got, c: _shapes(got, c.tensors()[0]),
+                guard=lambda: _Recorder(64, 1).mode(),  # an op budget: a loop that does not end is stopped
+                hint="run your function on that input beside the plain softmax; print m, l and acc after "
+                     "each block for one query row")
 
 
 def flash_forward(answer: Callable, seed: int) -> str:
@@ -432,6 +546,8 @@ def flash_forward(answer: Callable, seed: int) -> str:
     nq, nk = rng.choice(_QUERY_COUNTS), rng.choice(_KEY_COUNTS)
     q, k, v = _draw(rng, bsz, h, nq, nk, d)
     small, mid, whole = rng.randrange(3, nq), rng.randrange(10, nk // 2), nk + rng.randrange(0, 9)
+    the_task = task()
+    contract(answer, the_task, _Case(bsz, h, nq, nk, d, mid, torch.float32, rng.randrange(2 ** 31)))
     one_block_ok = None
     try:  # one block first: if it is right, a wrong answer with several blocks is said to be so
         _check_values(answer, (q, k, v, whole), None)
@@ -450,7 +566,10 @@ def flash_forward(answer: Callable, seed: int) -> str:
     qs, ks, vs = _draw(rng, bsz, h, per * m, per * m, d)
     _check_values(answer, (qs, ks, vs, per), True)
     large = _check_large(answer, rng)
+    searched = search(answer, the_task, rng, draws=40, name=functools.partial(_name_case, answer),
+                      key="o-wrong")
     return (f"O and L agree with softmax(q·kᵀ/√d)·v and its logsumexp (float64 reference, relative error "
             f"< 1e-5) for N_q={nq} queries and N_k={nk} keys in blocks of {small}, {mid} and {whole}, and "
             f"N={per * m} in whole blocks of {per}, and with {large}; no op made a tensor holding more than "
-            "block_k keys; q, k, v unchanged")
+            f"block_k keys; q, k, v unchanged; and as the course's solution on {searched} more drawn inputs "
+            "(float32 and float64, from 1 key, blocks from 1 key to past N_k)")

@@ -11,20 +11,23 @@ gradient skipped and the scale halved.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import inspect
 import random
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course.exercises.contract import Task, contract, reference, search
 from course.exercises.core import Wrong, close
 
-__all__ = ["fp16_step"]
+__all__ = ["fp16_step", "task"]
 
 
 class _Tiny(nn.Module):
@@ -178,8 +181,29 @@ def _clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
 
 
 def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_norm: float,
-                     scale: float) -> None:
-    """Name the mistake whose update matches the learner's (updates are lr x the gradient SGD used)."""
+                     scale: float, clipped_elsewhere: bool = False) -> None:
+    """Name the mistake whose update matches the learner's (updates are lr x the gradient SGD used).
+    `clipped_elsewhere`: the answer clipped right on the check's first step (the search found this case), so
+    an unclipped update here is a max_norm it did not honour, not a missing clip."""
+    flat = torch.cat([u.flatten() for u in update])
+    clipped = torch.cat([g.flatten() for g in _clip(grads, max_norm)]) * 0.1
+    if torch.allclose(flat, clipped, rtol=2e-2, atol=1e-7 + 2e-2 * clipped.abs().max().item()):
+        return
+    norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+    by_value = torch.cat([g.clamp(-max_norm, max_norm).flatten() for g in grads]) * 0.1
+    unclipped = torch.cat([g.flatten() for g in grads]) * 0.1
+    bites = not torch.allclose(by_value, unclipped)  # the check's own step: some element above max_norm
+    if bites and torch.allclose(flat, by_value, rtol=2e-2, atol=1e-7 + 2e-2 * by_value.abs().max().item()):
+        raise Wrong("update", f"the update is the gradient with each element clipped to ±{max_norm:.3g} (as "
+                    "clip_grad_value_ does), not the gradient scaled to a norm of max_norm",
+                    "clip the norm of all the gradients together, as one vector: "
+                    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)")
+    if clipped_elsewhere and torch.allclose(flat, unclipped, rtol=2e-2,
+                                            atol=1e-7 + 2e-2 * unclipped.abs().max().item()):
+        raise Wrong("update", f"with max_norm {max_norm:.3g} below the gradient's norm ({norm:.3g}) the "
+                    "update is the unclipped gradient's, though the check's first step was clipped right: "
+                    "this max_norm was not honoured", "clip to the max_norm you are given, whatever its "
+                    "value: clip_grad_norm_(model.parameters(), max_norm), no floor or ceiling of your own")
     hypotheses = [
         (None, _clip(grads, max_norm)),
         ("no-clip", grads),
@@ -188,7 +212,6 @@ def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_
     ]
     if abs(max_norm - 1.0) > 0.1:  # a norm of 1.0 whatever max_norm: tutorials' usual value
         hypotheses.append(("clip-default-norm", _clip(grads, 1.0)))
-    flat = torch.cat([u.flatten() for u in update])
     for mistake, g in hypotheses:
         want = torch.cat([x.flatten() for x in g]) * 0.1
         if torch.allclose(flat, want, rtol=2e-2, atol=1e-7 + 2e-2 * want.abs().max().item()):
@@ -250,10 +273,137 @@ def _check_unclipped(update: list[torch.Tensor], grads: list[torch.Tensor], max_
                 "max_norm) after scaler.unscale_(optimizer)")
 
 
+# --- the contract and the differential search ---------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    """One step's inputs, rebuilt the same from their seeds on every call."""
+
+    weights: int
+    data: int
+    rows: int
+    spread: float  # the inputs' scale: the gradient's norm grows with it
+    init_scale: float
+    max_norm: float
+    stale: bool  # NaN gradients left in .grad from before the step
+    inf: bool  # one gradient overflows to inf
+
+    def build(self) -> dict[str, Any]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.weights)
+            model = _Tiny()
+        g = torch.Generator().manual_seed(self.data)
+        batch = {"x": torch.randn(self.rows, 8, generator=g) * self.spread,
+                 "labels": torch.randint(4, (self.rows,), generator=g)}
+        if self.stale:
+            for p in model.parameters():
+                p.grad = torch.full_like(p, float("nan"))
+        if self.inf:
+            model.lin2.bias.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+        return {"model": model, "batch": batch, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+                "scaler": torch.amp.GradScaler("cpu", init_scale=self.init_scale),
+                "device": torch.device("cpu"), "max_norm": self.max_norm}
+
+    def __repr__(self) -> str:
+        extra = "".join((", stale NaN gradients in .grad" if self.stale else "",
+                         ", an inf in one gradient" if self.inf else ""))
+        return (f"a batch of {self.rows} (inputs × {self.spread:.3g}), loss scale {self.init_scale:g}, "
+                f"max_norm {self.max_norm:.4g}{extra}")
+
+
+def _draw_case(rng: random.Random) -> _Case:
+    """One step: max_norm from far below the gradient's norm to far above it (below 0.5 and near 1.0
+    included), an inf in a gradient or not. No stale gradients: a step that clears them at its end meets
+    none in the lesson's loop (the check's own stale step judges both ways)."""
+    return _Case(rng.randrange(2 ** 31), rng.randrange(2 ** 31), rng.randrange(2, 25), rng.uniform(0.5, 8),
+                 2.0 ** rng.randrange(8, 16), 10 ** rng.uniform(-1.7, 1.3), False, rng.random() < 0.25)
+
+
+@contextlib.contextmanager
+def _scaled_or_named() -> Iterator[None]:
+    """The GradScaler's own refusal (unscale_ or step before any scale()) named as the mistake it is."""
+    try:
+        yield
+    except AssertionError as err:
+        if "_scale is None" not in str(err):
+            raise
+        raise Wrong("no-scale", f"the loss was never scaled (scaler.scale was not called), so the scaler "
+                    f"refused to go on: {str(err).split('.')[0]}", "scaler.scale(loss).backward(): small "
+                    "fp16 gradients would underflow to zero otherwise") from None
+
+
+def _observe(returned: Any, arguments: dict) -> tuple:
+    """The loss it returned, the weights after the step, the scale after it."""
+    one = isinstance(returned, torch.Tensor) and returned.numel() == 1
+    loss = float(returned.detach()) if one else returned
+    return (loss, [p.detach().clone() for p in arguments["model"].parameters()],
+            arguments["scaler"].get_scale())
+
+
+def _updates(c: _Case, weights: list[torch.Tensor]) -> torch.Tensor:
+    start = [p.detach() for p in c.build()["model"].parameters()]
+    return torch.cat([(p0 - p).flatten() for p0, p in zip(start, weights)])
+
+
+def _agree(got: tuple, want: tuple, c: _Case) -> str | None:
+    if not close(got[0], want[0], 1e-6):
+        return f"the loss it returned, {got[0]:.7g}; the solution's {want[0]:.7g}"
+    mine, right = _updates(c, got[1]), _updates(c, want[1])
+    norm = right.norm().item()
+    if (mine - right).norm().item() > 1e-4 * norm + 1e-9:
+        return f"the weights' update has norm {mine.norm().item():.4g}, the solution's {norm:.4g}"
+    if got[2] != want[2]:
+        return f"the loss scale after the step is {got[2]:g}, the solution's {want[2]:g}"
+    return None
+
+
+def _name_case(c: _Case, got: tuple, want: tuple) -> None:
+    if not close(got[0], want[0], 1e-6):
+        raise Wrong("loss-differs", f"on {c} it returned the loss {got[0]:.7g}; the loss of the step's "
+                    f"forward pass is {want[0]:.7g}", "return the loss the forward pass computed "
+                    "(loss.detach()), not a loss computed again after the update, nor a scaled one")
+    update = _updates(c, got[1])
+    if c.inf:
+        if bool(update.any()):
+            raise Wrong("inf-not-skipped", f"on {c} the weights changed", "let the scaler decide: "
+                        "scaler.step(optimizer) skips a step whose gradients hold inf/NaN")
+        raise Wrong("no-backoff", f"on {c} the scale is {got[2]:g} after the step, not {want[2]:g}",
+                    "scaler.update() after scaler.step(optimizer) halves it")
+    model, batch = _Tiny(), c.build()["batch"]
+    model.load_state_dict(c.build()["model"].state_dict())
+    with torch.autocast(**_FP16):
+        loss = model(**batch).loss
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    _diagnose_update([u.view_as(g) for u, g in zip(update.split(sizes), grads)], grads, c.max_norm,
+                     c.init_scale, clipped_elsewhere=True)
+
+
+def task() -> Task:
+    """02-fp16-step's function for the contract and the search: a model, its optimizer and scaler rebuilt per
+    call (the step may change them, not the batch)."""
+    return Task(reference("02_mixed_precision/fp16_step.py", "fp16_step"), draw=_draw_case,
+                arguments=lambda c: c.build(), agree=_agree, show=repr, observe=_observe,
+                keywords=("max_norm",), changes=("model", "optimizer", "scaler"), name="fp16_step",
+                guard=_scaled_or_named,
+                result="the loss it returned",
+                validate=lambda got, c: None if isinstance(got, torch.Tensor) and got.numel() == 1 else
+                _not_a_loss(got),
+                hint="zero the gradients, autocast the forward and loss, scale(loss).backward(), unscale_, "
+                     "clip to max_norm, scaler.step, scaler.update: in that order")
+
+
+def _not_a_loss(got: Any) -> None:
+    raise Wrong("return-loss", f"it returned {type(got).__name__}", "return the loss tensor")
+
+
 def fp16_step(answer: Callable, seed: int) -> str:
     """02-fp16-step: answer(model, batch, optimizer, scaler, device, max_norm) -> loss; a clean step, a step
     with stale gradients, and a step with a planted inf, on a model and batch drawn from `seed`."""
     rng = random.Random(seed)
+    the_task = task()
+    contract(answer, the_task, _draw_case(rng))
     torch.manual_seed(rng.randrange(2 ** 31))
     model0 = _Tiny()
     init_scale = 2.0 ** rng.randrange(10, 15)
@@ -270,9 +420,16 @@ def fp16_step(answer: Callable, seed: int) -> str:
             break
     else:
         raise RuntimeError(f"02-fp16-step: no batch with a gradient norm above 1.5 for seed {seed}")
-    max_norm = norm * rng.uniform(0.05, 0.4)  # clipping bites
-    while abs(max_norm - 1.0) < 0.2:  # 1.0, tutorials' usual norm, must give another update than max_norm's
-        max_norm = norm * rng.uniform(0.05, 0.4)
+    # clipping bites; 1.0, tutorials' usual norm, gives another update than max_norm's; and some element of
+    # the gradient is above max_norm, so that clipping each element (clip_grad_value_) is not clipping nothing
+    biggest = max(g.abs().max().item() for g in grads)
+    max_norm = norm * rng.uniform(0.05, 0.4)
+    for _ in range(200):
+        if abs(max_norm - 1.0) >= 0.2 and max_norm < 0.8 * biggest:
+            break
+        max_norm = norm * rng.uniform(0.05, 0.4) * (1 if rng.random() < 0.5 else 0.8 * biggest / norm)
+    else:
+        raise RuntimeError(f"02-fp16-step: no max_norm fits the gradient drawn with seed {seed}")
     log, model, scaler, loss = _fp16_case(answer, model0, batch, max_norm, init_scale)
     _check_fp16_order(log)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -303,7 +460,9 @@ def fp16_step(answer: Callable, seed: int) -> str:
     if inf_scaler.get_scale() >= init_scale:
         raise Wrong("no-backoff", "after an inf gradient the scale did not come down",
                     "scaler.update() after scaler.step(optimizer) halves it")
+    searched = search(answer, the_task, rng, draws=12, name=_name_case, key="update")
     return (f"forward and loss under fp16 autocast, backward outside it, scaled (by {init_scale:g}); "
             f"unscaled before clipping to {max_norm:.3g} (the gradient's norm: {norm:.3g}); the update is "
             f"the clipped gradient's, and the gradient's own with max_norm {loose:.3g}; stale gradients "
-            "cleared; a planted inf skipped the step and halved the scale")
+            f"cleared; a planted inf skipped the step and halved the scale; and as the course's solution on "
+            f"{searched} more drawn steps (max_norm from 0.02 to 20, stale gradients, an inf)")

@@ -11,18 +11,21 @@ garbage collector off, its failed tries would hold memory without bound) and tol
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from course.exercises.contract import Task, contract, reference, search
 from course.exercises.core import Halt, Wrong, course_code_running
 
-__all__ = ["largest_batch"]
+__all__ = ["largest_batch", "task"]
 
 _CUDA_FAULT = ("CUDA error: an illegal memory access was encountered (simulated: a bug in the step, not an "
                "out-of-memory error)")
@@ -229,13 +232,97 @@ def _propagates(answer: Callable, kind: type, at: int) -> bool:
     return False
 
 
+# --- the contract and the differential search ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Case:
+    capacity: int
+    limit: int
+
+    def __repr__(self) -> str:
+        return f"a device where sizes up to {self.capacity} fit, limit {self.limit}"
+
+
+def _draw_case(rng: random.Random) -> _Case:
+    """One case: limits of 1, 2, 3, small, powers of two and one off them, large; capacities of 0, 1, at the
+    limit, one under and one over it, at a power of two and one off it, one under the first size the
+    bisection after the doubling tries (where an upper bound moved past a failed size skips the answer),
+    anywhere."""
+    p = 2 ** rng.randint(1, 11)
+    limit = rng.choice((1, 2, 3, rng.randint(4, 64), p, p - 1, p + 1, rng.randint(65, 3000)))
+    q = 2 ** rng.randint(0, max(0, limit.bit_length() - 1))
+    under_mid = (q + min(2 * q, limit)) // 2 - 1
+    capacity = rng.choice((0, 1, limit - 1, limit, limit + 1, q, q - 1, q + 1, under_mid, under_mid,
+                           rng.randint(0, limit + 5)))
+    return _Case(max(0, capacity), limit)
+
+
+def _shrink(c: _Case) -> list[_Case]:
+    out = [_Case(min(c.capacity, lim), lim) for lim in (c.limit - 1, c.limit // 2) if lim >= 1]
+    out += [_Case(cap, c.limit) for cap in (c.capacity - 1, c.capacity // 2) if cap >= 0]
+    return [x for x in out if x != c]
+
+
+def _name_case(seen: list[tuple[int, int]], c: _Case, got: Any, want: Any) -> None:
+    """A search mistake whose size is the answer's here and the right one on every case it got right."""
+    for key, fn, what, hint in _SIZE_MISTAKES:
+        if fn(c.capacity, c.limit) == got and all(fn(cap, lim) == _right(cap, lim) for cap, lim in seen):
+            raise Wrong(key, f"with capacity {c.capacity} and limit {c.limit} it returned {got!r}, as "
+                        f"{what} does; expected {want}", hint)
+
+
+@contextlib.contextmanager
+def _quick_collector() -> Iterator[None]:
+    """gc.collect() in a call looks only at the objects made since (milliseconds, not a scan of all of
+    torch), and nothing is collected but by the learner's gc.collect(), as in `_search`; an out-of-memory
+    error that escapes the answer is named."""
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.freeze()
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as err:
+        if "(simulated)" not in str(err):
+            raise
+        raise Wrong("oom-not-caught", f"an out-of-memory error escaped your function "
+                    f"({str(err).split('. ')[1]})", "catch torch.cuda.OutOfMemoryError around step_fn(n): "
+                    "that is how a size that does not fit shows (step_fn returns nothing when it "
+                    "fits)") from None
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
+def task() -> Task:
+    """03-largest-batch's function for the contract and the search: a simulated device per call."""
+    return Task(reference("03_memory/largest_batch.py", "largest_batch"), draw=_draw_case,
+                arguments=lambda c: {"step_fn": _sim_step(_Memory(c.capacity, c.limit), cycle=False),
+                                     "limit": c.limit},
+                agree=lambda got, want, c: None if got == want else f"it returned {got!r}, expected {want}",
+                show=repr, shrink=_shrink, name="largest_batch", result="the size it returned",
+                exact_numbers=True, guard=_quick_collector,
+                hint="double from 1 while it fits (up to the limit), then bisect between the last size that "
+                     "fitted and the first that did not; 0 if 1 does not fit")
+
+
 def largest_batch(answer: Callable, seed: int) -> str:
     """03-largest-batch: answer(step_fn, limit) -> the largest n <= limit with step_fn(n) fitting."""
     rng = random.Random(seed)
     cases = _cases(rng)
+    the_task = task()
+    # the contract on a case where a size fails (capacity under the limit; seven of the ten are): state an
+    # answer keeps about failed tries (the errors, the sizes) shows on every run, not only on some seeds
+    contract(answer, the_task, _Case(*next(c for c in cases if c[0] < c[1])))
     runs = [_search(answer, c, lim, cycle=True) for c, lim in cases]
     for (c, lim), r in zip(cases, runs):
         bad = [n for n in r.mem.calls if not (isinstance(n, int) and 1 <= n <= lim)]
+        if bad and 1 not in r.mem.calls and min((n for n in r.mem.calls if isinstance(n, int)),
+                                                 default=0) > 1:
+            # not a bound overrun but a start past 1: a limit of 1 shows it first (the search names it too)
+            raise Wrong("wrong-size", f"with limit {lim} it tried batch size {bad[0]!r} and never 1: the "
+                        "search started above 1", "start at 1: a batch of 1 may be all that fits, and the "
+                        "limit may be 1")
         if bad:
             raise Wrong("beyond-limit", f"it tried batch size {bad[0]!r} with limit {lim}",
                         "try whole sizes from 1 to the limit only")
@@ -262,7 +349,9 @@ def largest_batch(answer: Callable, seed: int) -> str:
                     "treated as 'does not fit'", "catch torch.cuda.OutOfMemoryError only; let other errors "
                     "propagate")
     tries = [len(r.mem.calls) for r in runs]
+    searched = search(answer, the_task, rng, draws=100, name=functools.partial(_name_case, cases),
+                      key="wrong-size")
     return (f"right for {len(cases)} capacities and limits on a simulated device (in {min(tries)} to "
             f"{max(tries)} tries), memory of failed tries released, a CUDA fault (RuntimeError) and a "
-            f"ValueError "
-            "propagated")
+            f"ValueError propagated; and as the course's solution on {searched} more (limits from 1, "
+            "capacities at, around and off powers of two)")

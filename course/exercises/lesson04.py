@@ -16,16 +16,18 @@ that mistake gives on the case; otherwise the hint says which case, what came ou
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from course.exercises.contract import Task, contract, reference, search
 from course.exercises.core import Wrong, close, draw_seed, unpack
 from helpers.measure.regimes import roof_times
 
-__all__ = ["predict_time", "draw_cases", "Case"]
+__all__ = ["predict_time", "draw_cases", "Case", "task"]
 
 _REGIMES = ("compute", "memory", "overhead")  # the names of lesson 04 (helpers.measure.regimes.LABELS)
 _COURSE = ("classify", "roof_times", "predicted_time")  # helpers.measure.regimes' own answers: refused
@@ -192,20 +194,76 @@ def _diagnose_seconds(answers: list[tuple[Case, float]]) -> None:
                 "largest of the three; compare your time with these three on this case")
 
 
-def _diagnose_regime(case: Case, regime: str) -> None:
-    t = case.terms
-    ridge = "compute" if case.flops / max(case.bytes_moved, 1e-300) > case.peak_flops / case.bandwidth \
+def _ridge_rule(case: Case) -> str:
+    return "compute" if case.flops / max(case.bytes_moved, 1e-300) > case.peak_flops / case.bandwidth \
         else "memory"
+
+
+def _diagnose_regimes(answers: list[tuple[Case, str]]) -> None:
+    """Name the rule whose regime is the answer's on every case (the ridge alone, the smallest time);
+    otherwise say where the first wrong regime is."""
+    case, regime = next((c, r) for c, r in answers if r != c.regime)
+    t = case.terms
     times = f"compute {t['compute']:.3g} s, memory {t['memory']:.3g} s, overhead {t['overhead']:.3g} s"
-    if case.regime == "overhead" and regime == ridge:
+    if all(r == _ridge_rule(c) for c, r in answers):
         raise Wrong("ridge-only", f"for {case}: {regime}, expected overhead ({times})",
                     "the ridge point only tells compute from memory; an op whose calls cost more than its "
                     "work is overhead-bound: compare all three times")
-    if regime == min(t, key=t.get):
+    if all(r == min(c.terms, key=c.terms.get) for c, r in answers):
         raise Wrong("smallest", f"for {case}: {regime}, the smallest of its times ({times})",
                     "the regime is the term that sets the time: the largest of the three")
     raise Wrong("regime", f"for {case}: {regime}, expected {case.regime} ({times})",
                 "the regime is the largest of the three times, in both time models")
+
+
+# --- the contract and the differential search ---------------------------------------------------------------
+
+def _draw_one(rng: random.Random) -> Case:
+    """One case for the search: a drawn machine; one call, a few or many; the leading time 1.05-3x ahead of
+    the second (any two of the three in either order), the third 1.2-20x behind that."""
+    peak, bw, over = _machine(rng)
+    calls = rng.choice((1, 1, 2, rng.randint(3, 16), rng.randint(17, 200)))
+    order = rng.sample(("compute", "memory", "overhead"), 3)  # leading, second, third
+    scale = [1.0, 1 / rng.uniform(1.05, 3.0)]
+    scale.append(scale[1] / rng.uniform(1.2, 20))
+    x = calls * over / scale[order.index("overhead")]  # the overhead is calls × overhead_s: the rest follow
+    t = {name: x * k for name, k in zip(order, scale)}
+    return Case(t["compute"] * peak, t["memory"] * bw, calls, peak, bw, over, rng.random() < 0.5)
+
+
+def _agree(got: tuple, want: tuple, case: Case) -> str | None:
+    regime, seconds = got
+    if not close(seconds, want[1], 1e-6):
+        return f"its time {seconds:.6g} s, the solution's {want[1]:.6g} s"
+    return None if regime == want[0] else f"its regime {regime!r}, the solution's {want[0]!r}"
+
+
+def _name_case(seen: list[tuple[Case, float]], case: Case, got: tuple, want: tuple) -> None:
+    """A known mistake whose time (or regime) is the answer's on this case and on every case it got right
+    before."""
+    if not close(got[1], want[1], 1e-6):
+        _diagnose_seconds([(case, float(got[1]))] + seen)
+    _diagnose_regimes([(case, got[0])] + [(c, c.regime) for c, _ in seen])
+
+
+def _validate(returned: Any, case: Case) -> None:
+    regime, seconds = unpack(returned, 2, "regime, seconds")
+    if isinstance(regime, (int, float)) and isinstance(seconds, str):
+        raise Wrong("order", "it returned (seconds, regime)", "return (regime, seconds)")
+    if regime not in _REGIMES:
+        raise Wrong("regime-name", f"regime {regime!r}", f"answer one of {_REGIMES}, lesson 04's names")
+    if isinstance(seconds, (str, bytes)) or not hasattr(seconds, "__float__"):
+        raise Wrong("seconds-type", f"seconds is a {type(seconds).__name__}", "return the time as a number")
+
+
+def task() -> Task:
+    """04-predict-time's function for the contract and the search."""
+    return Task(reference("04_where_time_goes/predict_time.py", "predict_time"), draw=_draw_one,
+                arguments=lambda c: dict(zip(("flops", "bytes_moved", "calls", "peak_flops", "bandwidth",
+                                              "overhead_s", "synchronous"), c.args)),
+                agree=_agree, show=str, name="predict_time", result="what it returned", validate=_validate,
+                hint="synchronous: calls × overhead_s + max(FLOPs ÷ peak, bytes ÷ bandwidth); asynchronous: "
+                     "the largest of the three; the regime is the largest of the three times")
 
 
 def predict_time(answer: Callable, seed: int | None = None, device: Any = None) -> str:
@@ -214,7 +272,9 @@ def predict_time(answer: Callable, seed: int | None = None, device: Any = None) 
     model fits it."""
     seed = draw_seed() if seed is None else seed
     cases = draw_cases(seed)
+    the_task = task()
     with _watch_course_functions() as used:
+        contract(answer, the_task, cases[0])
         results = [answer(*case.args) for case in cases]
     if used:
         raise Wrong("course-function", f"it calls the course's own {sorted(set(used))[0]}(...)",
@@ -233,9 +293,11 @@ def predict_time(answer: Callable, seed: int | None = None, device: Any = None) 
         answers.append((case, regime, float(seconds)))
     if any(not close(s, case.seconds, 1e-6) for case, _, s in answers):
         _diagnose_seconds([(case, s) for case, _, s in answers])
-    for case, regime, _ in answers:
-        if regime != case.regime:
-            _diagnose_regime(case, regime)
+    if any(regime != case.regime for case, regime, _ in answers):
+        _diagnose_regimes([(case, regime) for case, regime, _ in answers])
+    seen = [(case, s) for case, _, s in answers]
+    searched = search(answer, the_task, random.Random(seed + 1), draws=200,
+                      name=functools.partial(_name_case, seen), key="seconds")
     here = ""
     if device is not None:
         import torch
@@ -246,4 +308,5 @@ def predict_time(answer: Callable, seed: int | None = None, device: Any = None) 
                  "work (the additive model)" if sync else
                  "asynchronous: kernels queue while earlier ones run, so the launches hide under the work "
                  "(the largest of the three)"))
-    return f"regime and time right in {len(cases)} drawn cases, both time models{here}"
+    return (f"regime and time right in {len(cases)} drawn cases, both time models, and as the course's "
+            f"solution on {searched} more (one call or many, each time just ahead of another){here}")

@@ -22,6 +22,8 @@ instead of spreading to every later one (where checking the last loss alone woul
 
 from __future__ import annotations
 
+import functools
+import math
 import random
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -32,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course.exercises.contract import Task, contract, describe, search
 from course.exercises.core import Halt, Wrong, close, learner_line, tensors_in
 
-__all__ = ["hidden_syncs", "train_loop_with_syncs"]
+__all__ = ["hidden_syncs", "train_loop_with_syncs", "task"]
 
 
 def train_loop_with_syncs(train_step: Callable, batches: Iterable) -> list[float]:
@@ -235,9 +238,110 @@ _HINTS = {
              "tensors, or a buffer made with device=loss.device) and copy them once, after the loop"),
     "numpy": ("per-step-numpy", "numpy reads host memory: on a GPU np.asarray(loss) raises, on a CPU it "
               "waits for the value", "keep tensors in the loop; convert once, after it"),
-    "print": ("per-step-print", "printing a tensor reads its value", "print after the loop, or every k "
-              "steps if you must watch it"),
+    "print": ("per-step-print", "printing a tensor reads its value", "print after the loop: even every k "
+              "steps, the reads grow with the number of steps"),
 }
+
+
+# --- the contract and the differential search ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Raised:
+    """What a loop did instead of returning: raised FloatingPointError (a value to compare, not an error)."""
+
+    kind: str = "FloatingPointError"
+
+    def __repr__(self) -> str:
+        return f"raised {self.kind}"
+
+
+def _catching(loop: Callable) -> Callable:
+    """`loop`, returning _Raised() where it raises FloatingPointError (the expected answer to a bad loss)."""
+    @functools.wraps(loop)
+    def run(train_step: Callable, batches: Iterable) -> Any:
+        try:
+            return loop(train_step, batches)
+        except FloatingPointError:
+            return _Raised()
+
+    return run
+
+
+@dataclass(frozen=True)
+class _Case:
+    steps: int
+    data: int
+    plant: tuple[int, float] | None  # (step, value): that step's loss gets a NaN, inf or -inf
+
+    def __repr__(self) -> str:
+        bad = f", a loss of {self.plant[1]} planted in step {self.plant[0]}" if self.plant else ""
+        return f"{self.steps} step(s) (data seed {self.data}){bad}"
+
+
+def _draw_case(rng: random.Random) -> _Case:
+    """One case: 1, 2, 3 or more steps; no bad loss, or a NaN, an inf or a -inf in any step, the first and
+    the last included."""
+    steps = rng.choice((1, 2, 3, rng.randint(4, 12)))
+    plant = None
+    if rng.random() < 0.6:
+        at = rng.choice((0, steps - 1, rng.randrange(steps)))
+        plant = (at, rng.choice((math.nan, math.inf, -math.inf)))
+    return _Case(steps, rng.randrange(2 ** 20), plant)
+
+
+def _shrink(c: _Case) -> list[_Case]:
+    out = []
+    for steps in (1, c.steps - 1, c.steps // 2):
+        if 1 <= steps < c.steps and (c.plant is None or c.plant[0] < steps):
+            out.append(_Case(steps, c.data, c.plant))
+    if c.plant is not None and c.plant[0] > 0:  # the bad loss earlier, and the steps after it gone
+        out.append(_Case(c.plant[0], c.data, (c.plant[0] - 1, c.plant[1])))
+    return out
+
+
+def _agree(got: Any, want: Any, c: _Case) -> str | None:
+    if isinstance(want, _Raised) or isinstance(got, _Raised):
+        mine = "raised FloatingPointError" if isinstance(got, _Raised) else f"returned {got!r}"
+        return None if type(got) is type(want) else f"it {mine}, the given loop {want!r}"
+    if len(got) == len(want) and all(isinstance(x, float) and close(x, y, 1e-6) for x, y in zip(got, want)):
+        return None
+    return f"it returned {got!r}, the given loop {want!r}"
+
+
+def _name_case(answer: Callable, c: _Case, got: Any, want: Any) -> None:
+    """A bad loss the loop let through: a NaN, or (if a NaN in the same step is caught) an infinity."""
+    if isinstance(want, _Raised) and not isinstance(got, _Raised) and c.plant is not None:
+        at, value = c.plant
+        nan = _Case(c.steps, c.data, (at, math.nan))
+        if not isinstance(_catching(answer)(*_sync_setup(nan.steps, nan.data, nan.plant)), _Raised):
+            raise Wrong("nan-unnoticed", f"a NaN loss in step {at} of {c.steps} went unnoticed",
+                        "after the loop: if not torch.isfinite(stacked).all(), raise FloatingPointError "
+                        "(every step's loss, the first and the last included)")
+        raise Wrong("inf-unnoticed", f"a loss of {value} in step {at} of {c.steps} went unnoticed, though a "
+                    "NaN there was caught", "torch.isfinite catches NaN, inf and -inf; a comparison with "
+                    "float('inf') misses -inf, and torch.isnan misses both")
+
+
+def _validate(got: Any, c: _Case) -> None:
+    if isinstance(got, torch.Tensor) or (isinstance(got, (list, tuple)) and got
+                                         and isinstance(got[0], torch.Tensor)):
+        raise Wrong("not-floats", "it returned tensors", "return Python floats: stack the losses and read "
+                    "them once, at the end (.tolist())")
+    if not isinstance(got, (list, _Raised)) or (isinstance(got, list) and len(got) != c.steps):
+        raise Wrong("losses-differ", f"for {c.steps} steps it returned {describe(got)}",
+                    "train on every batch in order and return every loss, as Python floats, in a list")
+
+
+def task() -> Task:
+    """06-hidden-syncs' function for the contract and the search, against the given loop (a loop that raises
+    FloatingPointError is compared as having raised it)."""
+    return Task(_catching(train_loop_with_syncs), draw=_draw_case,
+                arguments=lambda c: dict(zip(("train_step", "batches"),
+                                             _sync_setup(c.steps, c.data, c.plant))),
+                agree=_agree, show=repr, shrink=_shrink, name="train_loop", result="what it returned",
+                validate=_validate, exact_numbers=True,
+                hint="train on every batch in order; return every loss as a Python float; raise "
+                     "FloatingPointError when any loss is not finite")
 
 
 def hidden_syncs(answer: Callable, seed: int) -> str:
@@ -246,6 +350,8 @@ def hidden_syncs(answer: Callable, seed: int) -> str:
     few = rng.randrange(3, 6)
     many = few + rng.randrange(3, 7)
     data = rng.randrange(2 ** 20)
+    the_task = task()
+    contract(_catching(answer), the_task, _Case(few, data, None))
     want = train_loop_with_syncs(*_sync_setup(few, data))
     got, syncs_few = _count(answer, few, data)
     if isinstance(got, torch.Tensor) or (isinstance(got, (list, tuple)) and got
@@ -258,23 +364,30 @@ def hidden_syncs(answer: Callable, seed: int) -> str:
         kind = type(got[0]).__name__ if isinstance(got, list) and got else type(got).__name__
         raise Wrong("losses-differ", f"for {few} steps it returned {got!r} ({kind}), the given loop {want!r}",
                     "train on every batch in order and return every loss, as Python floats")
-    _, syncs_many = _count(answer, many, data)
     inside_few = [s for s in syncs_few if s.steps_left]
-    inside_many = [s for s in syncs_many if s.steps_left]
-    if len(inside_many) > len(inside_few):
-        per_step = (len(inside_many) - len(inside_few)) / (many - few)
-        last = inside_many[-1]
-        key, why, hint = _HINTS[last.kind]
-        raise Wrong(key, f"{per_step:g} synchronisation(s) per step remain inside the loop; the last: "
-                    f"{last.call} at `{last.line}`: {why}", hint)
+    lots = rng.randrange(21, 41)  # a third count, far beyond: a sync every k steps shows there
+    for steps in (many, lots):
+        _, syncs_more = _count(answer, steps, data)
+        inside_more = [s for s in syncs_more if s.steps_left]
+        if len(inside_more) > len(inside_few):
+            per_step = (len(inside_more) - len(inside_few)) / (steps - few)
+            last = inside_more[-1]
+            key, why, hint = _HINTS[last.kind]
+            raise Wrong(key, f"{per_step:.3g} synchronisation(s) per step remain inside the loop ("
+                        f"{len(inside_few)} for {few} steps, {len(inside_more)} for {steps}); the last: "
+                        f"{last.call} at `{last.line}`: {why}", hint)
+        if steps == many:
+            syncs_many, inside_many = syncs_more, inside_more
     nan_at, inf_at = rng.randrange(0, few - 1), rng.randrange(0, few - 1)  # never the last step
-    for what, value, at in (("NaN", float("nan"), nan_at), ("inf", float("inf"), inf_at)):
+    minus_at = rng.randrange(0, few - 1)
+    planted = (("NaN", math.nan, nan_at), ("inf", math.inf, inf_at), ("-inf", -math.inf, minus_at))
+    for what, value, at in planted:
         try:
             answer(*_sync_setup(few, data, plant=(at, value)))
         except FloatingPointError:
             continue
         except Exception as err:  # noqa: BLE001 - another error than the one asked for
-            raise Wrong("wrong-error", f"a{'n' if what == 'inf' else ''} {what} loss (planted in step {at}) "
+            raise Wrong("wrong-error", f"a{'n' if what != 'NaN' else ''} {what} loss (planted in step {at}) "
                         f"raised {type(err).__name__}, not FloatingPointError",
                         "raise FloatingPointError(...) when a loss is not finite") from None
         if what == "NaN":
@@ -282,12 +395,21 @@ def hidden_syncs(answer: Callable, seed: int) -> str:
                         "update, so the later losses stayed finite) went unnoticed",
                         "after the loop: if not torch.isfinite(stacked).all(), raise FloatingPointError "
                         "(every loss, not the last one only)")
-        raise Wrong("inf-unnoticed", f"an inf loss (planted in step {at} of {few}) went unnoticed, though a "
-                    "NaN was caught", "torch.isnan (and math.isnan) say False for inf: test "
-                    "torch.isfinite(stacked).all(), which catches NaN and ±inf")
+        try:  # the inf went through: would a NaN in that very step have too?
+            answer(*_sync_setup(few, data, plant=(at, float("nan"))))
+        except FloatingPointError:
+            raise Wrong("inf-unnoticed", f"a loss of {what} (planted in step {at} of {few}) went unnoticed, "
+                        "though a NaN was caught", "torch.isnan (and math.isnan) say False for inf: test "
+                        "torch.isfinite(stacked).all(), which catches NaN and ±inf") from None
+        raise Wrong("nan-unnoticed", f"a NaN loss, and a loss of {what}, planted in step {at} of {few} went "
+                    "unnoticed (a NaN in another step was caught)", "check every step's loss after the loop, "
+                    "the first included: if not torch.isfinite(stacked).all(), raise FloatingPointError")
     given = [s for s in _count(train_loop_with_syncs, many, data)[1] if s.steps_left]
     after = len(syncs_many) - len(inside_many)
+    searched = search(_catching(answer), the_task, rng, draws=20,
+                      name=functools.partial(_name_case, answer), key="losses-differ")
     return (f"same losses as the given loop; {len(inside_many)} synchronisation(s) inside the loop whether "
-            f"{few} or {many} steps, {after} after it (the given loop: {len(given)} inside for {many} "
-            f"steps); "
-            f"a NaN planted in step {nan_at} and an inf in step {inf_at} raised FloatingPointError")
+            f"{few}, {many} or {lots} steps, {after} after it (the given loop: {len(given)} inside for "
+            f"{many} steps); a NaN planted in step {nan_at}, an inf in step {inf_at} and a -inf in step "
+            f"{minus_at} raised FloatingPointError; and as the given loop on {searched} more drawn inputs "
+            "(from 1 step; a NaN, inf or -inf in any step, the first and the last too)")

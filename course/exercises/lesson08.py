@@ -31,9 +31,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from course.exercises.contract import Task, contract, reference, search
 from course.exercises.core import Halt, Wrong, course_module, time_limit
 
-__all__ = ["greedy_climb", "new_rung"]
+__all__ = ["greedy_climb", "new_rung", "climb_task"]
 
 
 # --- 08-greedy-climb: keep rules ---------------------------------------------------------------------------
@@ -347,11 +348,181 @@ def _check_sessions(runs: list, climbs: tuple) -> None:
                     "one session per rung: t_c, t_b = time_side_by_side(candidate, best)")
 
 
+# --- 08-greedy-climb: the contract and the differential search ---------------------------------------------
+
+class _EdgeMachine(_Machine):
+    """A machine whose every session puts the ratio best / candidate just above or just below (by 0.01-0.3 %)
+    a threshold some keep rule uses: 1 + the larger relative spread (the ladder's), the smaller, each arm's
+    own, their sum, their mean, both spreads over the candidate's median, no spread at all. Each comparison
+    then falls on both sides of the rule's threshold within one search. A session's numbers depend only on
+    the pair timed (in either order) and how often it was timed before."""
+
+    def __init__(self, rng: random.Random, baseline: Any, rungs: Sequence[Any]) -> None:
+        super().__init__(rng, baseline)
+        self.rungs = list(rungs)
+        self.draw_effects(rungs)
+
+    def _roles(self, a: Any, b: Any) -> tuple[Any, Any]:
+        """(candidate, best), whichever order they were given in: the candidate is the stack a rung makes of
+        the other (when a rung goes each way, or none, the first by repr)."""
+        x, y = sorted((a, b), key=repr)
+        if any(r.on(x) == y for r in self.rungs) and not any(r.on(y) == x for r in self.rungs):
+            return y, x
+        return x, y
+
+    def time_pair(self, a: Any, b: Any) -> tuple[Any, Any]:
+        from helpers.core.timing import Timing
+
+        if self.max_calls is not None and len(self.calls) >= self.max_calls:
+            raise Halt("endless", f"it timed more than {self.max_calls} sessions for "
+                       f"{(self.max_calls - 8) // 4} rungs: the climb does not end", _ONE_SESSION)
+        key = tuple(sorted((repr(a), repr(b))))
+        k = self.sessions.get(key, 0)
+        self.sessions[key] = k + 1
+        self.calls.append((a, b))
+        r = _draw(self.salt, "edge", key, k)
+        rc, rb = 10 ** r.uniform(-2.3, -0.8), 10 ** r.uniform(-2.3, -0.8)  # relative IQRs: 0.5 % .. 16 %
+        target = r.choice((1 + max(rc, rb), 1 + min(rc, rb), 1 + rc, 1 + rb, 1 + rc + rb, 1 + (rc + rb) / 2,
+                           1 / (1 - rb), 1 + rc * (1 + max(rc, rb)), 1.0))
+        ratio = target * (1 + r.choice((-1, 1)) * r.uniform(1e-4, 3e-3))
+        cand, best = self._roles(a, b)
+        best_s = self.true_s(best) * (1 + r.uniform(0, 1.0))  # the session's load falls on both
+        timed = {id(cand): Timing("candidate", best_s / ratio, best_s / ratio * rc, runs=5, calls_per_run=1),
+                 id(best): Timing("best", best_s, best_s * rb, runs=5, calls_per_run=1)}
+        if cand is best:  # a stack timed beside itself
+            return timed[id(best)], timed[id(best)]
+        return timed[id(a)], timed[id(b)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Climb:
+    machine: int
+    rungs: tuple
+
+    def __repr__(self) -> str:
+        return f"a climb of {len(self.rungs)} rungs ({', '.join(r.name for r in self.rungs)}) on machine " \
+               f"{self.machine}"
+
+
+def _climb_arguments(c: _Climb) -> dict[str, Any]:
+    from helpers.train import ladder
+
+    m = _EdgeMachine(random.Random(c.machine), ladder.BASELINE, c.rungs)
+    m.max_calls = 4 * len(c.rungs) + 8
+    return {"baseline": ladder.BASELINE, "rungs": list(c.rungs), "time_side_by_side": m.time_pair}
+
+
+def _climb_observe(returned: Any, arguments: dict) -> tuple:
+    stack, kept = returned
+    machine = arguments["time_side_by_side"].__self__
+    return stack, [bool(k) for k in kept], _sessions(machine.calls)
+
+
+def _climb_validate(returned: Any, c: _Climb) -> None:
+    from helpers.train.runspec import RunSpec
+
+    if not isinstance(returned, (tuple, list)) or len(returned) != 2:
+        raise Wrong("return-shape", f"it returned {type(returned).__name__}, not (your stack, kept)",
+                    "end with `return best, kept`: the final RunSpec and one True/False per rung")
+    stack, kept = returned
+    if not isinstance(stack, RunSpec):
+        raise Wrong("return-type", f"the stack it returned is a {type(stack).__name__}",
+                    "return the best stack itself, a RunSpec (rung.on(stack) makes one)")
+    decisions = isinstance(kept, (list, tuple)) and all(
+        isinstance(k, (bool, int)) or type(k).__name__ == "bool_" for k in kept)
+    if not decisions:
+        raise Wrong("return-shape", f"kept is {kept!r}, not one True/False for each of the {len(c.rungs)} "
+                    "rungs", "append the rule's decision for every rung, in order")
+
+
+def _climb_agree(got: tuple, want: tuple, c: _Climb) -> str | None:
+    if len(got[1]) != len(want[1]):
+        return f"kept holds {len(got[1])} decisions for {len(c.rungs)} rungs"
+    if got[2] != want[2]:
+        i = next((i for i, (g, w) in enumerate(zip(got[2], want[2])) if g != w),
+                 min(len(got[2]), len(want[2])))
+        return f"session {i + 1} timed {' beside '.join(got[2][i]) if i < len(got[2]) else 'nothing'}"
+    if got[1] != want[1]:
+        i = next(i for i, (g, w) in enumerate(zip(got[1], want[1])) if g != w)
+        return f"at rung {c.rungs[i].name!r} it said {'keep' if got[1][i] else 'drop'}"
+    return None if got[0] == want[0] else f"it returned {_shown(got[0])}"
+
+
+def _climb_name(c: _Climb, got: tuple, want: tuple) -> None:
+    """Too many or too few sessions; or where the climb first parts from the ladder's, with that session's
+    numbers."""
+    if len(got[2]) != len(c.rungs):
+        raise Wrong("sessions-per-rung", f"it timed {len(got[2])} sessions for {len(c.rungs)} rungs ({c})",
+                    "one session per rung: t_c, t_b = time_side_by_side(candidate, best)")
+    if len(got[1]) != len(c.rungs):
+        raise Wrong("return-shape", f"kept holds {len(got[1])} decisions for the {len(c.rungs)} rungs ({c})",
+                    "append the rule's decision for every rung, in order")
+    if got[2] != want[2] or got[1] == want[1]:
+        return
+    i = next(i for i, (g, w) in enumerate(zip(got[1], want[1])) if g != w)
+    args = _climb_arguments(c)  # the ladder's climb again, for its sessions; then the first i + 1 replayed
+    reference("08_bert_finetuning/greedy_climb.py", "greedy_climb")(*args.values())
+    machine = args["time_side_by_side"].__self__
+    fresh = _climb_arguments(c)["time_side_by_side"].__self__
+    for call in machine.calls[:i]:
+        fresh.time_pair(*call)
+    t_c, t_b = fresh.time_pair(*machine.calls[i])
+    ratio = t_b.median_s / t_c.median_s
+    spread = max(t_c.iqr_s / t_c.median_s, t_b.iqr_s / t_b.median_s)
+    raise Wrong("climb", f"at rung {c.rungs[i].name!r} of {c}: candidate {t_c.median_s:.6g} s (IQR "
+                f"{t_c.iqr_s:.3g}), best {t_b.median_s:.6g} s (IQR {t_b.iqr_s:.3g}) in one session: ratio "
+                f"{ratio:.5f} vs threshold 1 + the larger relative spread = {1 + spread:.5f}, so "
+                f"{'keep' if want[1][i] else 'drop'}; it said {'keep' if got[1][i] else 'drop'}",
+                "keep when best.median_s / candidate.median_s > 1 + max(candidate.iqr_s / "
+                "candidate.median_s, best.iqr_s / best.median_s): ratios a hair either side of that "
+                "threshold decide differently")
+
+
+def _confirmed(answer: Callable, how: str, rule: str, rng: random.Random, n: int = 6) -> bool:
+    """Whether the answer climbs as the named mistake does on n climbs whose sessions sit at the rules'
+    thresholds too: a mistake the hypotheses lack can agree with one of them on the simulated climbs."""
+    from helpers.train import ladder
+
+    task = climb_task()
+    for _ in range(n):
+        c = task.draw(rng)
+        args = _climb_arguments(c)
+        try:
+            mine = _climb_observe(answer(*args.values()), args)
+        except Exception:  # noqa: BLE001 - not the mistake's behaviour: the generic line says what differs
+            return False
+        theirs = _climb_arguments(c)
+        stack, kept = _climb(how, rule, ladder.BASELINE, list(c.rungs), theirs["time_side_by_side"])
+        if mine != _climb_observe((stack, kept), theirs):
+            return False
+    return True
+
+
+def climb_task() -> Task:
+    """08-greedy-climb's function for the contract and the search: a machine per call whose sessions sit at
+    the keep rules' thresholds."""
+    from helpers.train import ladder
+
+    def draw(rng: random.Random) -> _Climb:
+        n = rng.randrange(5, len(ladder.RUNGS) + 1)
+        return _Climb(rng.randrange(2 ** 31), tuple(rng.sample(ladder.RUNGS, n)))
+
+    return Task(reference("08_bert_finetuning/greedy_climb.py", "greedy_climb"), draw=draw,
+                arguments=_climb_arguments, agree=_climb_agree, show=repr, observe=_climb_observe,
+                name="greedy_climb", result="(your stack, kept)", validate=_climb_validate,
+                hint="for each rung: candidate = rung.on(best); t_c, t_b = time_side_by_side(candidate, "
+                     "best); keep when t_b.median_s / t_c.median_s > 1 + the larger relative IQR, then "
+                     "best = candidate")
+
+
 def greedy_climb(answer: Callable, seed: int) -> str:
     """08-greedy-climb: answer(baseline, rungs, time_side_by_side) -> (your stack, [kept?]) on simulated
     machines drawn from `seed`."""
     from helpers.train import ladder
 
+    the_task = climb_task()
+    rng = random.Random(seed)
+    contract(answer, the_task, the_task.draw(rng))
     climbs = _climbs(seed, 6)
     runs, rights = [], []
     for m_seed, rungs in climbs:
@@ -366,10 +537,11 @@ def greedy_climb(answer: Callable, seed: int) -> str:
     if all(same(a, r) for a, r in zip(runs, rights)):
         n_kept = sum(sum(r[1]) for r in rights)
         n_rungs = sum(len(r[1]) for r in rights)
+        searched = search(answer, the_task, rng, draws=20, name=_climb_name, key="climb")
         return (f"the same stacks, timings and decisions as the greedy ladder in {len(climbs)} simulated "
-                f"climbs "
-                f"({n_rungs} rungs, {n_kept} kept; the machine's load changing between sessions), keep rule "
-                "included")
+                f"climbs ({n_rungs} rungs, {n_kept} kept; the machine's load changing between sessions), "
+                f"keep rule included, and in {searched} more whose sessions sit a hair either side of the "
+                "keep rules' thresholds")
     matched = []
     for how, rule in _HYPOTHESES[1:]:
         ok = True
@@ -382,7 +554,7 @@ def greedy_climb(answer: Callable, seed: int) -> str:
                 break
         if ok:
             matched.append((how, rule))
-    if len(matched) == 1:
+    if len(matched) == 1 and _confirmed(answer, *matched[0], random.Random(seed + 1)):
         how, rule = matched[0]
         key, (what, hint) = (how, _CLIMB_HINTS[how]) if how != "greedy" else (rule, _RULE_HINTS[rule])
         raise Wrong(key, f"{what}, in all {len(climbs)} simulated climbs", hint)
