@@ -221,3 +221,34 @@ def test_a_deep_step_peaking_in_its_backward_is_not_taken_for_its_copies_optimiz
     for layers, rows in ((24, 1), (24, 3), (24, 8), (2, 1), (1, 2)):
         want = max(optimizer_moment(layers, rows), backward_moment(layers, rows))
         assert memory_at(corners, layers, rows).peak == want, (layers, rows)
+
+
+def test_a_moment_with_gradients_alive_bounds_the_peak_above_the_corners():
+    """With checkpointing, 1-2-layer copies of a large-vocabulary model peak late in the backward (all
+    gradients alive) at 1-2 sequences and at the end of the forward from 4 on; the forward's line,
+    extrapolated to a deep model, can fall below what the backward's moment holds. The larger counts (a
+    7B Llama at 16 x 1024 once came out 90.9 GiB, under the 100.7 its weights, AdamW state and gradients
+    hold)."""
+    from helpers.measure.memory import MemoryEstimate
+
+    def late_backward(layers, rows):
+        return 3000 * layers + 10 * rows  # weights, state and every gradient: a layer's are large
+
+    def forward_end(layers, rows):
+        return 2300 * layers + 300 * rows  # checkpointed: a layer keeps its input only
+
+    def estimate(layers, rows):
+        late, fwd = late_backward(layers, rows), forward_end(layers, rows)
+        at_peak = {"Gradient": 1000 * layers} if late >= fwd else {}
+        return MemoryEstimate(0, 0, 0, 0, 0, 0, "fp32", rows, 8, method="dry run",
+                              dry_run_peak=max(late, fwd), at_peak=at_peak)
+
+    corners = {(n, r): estimate(n, r) for n in (1, 2) for r in (1, 2, 4, 8, 16)}
+    assert corners[2, 2].at_peak and not corners[2, 16].at_peak  # the corners show both moments
+    for layers, rows in ((32, 16), (32, 24), (32, 4)):
+        want = max(late_backward(layers, rows), forward_end(layers, rows))
+        assert memory_at(corners, layers, rows).peak == want, (layers, rows)
+    # planted: the rule before, the top segment alone above the corners, misses the backward's moment
+    from helpers.plan.extrapolate import _segment
+
+    assert _segment(corners, 8, 16, 32, 24).peak < late_backward(32, 24)

@@ -114,18 +114,36 @@ def _segment(
     )
 
 
+def _moment(e: MemoryEstimate) -> bool:
+    """Which moment held a dry run's peak: True for one with gradients alive (late in the backward, or the
+    optimizer step), False for the end of the forward (activations, no gradient yet)."""
+    return e.at_peak.get("Gradient", 0) > 0
+
+
+def consistent(corners: Mapping[tuple[int, int], MemoryEstimate], lo: int, hi: int) -> bool:
+    """Whether the four corners at rows lo and hi peaked at one moment: only then is each category bilinear
+    between them (lesson 10)."""
+    return len({_moment(e) for (_, r), e in corners.items() if r in (lo, hi)}) == 1
+
+
 def memory_at(corners: Mapping[tuple[int, int], MemoryEstimate], layers: int, rows: int) -> MemoryEstimate:
     """The dry run at (layers, rows) from its corners: the peak is the largest of several moments' bytes (the
-    backward's, the optimizer step's), each bilinear in (layers, rows), so each segment of sizes extrapolates
-    the moment that held its copies' peak, and the largest answer counts (a 1-2-layer copy at one sequence
-    can peak at its optimizer step where the whole model peaks in its backward) (lesson 10)."""
+    backward's, the optimizer step's), each bilinear in (layers, rows), so each segment of sizes whose four
+    corners peaked at one moment extrapolates that moment, and the largest answer counts (a 1-2-layer copy at
+    one sequence can peak at its optimizer step where the whole model peaks in its backward); a segment whose
+    corners peaked at different moments is still its sizes' best line (lesson 10)."""
     sizes = sorted({r for _, r in corners})
     segments = list(zip(sizes, sizes[1:]))
+    usable = segments
     # a segment speaks for the sizes up to its upper end (below it, a moment its copies did not show may
     # take over: the larger answer counts); above the last size, the last segment's moment holds the peak
-    found = [_segment(corners, lo, hi, layers, rows) for lo, hi in segments if rows <= hi] or [
-        _segment(corners, *segments[-1], layers, rows)
+    found = [_segment(corners, lo, hi, layers, rows) for lo, hi in usable if rows <= hi] or [
+        _segment(corners, *usable[-1], layers, rows)
     ]
+    # a moment seen with gradients alive (late in the backward) grows with the batch too: extrapolated up,
+    # it bounds the peak from below where a segment above shows another moment
+    found += [_segment(corners, lo, hi, layers, rows) for lo, hi in usable
+              if hi < rows and _moment(corners[1, hi]) and _moment(corners[2, hi])]
     return max(found, key=lambda e: e.peak)
 
 

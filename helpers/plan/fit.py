@@ -38,7 +38,7 @@ from helpers.measure.memory import MARGIN, MemoryEstimate, estimate_step_memory
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
 from helpers.measure.roofline import LAUNCH_S, datasheet_roofline
 from helpers.plan.calibrate import STACKS, Expected, expected
-from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at
+from helpers.plan.extrapolate import consistent, corners_of, counts_at, layers_of, memory_at
 from helpers.plan.planner import EXAMPLE_PRICES, Prices, class_rules, count_step, example_batch, meta_copy
 from helpers.plan.steptime import StepTime, step_time
 
@@ -104,6 +104,13 @@ def _unsharded(model: nn.Module) -> int:
     return size * (root + 2 * block)
 
 
+MAX_CORNER_ROWS = 32  # the largest micro-batch a corner's dry run is made at
+
+
+def _peaks_with_gradients(corners: dict, rows: int) -> bool:
+    return any(e.at_peak.get("Gradient", 0) > 0 for (_, r), e in corners.items() if r == rows)
+
+
 @dataclass
 class _Variant:
     """One prepared model (checkpointing on or off, LoRA or not), its dry runs and op counts by corner, each
@@ -120,12 +127,17 @@ class _Variant:
     def memory(self) -> dict:
         if self._memory is None:
             seq, family = self.seq_len, self.family
-            self._memory = corners_of(
-                lambda m, r: estimate_step_memory(m, example_batch(m, r, seq), precision=family),
-                self.model_full,
-                (1, 2, 4),
-                prepare=self.prepare,
-            )
+            run = lambda m, r: estimate_step_memory(m, example_batch(m, r, seq), precision=family)  # noqa: E731
+            rows = (1, 2, 4)
+            self._memory = corners_of(run, self.model_full, rows, prepare=self.prepare)
+            # more sequences until the top segment's copies peak at one moment, the end of the forward pass
+            # (with checkpointing, 1-2-layer copies of a large-vocabulary model peak late in the backward at
+            # 2 to 4 sequences): the moment that grows with the batch, extrapolated above it
+            while rows[-1] < MAX_CORNER_ROWS and not (
+                consistent(self._memory, *rows[-2:]) and not _peaks_with_gradients(self._memory, rows[-1])
+            ):
+                rows = (*rows, 2 * rows[-1])
+                self._memory.update(corners_of(run, self.model_full, rows[-1:], prepare=self.prepare))
         return self._memory
 
     @property
@@ -515,10 +527,13 @@ def _per_gpu(est: MemoryEstimate, model: nn.Module, levers: Levers) -> GpuMemory
     dry run, helpers.measure.memory.estimate_step_memory: tests/test_fit.py)."""
     at = est.at_peak  # the tracker's categories at the one pass's peak; the rest of the peak: the batch
     weights, optimizer = at.get("Parameter", 0) + at.get("Buffer", 0), at.get("Optstate", 0)
-    gradients = at.get("Gradient", 0)
-    activations = est.peak - weights - optimizer - gradients  # activations, temporaries, the batch
+    # the gradients alive at the peak, at most all of them: a segment whose corners peaked at two moments can
+    # extrapolate the category past it while the peak itself stays right
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    gradients = min(at.get("Gradient", 0), trainable)
+    activations = max(est.peak - weights - optimizer - gradients, 0)  # activations, temporaries, the batch
     if levers.accumulation > 1:  # the gradients of the micro-batches before live through the next one's pass
-        gradients = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        gradients = trainable
     if levers.optimizer == "adamw8bit":  # bitsandbytes keeps its states in uint8 whatever the weights' dtype
         optimizer = optimizer_state_bytes(model, "adamw8bit")
     n, gathered = levers.gpus, 0
