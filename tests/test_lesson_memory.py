@@ -35,10 +35,10 @@ from lesson_sizes import NOTEBOOKS, decisions, setup_arguments
 
 from course.lessons import lesson04, lesson08
 from course.profile import small_config
+from helpers.core.units import GiB
 from helpers.measure.memory import estimate_training_memory
 from helpers.model.models import SmallTransformer
 
-GiB = 2**30
 SPARE = 0.05  # issue 39: every step fits with at least 5 % of the card to spare
 CARDS = ("T4", "L4")  # a free Colab/Kaggle GPU, and a 24 GB card
 CONTEXT = lesson08.NOTEBOOK_CONTEXT_BYTES  # the notebook process's CUDA context on its GPU

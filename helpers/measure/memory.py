@@ -71,6 +71,7 @@ import torch
 from torch import nn
 
 from helpers.core import compat
+from helpers.core.units import GiB, MiB
 from helpers.measure.levers import OPTIMIZER_STATE_BYTES, AdamW8bitState, Levers, LoRA
 
 _LORA_BASE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -80,10 +81,8 @@ __all__ = ["GiB", "MARGIN", "MemoryReport", "track_peak_memory", "peak_increase_
            "MemoryEstimate", "FORMULA_ASSUMES", "DRY_RUN_ASSUMES", "DRY_RUN_OPTIMIZERS",
            "estimate_training_memory", "estimate_step_memory", "Levers", "LoRA", "local_bytes_of",
            "MemoryTimeline", "memory_timeline",
-           "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
+           "record_memory_history", "find_max_batch_size"]
 
-MiB = 2 ** 20
-GiB = 2 ** 30
 # The share of a device's memory a plan or a fit leaves free: the CUDA context (0.3-0.5 GiB, outside PyTorch's
 # allocator), the caching allocator's rounding and fragmentation, library workspaces (cuBLAS, cuDNN), and the
 # estimators' error (lesson 03 checks the training estimator within 25 % of a measured step's peak).

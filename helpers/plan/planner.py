@@ -50,6 +50,7 @@ from helpers.core import compat
 from helpers.core.adapt import as_batch, loss_of, takes_course_batches
 from helpers.core.precision import autocast_context, precision_runs, training_precision
 from helpers.core.tables import Table
+from helpers.core.units import GiB
 from helpers.measure import opcount
 from helpers.measure.flops import model_flops_per_token, model_shape
 from helpers.measure.gpus import GPU, GPUS, gpu, seen_as
@@ -523,17 +524,16 @@ class Plan:
             f"Plan (a prediction): {self.model}, batch {self.batch_size} × {self.seq_len} tokens, AdamW"
             + (", FP8 linears" if self.spec.fp8 else "")))
         cs = self.classes
-        gib = 2**30
 
         def row(name: str, values: Sequence[Any], source: str) -> None:
             t.add(name, *values, source)
 
-        row("memory (GiB)", [round(c.gpu.total_memory / gib, 1) for c in cs],
+        row("memory (GiB)", [round(c.gpu.total_memory / GiB, 1) for c in cs],
             "what torch reports (helpers.measure.gpus)")
         row("trains in", [c.precision for c in cs], "course rule: helpers.core.precision.training_precision")
         row("can use", [", ".join(c.techniques) for c in cs],
             "course rules: precision_runs, fp8.fp8_capable, compat.flex_trains")
-        row("peak of one step (GiB)", [round(c.peak_bytes / gib, 2) for c in cs],
+        row("peak of one step (GiB)", [round(c.peak_bytes / GiB, 2) for c in cs],
             "dry run (helpers.measure.memory.estimate_step_memory)")
         row(f"fits with a {MARGIN:.0%} margin", ["yes" if c.fits else "NO" for c in cs],
             f"dry run vs memory less helpers.measure.memory.MARGIN ({MARGIN:.0%})")
