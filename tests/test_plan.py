@@ -23,7 +23,7 @@ import torch
 from fakegpu import GPU_CLASSES, fake_gpu  # tests/ is on sys.path under pytest
 from owngpt import GPT, GPTConfig
 
-from course.exercises import EXERCISES, evaluate
+from course.exercises import EXERCISES, outcome_of
 from course.exercises.lesson09 import draw_cases
 from course.sizing import MARGIN
 from helpers.core import compat
@@ -417,7 +417,7 @@ def _load(tmp_path: Path, source: str):
 def test_exercise_right_answers_pass(key, tmp_path):
     answer = _load(tmp_path, RIGHT[key])
     for seed in SEEDS:
-        outcome = evaluate(EX.id, answer, seed=seed)
+        outcome = outcome_of(EX.id, answer, seed=seed)
         assert outcome.status == "passed", outcome.line
 
 
@@ -425,7 +425,7 @@ def test_exercise_right_answers_pass(key, tmp_path):
 def test_exercise_wrong_answers_fail_with_their_hint(key, tmp_path):
     answer = _load(tmp_path, WRONG[key])
     for seed in SEEDS:
-        outcome = evaluate(EX.id, answer, seed=seed)
+        outcome = outcome_of(EX.id, answer, seed=seed)
         assert outcome.status == "failed", (key, outcome.line)
         assert outcome.mistake == key.split("#")[0], (key, outcome.line)
         assert f"seed={seed}" in outcome.line
@@ -441,7 +441,7 @@ def test_exercise_cases_change_from_run_to_run():
 
 def test_exercise_skeleton_is_not_attempted(tmp_path):
     skeleton = _load(tmp_path, SIGNATURE + "    # YOUR CODE HERE\n    raise NotImplementedError\n")
-    assert evaluate(EX.id, skeleton).status == "not attempted"
+    assert outcome_of(EX.id, skeleton).status == "not attempted"
 
 
 # --- on a lent GPU: the plan beside the measured step (make gpu-check runs the tests marked cuda) -------
