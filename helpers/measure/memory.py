@@ -71,6 +71,7 @@ import torch
 from torch import nn
 
 from helpers.core import compat
+from helpers.core.adapt import vocab_size
 from helpers.core.units import GiB, MiB
 from helpers.measure.levers import OPTIMIZER_STATE_BYTES, AdamW8bitState, Levers, LoRA
 
@@ -435,21 +436,6 @@ def _formula(model: Any, batch_size: int, seq_len: int, *, precision: str, optim
         precision=precision, batch_size=batch_size, seq_len=seq_len, assumes=FORMULA_ASSUMES)
 
 
-def _vocab_size(model: nn.Module) -> int:
-    """The model's vocabulary: its config's vocab_size, else its first embedding table's rows."""
-    for m in model.modules():
-        for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
-            v = getattr(cfg, "vocab_size", None)
-            if isinstance(v, int) and v > 0:
-                return v
-    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    if emb is None:
-        raise ValueError(f"cannot tell the vocabulary of a {type(model).__name__} (no config.vocab_size, no "
-                         "nn.Embedding): give the dry run a batch, estimate_training_memory(..., "
-                         "batch=(x, y))")
-    return emb.num_embeddings
-
-
 def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
     """Token ids (batch_size, seq_len) and labels: one per row for a classifier (a Hugging Face
     *ForSequenceClassification, a SmallTransformer with classes), else one per token (a language model)."""
@@ -457,7 +443,7 @@ def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str,
     inner = getattr(inner, "model", inner) if type(inner).__name__ == "CourseModel" else inner
     per_row = (type(inner).__name__.endswith("ForSequenceClassification")
                or bool(getattr(getattr(inner, "cfg", None), "n_classes", 0)))
-    vocab = _vocab_size(inner)
+    vocab = vocab_size(inner, fix="give the dry run a batch, estimate_training_memory(..., batch=(x, y))")
     ids = torch.randint(vocab, (batch_size, seq_len))
     labels = torch.zeros(batch_size, dtype=torch.long) if per_row else ids.clone()
     return {"input_ids": ids, "labels": labels}

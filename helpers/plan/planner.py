@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from helpers.core import compat
-from helpers.core.adapt import as_batch, loss_of, takes_course_batches
+from helpers.core.adapt import as_batch, loss_of, takes_course_batches, vocab_size
 from helpers.core.precision import autocast_context, precision_runs, training_precision
 from helpers.core.tables import Table
 from helpers.core.units import GiB
@@ -177,18 +177,6 @@ def meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _vocab(model: nn.Module) -> int:
-    for m in model.modules():
-        for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
-            v = getattr(cfg, "vocab_size", None)
-            if isinstance(v, int) and v > 0:
-                return v
-    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    if emb is None:
-        raise ValueError(f"cannot tell the vocabulary of a {type(model).__name__}: give plan() a batch")
-    return emb.num_embeddings
-
-
 def _per_row_labels(model: nn.Module) -> bool:
     inner = compat.unwrap_model(model)
     inner = getattr(inner, "model", inner) if type(inner).__name__ == "CourseModel" else inner
@@ -203,7 +191,7 @@ def example_batch(model: nn.Module, batch_size: int, seq_len: int, *,
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"need batch_size >= 1 and seq_len >= 1, got {batch_size}, {seq_len}")
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(_vocab(model), (batch_size, seq_len), generator=g)
+    ids = torch.randint(vocab_size(model, fix="give plan() a batch"), (batch_size, seq_len), generator=g)
     labels = torch.zeros(batch_size, dtype=torch.long) if _per_row_labels(model) else ids.clone()
     return {"input_ids": ids, "labels": labels}
 
