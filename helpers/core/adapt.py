@@ -50,7 +50,7 @@ from helpers.core.compat import is_hf_model, unwrap_model
 
 __all__ = ["ModelShape", "ModelOutput", "CourseModel", "as_course_model", "as_batch", "is_batch",
            "shifts_labels", "loss_of", "logits_of", "takes_course_batches", "follows_course_contract",
-           "adapter_hint", "vocab_size"]
+           "adapter_hint", "vocab_size", "batch_shape"]
 
 _BATCH_KEYS = ("input_ids", "labels")
 
@@ -188,6 +188,14 @@ def vocab_size(model: nn.Module, *, fix: str = "give a batch of your own") -> in
         raise ValueError(f"cannot tell the vocabulary of a {type(model).__name__} (no config.vocab_size, no "
                          f"nn.Embedding): {fix}")
     return emb.num_embeddings
+
+
+def batch_shape(batch: Mapping[str, Any]) -> tuple[int, int]:
+    """(rows, sequence length) of a batch of token ids, or a clear error (the planner, the op count)."""
+    ids = batch.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise ValueError("a plan's batch needs input_ids of shape (batch, seq_len) (or x of an (x, y) pair)")
+    return int(ids.shape[0]), int(ids.shape[1])
 
 
 def follows_course_contract(model: nn.Module) -> bool:

@@ -36,11 +36,12 @@ from helpers.measure.levers import (
     turn_on_checkpointing,
 )
 from helpers.measure.memory import MARGIN, MemoryEstimate, estimate_step_memory
-from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
+from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, count_step
 from helpers.measure.roofline import LAUNCH_S, datasheet_roofline
 from helpers.plan.calibrate import STACKS, Expected, expected
 from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at
-from helpers.plan.planner import EXAMPLE_PRICES, Prices, class_rules, count_step, example_batch, meta_copy
+from helpers.plan.planner import class_rules, example_batch, meta_copy
+from helpers.plan.report import EXAMPLE_PRICES, Prices
 from helpers.plan.steptime import StepTime, step_time
 
 __all__ = [
