@@ -1,7 +1,7 @@
 """Counting a training step's ops (lesson 04): for each (phase, op) of one step, its calls, FLOPs and the
-minimum bytes it moves, and the op's class ("matmul", "LayerNorm", ...). Timing them is
-`helpers.measure.optime`, the
-regimes they fall in `helpers.measure.regimes`.
+minimum bytes it moves, and the op's class ("matmul", "LayerNorm", ...); `count_step` counts a step on fake
+tensors, allocating nothing (the planner, lesson 09). Timing them is `helpers.measure.optime`, the regimes
+they fall in `helpers.measure.regimes`.
 
 How each number is obtained (the lesson says the same next to its tables):
 
@@ -46,7 +46,7 @@ from helpers.core.compat import TorchDispatchMode, fake_step, op_schema, storage
 from helpers.core.precision import autocast_context
 
 __all__ = ["StepFn", "DEFAULT_PHASE", "OPTIMIZER_PHASE", "labelled_step", "check_phase", "op_class",
-           "is_communication", "OpCount", "count_ops"]
+           "is_communication", "OpCount", "count_ops", "count_step", "gpu_like_attention"]
 
 OPTIMIZER_PHASE = "optimizer"
 DEFAULT_PHASE = "step"  # ops outside any `with phase(...)`
