@@ -38,9 +38,10 @@ import torch
 
 from course.profile import get_profile
 from helpers.core.precision import training_precision
-from helpers.measure.memory import MARGIN, GiB
+from helpers.core.units import GiB
+from helpers.measure.memory import MARGIN
 
-__all__ = ["MARGIN", "GiB", "Size", "DeviceMemory", "device_memory", "Fit", "fit_sizes", "SizingError"]
+__all__ = ["MARGIN", "Size", "DeviceMemory", "device_memory", "Fit", "fit_sizes", "SizingError"]
 
 
 

@@ -31,7 +31,6 @@ from helpers.measure.gpus import GPUS
 
 __all__ = ["GPUClass", "GPU_CLASSES", "fake_gpu", "gpu_class"]
 
-GiB = 2**30
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from helpers.core.diagnosis import OOMReport
+from helpers.core.units import GiB
 
 ROOT = Path(__file__).resolve().parents[1]
-GiB = 2**30
 CUDA_OOM = ("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 14.58 GiB of "
             "which 310.00 MiB is free. Including non-PyTorch memory, this process has 14.27 GiB memory in "
             "use. Of the allocated memory 13.20 GiB is allocated by PyTorch, and 1.02 GiB is reserved by "

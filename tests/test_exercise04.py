@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from exercise_answers import BATCH_39, BATCH_51  # tests/exercise_answers.py
 
-from course.exercises import EXERCISES, evaluate
+from course.exercises import EXERCISES, outcome_of
 from course.exercises.lesson04 import draw_cases
 
 EX = EXERCISES["04-predict-time"]
@@ -58,13 +58,13 @@ RIGHT = {
 
 # Wrong answers a learner would write: (the mistake the check must name, the whole answer).
 WRONG = {
-    "course-function": "from helpers.measure.regimes import classify, roof_times\n\n\n" + SIGNATURE
+    "course-function": "from helpers.measure.regimes import classify_regime, roof_times\n\n\n" + SIGNATURE
     + textwrap.indent(textwrap.dedent("""
         kw = dict(peak_flops=peak_flops, bandwidth=bandwidth, overhead_s=overhead_s)
         t = roof_times(flops, bytes_moved, calls, **kw)
         work = max(t["compute"], t["memory"])
         seconds = t["overhead"] + work if synchronous else max(t.values())
-        return classify(flops, bytes_moved, calls, **kw), seconds
+        return classify_regime(flops, bytes_moved, calls, **kw), seconds
         """), "    "),
     "sum": SIGNATURE + textwrap.indent(textwrap.dedent("""
         t = {"compute": flops / peak_flops, "memory": bytes_moved / bandwidth, "overhead": calls * overhead_s}
@@ -148,7 +148,7 @@ def load(tmp_path: Path, name: str, source: str):
 def test_right_answers_pass(name, tmp_path):
     answer = load(tmp_path, name, RIGHT[name])
     for seed in SEEDS:
-        outcome = evaluate(EX.id, answer, seed=seed)
+        outcome = outcome_of(EX.id, answer, seed=seed)
         assert outcome.status == "passed", (seed, outcome.line)
 
 
@@ -156,7 +156,7 @@ def test_right_answers_pass(name, tmp_path):
 def test_wrong_answers_fail_with_their_hint(mistake, tmp_path):
     answer = load(tmp_path, mistake, WRONG[mistake])
     for seed in SEEDS:
-        outcome = evaluate(EX.id, answer, seed=seed)
+        outcome = outcome_of(EX.id, answer, seed=seed)
         assert (outcome.status, outcome.mistake) == ("failed", mistake.split("#")[0]), (seed, outcome.line)
         assert outcome.hint and "\n" not in outcome.line
     if mistake == "seconds":  # what differs, by how much; no other mistake's words
@@ -168,9 +168,9 @@ def test_cases_vary_per_run_and_repeat_with_a_seed(monkeypatch):
     monkeypatch.delenv("COURSE_EXERCISE_SEED", raising=False)  # a replay seed would fix every draw
     assert draw_cases(7) == draw_cases(7)
     assert draw_cases(7) != draw_cases(8)
-    outcome = evaluate(EX.id, load_solution())
+    outcome = outcome_of(EX.id, load_solution())
     assert outcome.status == "passed" and "seed" in outcome.line
-    seeds = {evaluate(EX.id, load_solution()).line for _ in range(3)}
+    seeds = {outcome_of(EX.id, load_solution()).line for _ in range(3)}
     assert len(seeds) > 1  # a new draw each run: an answer tailored to one draw fails the next
 
 
@@ -187,7 +187,7 @@ def test_every_draw_holds_each_regime_and_both_models():
 
 
 def test_the_line_says_which_model_fits_the_lessons_device():
-    line = evaluate(EX.id, load_solution(), device="cpu").line
+    line = outcome_of(EX.id, load_solution(), device="cpu").line
     assert "synchronous" in line and "adds to the work" in line
 
 
@@ -203,14 +203,14 @@ def test_a_special_cased_answer_fails():
         seen.table[args] = solution(*args)
         return seen.table[args]
 
-    assert evaluate(EX.id, spy, seed=0).status == "passed"
+    assert outcome_of(EX.id, spy, seed=0).status == "passed"
     table = dict(seen.table)
 
     def tailored(*args):
         return table.get(args, ("compute", 0.0))
 
-    assert evaluate(EX.id, tailored, seed=0).status == "passed"  # the inputs it was tailored to
-    assert evaluate(EX.id, tailored, seed=1).status == "failed"
+    assert outcome_of(EX.id, tailored, seed=0).status == "passed"  # the inputs it was tailored to
+    assert outcome_of(EX.id, tailored, seed=1).status == "failed"
 
 
 def load_solution():

@@ -37,10 +37,10 @@ from course.exercises import (
     ExerciseFailed,
     ExerciseNotAttempted,
     check,
-    evaluate,
     lesson05,
     lesson06,
     lesson07,
+    outcome_of,
 )
 from course.exercises.core import TIME_LIMIT_ENV, call_shape, draw_seed
 
@@ -127,7 +127,7 @@ def test_the_solution_passes(exercise_id, tmp_path):
     ex = EXERCISES[exercise_id]
     answer = _load(tmp_path / "solution.py", ex.solution_path.read_text(encoding="utf-8"), ex.answer)
     before = _global_state()
-    outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
+    outcome = outcome_of(exercise_id, answer, seed=SEED, **_context(ex))
     assert outcome.status == "passed", outcome.line
     assert outcome.seed == SEED and f"seed {SEED}" in outcome.line
     assert _global_state() == before  # no global state changed (02, 05 and 08-new-rung reseeded torch's)
@@ -137,7 +137,7 @@ def test_the_solution_passes(exercise_id, tmp_path):
 def test_a_right_variant_passes(exercise_id, key, tmp_path):
     ex = EXERCISES[exercise_id]
     answer = _load(tmp_path / "right.py", RIGHT[exercise_id][key], ex.answer)
-    outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
+    outcome = outcome_of(exercise_id, answer, seed=SEED, **_context(ex))
     assert outcome.status == "passed", outcome.line
 
 
@@ -148,7 +148,7 @@ def test_a_wrong_answer_fails_with_its_hint(exercise_id, key, tmp_path, capsys, 
         monkeypatch.setenv(TIME_LIMIT_ENV, "2")
     answer = _load(tmp_path / "wrong.py", WRONG[exercise_id][key], ex.answer)
     before = _global_state()
-    outcome = evaluate(exercise_id, answer, seed=SEED, **_context(ex))
+    outcome = outcome_of(exercise_id, answer, seed=SEED, **_context(ex))
     assert (outcome.status, outcome.mistake) == ("failed", _mistake(key)), outcome.line
     assert _global_state() == before
     assert outcome.hint and "Hint: " in outcome.line and "\n" not in outcome.line
@@ -162,7 +162,7 @@ def test_fp16_step_draws_a_gradient_that_clipping_to_one_changes(seed, tmp_path)
     clipping at all (a run with seed 256344 hinted "not clipped" to an answer that clipped to 1.0)."""
     ex = EXERCISES["02-fp16-step"]
     answer = _load(tmp_path / "wrong.py", WRONG[ex.id]["clip-default-norm"], ex.answer)
-    assert evaluate(ex.id, answer, seed=seed).mistake == "clip-default-norm"
+    assert outcome_of(ex.id, answer, seed=seed).mistake == "clip-default-norm"
 
 
 def test_a_climb_that_retries_a_dropped_rung_is_named_even_when_noise_ends_it(tmp_path):
@@ -170,7 +170,7 @@ def test_a_climb_that_retries_a_dropped_rung_is_named_even_when_noise_ends_it(tm
     session kept it, and was told "kept has the wrong length" instead of its mistake."""
     ex = EXERCISES["08-greedy-climb"]
     answer = _load(tmp_path / "wrong.py", WRONG[ex.id]["endless"], ex.answer)
-    assert evaluate(ex.id, answer, seed=18).mistake == "endless"
+    assert outcome_of(ex.id, answer, seed=18).mistake == "endless"
 
 
 @pytest.mark.parametrize("exercise_id", IDS)
@@ -179,7 +179,7 @@ def test_the_notebook_skeleton_is_not_attempted(exercise_id, tmp_path):
     ex = EXERCISES[exercise_id]
     cells = _exercise_cells(ex)
     answer = _load(tmp_path / "skeleton.py", "".join(cells["exercise-skeleton"]["source"]), ex.answer)
-    outcome = evaluate(exercise_id, answer, **_context(ex))
+    outcome = outcome_of(exercise_id, answer, **_context(ex))
     assert outcome.status == "not attempted", outcome.line
 
 
@@ -206,7 +206,7 @@ def test_lesson_07_answers_in_one_torchrun_launch(tmp_path):
     answers["failed", "params-differ"] = _load(tmp_path / "planted.py", planted, ex.answer)
     lesson07.prefetch_allreduce(answers.values(), SEED)
     for (status, key), answer in answers.items():
-        outcome = evaluate(ex.id, answer, seed=SEED)
+        outcome = outcome_of(ex.id, answer, seed=SEED)
         want = (status, "" if status == "passed" else _mistake(key))
         assert (outcome.status, outcome.mistake) == want, f"{key}: {outcome.line}"
 
@@ -216,14 +216,14 @@ def test_lesson_07_answers_in_one_torchrun_launch(tmp_path):
 def test_inputs_are_drawn_per_run_and_a_seed_replays_them(tmp_path, monkeypatch):
     ex = EXERCISES["01-flash-forward"]
     answer = _load(tmp_path / "solution.py", ex.solution_path.read_text(), ex.answer)
-    lines = {s: evaluate(ex.id, answer, seed=s).line for s in (1, 2, 3)}
+    lines = {s: outcome_of(ex.id, answer, seed=s).line for s in (1, 2, 3)}
     assert len(set(lines.values())) == 3  # other sizes each time (the line says which)
-    assert evaluate(ex.id, answer, seed=2).line == lines[2]  # and a seed replays them
+    assert outcome_of(ex.id, answer, seed=2).line == lines[2]  # and a seed replays them
     monkeypatch.setenv("COURSE_EXERCISE_SEED", "3")
-    assert evaluate(ex.id, answer).line == lines[3]
+    assert outcome_of(ex.id, answer).line == lines[3]
     monkeypatch.setenv("COURSE_EXERCISE_SEED", "three")
     with pytest.raises(ValueError, match="COURSE_EXERCISE_SEED"):
-        evaluate(ex.id, answer)
+        outcome_of(ex.id, answer)
 
 
 def test_an_answer_tailored_to_one_run_fails_on_the_next(tmp_path):
@@ -244,7 +244,7 @@ def intensity_and_regime(op, n, roof):
     SPY.asked.add((op, n))
     return _right(op, n, roof)
 """, ex.answer)
-    assert evaluate(ex.id, asked, seed=SEED, roof=_roof()).status == "passed"
+    assert outcome_of(ex.id, asked, seed=SEED, roof=_roof()).status == "passed"
     known = sorted(asked.__globals__["SPY"].asked)
     renamed = solution.replace("def intensity_and_regime(", "def _right(")
     tailored = _load(tmp_path / "tailored.py", renamed + f"""
@@ -256,8 +256,8 @@ def intensity_and_regime(op, n, roof):
         return _right(op, n, roof)
     return 0, 1, 0.0, "memory-bound"
 """, ex.answer)
-    assert evaluate(ex.id, tailored, seed=SEED, roof=_roof()).status == "passed"
-    outcome = evaluate(ex.id, tailored, seed=SEED + 1, roof=_roof())
+    assert outcome_of(ex.id, tailored, seed=SEED, roof=_roof()).status == "passed"
+    outcome = outcome_of(ex.id, tailored, seed=SEED + 1, roof=_roof())
     assert outcome.status == "failed", outcome.line
 
 
@@ -308,20 +308,20 @@ def test_not_attempted_goes_on_unless_strict(monkeypatch, capsys):
 def test_errors_in_the_learners_code_are_reported_where_they_are(tmp_path):
     broken = _climb("def greedy_climb(baseline, rungs, time_side_by_side):\n    return baseline.stack, []\n",
                     tmp_path)
-    outcome = evaluate("08-greedy-climb", broken)
+    outcome = outcome_of("08-greedy-climb", broken)
     assert (outcome.status, outcome.mistake) == ("failed", "raised"), outcome.line
     assert "AttributeError" in outcome.line
     assert "line 2 (`return baseline.stack, []`)" in outcome.line
     left_in = _climb("def greedy_climb(baseline, rungs, time_side_by_side):\n    best = baseline\n"
                      "    if not rungs:\n        return best, []\n    raise NotImplementedError\n", tmp_path)
-    assert evaluate("08-greedy-climb", left_in).status == "not attempted"  # the skeleton's raise, left in
+    assert outcome_of("08-greedy-climb", left_in).status == "not attempted"  # the skeleton's raise, left in
 
 
 def test_bad_calls_are_clear_errors():
     with pytest.raises(ValueError, match="no exercise 'nope'"):
         check("nope", print)
     with pytest.raises(ValueError, match=r"roof=roof"):
-        evaluate("00-roofline", print)  # the lesson's roofline is missing
+        outcome_of("00-roofline", print)  # the lesson's roofline is missing
     with pytest.raises(ValueError, match="status"):
         exercises.expect_status("08-new-rung", "done")
 
@@ -330,7 +330,7 @@ def test_a_bad_time_limit_is_a_clear_error(monkeypatch, tmp_path):
     ex = EXERCISES["04-predict-time"]
     monkeypatch.setenv(TIME_LIMIT_ENV, "soon")
     with pytest.raises(ValueError, match=f"{TIME_LIMIT_ENV}='soon': give the seconds"):
-        evaluate(ex.id, _load(tmp_path / "s.py", ex.solution_path.read_text(), ex.answer))
+        outcome_of(ex.id, _load(tmp_path / "s.py", ex.solution_path.read_text(), ex.answer))
 
 
 def test_a_bug_of_the_check_itself_is_not_blamed_on_the_learner(monkeypatch, tmp_path):
@@ -340,7 +340,7 @@ def test_a_bug_of_the_check_itself_is_not_blamed_on_the_learner(monkeypatch, tmp
     ex = EXERCISES["08-greedy-climb"]
     monkeypatch.setitem(EXERCISES, ex.id, type(ex)(**{**ex.__dict__, "check": broken_check}))
     with pytest.raises(KeyError, match="a bug in the course"):
-        evaluate(ex.id, _climb(SOLUTION_08.read_text(), tmp_path))
+        outcome_of(ex.id, _climb(SOLUTION_08.read_text(), tmp_path))
 
 
 FUNCTIONS = [i for i in IDS if call_shape(EXERCISES[i]) is not None]  # every exercise but 08-new-rung
@@ -352,7 +352,7 @@ def test_an_answer_that_cannot_be_called_gets_one_line(exercise_id):
     (every function exercise crashed into course/exercises with a TypeError before)."""
     ex = EXERCISES[exercise_id]
     for answer, mistake in ((None, "not-a-function"), (300, "not-a-function"), (lambda x: x, "signature")):
-        outcome = evaluate(exercise_id, answer, **_context(ex))
+        outcome = outcome_of(exercise_id, answer, **_context(ex))
         assert (outcome.status, outcome.mistake) == ("failed", mistake), outcome.line
         assert f"def {ex.answer}(" in outcome.hint and "\n" not in outcome.line
     assert len(FUNCTIONS) >= 9
@@ -371,7 +371,7 @@ def predict_time(flops, bytes_moved, calls, peak_flops, bandwidth, overhead_s, s
             pass
 """, "predict_time")
     before, start = _global_state(), time.monotonic()
-    outcome = evaluate("04-predict-time", answer, seed=SEED)
+    outcome = outcome_of("04-predict-time", answer, seed=SEED)
     assert (outcome.status, outcome.mistake) == ("failed", "time-limit"), outcome.line
     assert "more than 1 s" in outcome.line and "at line" in outcome.line and TIME_LIMIT_ENV in outcome.hint
     assert time.monotonic() - start < 10
@@ -388,7 +388,7 @@ def test_the_time_limit_puts_back_an_earlier_alarm(tmp_path):
     try:
         ex = EXERCISES["04-predict-time"]
         solution = _load(tmp_path / "s.py", ex.solution_path.read_text(), ex.answer)
-        outcome = evaluate(ex.id, solution, seed=SEED)
+        outcome = outcome_of(ex.id, solution, seed=SEED)
         assert outcome.status == "passed", outcome.line
         assert signal.getsignal(signal.SIGALRM) is earlier
         assert 90 < signal.getitimer(signal.ITIMER_REAL)[0] <= 100
@@ -412,10 +412,10 @@ def test_08_new_rung_measures_on_the_lessons_device(monkeypatch):
 
     monkeypatch.setattr(ladder, "climb_stacks", climb_stacks)
     flex = ladder.Rung("+ FlexAttention", "attn", "flex", "custom masks at fused-kernel speed")
-    outcome = evaluate("08-new-rung", flex, seed=SEED)
+    outcome = outcome_of("08-new-rung", flex, seed=SEED)
     assert outcome.status == "passed", outcome.line
     assert seen["device"].type == "cuda" and "on cuda" in outcome.line
-    evaluate("08-new-rung", flex, seed=SEED, device="cpu")
+    outcome_of("08-new-rung", flex, seed=SEED, device="cpu")
     assert seen["device"].type == "cpu"  # told: the device given
 
 
@@ -425,7 +425,7 @@ def test_08_new_rung_runs_flex_attention_on_a_gpu():
     from helpers.train import ladder
 
     flex = ladder.Rung("+ FlexAttention", "attn", "flex", "custom masks at fused-kernel speed")
-    outcome = evaluate("08-new-rung", flex, seed=SEED)
+    outcome = outcome_of("08-new-rung", flex, seed=SEED)
     assert outcome.status == "passed" and "on cuda" in outcome.line, outcome.line
 
 
@@ -473,7 +473,7 @@ def test_05_check_leaves_what_the_learner_compiled_compiled(tmp_path):
     assert len(compiles) == 1
     ex = EXERCISES["05-graph-break"]
     answer = _load(tmp_path / "solution.py", ex.solution_path.read_text(encoding="utf-8"), ex.answer)
-    assert evaluate(ex.id, answer, seed=SEED).status == "passed"
+    assert outcome_of(ex.id, answer, seed=SEED).status == "passed"
     cell(x)  # the cell again, after the check
     assert len(compiles) == 1, "the check reset Dynamo's cache: the cell compiled again"
     torch._dynamo.reset()  # what explain did: the count must show it

@@ -12,12 +12,12 @@ import torch
 from helpers.measure.gpus import gpu
 from helpers.measure.levers import AdamW8bitState, Levers, optimizer_state_bytes
 from helpers.measure.memory import estimate_step_memory
-from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
+from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, count_step
 from helpers.measure.roofline import Roofline, datasheet_roofline
 from helpers.model.models import TransformerConfig
 from helpers.plan.extrapolate import corners_of, counts_at, layers_of, memory_at, with_layers
 from helpers.plan.fit import GpuMemory, Pricer, make_it_fit
-from helpers.plan.planner import count_step, example_batch
+from helpers.plan.planner import example_batch
 from helpers.plan.steptime import communication, step_time
 
 SEQ = 16

@@ -522,7 +522,7 @@ def test_lesson_08s_ladder_on_a_t4_skips_what_it_cannot_run_and_goes_on(monkeypa
 
     fake_gpu(monkeypatch, "T4")
     t4 = torch.device("cuda")
-    planned = {p["name"]: p["skipped"] for p in ladder.plan(t4)}
+    planned = {p["name"]: p["skipped"] for p in ladder.plan_rungs(t4)}
     # no TF32 units before compute capability 8.0 (issue 39 point 3): "+ TF32" would time the same fp32 math
     assert {n for n, why in planned.items() if why} == {"+ TF32", "+ bf16 autocast", "+ FP8"}
     assert "TF32" in planned["+ TF32"] and "FP8" in planned["+ FP8"]  # each skip gives its own reason
@@ -636,16 +636,16 @@ def test_3_a_rung_timed_on_a_machine_too_busy_to_judge_gets_no_verdict():
 def test_3_rungs_a_device_runs_no_differently_are_skipped_with_their_own_reason(monkeypatch):
     from fakegpu import fake_gpu
 
-    cpu = {p["name"]: p["skipped"] for p in ladder.plan("cpu")}
+    cpu = {p["name"]: p["skipped"] for p in ladder.plan_rungs("cpu")}
     assert "no TF32 units" in cpu["+ TF32"] and "same fp32 matmuls" in cpu["+ TF32"]
     fake_gpu(monkeypatch, "T4")
-    t4 = {p["name"]: p["skipped"] for p in ladder.plan("cuda")}
+    t4 = {p["name"]: p["skipped"] for p in ladder.plan_rungs("cuda")}
     assert "compute capability 7.5" in t4["+ TF32"] and "no TF32" in t4["+ TF32"]
     assert "fp8" in t4["+ FP8"].lower() and "bf16 needs" not in t4["+ FP8"], t4["+ FP8"]  # FP8's own reason
     with pytest.raises(ValueError, match="fp8=True"):  # the stack FP8 is added to on a T4: fp16
         RunSpec(precision="fp16", fp8=True).check("cuda")
     fake_gpu(monkeypatch, "A100-40")
-    assert ladder.plan("cuda")[0]["skipped"] is None  # Ampere has TF32 tensor cores: + TF32 is timed
+    assert ladder.plan_rungs("cuda")[0]["skipped"] is None  # Ampere has TF32 tensor cores: + TF32 is timed
 
 
 def _llama(attention_dropout: float):

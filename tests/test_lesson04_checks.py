@@ -89,11 +89,11 @@ def test_two_ops_pass_and_a_roof_too_low_fails():
     x, w, h, mm, gelu = _two_ops()
     ops = (("x @ w", mm, lambda: x @ w), ("GELU", gelu, lambda: F.gelu(h)))
     fast = MemoryRoofs((), (), 1e13, None)  # roofs far above anything this machine does: nothing beats them
-    lesson04.check_roofs(_placed(ops, 1e13, fast))
+    lesson04.check_placed_on_roofs(_placed(ops, 1e13, fast))
     # planted: roofs in the wrong unit (kFLOP/s, kB/s): beaten however busy the machine is
     slow = _placed(ops, 1e3, MemoryRoofs((), (), 1e3, None))
     with pytest.raises(AssertionError, match="faster than its roof"):
-        lesson04.check_roofs(slow)
+        lesson04.check_placed_on_roofs(slow)
 
 
 def test_the_notebooks_roof_loop_is_the_one_tested():
@@ -101,7 +101,7 @@ def test_the_notebooks_roof_loop_is_the_one_tested():
     cell = _cell("l04-two-timed-code")
     assert "roof_s = max(c.flops / PEAK, c.bytes / bandwidth)" in cell
     assert "bandwidth = memory_roofs.bandwidth_for(c.bytes)" in cell
-    assert "lesson04.check_roofs(placed)" in cell
+    assert "lesson04.check_placed_on_roofs(placed)" in cell
 
 
 # --- section 3: the profile against the plain step ----------------------------------------------------------

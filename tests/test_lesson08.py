@@ -27,13 +27,13 @@ from lesson_sizes import decide
 from course.lessons import lesson08
 from course.paths import checkout_root
 from helpers.core import compat
+from helpers.core.units import GiB
 from helpers.model.models import MODEL_SIZES
 from helpers.train import ladder
 from helpers.train.evaluation import confusion_matrix
 
 # MemTracker's module hooks warn for modules collected before backward reaches them (the fake step's own)
 pytestmark = pytest.mark.filterwarnings("ignore:Module is None:UserWarning")
-GiB = 2**30
 SPARE = 0.05  # issue 39: every step fits with at least 5 % of the card to spare
 LESSON = "08_bert_finetuning"
 

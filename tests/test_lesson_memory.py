@@ -35,10 +35,10 @@ from lesson_sizes import NOTEBOOKS, decisions, setup_arguments
 
 from course.lessons import lesson04, lesson08
 from course.profile import small_config
+from helpers.core.units import GiB
 from helpers.measure.memory import estimate_training_memory
 from helpers.model.models import SmallTransformer
 
-GiB = 2**30
 SPARE = 0.05  # issue 39: every step fits with at least 5 % of the card to spare
 CARDS = ("T4", "L4")  # a free Colab/Kaggle GPU, and a 24 GB card
 CONTEXT = lesson08.NOTEBOOK_CONTEXT_BYTES  # the notebook process's CUDA context on its GPU
@@ -407,8 +407,8 @@ def _bert_base_params() -> int:
 
 
 def climb_on_the_card(gpu: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], int]:
-    """Lesson 08's greedy climb (helpers.train.ladder.climb, the rungs `ladder.plan` runs on the faked card)
-    at the sizes its setup picks there. Each arm holds a model as measure_stack's timed pass does:
+    """Lesson 08's greedy climb (helpers.train.ladder.climb, the rungs `ladder.plan_rungs` runs on the faked
+    card) at the sizes its setup picks there. Each arm holds a model as measure_stack's timed pass does:
     BERT-base's fp32 weights, gradients and AdamW's two moments, 16 bytes a parameter, until the climb lets it
     go. Each candidate's step is traced with fake tensors (tests/test_lesson08.py's `traced`: BERT-base, fp32
     eager, the worst stack; FakeTensorMode + MemTracker) and counted with every arm still held and the
@@ -431,7 +431,7 @@ def climb_on_the_card(gpu: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[s
     total = GPU_CLASSES[gpu].total_memory
     fake_gpu(monkeypatch, gpu)
     monkeypatch.setattr(compat, "scaled_mm_supports", lambda device, rowwise: (True, "faked: runs"))
-    planned = {p["name"]: p["skipped"] for p in ladder.plan(torch.device("cuda"))}
+    planned = {p["name"]: p["skipped"] for p in ladder.plan_rungs(torch.device("cuda"))}
     held: weakref.WeakSet = weakref.WeakSet()  # a stand-in per arm for its model, gradients and state
     most = [0]
 

@@ -188,7 +188,7 @@ def test_every_runspec_switch_reaches_a_peft_models_base_model(monkeypatch):
     base = hf_model_in(applied)
     assert applied is model and base.config._attn_implementation == "sdpa" and base.is_gradient_checkpointing
     assert spec.applied_to(applied)
-    plan = {p["name"]: p["skipped"] for p in ladder.plan("cpu", model=_peft_llama())}
+    plan = {p["name"]: p["skipped"] for p in ladder.plan_rungs("cpu", model=_peft_llama())}
     assert plan["+ SDPA"] is None and ladder.baseline_for(model) == ladder.BASELINE  # eager, labelled so
     # planted: the check as it was refuses both switches with a reason that is not the model's
     monkeypatch.setattr("helpers.core.compat.hf_model_in", _old_hf_model_in)

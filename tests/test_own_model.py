@@ -214,14 +214,14 @@ def test_a_plan_names_what_a_model_and_a_device_cannot_run(monkeypatch):
     from fakegpu import fake_gpu
 
     gpt = as_course_model(_gpt()[0])
-    skipped = {p["name"]: p["skipped"] for p in ladder.plan(CPU, model=gpt, paddings=["fixed"])}
+    skipped = {p["name"]: p["skipped"] for p in ladder.plan_rungs(CPU, model=gpt, paddings=["fixed"])}
     assert "no TF32 units" in skipped["+ TF32"] and "attn=None" in skipped["+ SDPA"]
     assert skipped["+ bf16 autocast"] is None
     fake_gpu(monkeypatch, "T4")  # compute capability 7.5: fp16 is its 16-bit rung, bf16 is not
-    skipped = {p["name"]: p["skipped"] for p in ladder.plan("cuda")}
+    skipped = {p["name"]: p["skipped"] for p in ladder.plan_rungs("cuda")}
     assert skipped["+ fp16 autocast + GradScaler"] is None and "use fp16" in skipped["+ bf16 autocast"]
     fake_gpu(monkeypatch, "A100-40")
-    skipped = {p["name"]: p["skipped"] for p in ladder.plan("cuda")}
+    skipped = {p["name"]: p["skipped"] for p in ladder.plan_rungs("cuda")}
     assert skipped["+ bf16 autocast"] is None
     assert "bf16 tensor cores" in skipped["+ fp16 autocast + GradScaler"]
 

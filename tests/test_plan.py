@@ -24,7 +24,7 @@ from exercise_answers import BATCH_51  # tests/exercise_answers.py
 from fakegpu import GPU_CLASSES, fake_gpu  # tests/ is on sys.path under pytest
 from owngpt import GPT, GPTConfig
 
-from course.exercises import EXERCISES, evaluate
+from course.exercises import EXERCISES, outcome_of
 from course.exercises.lesson09 import draw_cases
 from course.sizing import MARGIN
 from helpers.core import compat
@@ -32,18 +32,11 @@ from helpers.core.adapt import as_course_model
 from helpers.core.precision import training_precision
 from helpers.measure.gpus import GPUS, seen_as
 from helpers.measure.memory import estimate_step_memory
-from helpers.measure.opcount import count_ops, labelled_step
+from helpers.measure.opcount import count_ops, count_step, gpu_like_attention, labelled_step
 from helpers.model.models import TransformerConfig, bert_config, meta_model
-from helpers.plan import planner
-from helpers.plan.planner import (
-    EXAMPLE_PRICES,
-    Prices,
-    count_step,
-    example_batch,
-    gpu_like_attention,
-    largest_batch,
-    plan,
-)
+from helpers.plan.batch_search import largest_batch
+from helpers.plan.planner import example_batch, plan
+from helpers.plan.report import EXAMPLE_PRICES, Prices
 from helpers.train.runspec import RunSpec
 
 
@@ -165,8 +158,8 @@ def test_a_count_keyed_by_data_pointer_is_wrong_on_fake_tensors():
     model = _small()
     batch = example_batch(model, 4, 32)
     right = count_step(model, batch)
-    with compat.fake_tensor_mode(), mock.patch.object(opcount, "_distinct_rows", planner._rows_at_most):
-        fake = planner._fake_of(model, torch.device("cpu")).train()
+    with compat.fake_tensor_mode(), mock.patch.object(opcount, "_distinct_rows", opcount._rows_at_most):
+        fake = opcount._fake_of(model, torch.device("cpu")).train()
         fb = {k: torch.empty_strided(v.size(), v.stride(), dtype=v.dtype) for k, v in batch.items()}
         opt = torch.optim.AdamW(list(fake.parameters()), lr=1e-3, fused=True)
         wrong = count_ops(labelled_step(fake, fb, opt))
@@ -379,7 +372,8 @@ WRONG = {
             n *= 2
         return n if fixed + n * per <= usable else 0
         """), "    "),
-    "course-function": "from helpers.plan.planner import largest_batch\n\n" + SIGNATURE + textwrap.indent(
+    "course-function": "from helpers.plan.batch_search import largest_batch\n\n" + SIGNATURE
+    + textwrap.indent(
         textwrap.dedent("""
         per = (peak_at_double - peak_at_batch) / batch
         fixed = peak_at_batch - batch * per
@@ -420,7 +414,7 @@ def _load(tmp_path: Path, source: str):
 def test_exercise_right_answers_pass(key, tmp_path):
     answer = _load(tmp_path, RIGHT[key])
     for seed in SEEDS:
-        outcome = evaluate(EX.id, answer, seed=seed)
+        outcome = outcome_of(EX.id, answer, seed=seed)
         assert outcome.status == "passed", outcome.line
 
 
@@ -428,7 +422,7 @@ def test_exercise_right_answers_pass(key, tmp_path):
 def test_exercise_wrong_answers_fail_with_their_hint(key, tmp_path):
     answer = _load(tmp_path, WRONG[key])
     for seed in SEEDS:
-        outcome = evaluate(EX.id, answer, seed=seed)
+        outcome = outcome_of(EX.id, answer, seed=seed)
         assert outcome.status == "failed", (key, outcome.line)
         assert outcome.mistake == key.split("#")[0], (key, outcome.line)
         assert f"seed={seed}" in outcome.line
@@ -444,7 +438,7 @@ def test_exercise_cases_change_from_run_to_run():
 
 def test_exercise_skeleton_is_not_attempted(tmp_path):
     skeleton = _load(tmp_path, SIGNATURE + "    # YOUR CODE HERE\n    raise NotImplementedError\n")
-    assert evaluate(EX.id, skeleton).status == "not attempted"
+    assert outcome_of(EX.id, skeleton).status == "not attempted"
 
 
 # --- on a lent GPU: the plan beside the measured step (make gpu-check runs the tests marked cuda) -------
@@ -467,7 +461,8 @@ def test_the_plan_beside_this_gpus_own_step():
     from helpers.measure.regimes import ROOF_MARGIN
     from helpers.measure.roofline import datasheet_roofline, measure_roofline
     from helpers.model.models import bert_config
-    from helpers.plan.planner import count_step, measured_roofs, step_time
+    from helpers.plan.planner import measured_roofs
+    from helpers.plan.steptime import step_time
 
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)

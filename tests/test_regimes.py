@@ -43,7 +43,7 @@ from helpers.measure.regimes import (
     check_reconciled,
     check_regimes,
     check_roofs,
-    classify,
+    classify_regime,
     fixed_work_s,
     fusion_report,
     is_synchronous,
@@ -489,13 +489,13 @@ def test_communication_is_its_own_regime():
 
 def test_classify_picks_the_largest_predicted_time():
     kw = dict(peak_flops=100e9, bandwidth=10e9, overhead_s=5e-6)
-    assert classify(1e9, 1e6, 1, **kw) == "compute"  # 10 ms of math, 0.1 ms of bytes
-    assert classify(1e6, 1e9, 1, **kw) == "memory"
-    assert classify(10, 40, 100, **kw) == "overhead"
+    assert classify_regime(1e9, 1e6, 1, **kw) == "compute"  # 10 ms of math, 0.1 ms of bytes
+    assert classify_regime(1e6, 1e9, 1, **kw) == "memory"
+    assert classify_regime(10, 40, 100, **kw) == "overhead"
     with pytest.raises(ValueError, match="bandwidth"):
-        classify(1, 1, 1, peak_flops=1, bandwidth=0, overhead_s=0)
+        classify_regime(1, 1, 1, peak_flops=1, bandwidth=0, overhead_s=0)
     with pytest.raises(ValueError, match="flops"):
-        classify(-1, 1, 1, **kw)
+        classify_regime(-1, 1, 1, **kw)
 
 
 def test_op_classes():

@@ -344,11 +344,12 @@ SWITCH_CALL = re.compile(r"\b(tf32_matmuls|autocast_context|set_tf32)\(")
 # exempt: the homes of the switches, and the cells that measure the precisions themselves (the roofline,
 # lesson 00's TF32 control of its fp32 accuracy check, lesson 02's precision experiments): no training step
 # roofline measures each precision's rate, memory's dry run each precision's bytes: neither is a run of a spec
-# and so lessons 00 and 02's modules, and helpers.plan.planner's dry run (a fake step under autocast, as
-# memory's)
+# and so lessons 00 and 02's modules, and the planner's op count (helpers.measure.opcount.count_step: a fake
+# step under autocast, as memory's dry run)
 SWITCH_EXEMPT = {"helpers/core/precision.py", "helpers/train/runspec.py", "helpers/measure/roofline.py",
                  "helpers/measure/memory.py",
-                 "helpers/plan/planner.py", "notebooks/00_setup.ipynb", "notebooks/02_mixed_precision.ipynb",
+                 "helpers/measure/opcount.py", "notebooks/00_setup.ipynb",
+                 "notebooks/02_mixed_precision.ipynb",
                  "course/lessons/lesson00.py", "course/lessons/lesson02.py"}
 # MFU: helpers.measure.flops.mfu is the one formula; nothing else divides by a peak or rescales an MFU
 MFU_INLINE = re.compile(r"/\s*\(?\s*[\w.\[\]\"']*\bpeak(_flops)?(\.flops)?\b(?![\w(])"

@@ -8,8 +8,9 @@ import pytest
 import torch
 from fakegpu import GPU_CLASSES, GPUClass, fake_gpu, gpu_class
 
-from course.sizing import MARGIN, GiB, Size, SizingError, device_memory, fit_sizes
+from course.sizing import MARGIN, Size, SizingError, device_memory, fit_sizes
 from helpers.core.precision import check_precision, precision_runs, training_precision
+from helpers.core.units import GiB
 from helpers.model.fp8 import fp8_capable
 
 

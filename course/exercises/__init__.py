@@ -60,7 +60,7 @@ from course.exercises.core import (
 )
 
 __all__ = ["EXERCISES", "Exercise", "Outcome", "Wrong", "ExerciseFailed", "ExerciseNotAttempted", "check",
-           "evaluate", "last_outcome", "expect_status", "strict_mode", "show_solution", "solution_source",
+           "outcome_of", "last_outcome", "expect_status", "strict_mode", "show_solution", "solution_source",
            "exercises_of", "is_skeleton"]
 
 _GPU_SYNC = "on a GPU each read of a device value is a wait (cudaStreamSynchronize); the check counts reads"
@@ -118,7 +118,7 @@ def exercises_of(lesson: str) -> list[Exercise]:
     return [ex for ex in EXERCISES.values() if ex.lesson == lesson or ex.lesson.split("_")[0] == lesson]
 
 
-def evaluate(exercise_id: str, answer: Any, *, seed: int | None = None, **context: Any) -> Outcome:
+def outcome_of(exercise_id: str, answer: Any, *, seed: int | None = None, **context: Any) -> Outcome:
     """Check `answer` and return the Outcome without printing or raising (tests; every lesson). `seed`: the
     inputs' seed a check printed, to replay it (default: fresh inputs, or COURSE_EXERCISE_SEED)."""
     return run_check(_exercise(exercise_id), answer, context, seed)
@@ -130,7 +130,7 @@ def check(exercise_id: str, answer: Any, *, strict: bool | None = None, seed: in
     wrong with a hint (the message of ExerciseFailed, raised so that Run All stops there); in strict mode an
     untouched skeleton raises ExerciseNotAttempted. `seed` replays the inputs of an earlier check (its line
     names the seed); `context`: the lesson's values a check needs (every lesson)."""
-    outcome = evaluate(exercise_id, answer, seed=seed, **context)
+    outcome = outcome_of(exercise_id, answer, seed=seed, **context)
     _LAST[exercise_id] = outcome
     if outcome.status == "failed":  # the error shows the line (once: it is not printed as well)
         raise ExerciseFailed(outcome)

@@ -7,10 +7,10 @@ The cases are drawn for each check (`course.exercises.core.draw_seed`: a seed pe
 `seed=` replays a run): a made-up
 machine (peak FLOP/s, bandwidth, cost of a call) and ops clearly in each regime, plus ops whose calls cost a
 fair part of their work, where the two models differ. The expected values are computed here, apart from
-`helpers.measure.regimes`: an answer that calls the course's own `classify`, `roof_times` or `predicted_time`
-is
-refused (it would pass without the learner writing the rule). A wrong time is named only when it equals what
-that mistake gives on the case; otherwise the hint says which case, what came out and by how much it is off.
+`helpers.measure.regimes`: an answer that calls the course's own `classify_regime`, `roof_times` or
+`predicted_time` is refused (it would pass without the learner writing the rule). A wrong time is named only
+when it equals what that mistake gives on the case; otherwise the hint says which case, what came out and by
+how much it is off.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from helpers.measure.regimes import roof_times
 __all__ = ["predict_time", "draw_cases", "Case", "task"]
 
 _REGIMES = ("compute", "memory", "overhead")  # the names of lesson 04 (helpers.measure.regimes.LABELS)
-_COURSE = ("classify", "roof_times", "predicted_time")  # helpers.measure.regimes' own answers: refused
+_COURSE = ("classify_regime", "roof_times", "predicted_time")  # helpers.measure.regimes' own answers: refused
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from helpers.measure.regimes import (
     check_flops,
     check_reconciled,
     check_regimes,
-    classify,
+    classify_regime,
     measure_memory_roofs,
     measure_peak_flops,
     predicted_time,
@@ -60,8 +60,9 @@ from helpers.measure.roofline import Roofline, load_roofline, measure_roofline
 from helpers.model.models import SmallTransformer, TransformerConfig, bert_config
 from helpers.train.loop import make_optimizer
 
-__all__ = ["SIZES", "setup", "Judge", "roofs_here", "call_cost_table", "check_counts", "check_roofs",
-           "random_batch", "small_transformer_step", "bert_step", "expected_flops", "check_step_flops",
+__all__ = ["SIZES", "setup", "Judge", "roofs_here", "call_cost_table", "check_counts",
+           "check_placed_on_roofs", "random_batch", "small_transformer_step", "bert_step", "expected_flops",
+           "check_step_flops",
            "check_profile", "check_step", "reading", "where_time_goes", "flops_are_not_time", "MATMUL_LIKE",
            "C16_RULE", "Sweep", "batch_sweep", "check_overhead", "decode_weights", "Decode", "time_decode",
            "check_decode", "gpu_idle_share", "replay_speedup", "KINDS", "OpKinds", "bf16_units", "predicted",
@@ -229,7 +230,7 @@ def check_counts(mm: OpCount, gelu: OpCount, x: torch.Tensor, w: torch.Tensor, h
     print("checked: both ops' FLOPs and bytes are the hand formulas, exactly")
 
 
-def check_roofs(placed: Sequence[tuple[str, float, float]]) -> None:
+def check_placed_on_roofs(placed: Sequence[tuple[str, float, float]]) -> None:
     """No op ran faster than its roof allows, beyond `ROOF_MARGIN` (lesson 04): `placed` holds (op, roof
     seconds, measured seconds), as section 2's loop computes them; a count too high or a roof too low
     would."""
@@ -645,7 +646,7 @@ def predicted(kinds: OpKinds, predict: Callable[..., tuple[str, float]] | None, 
         if predict is not None:
             regime, seconds = predict(flops, nbytes, calls, peak, bw, per_call, synchronous)
         else:
-            regime = classify(flops, nbytes, calls, peak_flops=peak, bandwidth=bw, overhead_s=per_call)
+            regime = classify_regime(flops, nbytes, calls, peak_flops=peak, bandwidth=bw, overhead_s=per_call)
             seconds = predicted_time(flops, nbytes, calls, peak_flops=peak, bandwidth=bw, overhead_s=per_call,
                                      synchronous=synchronous)
         model[kind] = (regime, seconds)

@@ -35,11 +35,12 @@ from course.paths import checkout_root, output_dir, script
 from course.plots import ladder_chart as _ladder_chart
 from course.profile import get_profile, pick
 from course.results import slug
-from course.sizing import GiB, Size, fit_sizes
+from course.sizing import Size, fit_sizes
 from course.verdicts import AtLeast, MeasuredTable
 from helpers.core.device import get_device
 from helpers.core.tables import Table
 from helpers.core.timing import Busy
+from helpers.core.units import GiB
 from helpers.data.text import TextExamples, TokenizedDataset, tokenize
 from helpers.measure.memory import estimate_training_memory
 from helpers.model.fp8 import fp8_capable, fp8_supported

@@ -19,7 +19,7 @@ from course.sizing import MARGIN, Size, fit_sizes
 from helpers.core.device import get_device, last_level_cache_bytes
 from helpers.core.tables import Table
 from helpers.measure.memory import estimate_step_memory, estimate_training_memory
-from helpers.measure.opcount import labelled_step
+from helpers.measure.opcount import gpu_like_attention, labelled_step
 from helpers.measure.optime import per_call_overhead
 from helpers.measure.regimes import (
     EXCESS,
@@ -32,15 +32,9 @@ from helpers.measure.regimes import (
 from helpers.measure.roofline import Roofline, measure_roofline
 from helpers.model.models import SmallTransformer
 from helpers.plan.calibrate import WITHIN, expected
-from helpers.plan.planner import (
-    Plan,
-    example_batch,
-    gpu_like_attention,
-    measured_roofs,
-    plan,
-    predict_step,
-)
+from helpers.plan.planner import example_batch, measured_roofs, plan, predict_step
 from helpers.plan.published import RUNS, Row, rows
+from helpers.plan.report import Plan
 
 __all__ = ["SIZES", "SMOKE_GPUS", "SMOKE_PUBLISHED", "setup", "check_on_this_machine", "published_rows",
            "theirs_over_expected", "compare_prediction", "measured_table"]

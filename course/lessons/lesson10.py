@@ -19,12 +19,13 @@ from course.sizing import Size, fit_sizes
 from course.verdicts import AtLeast, AtMost, MeasuredTable, Range
 from helpers.core.device import get_device
 from helpers.core.tables import Table
+from helpers.core.units import MiB
 from helpers.measure.memory import estimate_step_memory
 from helpers.train.distributed import launch
 
 __all__ = ["SIZES", "setup", "measure_fsdp", "lever_table", "summary_table"]
 
-MiB = 2**20
+
 SIZES = {"LEVER_ROWS": Size(full=ROWS, smoke=ROWS)}  # sequences per micro-batch of the small Llama measured
 
 

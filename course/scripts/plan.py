@@ -16,7 +16,8 @@ from helpers.measure.levers import LEVERS
 from helpers.measure.roofline import LAUNCH_S
 from helpers.model.models import meta_model
 from helpers.plan.fit import make_it_fit
-from helpers.plan.planner import EXAMPLE_PRICES, Prices, plan
+from helpers.plan.planner import plan
+from helpers.plan.report import EXAMPLE_PRICES, Prices
 from helpers.train.runspec import flag_parser, spec_flags, spec_from_arguments
 
 __all__ = ["PlanFlags", "main"]

@@ -50,7 +50,7 @@ from helpers.core.compat import is_hf_model, unwrap_model
 
 __all__ = ["ModelShape", "ModelOutput", "CourseModel", "as_course_model", "as_batch", "is_batch",
            "shifts_labels", "loss_of", "logits_of", "takes_course_batches", "follows_course_contract",
-           "adapter_hint"]
+           "adapter_hint", "vocab_size", "batch_shape"]
 
 _BATCH_KEYS = ("input_ids", "labels")
 
@@ -173,6 +173,29 @@ def takes_course_batches(model: nn.Module) -> bool:
     except (TypeError, ValueError):  # a forward Python cannot inspect: let the call say
         return True
     return any(p.name == "input_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def vocab_size(model: nn.Module, *, fix: str = "give a batch of your own") -> int:
+    """The model's vocabulary, for the token ids of a batch made up for it (the dry runs, the planner): its
+    config's vocab_size, else its first embedding table's rows; `fix` ends the error when it has neither."""
+    for m in model.modules():
+        for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
+            v = getattr(cfg, "vocab_size", None)
+            if isinstance(v, int) and v > 0:
+                return v
+    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if emb is None:
+        raise ValueError(f"cannot tell the vocabulary of a {type(model).__name__} (no config.vocab_size, no "
+                         f"nn.Embedding): {fix}")
+    return emb.num_embeddings
+
+
+def batch_shape(batch: Mapping[str, Any]) -> tuple[int, int]:
+    """(rows, sequence length) of a batch of token ids, or a clear error (the planner, the op count)."""
+    ids = batch.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise ValueError("a plan's batch needs input_ids of shape (batch, seq_len) (or x of an (x, y) pair)")
+    return int(ids.shape[0]), int(ids.shape[1])
 
 
 def follows_course_contract(model: nn.Module) -> bool:

@@ -44,7 +44,7 @@ from helpers.core.adapt import ModelShape
 from helpers.core.compat import unwrap_model
 from helpers.measure.roofline import PeakFlops
 
-__all__ = ["ModelShape", "transformer_flops_per_token", "matmul_params", "model_shape", "set_model_shape",
+__all__ = ["transformer_flops_per_token", "matmul_params", "model_shape", "set_model_shape",
            "model_flops_per_token", "executed_flops", "mfu", "transformer_blocks"]
 
 

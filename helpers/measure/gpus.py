@@ -15,10 +15,11 @@ from unittest import mock
 
 import torch
 
-__all__ = ["GiB", "Link", "GPU", "GPU_TABLE", "GPUS", "gpu", "normalise_gpu_name", "gpu_named", "seen_as",
+from helpers.core.units import GiB
+
+__all__ = ["Link", "GPU", "GPU_TABLE", "GPUS", "gpu", "normalise_gpu_name", "gpu_named", "seen_as",
            "PEAK_PRECISIONS", "BETWEEN_NODES"]
 
-GiB = 2**30
 GB = 1e9  # datasheets give bandwidth in decimal GB/s or TB/s
 TFLOPS = 1e12
 PEAK_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")

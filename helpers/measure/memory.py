@@ -71,6 +71,8 @@ import torch
 from torch import nn
 
 from helpers.core import compat
+from helpers.core.adapt import vocab_size
+from helpers.core.units import GiB, MiB
 from helpers.measure.levers import OPTIMIZER_STATE_BYTES, AdamW8bitState, Levers, LoRA
 
 _LORA_BASE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -80,10 +82,8 @@ __all__ = ["GiB", "MARGIN", "MemoryReport", "track_peak_memory", "peak_increase_
            "MemoryEstimate", "FORMULA_ASSUMES", "DRY_RUN_ASSUMES", "DRY_RUN_OPTIMIZERS",
            "estimate_training_memory", "estimate_step_memory", "Levers", "LoRA", "local_bytes_of",
            "MemoryTimeline", "memory_timeline",
-           "record_memory_history", "find_max_batch_size", "GiB", "MiB"]
+           "record_memory_history", "find_max_batch_size"]
 
-MiB = 2 ** 20
-GiB = 2 ** 30
 # The share of a device's memory a plan or a fit leaves free: the CUDA context (0.3-0.5 GiB, outside PyTorch's
 # allocator), the caching allocator's rounding and fragmentation, library workspaces (cuBLAS, cuDNN), and the
 # estimators' error (lesson 03 checks the training estimator within 25 % of a measured step's peak).
@@ -436,21 +436,6 @@ def _formula(model: Any, batch_size: int, seq_len: int, *, precision: str, optim
         precision=precision, batch_size=batch_size, seq_len=seq_len, assumes=FORMULA_ASSUMES)
 
 
-def _vocab_size(model: nn.Module) -> int:
-    """The model's vocabulary: its config's vocab_size, else its first embedding table's rows."""
-    for m in model.modules():
-        for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
-            v = getattr(cfg, "vocab_size", None)
-            if isinstance(v, int) and v > 0:
-                return v
-    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    if emb is None:
-        raise ValueError(f"cannot tell the vocabulary of a {type(model).__name__} (no config.vocab_size, no "
-                         "nn.Embedding): give the dry run a batch, estimate_training_memory(..., "
-                         "batch=(x, y))")
-    return emb.num_embeddings
-
-
 def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
     """Token ids (batch_size, seq_len) and labels: one per row for a classifier (a Hugging Face
     *ForSequenceClassification, a SmallTransformer with classes), else one per token (a language model)."""
@@ -458,7 +443,7 @@ def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str,
     inner = getattr(inner, "model", inner) if type(inner).__name__ == "CourseModel" else inner
     per_row = (type(inner).__name__.endswith("ForSequenceClassification")
                or bool(getattr(getattr(inner, "cfg", None), "n_classes", 0)))
-    vocab = _vocab_size(inner)
+    vocab = vocab_size(inner, fix="give the dry run a batch, estimate_training_memory(..., batch=(x, y))")
     ids = torch.randint(vocab, (batch_size, seq_len))
     labels = torch.zeros(batch_size, dtype=torch.long) if per_row else ids.clone()
     return {"input_ids": ids, "labels": labels}

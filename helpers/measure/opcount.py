@@ -1,7 +1,7 @@
 """Counting a training step's ops (lesson 04): for each (phase, op) of one step, its calls, FLOPs and the
-minimum bytes it moves, and the op's class ("matmul", "LayerNorm", ...). Timing them is
-`helpers.measure.optime`, the
-regimes they fall in `helpers.measure.regimes`.
+minimum bytes it moves, and the op's class ("matmul", "LayerNorm", ...); `count_step` counts a step on fake
+tensors, allocating nothing (the planner, lesson 09). Timing them is `helpers.measure.optime`, the regimes
+they fall in `helpers.measure.regimes`.
 
 How each number is obtained (the lesson says the same next to its tables):
 
@@ -31,17 +31,22 @@ the two are joined by (phase, op). Ops in the phase named "optimizer" form the c
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
+from unittest import mock
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from helpers.core.compat import TorchDispatchMode, op_schema
+from helpers.core.adapt import adapter_hint, as_batch, batch_shape, loss_of, takes_course_batches
+from helpers.core.compat import TorchDispatchMode, fake_step, op_schema, storage_identity
+from helpers.core.precision import autocast_context
 
 __all__ = ["StepFn", "DEFAULT_PHASE", "OPTIMIZER_PHASE", "labelled_step", "check_phase", "op_class",
-           "is_communication", "OpCount", "count_ops"]
+           "is_communication", "OpCount", "count_ops", "count_step", "gpu_like_attention"]
 
 OPTIMIZER_PHASE = "optimizer"
 DEFAULT_PHASE = "step"  # ops outside any `with phase(...)`
@@ -358,3 +363,93 @@ def count_ops(step: StepFn, *, warmup: int = 1) -> dict[tuple[str, str], OpCount
             flops, source = float(elements), "1 per element written"
         counts[(ph, name)] = OpCount(ph, name, calls, flops, float(read), float(written), source, is_view)
     return counts
+
+
+# --- a training step counted on fake tensors (the planner, lesson 09) ----------------------------------
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    """A tensor's identity that fake tensors have too: its storage, offset, shape and strides."""
+    return (storage_identity(t), t.storage_offset(), t.numel(), tuple(t.shape), tuple(t.stride()))
+
+
+def _rows_at_most(weight: torch.Tensor, indices: torch.Tensor) -> int:
+    """Bytes of the rows `indices` can name, at most: one per index (fake indices have no values)."""
+    rows = min(indices.numel(), weight.shape[0])
+    return rows * (weight[0].numel() if weight.dim() else 1) * weight.element_size()
+
+
+@contextlib.contextmanager
+def gpu_like_attention() -> Iterator[None]:
+    """Inside the block SDPA runs without its dropout: a GPU's flash and memory-efficient kernels drop out
+    inside the kernel, keeping no T x T matrix, while the CPU's flash kernel has no dropout and falls back to
+    the math path, which does; the dry run and the count then see what a GPU runs (lesson 09)."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def without_dropout(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if len(args) > 4:
+            args = (*args[:4], 0.0, *args[5:])
+        kwargs.pop("dropout_p", None)
+        return sdpa(*args, **kwargs)
+
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", without_dropout):
+        yield
+
+
+@contextlib.contextmanager
+def _fake_counting() -> Iterator[None]:
+    # count_ops keys a tensor by its data pointer, which fake tensors lack (every one reads 0), and reads an
+    # embedding's distinct rows with torch.unique, which needs values: on fake tensors it keys by storage and
+    # counts an embedding's rows at most once per index. The module's globals are swapped, not count_ops'
+    # arguments, so a real step's count keeps the exact rules and no caller can mix the two.
+    with mock.patch.dict(globals(), {"_key": _storage_key, "_distinct_rows": _rows_at_most}):
+        yield
+
+
+def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "fp32",
+               fused_adamw: bool = True) -> dict[tuple[str, str], OpCount]:
+    """Every op of one AdamW training step of `model` on `batch` at `precision` (autocast on the CPU), counted
+    on fake tensors: calls, FLOPs and bytes per (phase, op), as lesson 04's `count_ops` counts a real step;
+    nothing is allocated, the model is not changed (lesson 09)."""
+    if not takes_course_batches(model):
+        raise ValueError(adapter_hint(model))
+    host = as_batch(batch)
+    batch_shape(host)
+    cpu = torch.device("cpu")
+    # the batch's values stay known: a model that reads one (transformers 4.x BERT: is the mask all ones?)
+    # takes the branch a real step takes
+    with fake_step(host, cpu) as fake_batch, _fake_counting(), gpu_like_attention():
+        fake = _fake_of(model, cpu).train()
+        params = [p for p in fake.parameters() if p.requires_grad]
+        # fused: one kernel for the update; else torch's default on a GPU, the multi-tensor (foreach) one
+        opt = torch.optim.AdamW(params, lr=1e-3, fused=True) if fused_adamw else \
+            torch.optim.AdamW(params, lr=1e-3, foreach=True)
+
+        def step(phase: Callable[[str], Any]) -> None:
+            with phase("forward"), autocast_context(precision, cpu):
+                loss = loss_of(fake(**fake_batch))
+            if loss is None:
+                raise ValueError("the model returned no loss for the batch: give it labels")
+            with phase("backward"):
+                loss.backward()
+            with phase(OPTIMIZER_PHASE):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+        for p in params:  # AdamW's state appears at its first step: made on zero gradients, not by a pass
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        counts = count_ops(step, warmup=0)
+    # prim:: ops are the fake mode's own questions (a tensor's device), not kernels
+    return {k: c for k, c in counts.items() if not k[1].startswith("prim::")}
+
+
+def _fake_of(model: nn.Module, device: torch.device) -> nn.Module:
+    """`model` copied with fake parameters and buffers (inside a fake mode), tied weights kept tied."""
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+            memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
+                else fake
+    return copy.deepcopy(model, memo)

@@ -49,7 +49,7 @@ from helpers.measure.opcount import OpCount, StepFn, count_ops, op_class
 from helpers.measure.optime import OpTimes, call_cost, fastest_call, per_call_costs, time_ops
 from helpers.measure.roofline import Roofline
 
-__all__ = ["REGIMES", "LABELS", "REGIME_COLORS", "EXCESS", "roof_times", "classify", "predicted_time",
+__all__ = ["REGIMES", "LABELS", "REGIME_COLORS", "EXCESS", "roof_times", "classify_regime", "predicted_time",
            "is_synchronous", "MemoryRoofs", "measure_memory_roofs", "measure_peak_flops", "OpRow", "OpTable",
            "op_table", "profile_step", "check_regimes", "check_roofs", "check_reconciled", "check_flops",
            "fixed_work_s", "ROOF_MARGIN", "RECONCILE_MARGIN", "TOO_BUSY", "MEMORY_PATTERNS", "fusion_report",
@@ -86,7 +86,7 @@ def _check_counts(flops: float, nbytes: float, calls: float, peak_flops: float, 
             raise ValueError(f"{name} must be > 0 (a measured roofline), got {v!r}")
 
 
-def classify(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
+def classify_regime(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
              overhead_s: float) -> str:
     """The regime an op is in: the largest of FLOPs / peak, bytes / bandwidth and calls × per-call cost
     (lesson 04)."""
@@ -437,7 +437,7 @@ class OpTable:
             roof = sum(r.roof_s for r in rs)  # each op at its own roof
             bw = b / sum(r.bytes / r.bandwidth for r in rs) if b > 0 else self.bandwidth
             regime = ("communication" if name == "communication" else
-                      classify(f, b, c, peak_flops=self.peak_flops, bandwidth=bw,
+                      classify_regime(f, b, c, peak_flops=self.peak_flops, bandwidth=bw,
                                overhead_s=sum(r.fixed_s for r in rs) / c if c else self.overhead_s))
             phases = sorted({r.phase for r in rs})
             sources = sorted({r.flops_source for r in rs if r.flops > 0})
@@ -546,7 +546,8 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
         bw = roofs.bandwidth_for(working_set)
         per_call = call_cost(overhead_s, op, ph, is_view=c.is_view)
         regime = ("communication" if cls == "communication" else
-                  classify(c.flops, c.bytes, c.calls, peak_flops=peak, bandwidth=bw, overhead_s=per_call))
+                  classify_regime(c.flops, c.bytes, c.calls, peak_flops=peak, bandwidth=bw,
+                                  overhead_s=per_call))
         profiled = times.times_s.get((ph, op), 0.0) if times is not None else 0.0
         inside = times.inside_events.get((ph, op), 0.0) if times is not None else 0.0
         # the profiler's events inside the op's spans (the ops it called) cost it host time: taken out (a GPU

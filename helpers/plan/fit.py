@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from helpers.core.tables import Table
+from helpers.core.units import GiB
 from helpers.measure.flops import transformer_blocks
 from helpers.measure.gpus import GPU, gpu
 from helpers.measure.levers import (
@@ -35,11 +36,12 @@ from helpers.measure.levers import (
     turn_on_checkpointing,
 )
 from helpers.measure.memory import MARGIN, MemoryEstimate, estimate_step_memory
-from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount
+from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, count_step
 from helpers.measure.roofline import LAUNCH_S, datasheet_roofline
 from helpers.plan.calibrate import STACKS, Expected, expected
 from helpers.plan.extrapolate import consistent, corners_of, counts_at, layers_of, memory_at
-from helpers.plan.planner import EXAMPLE_PRICES, Prices, class_rules, count_step, example_batch, meta_copy
+from helpers.plan.planner import class_rules, example_batch, meta_copy
+from helpers.plan.report import EXAMPLE_PRICES, Prices
 from helpers.plan.steptime import StepTime, step_time
 
 __all__ = [
@@ -234,10 +236,10 @@ class FitPlan:
     def why(self, key: str) -> str:
         """In the seed's words: which part of the memory is too large, which lever cuts it, at what time."""
         base, pick = self.baseline(key), self.chosen(key)
-        usable = base.usable / 2**30
-        parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in base.memory.parts().items() if v)
+        usable = base.usable / GiB
+        parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in base.memory.parts().items() if v)
         head = (
-            f"{key}: with no lever the step needs {base.memory.total / 2**30:.1f} GiB per GPU, {usable:.1f} "
+            f"{key}: with no lever the step needs {base.memory.total / GiB:.1f} GiB per GPU, {usable:.1f} "
             f"usable ({parts} GiB); the largest part is {base.memory.largest()}."
         )
         if base.fits and pick.levers == base.levers:
@@ -255,12 +257,12 @@ class FitPlan:
             )
             return (
                 f"{head} Nothing allowed ({', '.join(self.allowed) or 'no lever'}) makes it fit: at best "
-                f"({least.levers.describe()}) it needs {least.memory.total / 2**30:.1f} GiB, "
-                f"{part} {least.memory.parts()[part] / 2**30:.1f} of it; {help_}."
+                f"({least.levers.describe()}) it needs {least.memory.total / GiB:.1f} GiB, "
+                f"{part} {least.memory.parts()[part] / GiB:.1f} of it; {help_}."
             )
         lines = [
             head,
-            f"Chosen: {pick.levers.describe()} -> {pick.memory.total / 2**30:.1f} GiB, "
+            f"Chosen: {pick.levers.describe()} -> {pick.memory.total / GiB:.1f} GiB, "
             f"step {_ms_range(pick.expected)} ms expected.",
         ]
         for lever in pick.levers.used():  # what each lever of the choice buys, by taking it away
@@ -268,7 +270,7 @@ class FitPlan:
             if without is not None:
                 saved = without.memory.total - pick.memory.total
                 cost = pick.expected.seconds / without.expected.seconds - 1
-                lines.append(f"  {lever}: saves {saved / 2**30:.1f} GiB for {cost:+.0%} step time")
+                lines.append(f"  {lever}: saves {saved / GiB:.1f} GiB for {cost:+.0%} step time")
         return "\n".join(lines)
 
     def _without(self, pick: Option, lever: str) -> Option | None:
@@ -296,17 +298,16 @@ class FitPlan:
         )
         picks = [self.chosen(k) for k in keys]
         bases = [self.baseline(k) for k in keys]
-        gib = 2**30
         t.add(
             "no lever: GiB per GPU (usable)",
-            *[f"{b.memory.total / gib:.1f} ({b.usable / gib:.1f})" for b in bases],
+            *[f"{b.memory.total / GiB:.1f} ({b.usable / GiB:.1f})" for b in bases],
         )
         t.add("largest part without levers", *[b.memory.largest() for b in bases])
         t.add("levers chosen", *[p.levers.describe() if p else "nothing fits" for p in picks])
         for part in ("weights", "gradients", "optimizer state", "activations", "FSDP buffers"):
             t.add(
                 f"  {part} (GiB per GPU)",
-                *[round(p.memory.parts()[part] / gib, 2) if p else None for p in picks],
+                *[round(p.memory.parts()[part] / GiB, 2) if p else None for p in picks],
             )
         t.add(
             "step at the roofs (ms), bound by",

@@ -19,7 +19,8 @@ from torch.nn import functional as F
 
 from helpers.core.adapt import ModelOutput, ModelShape
 from helpers.core.tables import Table
-from helpers.measure.gpus import GPU, GiB, gpu
+from helpers.core.units import GiB
+from helpers.measure.gpus import GPU, gpu
 from helpers.measure.levers import Levers
 from helpers.plan.calibrate import CALIBRATION, STACKS, Calibration, expected, leave_one_out
 from helpers.plan.fit import GpuMemory, Option, Pricer

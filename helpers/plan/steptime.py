@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from helpers.measure.gpus import BETWEEN_NODES, GPU, Link
 from helpers.measure.levers import Levers
 from helpers.measure.opcount import OPTIMIZER_PHASE, OpCount, op_class
-from helpers.measure.regimes import classify, predicted_time
+from helpers.measure.regimes import classify_regime, predicted_time
 from helpers.measure.roofline import Roofline
 
 __all__ = [
@@ -96,7 +96,7 @@ def _phase_times(
             ph, dict.fromkeys(("compute", "memory", "overhead", "host", "flops", "bytes", "kernels"), 0.0)
         )
         if roofs.synchronous:  # a CPU: each op's calls and work add (lesson 04)
-            regime = classify(
+            regime = classify_regime(
                 c.flops, c.bytes, c.calls, peak_flops=rate, bandwidth=bw, overhead_s=roofs.overhead_s
             )
             t[regime] += predicted_time(

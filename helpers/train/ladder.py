@@ -24,7 +24,7 @@ each
 with its own spec's TF32 and autocast; the fused-AdamW rung by one optimizer step); a stack that disagrees
 is not timed (`RungDisagrees`); one the device cannot run (`RunSpec.check`, a rung's `where`) or the model
 cannot take (`RunSpec.check_model`: attention of its own, no packed forward) is skipped with its reason, and
-`plan` says which before anything runs; a rung that would run the same computation as the stack below on
+`plan_rungs` says which before anything runs; a rung that would run the same computation as the stack below on
 this device is skipped too (+ TF32 where there are no TF32 units: a CPU, a GPU before compute capability 8.0).
 Dropout is off for the checks (the model in eval mode, which turns off dropout modules and functional dropout
 alike: two passes with dropout on draw different masks) and on for the timed passes, which run `train`'s own
@@ -71,7 +71,7 @@ from helpers.train.ladder_report import ladder_rows, your_stack
 from helpers.train.runspec import RunSpec
 
 __all__ = ["Rung", "BASELINE", "RUNGS", "RULE", "Decision", "Step", "Arm", "keeps", "climb", "let_go",
-           "RungDisagrees", "measure_stack", "climb_stacks", "sample_batches", "baseline_for", "plan",
+           "RungDisagrees", "measure_stack", "climb_stacks", "sample_batches", "baseline_for", "plan_rungs",
            "fp16_rung_problem", "tf32_rung_problem"]
 
 @dataclass(frozen=True)
@@ -600,8 +600,9 @@ def _skip_reason(stack: RunSpec, rung: Rung, device: torch.device, problems: dic
     return f"skipped: {why}" if why else None
 
 
-def plan(device: torch.device | str, *, model: nn.Module | None = None, rungs: Sequence[Rung] = RUNGS,
-         baseline: RunSpec | None = None, paddings: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def plan_rungs(device: torch.device | str, *, model: nn.Module | None = None, rungs: Sequence[Rung] = RUNGS,
+               baseline: RunSpec | None = None,
+               paddings: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Which rungs the ladder runs on `device` (and `model`, and batches of `paddings`), and why it skips the
     others, before anything runs (lesson 08, the GPU classes of docs/gpus.md): one {"name", "stack",
     "skipped"} per rung, "skipped" the reason or None; each rung is judged added to the baseline."""
@@ -630,7 +631,7 @@ def climb_stacks(make_model: Callable[[], nn.Module], batches: Mapping[str, Sequ
     """`climb` with `measure_stack` on the given model and batches (`sample_batches`, or your own: dicts or
     (x, y) pairs per padding): each stack checked, then timed beside the stack below it and the baseline;
     stacks the device cannot run, the model cannot take, or with no batches of their padding skipped with
-    their reason (`plan`). `baseline`: None picks `baseline_for(make_model())`. Returns {"mode", "rows",
+    their reason (`plan_rungs`). `baseline`: None picks `baseline_for(make_model())`. Returns {"mode", "rows",
     "your_stack", "your_stack_code", "your_stack_vs_baseline", "stack"} (lesson 08 and benchmarks/ladder.py);
     a number a row leaves None says why in its "notes", and one printed line gathers them. `on_rung` gets
     that dict after the baseline and after each rung, with "partial": how many rungs of how many are done."""
