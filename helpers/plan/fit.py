@@ -311,7 +311,7 @@ class FitPlan:
             )
         t.add(
             "step at the roofs (ms), bound by",
-            *[f"{p.step.seconds * 1e3:,.3g}, {p.step.bound}" if p else None for p in picks],
+            *[f"{_sig(p.step.seconds * 1e3)}, {p.step.bound}" if p else None for p in picks],
         )
         t.add("step expected (ms, range)", *[_ms_range(p.expected) if p else None for p in picks])
         t.add("tokens/s expected", *[float(f"{p.tokens_per_s:.2g}") if p else None for p in picks])
