@@ -366,7 +366,9 @@ def _light(value: Any) -> Any:
     if isinstance(value, dict):
         return ("dict", len(value), list(value)[:1000], [id(v) for v in list(value.values())[:1000]])
     if _is_tensor(value):
-        return ("tensor", tuple(value.shape), value.dtype, value._version)
+        from helpers.core.compat import tensor_version  # here: torch is imported only once a tensor is met
+
+        return ("tensor", tuple(value.shape), value.dtype, tensor_version(value))
     if isinstance(value, torch.nn.Module):
         return ("module", value.training)
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
@@ -702,9 +704,9 @@ class case_note:  # noqa: N801 - a context manager used like a function
 
     def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
         CASE_NOTE.reset(self.token)
-        if err is not None and not getattr(err, "_course_case", ""):
+        if err is not None and not getattr(err, "course_case", ""):
             try:
-                err._course_case = self.text  # read by core's "raised" line, after this block has ended
+                err.course_case = self.text  # read by core's "raised" line, after this block has ended
             except AttributeError:  # an exception type that takes no attributes
                 pass
 

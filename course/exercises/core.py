@@ -617,7 +617,7 @@ def _raised(ex: Exercise, err: BaseException, answer: Any, seed: int | None = No
     frame = _learner_frame(err, answer)
     where = f" at line {frame.lineno} (`{frame.line}`)" if frame is not None and frame.line else ""
     message = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    case = getattr(err, "_course_case", "") or CASE_NOTE.get()
+    case = getattr(err, "course_case", "") or CASE_NOTE.get()
     what = f"your code raised {type(err).__name__}{where}" + (f": {message}" if message else "") + (
         f" (on {case})" if case else "")
     return _failed(ex, "raised", what, "run your function on small inputs by itself, or read the traceback "

@@ -198,11 +198,12 @@ class _Stub(nn.Module):
             self.emb = nn.Embedding(vocab, vocab)
         # a forward of its own per stub (a copy of the code): Dynamo's cache entries for it go with the stub,
         # so runs of the check with other vocabularies never fill one shared forward's recompile limit
-        code = _Stub._forward.__code__.replace()
-        forward = types.FunctionType(code, _Stub._forward.__globals__, "forward", _Stub._forward.__defaults__)
+        shared = _Stub.shared_forward
+        forward = types.FunctionType(shared.__code__.replace(), shared.__globals__, "forward",
+                                     shared.__defaults__)
         self.forward = types.MethodType(forward, self)
 
-    def _forward(self, input_ids: torch.Tensor, attention_mask: Any = None, labels: Any = None) -> Any:
+    def shared_forward(self, input_ids: torch.Tensor, attention_mask: Any = None, labels: Any = None) -> Any:
         from helpers.model.models import ModelOutput  # what the course's Transformer returns
 
         logits = self.emb(input_ids)

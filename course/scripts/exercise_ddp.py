@@ -228,7 +228,7 @@ def _state(fn: Any, attach: Any, model: nn.Module) -> dict[str, Any]:
         if _signature(default) is not None:
             out[f"default argument {i + 1}"] = _signature(default)
     hooks = [h for p in model.parameters()
-             for h in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values()
+             for h in compat.post_accumulate_grad_hooks(p)
              if getattr(h, "__globals__", None) is attach.__globals__]
     todo, seen = [fn, *hooks], set()
     while todo:

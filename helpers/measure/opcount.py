@@ -31,7 +31,6 @@ the two are joined by (phase, op). Ops in the phase named "optimizer" form the c
 from __future__ import annotations
 
 import contextlib
-import copy
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -44,6 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from helpers.core.adapt import adapter_hint, as_batch, batch_shape, loss_of, takes_course_batches
 from helpers.core.compat import TorchDispatchMode, fake_step, op_schema, storage_identity
 from helpers.core.precision import autocast_context
+from helpers.measure.memory import _fake_copy
 
 __all__ = ["StepFn", "DEFAULT_PHASE", "OPTIMIZER_PHASE", "labelled_step", "check_phase", "op_class",
            "is_communication", "OpCount", "count_ops", "count_step", "gpu_like_attention"]
@@ -445,11 +445,6 @@ def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "
 
 
 def _fake_of(model: nn.Module, device: torch.device) -> nn.Module:
-    """`model` copied with fake parameters and buffers (inside a fake mode), tied weights kept tied."""
-    memo: dict[int, Any] = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in memo:
-            fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
-            memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
-                else fake
-    return copy.deepcopy(model, memo)
+    """`model` copied with fake parameters and buffers (inside a fake mode), tied weights kept tied: the dry
+    run's copy (helpers.measure.memory), which takes a module's plain tensor attributes too."""
+    return _fake_copy(model, device)
