@@ -30,7 +30,7 @@ from importlib import metadata
 from pathlib import Path
 
 __all__ = ["RELEASE", "DISTRIBUTION", "NEEDS_TRITON", "CourseSetupError", "check", "helpers_problem",
-           "restart_menu", "NATIVE_NOISE", "LOG_NOISE", "WARNING_NOISE", "quiet_known_noise"]
+           "restart_menu", "NATIVE_NOISE", "LOG_NOISE", "WARNING_NOISE", "PRINTED_NOISE", "quiet_known_noise"]
 
 RELEASE = "main"  # the release these files belong to (scripts/course_release.py writes it)
 DISTRIBUTION = "fast-transformers-course"
@@ -64,8 +64,11 @@ NATIVE_NOISE = re.compile(r"^(?:USDT:[^\n]* SyncActivityProfilerHandler\.cpp:\d+
                           r"|[^\n]*gpuGetDeviceCount failed with code 35[^\n]*)\n?", re.M)
 # Log records: (logger, the start of the message). transformers' default loss of a GPT-2 LM head (right, and
 # said as if the config were wrong); torch's C++-extension helper on a machine with CUDA's files but no GPU.
-LOG_NOISE = (("transformers.modeling_utils", "`loss_type=None` was set in the config but it is unrecognized"),
-             ("torch.utils.cpp_extension", "No CUDA runtime is found, using CUDA_HOME"))
+LOG_NOISE = (("transformers.modeling_utils", "`loss_type=None` was set in the config but it is unrecogni"),
+             ("torch.utils.cpp_extension", "No CUDA runtime is found, using CUDA_HOME"))  # -zed, 4.52: -sed
+# torch before 2.8 prints the C++-extension helper's line itself, to sys.stderr, when the module is first
+# imported: quiet_known_noise imports it first with that one line taken out
+PRINTED_NOISE = "No CUDA runtime is found, using CUDA_HOME"
 # Python warnings: (message pattern, category). torch 2.9-2.11 warn on every use of the TF32 switch the course
 # shows (`torch.set_float32_matmul_precision`), which still works.
 WARNING_NOISE = ((r"Please use the new API settings to control TF32", UserWarning),)
@@ -97,6 +100,20 @@ def quiet_known_noise() -> None:
     if type(sys.stderr).__module__.startswith("ipykernel") and not _QUIETED:
         _filter_native_stderr()
         _QUIETED.add(2)
+    if "torch" in sys.modules and "torch.utils.cpp_extension" not in sys.modules:
+        _import_without_its_line("torch.utils.cpp_extension", PRINTED_NOISE)
+
+
+def _import_without_its_line(module: str, start: str) -> None:
+    """Import `module` with the lines it prints to sys.stderr that begin with `start` left out."""
+    import contextlib
+    import io
+
+    caught = io.StringIO()
+    with contextlib.redirect_stderr(caught):
+        importlib.import_module(module)
+    sys.stderr.write("".join(line for line in caught.getvalue().splitlines(keepends=True)
+                             if not line.startswith(start)))
 
 
 def _filter_native_stderr() -> None:
@@ -105,7 +122,7 @@ def _filter_native_stderr() -> None:
     (each `<<` flushed on its own), so a piece that may start such a line waits for the rest of it."""
     if not stat.S_ISFIFO(os.fstat(2).st_mode):  # the kernel does not read fd 2 here: nothing shows
         return
-    STARTS = (b"USDT:", b"WARNING:", b"[W")  # how kineto's and c10's log lines begin: with their level
+    STARTS = (b"USDT:", b"WARNING:", b"ERROR:", b"[W")  # how kineto's and c10's log lines begin
     kernel = os.dup(2)  # the write end of the kernel's pipe, where the kept bytes go
     read, write = os.pipe()
     os.dup2(write, 2)

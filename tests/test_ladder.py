@@ -748,7 +748,8 @@ def test_5_the_climb_holds_the_baseline_the_stack_below_and_the_candidate_only(m
     ladder.climb_stacks(make_model, batches, check, device=torch.device("cpu"), repeats=1, rungs=rungs,
                         log=lambda s: None)
     # the probe, the baseline, then each candidate beside the baseline and the stack it is added to
-    assert len(alive) == 4 and alive[2] == 1 and alive[3] <= 2, alive
+    # (at most: on transformers 4.x a rung that rebuilds the model lets the one before go sooner)
+    assert len(alive) == 4 and alive[2] <= 1 and alive[3] <= 2, alive
     gc.collect()
     assert not list(made), "a model outlived the climb: something besides the arms' timed passes holds it"
     four = tuple(r for r in ONE_16_BIT if r.switch in ("fused_adamw", "padding", "attn"))

@@ -407,7 +407,10 @@ def test_the_notebooks_kv_bytes_are_what_transformers_caches(planted):
     with torch.no_grad():
         out = gpt(torch.randint(0, 50, (batch, context)), use_cache=True)
     cache = out["cache"] if "cache" in out else out["past_key_values"]
-    cached = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    # transformers 5: a cache of layers; 4.5x: key and value lists, or a tuple of (keys, values) per layer
+    pairs = ([(x.keys, x.values) for x in cache.layers] if hasattr(cache, "layers") else
+             zip(cache.key_cache, cache.value_cache) if hasattr(cache, "key_cache") else cache)
+    cached = sum(k.nbytes + v.nbytes for k, v in pairs)
     assert (cached == batch * context * ns["kv_per_token"]) == (planted is None)
 
 
