@@ -100,8 +100,8 @@ def quiet_known_noise() -> None:
     if type(sys.stderr).__module__.startswith("ipykernel") and not _QUIETED:
         _filter_native_stderr()
         _QUIETED.add(2)
-    if "torch" in sys.modules and "torch.utils.cpp_extension" not in sys.modules:
-        _import_without_its_line("torch.utils.cpp_extension", PRINTED_NOISE)
+    if "torch.utils.cpp_extension" not in sys.modules and importlib.util.find_spec("torch"):
+        _import_without_its_line("torch.utils.cpp_extension", PRINTED_NOISE)  # imports torch: lessons do next
 
 
 def _import_without_its_line(module: str, start: str) -> None:

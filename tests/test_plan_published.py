@@ -100,9 +100,10 @@ def test_the_published_runs_are_what_the_issue_asks_for():
     assert len({r.name for r in runs}) == len(runs)
 
 
-# The calibration (helpers.plan.calibrate.CALIBRATION) is fitted on the op counts of the newest set: transformers
-# 4.5x's BERT runs other ops (its attention modules, its own mask and dropout), so BERT-large's runs count
-# otherwise there and the fitted factors and range hold for transformers 5 only; the floor set runs the rest.
+# The calibration (helpers.plan.calibrate.CALIBRATION) is fitted on the op counts of the newest set:
+# transformers 4.5x's BERT runs other ops (its attention modules, its own mask and dropout), so BERT-large's
+# runs count otherwise there and the fitted factors and range hold for transformers 5 only; the floor set
+# runs the rest.
 FITTED_ON_THE_NEWEST = pytest.mark.skipif(
     not compat.at_least("transformers", compat.TRANSFORMERS_V5),
     reason="the calibration is fitted on transformers 5's op counts; 4.5x's BERT counts other ops")
