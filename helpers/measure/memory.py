@@ -78,7 +78,7 @@ from helpers.measure.levers import OPTIMIZER_STATE_BYTES, AdamW8bitState, Levers
 _LORA_BASE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 __all__ = ["GiB", "MARGIN", "MemoryReport", "track_peak_memory", "peak_increase_bytes", "peak_rss_bytes",
-           "tensor_bytes",
+           "tensor_bytes", "fake_copy",
            "MemoryEstimate", "FORMULA_ASSUMES", "DRY_RUN_ASSUMES", "DRY_RUN_OPTIMIZERS",
            "estimate_training_memory", "estimate_step_memory", "Levers", "LoRA", "local_bytes_of",
            "MemoryTimeline", "memory_timeline",
@@ -455,10 +455,11 @@ def _fake_like(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None 
     return torch.empty_strided(t.size(), t.stride(), dtype=dtype or t.dtype, device=device)
 
 
-def _fake_copy(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> nn.Module:
+def fake_copy(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> nn.Module:
     """A copy of `model` whose parameters and buffers are fake tensors (call inside the fake mode; outside it,
     on the meta device, a meta copy), its floating-point ones in `dtype` when given (LoRA's 16-bit base); tied
-    weights stay tied, the model's own tensors are not copied (a meta-device model works too)."""
+    weights stay tied, the model's own tensors are not copied (a meta-device model works too): the dry run's
+    and the op count's copy (lessons 03, 04, 09)."""
     memo: dict[int, Any] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if id(t) not in memo:
@@ -554,13 +555,13 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
     if lora is not None:  # peft moves its adapters with .to(), which fake tensors refuse: adapters on meta
         from helpers.measure.levers import add_lora
 
-        model = add_lora(_fake_copy(model, torch.device("meta"), _LORA_BASE[lora.base_dtype]), lora)
+        model = add_lora(fake_copy(model, torch.device("meta"), _LORA_BASE[lora.base_dtype]), lora)
     elif weights16:  # weights, gradients and Adam's state in bf16: the model's own copy cast
-        model = _fake_copy(model, torch.device("meta"), torch.bfloat16)
+        model = fake_copy(model, torch.device("meta"), torch.bfloat16)
     group = compat.fake_process_group(shards) if levers.sharded else contextlib.nullcontext()
     # the batch's values known to the fake mode: see compat.fake_step
     with group as mesh, compat.fake_step(host, device) as fake_batch:
-        fake = _with_levers(_fake_copy(model, device).train(), levers, mesh)
+        fake = _with_levers(fake_copy(model, device).train(), levers, mesh)
         params = [p for p in fake.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters: nothing to train")

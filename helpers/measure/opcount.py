@@ -43,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from helpers.core.adapt import adapter_hint, as_batch, batch_shape, loss_of, takes_course_batches
 from helpers.core.compat import TorchDispatchMode, fake_step, op_schema, storage_identity
 from helpers.core.precision import autocast_context
-from helpers.measure.memory import _fake_copy
+from helpers.measure.memory import fake_copy
 
 __all__ = ["StepFn", "DEFAULT_PHASE", "OPTIMIZER_PHASE", "labelled_step", "check_phase", "op_class",
            "is_communication", "OpCount", "count_ops", "count_step", "gpu_like_attention"]
@@ -447,4 +447,4 @@ def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "
 def _fake_of(model: nn.Module, device: torch.device) -> nn.Module:
     """`model` copied with fake parameters and buffers (inside a fake mode), tied weights kept tied: the dry
     run's copy (helpers.measure.memory), which takes a module's plain tensor attributes too."""
-    return _fake_copy(model, device)
+    return fake_copy(model, device)
