@@ -150,6 +150,7 @@ def test_the_calibration_is_what_the_runs_fit(rebuilt):
     assert not agrees(calibrate(slow), CALIBRATION)
 
 
+@FITTED_ON_THE_NEWEST  # its planted runs are judged by the same calibration
 def test_planted_errors_fail_the_check(rebuilt):
     """A doubled batch or a wrong GPU in one run puts it outside its range: the check can fail."""
     _, planted_rows, _, _ = rebuilt
@@ -159,6 +160,7 @@ def test_planted_errors_fail_the_check(rebuilt):
         assert found, f"planted {name} in {row.run.name} passed the check"
 
 
+@FITTED_ON_THE_NEWEST  # built with the runs in one fixture (the floor set builds none: 4 minutes saved)
 def test_the_memory_figures_are_held_to_their_factors(rebuilt):
     """ZeRO's model states per device (plain, ZeRO-1, ZeRO-3) and the BERT-large peaks of the levers, each
     within its stated factor; a wrong lever in ZeRO-3's rebuild fails."""
