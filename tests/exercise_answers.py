@@ -4747,3 +4747,207 @@ def model_states_per_gpu(parameters: int, gpus: int, sharding: str) -> dict:
             "optimizer state": part(8, sharding in ("optimizer", "full"))}
 ''',
 }
+
+# --- 10-pick-levers: pick_levers(model_states, per_sequence, batch, gpus, budget) --------------------------
+
+WRONG["10-pick-levers"] = {
+    "not-a-divisor": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    share = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        room = budget - (model_states / gpus if sharded else model_states)
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        micro = min(share, int(room // act)) if room >= 0 else 0  # as many sequences as the room holds
+        if micro >= 1:
+            return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "whole-batch-per-gpu": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        states = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed"] if ckpt else per_sequence["plain"]
+        for micro in range(batch, 0, -1):  # every GPU runs the batch
+            if batch % micro == 0 and states + micro * act <= budget:
+                return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "checkpointing-before-sharding": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    n = batch // gpus
+    for sharded in (False, True):  # checkpointing first: it keeps the model whole on every GPU
+        for ckpt in (False, True):
+            held = model_states / gpus if sharded else model_states
+            act = per_sequence["checkpointed" if ckpt else "plain"]
+            for micro in sorted((m for m in range(1, n + 1) if n % m == 0), reverse=True):
+                if held + micro * act <= budget:
+                    return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "smallest-micro-batch": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    n = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        held = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        if held + n * act <= budget:
+            return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": n}
+        if held + act <= budget:  # accumulate one sequence at a time
+            return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": 1}
+    return None
+''',
+    "sharding-not-divided": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and model_states + micro * act <= budget:
+                return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "strict-budget": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        held = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and held + micro * act < budget:
+                return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "no-checkpointing": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    for sharded in (False, True):
+        held = model_states / gpus if sharded else model_states
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and held + micro * per_sequence["plain"] <= budget:
+                return {"sharded": sharded, "checkpointing": False, "micro_batch": micro}
+    return None
+''',
+    "always-shard": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    sharded = gpus > 1  # several GPUs: shard
+    for ckpt in (False, True):
+        held = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and held + micro * act <= budget:
+                return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "accumulation-saves-nothing": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        held = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        if held + per_gpu * act <= budget:  # the step's activations, whatever the micro-batch
+            return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": per_gpu}
+    return None
+''',
+    "model-states-forgotten": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and micro * act <= budget:  # what the activations take of the GPU
+                return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "input-changed": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    plain = per_sequence.pop("plain")  # takes the plain size out of the dict it was given
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        held = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed"] if ckpt else plain
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and held + micro * act <= budget:
+                return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "hidden-state": '''
+PICKS = {}
+
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    if budget in PICKS:  # seen this budget before: the same pick
+        return PICKS[budget]
+    per_gpu = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        held = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and held + micro * act <= budget:
+                PICKS[budget] = {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+                return PICKS[budget]
+    return None
+''',
+    "not-a-pick": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        held = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and held + micro * act <= budget:
+                return sharded, ckpt, micro
+    return None
+''',
+    "not-a-pick#float-micro-batch": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch / gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        held = model_states / gpus if sharded else model_states
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        for k in range(1, int(per_gpu) + 1):  # k micro-batches of per_gpu / k sequences
+            micro = per_gpu / k
+            if micro.is_integer() and held + micro * act <= budget:
+                return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+    "differs": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    per_gpu = batch // gpus
+    for sharded, ckpt in ((False, False), (True, False), (False, True), (True, True)):
+        held = model_states / min(gpus, 4) if sharded else model_states  # sharded within a node of 4
+        act = per_sequence["checkpointed" if ckpt else "plain"]
+        for micro in range(per_gpu, 0, -1):
+            if per_gpu % micro == 0 and held + micro * act <= budget:
+                return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": micro}
+    return None
+''',
+}
+
+RIGHT["10-pick-levers"] = {
+    "divisors-listed": '''
+def pick_levers(model_states, per_sequence, batch, gpus, budget):
+    share = batch // gpus
+    divisors = [m for m in range(share, 0, -1) if share % m == 0]
+    options = [(False, False), (True, False), (False, True), (True, True)]
+    for sharded, ckpt in options:
+        states = model_states // gpus if sharded else model_states  # exact: FSDP2 splits it evenly
+        act = per_sequence["checkpointed"] if ckpt else per_sequence["plain"]
+        fitting = [m for m in divisors if states + m * act <= budget]
+        if fitting:
+            return {"sharded": sharded, "checkpointing": ckpt, "micro_batch": max(fitting)}
+    return None
+''',
+    "room-first": '''
+import math
+
+def pick_levers(model_states: int, per_sequence: dict, batch: int, gpus: int, budget: int):
+    n = batch // gpus
+    for sharded, checkpointing in [(False, False), (True, False), (False, True), (True, True)]:
+        room = budget - (math.ceil(model_states / gpus) if sharded else model_states)
+        act = per_sequence["checkpointed" if checkpointing else "plain"]
+        best = max((m for m in range(1, n + 1) if n % m == 0 and m * act <= room), default=None)
+        if best is not None:
+            return dict(sharded=sharded, checkpointing=checkpointing, micro_batch=best)
+    return None
+''',
+}

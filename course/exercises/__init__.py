@@ -101,6 +101,8 @@ EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in (
     Exercise("10-model-states", "10_make_it_fit", "Weights, gradients and AdamW's state per GPU: DDP, "
              "ZeRO-1, FSDP2", "model_states_per_gpu", "10_make_it_fit/model_states_per_gpu.py",
              lesson10.model_states_per_gpu),
+    Exercise("10-pick-levers", "10_make_it_fit", "The cheapest levers that fit a step in a GPU's memory "
+             "budget", "pick_levers", "10_make_it_fit/pick_levers.py", lesson10.pick_levers),
 )}
 
 _LAST: dict[str, Outcome] = {}  # exercise id -> the outcome of its latest check in this process
