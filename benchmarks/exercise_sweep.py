@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the course, and tests/exercis
 
 import exercise_answers as answers  # noqa: E402 - tests/ is on the path only from here
 
-from course.exercises import EXERCISES, evaluate, lesson07  # noqa: E402
+from course.exercises import EXERCISES, lesson07, outcome_of  # noqa: E402
 from course.exercises.core import TIME_LIMIT_ENV  # noqa: E402
 
 
@@ -93,7 +93,7 @@ def main() -> None:
         for key, answer in loaded.items():
             passed, other, first = [], [], ""
             for seed in seeds:
-                outcome = evaluate(exercise_id, answer, seed=seed, **_context(exercise_id))
+                outcome = outcome_of(exercise_id, answer, seed=seed, **_context(exercise_id))
                 if args.right:
                     if outcome.status != "passed":
                         passed.append(seed)
