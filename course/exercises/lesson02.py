@@ -189,6 +189,11 @@ def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_
     clipped = torch.cat([g.flatten() for g in _clip(grads, max_norm)]) * 0.1
     if torch.allclose(flat, clipped, rtol=2e-2, atol=1e-7 + 2e-2 * clipped.abs().max().item()):
         return
+    # before the hypotheses: a zero update is within their tolerance of one that is tiny (a scale of 2**14)
+    if not bool(flat.any()):
+        raise Wrong("update", "no parameter moved: the step changed nothing (the gradients were gone, or the "
+                    "step skipped)", "zero the gradients first, then autocast the forward and loss, "
+                    "scale(loss).backward(), unscale_, clip, scaler.step, scaler.update: in that order")
     norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
     by_value = torch.cat([g.clamp(-max_norm, max_norm).flatten() for g in grads]) * 0.1
     unclipped = torch.cat([g.flatten() for g in grads]) * 0.1
@@ -234,15 +239,10 @@ def _diagnose_update(update: list[torch.Tensor], grads: list[torch.Tensor], max_
                             "clip_grad_norm_(model.parameters(), max_norm)")
             return
     want = torch.cat([x.flatten() for x in hypotheses[0][1]]) * 0.1
-    if not bool(flat.any()):
-        raise Wrong("update", "no parameter moved: the step changed nothing (the gradients were gone, or the "
-                    "step skipped)", "zero the gradients first, then autocast the forward and loss, "
-                    "scale(loss).backward(), unscale_, clip, scaler.step, scaler.update: in that order")
     ratio = (flat.norm() / want.norm()).item()
     cosine = (flat @ want / (flat.norm() * want.norm()).clamp_min(1e-30)).item()
     raise Wrong("update", f"the update's norm is {ratio:.3g}x that of the learning rate times the clipped "
-                          f"true "
-                f"gradient, in a direction {cosine:.2f} cosine-similar to it",
+                f"true gradient, in a direction {cosine:.2f} cosine-similar to it",
                 "zero the gradients, autocast the forward and loss, scale(loss).backward(), unscale_, clip, "
                 "scaler.step, scaler.update: in that order")
 

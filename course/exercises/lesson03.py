@@ -106,24 +106,12 @@ def _search(answer: Callable, capacity: int, limit: int, cycle: bool,
         if phase == "start":
             collections.append(info["generation"])
 
-    enabled = gc.isenabled()
-    gc.disable()  # only the learner's gc.collect() may free cycles, so the result does not depend on luck
-    gc.freeze()  # and it looks at the objects made since: milliseconds, not a scan of all of torch
     gc.callbacks.append(count)
     try:
-        got = answer(_sim_step(mem, cycle, poison), limit)
-    except torch.cuda.OutOfMemoryError as err:
-        if "(simulated)" not in str(err):
-            raise
-        raise Wrong("oom-not-caught", f"an out-of-memory error escaped your function (batch {mem.calls[-1]} "
-                    f"does not fit a capacity of {capacity}; limit {limit})", "catch "
-                    "torch.cuda.OutOfMemoryError around step_fn(n): that is how a size that does not fit "
-                    "shows (step_fn returns nothing when it fits)") from None
+        with _quick_collector():
+            got = answer(_sim_step(mem, cycle, poison), limit)
     finally:
         gc.callbacks.remove(count)
-        gc.unfreeze()
-        if enabled:
-            gc.enable()
     if mem.course is not None:
         raise Wrong("uses-course-code", f"it searches with the course's {mem.course}",
                     "write the search yourself: doubling, then bisecting, each failure let go of")
@@ -277,8 +265,8 @@ def _quick_collector() -> Iterator[None]:
     torch), and nothing is collected but by the learner's gc.collect(), as in `_search`; an out-of-memory
     error that escapes the answer is named."""
     enabled = gc.isenabled()
-    gc.disable()
-    gc.freeze()
+    gc.disable()  # only the learner's gc.collect() may free cycles, so the result does not depend on luck
+    gc.freeze()  # and it looks at the objects made since: milliseconds, not a scan of all of torch
     try:
         yield
     except torch.cuda.OutOfMemoryError as err:

@@ -282,14 +282,8 @@ def predict_time(answer: Callable, seed: int | None = None, device: Any = None) 
                     "model and the largest of the three (the lesson's helpers are the answer key)")
     answers = []
     for case, got in zip(cases, results):
-        regime, seconds = unpack(got, 2, "regime, seconds")
-        if isinstance(regime, (int, float)) and isinstance(seconds, str):
-            raise Wrong("order", "it returned (seconds, regime)", "return (regime, seconds)")
-        if regime not in _REGIMES:
-            raise Wrong("regime-name", f"regime {regime!r}", f"answer one of {_REGIMES}, lesson 04's names")
-        if isinstance(seconds, (str, bytes)) or not hasattr(seconds, "__float__"):
-            raise Wrong("seconds-type", f"seconds is a {type(seconds).__name__}",
-                        "return the time as a number")
+        _validate(got, case)
+        regime, seconds = got
         answers.append((case, regime, float(seconds)))
     if any(not close(s, case.seconds, 1e-6) for case, _, s in answers):
         _diagnose_seconds([(case, s) for case, _, s in answers])

@@ -184,10 +184,9 @@ def _diagnose_calls(r: dict[str, Any]) -> None:
                            sorted(bucket_sizes(ready, cap * 4, "under")))
     if sent == [total] and not in_elements:
         raise Wrong("cap-ignored", f"one all-reduce of all {total} bytes per step, with "
-                                   f"bucket_cap_bytes={cap}: "
-                    f"the gradients make {len(want)} buckets of up to the cap", "flush the bucket as soon as "
-                                                                                "it "
-                    "holds bucket_cap_bytes, from the hook that filled it, and start a new one")
+                    f"bucket_cap_bytes={cap}: the gradients make {len(want)} buckets of up to the cap",
+                    "flush the bucket as soon as it holds bucket_cap_bytes, from the hook that filled it, "
+                    "and start a new one")
     if in_elements and sent != [total]:
         raise Wrong("cap-in-elements", f"messages of {sent} bytes with bucket_cap_bytes={cap}: buckets of "
                     f"{cap} elements (4 bytes each), not bytes", "count a gradient's bytes: "
@@ -195,8 +194,7 @@ def _diagnose_calls(r: dict[str, Any]) -> None:
     raise Wrong("buckets-off-cap", f"messages of {sent} bytes with bucket_cap_bytes={cap}; gradients of "
                 f"{ready} bytes, filled in the order backward finished them, make buckets of {sorted(want)} "
                 "bytes", "add each gradient's bytes to the bucket as its hook runs, and flush when the "
-                         "bucket "
-                "reaches the cap (or before it would go over)")
+                "bucket reaches the cap (or before it would go over)")
 
 
 def _diagnose_contract(r: dict[str, Any]) -> None:

@@ -282,15 +282,7 @@ def _run_climb(answer: Callable, seed: int, rungs: list) -> tuple[Any, list, lis
     if course.found:
         raise Wrong("uses-course-code", f"it calls the course's {course.found}",
                     "write the climb and its rule yourself: the lesson's ladder is what you are rebuilding")
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise Wrong("return-shape", f"it returned {type(got).__name__}, not (your stack, kept)",
-                    "end with `return best, kept`: the final RunSpec and one True/False per rung")
-    stack, kept = got
-    from helpers.train.runspec import RunSpec
-
-    if not isinstance(stack, RunSpec):
-        raise Wrong("return-type", f"the stack it returned is a {type(stack).__name__}",
-                    "return the best stack itself, a RunSpec (rung.on(stack) makes one)")
+    stack, kept = _stack_and_kept(got)
     kept = list(kept) if isinstance(kept, (list, tuple)) else kept
     pairs = _sessions(m.calls)
     retried = any(pairs[i] == pairs[i + 1] for i in range(len(pairs) - 1))
@@ -418,7 +410,8 @@ def _climb_observe(returned: Any, arguments: dict) -> tuple:
     return stack, [bool(k) for k in kept], _sessions(machine.calls)
 
 
-def _climb_validate(returned: Any, c: _Climb) -> None:
+def _stack_and_kept(returned: Any) -> tuple[Any, Any]:
+    """(stack, kept) from what a climb returned, the stack a RunSpec, or the Wrong that names the shape."""
     from helpers.train.runspec import RunSpec
 
     if not isinstance(returned, (tuple, list)) or len(returned) != 2:
@@ -428,6 +421,11 @@ def _climb_validate(returned: Any, c: _Climb) -> None:
     if not isinstance(stack, RunSpec):
         raise Wrong("return-type", f"the stack it returned is a {type(stack).__name__}",
                     "return the best stack itself, a RunSpec (rung.on(stack) makes one)")
+    return stack, kept
+
+
+def _climb_validate(returned: Any, c: _Climb) -> None:
+    _, kept = _stack_and_kept(returned)
     decisions = isinstance(kept, (list, tuple)) and all(
         isinstance(k, (bool, int)) or type(k).__name__ == "bool_" for k in kept)
     if not decisions:
