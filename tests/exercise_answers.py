@@ -4697,7 +4697,7 @@ def model_states_per_gpu(parameters, gpus, sharding):
     return (4 * (shard if full else parameters), 4 * (shard if full else parameters),
             8 * (parameters if sharding == "none" else shard))
 ''',
-    "not-the-same-twice": '''
+    "hidden-state#calls-counted": '''
 CALLS = []
 
 def model_states_per_gpu(parameters, gpus, sharding):

@@ -135,10 +135,29 @@ def _as_bytes(value: object, c: Case) -> dict[str, int]:
     return {k: int(v) for k, v in value.items()}
 
 
+def _draw_state(rng: random.Random) -> Case:
+    gpus = rng.choice([1, 2, 3, 8, 24, 512])
+    return Case(int(10 ** rng.uniform(8, 10.85)) | 1, gpus, rng.choice(SHARDINGS))
+
+
+def _validate_states(value: Any, c: Case) -> None:
+    _as_bytes(value, c)
+
+
+def states_task() -> Task:
+    """10-model-states' function for the contract: inputs, hidden state, switches, the result's kind."""
+    return Task(reference("10_make_it_fit/model_states_per_gpu.py", "model_states_per_gpu"), draw=_draw_state,
+                arguments=lambda c: dict(zip(("parameters", "gpus", "sharding"), c.args)),
+                agree=lambda got, want, c: None if got == want else f"it gave {got}, the solution {want}",
+                show=Case.describe, name="model_states_per_gpu", result="the dict of bytes",
+                validate=_validate_states)
+
+
 def model_states_per_gpu(answer: Callable[[int, int, str], dict], seed: int) -> str:
-    """Check `answer(parameters, gpus, sharding)` on the drawn cases and on each call's contract: the three
-    keys, whole bytes, ints not floats, the same answer twice (lesson 10)."""
+    """Check `answer(parameters, gpus, sharding)` on the drawn cases after the contract: the three keys,
+    whole bytes, ints not floats, the same answer twice (lesson 10)."""
     cases = draw_cases(seed)
+    contract(answer, states_task(), cases[0])
     got, floats = [], []
     for c in cases:
         value = answer(*c.args)
@@ -147,7 +166,7 @@ def model_states_per_gpu(answer: Callable[[int, int, str], dict], seed: int) -> 
         got.append(_as_bytes(value, c))
         again = answer(*c.args)
         if not isinstance(again, dict) or _as_bytes(again, c) != got[-1]:
-            raise Wrong("not-the-same-twice", f"two calls for {c.describe()} returned {got[-1]} and {again}",
+            raise Wrong("hidden-state", f"two calls for {c.describe()} returned {got[-1]} and {again}",
                         "keep no state between calls: the answer depends on the arguments only")
     want = [expected(c) for c in cases]
     if got == want:  # then the reference on many more draws: any count of GPUs, any size
