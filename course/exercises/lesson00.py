@@ -202,7 +202,15 @@ def _check_regimes(cases: list[tuple[str, int, Any, str, Any]]) -> None:
         key, what, hint = matched[0]
         raise Wrong(key, f"every regime ({len(cases)} cases) is the one {what} gives", hint)
     _roof_ignored(cases, got, want)
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    wrong = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    at_ridge = [i for i in wrong if cases[i][4] == "memory-bound" and _OPS[cases[i][0]](cases[i][1])[0] / (
+        _OPS[cases[i][0]](cases[i][1])[1] * _E) == cases[i][2].matmul_flops["fp32"] / cases[i][2].bandwidth]
+    if at_ridge == wrong:  # wrong only where the intensity is the ridge itself: `>` where `>=` is meant
+        op, n, _, label, _ = cases[wrong[0]]
+        raise Wrong("regime-at-ridge", f"{op} at n={n:,} on {label}: the op's intensity is the ridge itself, "
+                    "and it answered memory-bound", "at or above the ridge an op is compute-bound: compare "
+                    "with >=, not >")
+    i = wrong[0]
     op, n, roof, label, regime = cases[i]
     intensity = _OPS[op](n)[0] / (_OPS[op](n)[1] * _E)
     ridge = roof.matmul_flops["fp32"] / roof.bandwidth
