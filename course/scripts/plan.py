@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from helpers.measure.levers import LEVERS
 from helpers.measure.roofline import LAUNCH_S
@@ -23,23 +24,33 @@ from helpers.train.runspec import flag_parser, spec_flags, spec_from_arguments
 __all__ = ["PlanFlags", "main"]
 
 
+def _flag(default: object, help_: str) -> Any:
+    """A flag's default and its --help line (HfArgumentParser reads the field's metadata)."""
+    return field(default=default, metadata={"help": help_})
+
+
 @dataclass
 class PlanFlags:
-    """The planner's own flags (its RunSpec switches come from helpers.train.runspec.spec_flags)."""
+    """The planner's own flags, each with its --help line (its RunSpec switches come from
+    helpers.train.runspec.spec_flags)."""
 
-    model: str = "bert-base"  # a name of helpers.model.models.KNOWN_MODELS, or an HF config.json / folder
-    batch: int = 32  # sequences per step
-    seq: int = 128  # tokens per sequence
-    gpus: str = ""  # comma-separated classes of helpers.measure.gpus (default: all)
-    tokens: float = 0.0  # tokens in one epoch of the data set (0: no epoch rows)
-    prices: str = ""  # "T4=0.35,A100-80=1.9" USD per GPU-hour (empty: the dated example table)
-    prices_date: str = ""  # when your prices were read (with --prices)
-    launch_us: float = LAUNCH_S * 1e6  # µs per kernel launch (an assumption)
-    search: bool = True  # search the largest batch that fits (a few dry runs per class)
-    fit: bool = False  # make it fit (lesson 10): --batch is the global batch, --gpus boxes such as 8xH100
-    allow: str = "accumulation,checkpointing,sharding,offload"  # the levers --fit may pull (helpers.plan.fit)
-    objective: str = "time"  # --fit picks the fastest ("time") or the cheapest per epoch ("cost")
-    stack: str = "eager"  # --fit: what the step runs as, for its expected time: eager, compiled or fused
+    model: str = _flag("bert-base",
+                       "a name of helpers.model.models.KNOWN_MODELS, or an HF config.json / folder")
+    batch: int = _flag(32, "sequences per step")
+    seq: int = _flag(128, "tokens per sequence")
+    gpus: str = _flag("", "comma-separated classes of helpers.measure.gpus (empty: every class)")
+    tokens: float = _flag(0.0, "tokens in one epoch of the data set (0: no epoch rows)")
+    prices: str = _flag("", "\"T4=0.35,A100-80=1.9\" USD per GPU-hour (empty: the dated example table)")
+    prices_date: str = _flag("", "when your prices were read (with --prices)")
+    launch_us: float = _flag(LAUNCH_S * 1e6, "µs per kernel launch (an assumption)")
+    search: bool = _flag(True, "search the largest batch that fits (a few dry runs per class)")
+    fit: bool = _flag(False,
+                      "make it fit (lesson 10): --batch is the global batch, --gpus boxes such as 8xH100")
+    allow: str = _flag("accumulation,checkpointing,sharding,offload",
+                       "the levers --fit may pull (helpers.plan.fit)")
+    objective: str = _flag("time", "--fit picks the fastest (\"time\") or the cheapest per epoch (\"cost\")")
+    stack: str = _flag("eager",
+                       "--fit: what the step runs as, for its expected time: eager, compiled or fused")
 
 
 def _prices(text: str, date: str) -> Prices | None:
