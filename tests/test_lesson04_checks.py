@@ -21,7 +21,7 @@ import course.lessons.lesson04 as lesson04
 from course.predictions import Effect, blank_predictions, lock_predictions, start_measuring
 from helpers.core.timing import TOO_BUSY, TOO_BUSY_VERDICT, Timing, benchmark, busy
 from helpers.measure.opcount import count_ops, labelled_step
-from helpers.measure.regimes import MemoryRoofs, OpRow, OpTable, fixed_work_s
+from helpers.measure.regimes import OpRow, OpTable, fixed_work_s
 from helpers.measure.roofline import Roofline
 
 ROOF = Roofline("test machine", {"fp32": 100e9}, 10e9, 512, 2**20)
@@ -75,7 +75,7 @@ def test_the_formulas_fail_on_a_wrong_count(field, planted):
         lesson04.check_counts(*planted(mm, gelu), x, w, h)
 
 
-def _placed(ops, peak: float, roofs: MemoryRoofs) -> list[tuple[str, float, float]]:
+def _placed(ops, peak: float, roofs: Roofline) -> list[tuple[str, float, float]]:
     """Section 2's loop, as the notebook writes it: each op's roof time and its measured time."""
     placed = []
     for name, c, op in ops:
@@ -88,10 +88,10 @@ def _placed(ops, peak: float, roofs: MemoryRoofs) -> list[tuple[str, float, floa
 def test_two_ops_pass_and_a_roof_too_low_fails():
     x, w, h, mm, gelu = _two_ops()
     ops = (("x @ w", mm, lambda: x @ w), ("GELU", gelu, lambda: F.gelu(h)))
-    fast = MemoryRoofs((), (), 1e13, None)  # roofs far above anything this machine does: nothing beats them
+    fast = Roofline("fast", {"fp32": 1e13}, 1e13)  # roofs far above anything this machine does
     lesson04.check_placed_on_roofs(_placed(ops, 1e13, fast))
     # planted: roofs in the wrong unit (kFLOP/s, kB/s): beaten however busy the machine is
-    slow = _placed(ops, 1e3, MemoryRoofs((), (), 1e3, None))
+    slow = _placed(ops, 1e3, Roofline("slow", {"fp32": 1e3}, 1e3))
     with pytest.raises(AssertionError, match="faster than its roof"):
         lesson04.check_placed_on_roofs(slow)
 

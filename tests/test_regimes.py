@@ -36,7 +36,6 @@ from helpers.measure.regimes import (
     EXCESS,
     REGIMES,
     TOO_BUSY,
-    MemoryRoofs,
     OpTable,
     amdahl_bound,
     check_flops,
@@ -351,14 +350,18 @@ def test_time_ops_times_a_plain_step_beside_each_profiled_one():
 
 
 def test_memory_roofs_by_working_set():
-    roofs = MemoryRoofs((2**18, 2**20, 2**22), (80e9, 30e9, 50e9), 10e9, 2**23)
-    assert roofs.bandwidths == (80e9, 50e9, 50e9)  # a smaller set measured slower takes the larger set's
-    assert roofs.bandwidth_for(2**19) == 80e9 and roofs.bandwidth_for(2**22) == 50e9
-    assert roofs.bandwidth_for(2**10) == 80e9 and roofs.bandwidth_for(2**24) == 10e9  # beyond the cache
-    assert roofs.where(2**20) == "cache" and roofs.where(2**24) == "memory"
-    assert MemoryRoofs((), (), 10e9, None).bandwidth_for(1) == 10e9  # cache unknown: lesson 00's roof
+    def roofs(sizes, bandwidths, beyond, cache):  # one roofline: its copy bandwidth, and roofs by working set
+        return Roofline("made-up", {"fp32": 1e12}, beyond, cache_sizes=sizes, cache_bandwidths=bandwidths,
+                        cache_bytes=cache)
+
+    r = roofs((2**18, 2**20, 2**22), (80e9, 30e9, 50e9), 10e9, 2**23)
+    assert r.cache_bandwidths == (80e9, 50e9, 50e9)  # a smaller set measured slower takes the larger set's
+    assert r.bandwidth_for(2**19) == 80e9 and r.bandwidth_for(2**22) == 50e9
+    assert r.bandwidth_for(2**10) == 80e9 and r.bandwidth_for(2**24) == 10e9  # beyond the cache
+    assert r.where(2**20) == "cache" and r.where(2**24) == "memory"
+    assert roofs((), (), 10e9, None).bandwidth_for(1) == 10e9  # cache unknown: lesson 00's roof
     with pytest.raises(ValueError):
-        MemoryRoofs((2**20, 2**18), (1e9, 1e9), 1e9, 2**23)
+        roofs((2**20, 2**18), (1e9, 1e9), 1e9, 2**23)
 
 
 def test_a_read_heavy_op_is_held_to_the_fastest_pattern_not_to_a_copy(monkeypatch):
@@ -389,7 +392,8 @@ def test_a_read_heavy_op_is_held_to_the_fastest_pattern_not_to_a_copy(monkeypatc
     times = OpTimes({k: t for k in counts}, {k: c.calls for k, c in counts.items()}, t, 1, "cpu")
     row = op_table(counts, times, roof, overhead_s=0.0, memory_roofs=roofs).row("aten::sum")
     assert row.roof_fraction <= 1 + 1e-9, f"a sum ran at {row.roof_fraction:.0%} of its roof"
-    assert roofs.beyond == pytest.approx(read_bw, rel=1e-4)  # beyond the caches too: reading is fastest
+    assert roofs.bandwidth == pytest.approx(read_bw, rel=1e-4)  # beyond the caches too: reading is fastest
+    assert roofs.matmul_flops == roof.matmul_flops  # one roofline: the rates it was given, and the memory's
 
 
 def test_the_cost_of_a_call_is_measured_for_each_class_of_op(monkeypatch):

@@ -46,7 +46,6 @@ from helpers.measure.regimes import (
     EXCESS,
     OPTIMISATION_TARGETS,
     ROOF_MARGIN,
-    MemoryRoofs,
     OpTable,
     check_flops,
     check_reconciled,
@@ -177,7 +176,7 @@ def _load_busy(probe: LoadProbe, *spreads: float) -> Busy:
 # --- section 1: the roofs -----------------------------------------------------------------------------------
 
 def roofs_here(device: torch.device, profile: str, min_run_time: float, judge: Judge, *,
-               cache_bytes: int | None) -> tuple[Roofline, MemoryRoofs]:
+               cache_bytes: int | None) -> tuple[Roofline, Roofline]:
     """Lesson 00's roofline measured again in this session, the higher of the two kept, and the memory roofs
     by working set; the roofline's bandwidth is the memory roof beyond the caches. Prints where they come from
     (lesson 04)."""
@@ -197,7 +196,7 @@ def roofs_here(device: torch.device, profile: str, min_run_time: float, judge: J
             copy = max(saved.bandwidth, now.bandwidth)
         copied = Roofline(now.device_name, flops, copy, size, now.copy_bytes)
         memory = measure_memory_roofs(device, copied, cache_bytes=cache_bytes, min_run_time=min_run_time / 10)
-    roof = Roofline(now.device_name, flops, memory.beyond, size, now.copy_bytes)
+    roof = Roofline(now.device_name, flops, memory.bandwidth, size, now.copy_bytes)
     had = saved is not None and "fp32" in saved.matmul_flops
     source = "the higher of lesson 00's and this session's" if had else "this session's (no lesson 00 roof)"
     print(f"roofline of {roof.device_name}: {source}; memory roof beyond the caches: the fastest of "
@@ -623,7 +622,7 @@ def bf16_units(device: torch.device) -> str:
 
 
 def predicted(kinds: OpKinds, predict: Callable[..., tuple[str, float]] | None, peak: float,
-              memory_roofs: MemoryRoofs, call_costs: Mapping[str, float], synchronous: bool
+              memory_roofs: Roofline, call_costs: Mapping[str, float], synchronous: bool
               ) -> tuple[dict[str, tuple[str, float]], Table]:
     """Each op's counts, and its regime and time by `predict`, the learner's predict_time, once it has passed
     its check (exercise 04-predict-time); until then by the course's model. The calls are priced by their

@@ -31,7 +31,6 @@ from helpers.measure.memory import estimate_training_memory
 from helpers.measure.optime import per_call_overhead
 from helpers.measure.regimes import (
     EXCESS,
-    MemoryRoofs,
     OpTable,
     amdahl_bound,
     measure_memory_roofs,
@@ -172,7 +171,7 @@ def check_matches_eager(loss: torch.Tensor, model: nn.Module, ref_loss: torch.Te
 
 # --- what compiling fused, and why it paid ------------------------------------------------------------------
 
-def session_roofs(device: torch.device | str, profile: str) -> tuple[Roofline, MemoryRoofs]:
+def session_roofs(device: torch.device | str, profile: str) -> tuple[Roofline, Roofline]:
     """The roofs lesson 04 places a step's ops on (lesson 05): the highest of lesson 00's saved roofline and
     this session's (a roof measured while other work ran is too low; the compute roof is the best rate of a
     few matmul sizes), and the memory roof by working set, measured within and beyond the last-level cache

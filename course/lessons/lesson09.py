@@ -24,7 +24,6 @@ from helpers.measure.optime import per_call_overhead
 from helpers.measure.regimes import (
     EXCESS,
     ROOF_MARGIN,
-    MemoryRoofs,
     measure_memory_roofs,
     measure_peak_flops,
     profile_step,
@@ -74,7 +73,7 @@ def setup(profile: str | None = None) -> LessonSetup:
 
 # --- the planner on this machine: predicted beside measured ----------------------------------------------
 
-def _roofs_here(device: torch.device) -> tuple[Roofline, Roofline, MemoryRoofs, float]:
+def _roofs_here(device: torch.device) -> tuple[Roofline, Roofline, Roofline, float]:
     """This machine's roofs, measured now as lesson 04 measures them: the best matmul rate of a few sizes,
     a copy beyond the caches, the copies that fit the caches, and the cost of one call."""
     gpu_here = device.type == "cuda"

@@ -6,10 +6,11 @@ paid or not (lesson 05); scoring a learner's predictions is `course.predictions`
 How an op is placed (the lesson says the same next to its tables):
 
 - **its roofs**: compute, FLOPs / the measured matmul peak; memory, bytes / the memory roof *at the op's
-  working set* (`MemoryRoofs`): the most bytes per second the memory moved, at that working set, in any of
-  three patterns (read only, copy, read two and write one), within the last-level cache and beyond it. A
-  copy alone is not the roof: it counts two bytes per element, but a CPU that reads a cache line before
-  writing it moves three, so an op that mostly reads runs faster than a copy;
+  working set* (`measure_memory_roofs`: a `Roofline`'s roofs by working set): the most bytes per second the
+  memory moved, at that working set, in any of three patterns (read only, copy, read two and write one),
+  within the last-level cache and beyond it. A copy alone is not the roof: it counts two bytes per element,
+  but a CPU that reads a cache line before writing it moves three, so an op that mostly reads runs faster
+  than a copy;
 - **overhead, one definition**: the time a step spends on calling ops rather than on their work: every call's
   fixed cost (calls × the measured cost of the smallest call of its class,
   `helpers.measure.optime.per_call_costs`)
@@ -50,7 +51,7 @@ from helpers.measure.optime import OpTimes, call_cost, fastest_call, per_call_co
 from helpers.measure.roofline import Roofline
 
 __all__ = ["REGIMES", "LABELS", "REGIME_COLORS", "EXCESS", "roof_times", "classify_regime", "predicted_time",
-           "is_synchronous", "MemoryRoofs", "measure_memory_roofs", "measure_peak_flops", "OpRow", "OpTable",
+           "is_synchronous", "measure_memory_roofs", "measure_peak_flops", "OpRow", "OpTable",
            "op_table", "profile_step", "check_regimes", "check_roofs", "check_reconciled", "check_flops",
            "fixed_work_s", "ROOF_MARGIN", "RECONCILE_MARGIN", "TOO_BUSY", "MEMORY_PATTERNS", "fusion_report",
            "amdahl_bound", "OPTIMISATION_TARGETS", "why_it_paid"]
@@ -123,59 +124,9 @@ def predicted_time(flops: float, nbytes: float, calls: float, *, peak_flops: flo
 MEMORY_PATTERNS = {"read": (1, 0), "copy": (1, 1), "read 2, write 1": (2, 1)}
 
 
-@dataclass(frozen=True)
-class MemoryRoofs:
-    """Memory bandwidth by working set (bytes read + written per call), the most any access pattern
-    (`MEMORY_PATTERNS`) reached: working sets within the last-level cache, measured, and beyond the caches
-    (lesson 04)."""
-
-    sizes: tuple[int, ...]  # working sets measured, ascending, all within the cache
-    bandwidths: tuple[float, ...]  # bytes/s at each: the fastest pattern (made non-increasing with the size)
-    beyond: float  # bytes/s beyond the last-level cache
-    cache_bytes: int | None  # the last-level cache (helpers.core.device.last_level_cache_bytes)
-    by_pattern: tuple[Mapping[str, float], ...] = ()  # bytes/s of each pattern at each size, then beyond
-
-    def __post_init__(self) -> None:
-        if len(self.sizes) != len(self.bandwidths) or list(self.sizes) != sorted(self.sizes):
-            raise ValueError("MemoryRoofs needs one bandwidth per working set, the sets in ascending order")
-        if not self.beyond > 0 or any(not b > 0 for b in self.bandwidths):
-            raise ValueError("bandwidths must be > 0 bytes/s")
-        # a larger working set can only be slower: a smaller set measured slower (a burst of load) takes the
-        # larger set's bandwidth, so that a roof never sits below what a larger working set reached
-        monotone, best = [], self.beyond
-        for b in reversed(self.bandwidths):
-            best = max(best, b)
-            monotone.append(best)
-        object.__setattr__(self, "bandwidths", tuple(reversed(monotone)))
-
-    def bandwidth_for(self, working_set: float) -> float:
-        """The bandwidth an op moving `working_set` bytes per call can reach at most."""
-        if self.cache_bytes is None or working_set > self.cache_bytes or not self.sizes:
-            return self.beyond
-        below = [b for s, b in zip(self.sizes, self.bandwidths) if s <= working_set]
-        return below[-1] if below else self.bandwidths[0]
-
-    def where(self, working_set: float) -> str:
-        """Where an op of that working set runs from: "cache" or "memory" (beyond the caches)."""
-        in_cache = self.cache_bytes is not None and working_set <= self.cache_bytes and bool(self.sizes)
-        return "cache" if in_cache else "memory"
-
-    def table(self) -> Table:
-        """The roofs as a table: working set, each pattern's GB/s, the roof (the fastest)."""
-        names = list(MEMORY_PATTERNS) if self.by_pattern else []
-        t = Table(["working set", *[f"{n} GB/s" for n in names], "roof GB/s", "where"],
-                  title="Memory roofs by working set (the fastest pattern)")
-        measured = list(self.by_pattern) or [{}] * (len(self.sizes) + 1)
-        for s, b, p in zip(self.sizes, self.bandwidths, measured):
-            t.add(f"{s / 2**20:,.2f} MiB", *[p.get(n, math.nan) / 1e9 for n in names], b / 1e9,
-                  "in the last-level cache")
-        cache = f" ({self.cache_bytes / 2**20:,.0f} MiB)" if self.cache_bytes else ""
-        t.add("beyond the last-level cache" + cache, *[measured[-1].get(n, math.nan) / 1e9 for n in names],
-              self.beyond / 1e9, "memory")
-        return t
-
-    def _repr_markdown_(self) -> str:
-        return self.table().to_markdown()
+def _copy_only(roofline: Roofline) -> Roofline:
+    """`roofline` with one memory roof for every working set, its copy bandwidth (no roofs by working set)."""
+    return replace(roofline, cache_sizes=(), cache_bandwidths=(), cache_bytes=None, by_pattern=())
 
 
 def _pattern_rates(device: torch.device, working_set: int, threads: list[int],
@@ -204,7 +155,7 @@ def _pattern(name: str, src: list[torch.Tensor], dst: torch.Tensor) -> Callable[
 
 def measure_memory_roofs(device: torch.device | str, roofline: Roofline, *, cache_bytes: int | None,
                          overhead_s: float = 0.0, smallest: int = 256 * 2**10,
-                         min_run_time: float = 0.01) -> MemoryRoofs:
+                         min_run_time: float = 0.01) -> Roofline:
     """Time each access pattern (`MEMORY_PATTERNS`) at working sets of 256 KiB, 1 MiB, 4 MiB, ... up to half
     the last-level cache (`cache_bytes`), and at twice the cache; the roof at each is the fastest pattern,
     and beyond the caches at least `roofline`'s copy (lesson 04). On a synchronous device a call's fixed cost
@@ -228,7 +179,9 @@ def measure_memory_roofs(device: torch.device | str, roofline: Roofline, *, cach
         rates = _pattern_rates(device, 2 * cache_bytes, threads, min_run_time, overhead_s)
         beyond = max(beyond, *rates.values())
         by_pattern.append(rates)
-    return MemoryRoofs(tuple(sizes), tuple(bws), beyond, cache_bytes, tuple(by_pattern))
+    # one roofline: `roofline`'s rates, its bandwidth the roof beyond the caches, the cache's roofs beside it
+    return replace(roofline, bandwidth=beyond, cache_sizes=tuple(sizes), cache_bandwidths=tuple(bws),
+                   cache_bytes=cache_bytes, by_pattern=tuple(by_pattern))
 
 
 def _threads(device: torch.device) -> list[int]:
@@ -330,7 +283,7 @@ class OpTable:
     pairs: tuple[tuple[float, float], ...] = ()  # (profiled s, unprofiled s) of each round
     noise: float = 0.0  # how much the rounds disagree (OpTimes.noise)
     untimed: tuple[str, ...] = ()  # counted ops the profiler never saw, and what was done with each
-    memory_roofs: MemoryRoofs | None = None
+    memory_roofs: Roofline | None = None  # the roofs by working set it was placed on
     call_costs: tuple[tuple[str, float], ...] = ()  # (op class, seconds per call); empty: overhead_s for all
     others: float | None = None  # share of the CPUs other programs took while it was profiled (None: unknown)
 
@@ -501,7 +454,7 @@ def _median(values: Sequence[float]) -> float:
 
 def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, roofline: Roofline, *,
              precision: str = "fp32", overhead_s: float | Mapping[str, float],
-             memory_roofs: MemoryRoofs | None = None, untimed: str = "error") -> OpTable:
+             memory_roofs: Roofline | None = None, untimed: str = "error") -> OpTable:
     """Join counts (`count_ops`) and times (`time_ops`; None: counts only, every time 0) into rows placed on
     `roofline` and its memory roofs by working set (`memory_roofs`; default: lesson 00's copy for all) (lesson
     04). `overhead_s`: the fixed cost of one call, the same for every op (a float) or per op class
@@ -522,7 +475,7 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
         raise ValueError(f"untimed must be 'error' or 'estimate', got {untimed!r}")
     ridge = roofline.ridge_point(precision)  # raises ValueError for a precision the roofline lacks
     peak = ridge * roofline.bandwidth  # the measured matmul FLOP/s of that precision
-    roofs = memory_roofs or MemoryRoofs((), (), roofline.bandwidth, None)
+    roofs = memory_roofs or _copy_only(roofline)
     synchronous = times is None or times.device not in ("cuda", "mps")
     notes, estimated = [], set()
     if times is not None:
@@ -577,7 +530,7 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
 def profile_step(step: StepFn, roofline: Roofline, *,
                  device: torch.device | str = "cpu", precision: str = "fp32",
                  overhead_s: float | Mapping[str, float] | None = None,
-                 steps: int = 3, warmup: int = 1, memory_roofs: MemoryRoofs | None = None,
+                 steps: int = 3, warmup: int = 1, memory_roofs: Roofline | None = None,
                  untimed: str = "error") -> OpTable:
     """`count_ops`, `time_ops` and `op_table` in one call: a step's op table on the roofline, each profiled
     step beside a plain one (lesson 04). `overhead_s`: the fixed cost of a call, one for all ops or per op
@@ -667,7 +620,7 @@ def check_flops(table: OpTable, expected: float, *, rtol: float = 1e-6) -> list[
 
 def fixed_work_s(small: Mapping[tuple[str, str], OpCount], large: Mapping[tuple[str, str], OpCount],
                  batches: tuple[int, int], roofline: Roofline, *, precision: str = "fp32",
-                 memory_roofs: MemoryRoofs | None = None) -> float:
+                 memory_roofs: Roofline | None = None) -> float:
     """Seconds per step of work that does not grow with the batch, at its roofs: each op's FLOPs and bytes
     at two batch sizes (`count_ops` of the same step at `batches`), extended to batch 0 (the optimizer
     update, the weights read by the matmuls, a gradient the size of the embedding table) (lesson 04)."""
@@ -675,7 +628,7 @@ def fixed_work_s(small: Mapping[tuple[str, str], OpCount], large: Mapping[tuple[
     if not 0 < b1 < b2:
         raise ValueError(f"batches must be two sizes, smaller first, got {batches}")
     peak = roofline.ridge_point(precision) * roofline.bandwidth
-    roofs = memory_roofs or MemoryRoofs((), (), roofline.bandwidth, None)
+    roofs = memory_roofs or _copy_only(roofline)
     total = 0.0
     for key, c1 in small.items():
         c2 = large.get(key)

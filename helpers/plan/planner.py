@@ -30,7 +30,7 @@ from helpers.measure.flops import model_flops_per_token, model_shape
 from helpers.measure.gpus import GPU, GPUS, gpu, seen_as
 from helpers.measure.memory import MARGIN
 from helpers.measure.opcount import count_step
-from helpers.measure.regimes import MemoryRoofs, is_synchronous
+from helpers.measure.regimes import is_synchronous
 from helpers.measure.roofline import LAUNCH_S, Roofline, datasheet_roofline, mfu_peak
 from helpers.plan.batch_search import DryRuns, check_line, largest_batch
 from helpers.plan.report import EXAMPLE_PRICES, ClassPlan, Plan, Prices
@@ -73,7 +73,7 @@ _COMPILE = "RunSpec.compile is not modelled: the step is predicted as eager PyTo
 
 # --- this machine's roofs, measured ----------------------------------------------------------------------
 
-def measured_roofs(roofline: Roofline, *, overhead_s: float, memory_roofs: MemoryRoofs | None = None,
+def measured_roofs(roofline: Roofline, *, overhead_s: float, memory_roofs: Roofline | None = None,
                    device: torch.device | str = "cpu", name: str = "") -> Roofline:
     """This machine's roofs, measured (lessons 00 and 04): the roofline's matmul rates and copy bandwidth, the
     cost of one op call (`helpers.measure.optime.per_call_overhead`), the cache roofs; a CPU runs each op
@@ -83,8 +83,8 @@ def measured_roofs(roofline: Roofline, *, overhead_s: float, memory_roofs: Memor
                          f"{type(roofline).__name__}")
     if not overhead_s >= 0:
         raise ValueError(f"overhead_s must be >= 0 seconds, got {overhead_s!r}")
-    tiers = {} if memory_roofs is None else dict(
-        cache_sizes=memory_roofs.sizes, cache_bandwidths=memory_roofs.bandwidths,
+    tiers = {} if memory_roofs is None else dict(  # `measure_memory_roofs`' roofs by working set
+        cache_sizes=memory_roofs.cache_sizes, cache_bandwidths=memory_roofs.cache_bandwidths,
         cache_bytes=memory_roofs.cache_bytes, by_pattern=memory_roofs.by_pattern)
     return replace(roofline, device_name=name or roofline.device_name, overhead_s=overhead_s,
                    synchronous=is_synchronous(device), **tiers,
