@@ -33,12 +33,17 @@ about 800 lines, one section per subject.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import functools
+import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
+import threading
+import traceback
 import warnings
 from collections.abc import Iterator
 from typing import Any, Callable, NoReturn
@@ -115,7 +120,6 @@ def optional_import(module: str, what: str) -> Any:
     """Import `module`, which comes with the course's extra (`pip install .` alone brings what the helpers
     need to train, time, measure and checkpoint), or ModuleNotFoundError naming `what` needs it and the
     install line (all lessons; your own code without the extra)."""
-    import importlib
 
     try:
         return importlib.import_module(module)
@@ -415,7 +419,6 @@ def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 def _value_read_message(func: Any) -> str:
     """Where the model read a value it cannot have on fake tensors, and what to do (ValueReadError)."""
-    import traceback
 
     skip = (os.path.dirname(torch.__file__), __file__, os.path.dirname(contextlib.__file__))
     frames = [f for f in traceback.extract_stack()
@@ -741,7 +744,6 @@ class _AveragedWork:
     group's size, once."""
 
     def __init__(self, work: Any, tensor: torch.Tensor, size: int) -> None:
-        import threading
 
         self._work, self._tensor, self._size = work, tensor, size
         self._lock, self._divided = threading.Lock(), False
@@ -777,7 +779,6 @@ def all_reduce_with_avg(all_reduce: Callable[..., Any]) -> Callable[..., Any]:
     the group's backend has none (gloo in torch 2.7): a sum, divided by the group's size when it is done (at
     once, or when its handle or future is waited for), as gloo itself does from torch 2.8; every other call
     as it was. Lesson 07's check runs the learner's function with it, so an AVG answer is right everywhere."""
-    import inspect
 
     import torch.distributed as dist
 
@@ -902,7 +903,6 @@ def exit_now(code: int = 0) -> NoReturn:
     clean-up), stdout and stderr are flushed, then the process leaves without the interpreter freeing every
     module's objects one by one, which the operating system does at once: 1-2 s of every torchrun launch on
     a 2-core CPU (lessons 07, 08)."""
-    import atexit
 
     atexit._run_exitfuncs()  # what a normal exit runs first (private, in CPython for years)
     sys.stdout.flush()

@@ -60,7 +60,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import json
+import pickle
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -238,8 +241,7 @@ def peak_increase_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu
 def peak_rss_bytes() -> int:
     """The process's peak resident set size in bytes, as the operating system counts it: tensors plus
     Python, libraries and memory malloc kept (lessons 03 and 07; a CPU's coarse stand-in for `peak_bytes`)."""
-    import resource
-    import sys
+    import resource  # Unix only (Windows has none): imported here, so the module imports everywhere
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS reports bytes, Linux KiB
@@ -692,7 +694,6 @@ def record_memory_history(fn: Callable[[], Any], path: str | Path, *,
     path.parent.mkdir(parents=True, exist_ok=True)
     snapshot = compat.cuda_memory_snapshot(fn, max_entries)
     pickle_path, html_path = path.with_suffix(".pickle"), path.with_suffix(".html")
-    import pickle
 
     with open(pickle_path, "wb") as f:
         pickle.dump(snapshot, f)
@@ -717,7 +718,6 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
     Returns 0 when even `start` does not fit. Errors other than out-of-memory are raised.
     Lesson 03.
     """
-    import gc
 
     if start < 1 or limit < start:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")

@@ -44,6 +44,9 @@ from torch import nn
 
 from helpers.core import compat
 
+# torchao is optional (not a dependency): imported inside the functions that use it, so this module imports
+# without it and `fp8_capable` says what is missing
+
 __all__ = ["RECIPES", "BACKENDS", "E4M3", "E5M2", "FP8_CAPABILITY", "fp8_capable", "fp8_supported",
            "torchao_available", "quantize",
            "fp8_matmul", "FP8Linear", "default_skip", "convert_to_float8"]

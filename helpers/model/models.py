@@ -17,6 +17,10 @@ from helpers.core.adapt import ModelOutput
 from helpers.core.hub import BERT_PATH_ENV, env_bert_path, offline_bert_path
 from helpers.model.attention import check_padding_mask, naive_attention
 
+# transformers is imported inside the functions that use it: with its model classes it costs about 3 s (2-core
+# CPU, `python -X importtime`, transformers 5.25), which `import helpers` should not pay for a model it never
+# builds
+
 __all__ = ["TransformerConfig", "SmallTransformer",
            "load_bert", "bert_base_random", "has_weights", "MODEL_SIZES",
            "bert_config", "KNOWN_MODELS", "meta_model"]

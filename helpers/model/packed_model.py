@@ -51,6 +51,9 @@ from helpers.core import compat
 from helpers.core.adapt import ModelOutput
 from helpers.data.packing import check_packed_batch, document_block_mask, document_mask, varlen_segments
 
+# transformers is imported inside the functions that use it: about 3 s with its model classes (2-core CPU,
+# `python -X importtime`), which importing this module for a model of your own should not pay
+
 __all__ = ["VARLEN", "FLEX_BLOCK", "varlen_available", "use_varlen", "packed_forward", "PackedModel",
            "base_model", "PackingStats", "packed_padding_stats"]
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import math
+import multiprocessing
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
@@ -25,6 +27,9 @@ from helpers.measure.levers import Levers
 from helpers.plan.calibrate import CALIBRATION, STACKS, Calibration, expected, leave_one_out
 from helpers.plan.fit import GpuMemory, Option, Pricer
 from helpers.plan.steptime import StepTime
+
+# transformers' model classes are imported inside the functions that build each published model: about 3 s
+# (2-core CPU, `python -X importtime`), paid only by the runs that need them
 
 __all__ = ["Source", "PublishedRun", "RUNS", "LORA_RUNS", "MODELS", "TITAN_H100", "A6000", "rebuild", "Row",
            "rebuild_all",
@@ -367,8 +372,6 @@ def _pooled(work: Callable[[list], list], items: Sequence, keys: Sequence[tuple]
         raise ValueError(f"processes must be a whole number >= 1, got {processes!r}")
     if processes == 1:
         return work(list(items))
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     groups: dict[tuple, list[int]] = {}
     for i, key in enumerate(keys):

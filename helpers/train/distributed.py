@@ -17,6 +17,7 @@ needs: live output, timeouts, no orphans) is half of it, and it serves the same 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -34,6 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -136,7 +138,6 @@ def teardown() -> None:
     that keep finished communication work (and its tensors) alive until a garbage collection. Collected at
     interpreter exit, after the process group is gone, that work can abort the process (gloo's threads
     release tensors without the GIL); collected here, it cannot."""
-    import gc
 
     gc.collect()
     if dist.is_available() and dist.is_initialized():
@@ -391,8 +392,6 @@ def _failed_ranks(lines: Sequence[str]) -> list[int]:
 
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """Stop torchrun and its workers (which run in sessions of their own): SIGTERM, then SIGKILL."""
-    import psutil
-
     try:
         workers = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:

@@ -43,9 +43,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -388,7 +390,6 @@ def _random_forward(run: nn.Module, batch: Mapping[str, Any], stack: RunSpec, de
 def _pass_stats(batches: Sequence[Mapping[str, torch.Tensor]], model: nn.Module) -> tuple[Any, str | None]:
     """(documents, real tokens, useful FLOPs and padding of a pass, why the FLOPs are None or None):
     `packed_padding_stats` for batches with an attention mask, every token real otherwise."""
-    from types import SimpleNamespace
 
     from helpers.model.packed_model import packed_padding_stats
     from helpers.train.meter import flops_unreadable
@@ -564,7 +565,6 @@ def baseline_for(model: nn.Module) -> RunSpec:
 def _model_problems(model: nn.Module, rungs: Sequence[Rung], baseline: RunSpec) -> dict[tuple, str | None]:
     """What `model` cannot take, for every mix of the model switches the climb can reach (so that the model
     itself need not be kept): (attn, padding, activation_checkpointing) -> RunSpec.check_model's reason."""
-    import itertools
 
     def values(name: str) -> set:
         return {getattr(baseline, name)} | {r.value for r in rungs if r.switch == name}

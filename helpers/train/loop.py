@@ -60,6 +60,7 @@ from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from helpers.core.adapt import adapter_hint, as_batch, is_batch, loss_of, takes_course_batches
 from helpers.core.compat import grad_scaler_scale, make_adamw, profiler_enabled
@@ -438,8 +439,6 @@ def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device
     `optimizer`: yours instead of `make_optimizer(model, cfg.lr, cfg.weight_decay, spec.fused_adamw)`;
     `scheduler`: yours instead of `make_lr_scheduler` from cfg (stepped once per optimizer step);
     `on_step(steps_done, StepOutput)`: called after every step (its tensors are on the device)."""
-    from tqdm.auto import tqdm
-
     spec, device = _check(model, cfg, spec, device, scheduler)
     seed_everything(cfg.seed)
     model.to(device).train()

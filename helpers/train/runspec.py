@@ -60,6 +60,9 @@ from helpers.core.precision import (
     uses_tf32,
 )
 
+# transformers is imported inside the one function that reads its attention registry: about 3 s with its model
+# classes (2-core CPU, `python -X importtime`), which a RunSpec on a model of your own never needs
+
 __all__ = ["Padding", "Attn", "PADDINGS", "ATTNS", "FUSED_ADAMW_DEVICES", "RunSpec",
            "set_activation_checkpointing", "dataclass_flags", "spec_flags", "flag_parser",
            "spec_from_arguments"]
