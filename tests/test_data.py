@@ -91,7 +91,9 @@ def test_the_stratified_draw_is_scikit_learns_without_importing_it():
     for case in range(40):
         n_classes = int(rng.integers(2, 7))
         shares = rng.dirichlet([1] * n_classes)
-        y = rng.choice(n_classes, size=int(rng.integers(4 * n_classes, 400)), p=shares)
+        # at least 10 rows a class: a test share of 10 % then holds a row of each, which scikit-learn requires
+        # (50 rows of 6 classes at 10 % made it refuse the case, not the course's draw)
+        y = rng.choice(n_classes, size=int(rng.integers(10 * n_classes, 400)), p=shares)
         y = np.concatenate([y, np.repeat(np.arange(n_classes), 3)])  # every class at least 3 times
         seed, test_frac = int(rng.integers(0, 2**31)), float(rng.choice([0.1, 0.15, 0.2, 0.25, 1 / 3]))
         n_test = int(np.ceil(test_frac * len(y)))
