@@ -33,7 +33,8 @@ from helpers.core.tables import Table
 from helpers.core.timing import TOO_BUSY_VERDICT, Busy
 from helpers.core.timing import busy as busy_rule
 
-__all__ = ["VERDICTS", "TOO_BUSY_VERDICT", "Range", "AtLeast", "AtMost", "MeasuredTable", "PairedRatio"]
+__all__ = ["VERDICTS", "TOO_BUSY_VERDICT", "Range", "AtLeast", "AtMost", "Claim", "MeasuredTable",
+           "PairedRatio"]
 
 # docs/claims.md: holds (inside the claimed range or above its threshold), beaten (better than claimed),
 # does not hold (outside it), wrong (false on any machine, e.g. a datasheet figure), not testable here
@@ -100,6 +101,19 @@ class AtMost:
 Rule = Range | AtLeast | AtMost
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A claim as the summaries cite it: what it says, its anchor in docs/claims.md, the rule that judges a
+    measurement of it (None: judged by an assertion or by arithmetic); the registry is course.claims."""
+
+    anchor: str  # "c2" -> docs/claims.md#c2
+    says: str  # the claim as a summary row shows it: "1.5–2.3×"
+    rule: Rule | None = None
+
+    def __str__(self) -> str:
+        return f"{self.says} (docs/claims.md#{self.anchor})"
+
+
 @dataclass
 class MeasuredTable:
     """The "What we measured on this machine" table: measurement, value, claim, verdict (lessons 00-08)."""
@@ -110,14 +124,17 @@ class MeasuredTable:
         self._table = Table(["measurement (this run)", "value", "claim", "verdict"], title=self.title)
         self.verdicts: dict[str, str] = {}  # measurement -> its verdict word ("" for no claim)
 
-    def add(self, measurement: str, value: Any, claim: str = "", *, rule: Rule | None = None,
+    def add(self, measurement: str, value: Any, claim: str | Claim = "", *, rule: Rule | None = None,
             verdict: str | None = None, noise: float | None = None, why: str = "", needs: str = "",
             testable: bool = True, busy: Busy | None = None) -> str:
         """One row; returns its verdict word: `rule`'s for `value` ("not testable here" when it is None or
         `testable` is False: `needs` says what it would take), or `verdict` as given (a claim judged by an
         assertion or by arithmetic), or "" for a measurement that tests no claim. `why`: a note after it.
         "too busy to judge" instead of a verdict when `busy` says so or `noise` reaches
-        helpers.core.timing.TOO_BUSY (the module docstring)."""
+        helpers.core.timing.TOO_BUSY (the module docstring). A `Claim` brings its own rule."""
+        if isinstance(claim, Claim):
+            rule = claim.rule if rule is None and verdict is None else rule
+            claim = str(claim)
         if measurement in self.verdicts:
             raise ValueError(f"the table already has a row {measurement!r}: name each measurement once")
         if rule is not None and verdict is not None:

@@ -180,3 +180,37 @@ def test_allowed_wording_is_not_flagged(tmp_path, text):
     f = tmp_path / "ok.md"
     f.write_text(text)
     assert forbidden_citations([f]) == [], text
+
+
+# --- course.claims: each claim a summary judges is written once ------------------------------------------
+
+def claim_literals(source: str) -> list[str]:
+    """String literals of a Python source that cite a claim (`docs/claims.md#c4`): a claim written again
+    (a docstring, prose, may cite one)."""
+    import ast
+
+    tree = ast.parse(source)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return [n.value for n in strings if id(n) not in docs and CITATION.search(n.value)]
+
+
+def test_the_lessons_cite_claims_from_the_registry_only():
+    """The lessons' summaries take a claim's words, anchor and rule from course.claims; no course module
+    writes a claim's citation again (comments may point at docs/claims.md)."""
+    from course.claims import CLAIMS as REGISTRY
+
+    sections = claim_sections(CLAIMS.read_text())
+    assert {c.anchor for c in REGISTRY.values()} <= set(sections), "a registry anchor docs/claims.md lacks"
+    found = {str(p.relative_to(ROOT)): hits for p in sorted((ROOT / "course").rglob("*.py"))
+             if (hits := claim_literals(p.read_text(encoding="utf-8")))}
+    assert not found, f"claims written outside course/claims.py (use CLAIMS[...]): {found}"
+
+
+def test_the_registry_check_catches_a_planted_claim_literal():
+    assert claim_literals('summary.add("x", 1.0, "1.5–2.3× (docs/claims.md#c2)")\n') == [
+        "1.5–2.3× (docs/claims.md#c2)"]
+    assert claim_literals('summary.add("x", 1.0, CLAIMS["amp-speedup"])  # docs/claims.md#c2\n') == []
+    assert claim_literals('def f():\n    """Judges docs/claims.md#c2."""\n') == []

@@ -238,6 +238,6 @@ def test_the_estimator_agrees_with_fake_tensors_at_full_size() -> None:
 
 def test_docs_gpus_md_is_current() -> None:
     page = render_gpus_doc(decisions, plan, CLASSES)
-    assert DOC.read_text(encoding="utf-8") == page, "docs/gpus.md is not current: python scripts/gpus_doc.py"
+    assert DOC.read_text(encoding="utf-8") == page, "docs/gpus.md is not current: python tests/gpus_doc.py"
     t4 = "| T4 | Tesla T4 | 7.5 | 14.8 | fp16 | memory-efficient | no | no (40 SMs < 68) | fp16 65.0 TFLOP/s"
     assert t4 in page and "| T4 | full | BATCH 2/4 |" in page

@@ -299,3 +299,124 @@ def test_the_circle_check_finds_a_planted_circle():
     assert "helpers.model.attention" in graph["helpers.model.models"]  # models uses the naive attention
     graph["helpers.model.attention"] = graph["helpers.model.attention"] | {"helpers.model.models"}
     assert any({"helpers.model.attention", "helpers.model.models"} <= set(c) for c in cycles(graph))
+
+
+# --- imports at the top, or a comment says why not ------------------------------------------------------
+
+def _catches_import_error(handlers: list[ast.ExceptHandler]) -> bool:
+    names = {n.id for h in handlers if h.type for n in ast.walk(h.type) if isinstance(n, ast.Name)}
+    return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+
+def unexplained_imports(source: str) -> list[str]:
+    """Imports inside a function that nothing explains: no comment on the import's line or the line above, no
+    module-level comment that says "inside" and names the module (or a package above it, not bare `torch`),
+    and no `except ImportError` around it (an optional module says so itself)."""
+    lines = source.splitlines()
+    blocks, block = [], []
+    for line in lines + [""]:  # module-level comments, a block of consecutive "# " lines each
+        if line.startswith("#"):
+            block.append(line.lstrip("# "))
+        elif block:
+            blocks.append(" ".join(block))
+            block = []
+    reasons = [b for b in blocks if "inside" in b.lower()]
+    found = []
+
+    def visit(node: ast.AST, in_function: bool, optional: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and in_function and not optional:
+                module = child.module if isinstance(child, ast.ImportFrom) else child.names[0].name
+                from_ = isinstance(child, ast.ImportFrom)
+                dotted = [f"{module}.{a.name}" for a in child.names] if from_ else []
+                names = {".".join(d.split(".")[:i]) for d in [module or "", *dotted]
+                         for i in range(1, d.count(".") + 2)} - {"torch", "helpers"}
+                beside = "#" in lines[child.lineno - 1] or lines[child.lineno - 2].strip().startswith("#")
+                named = any(re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", r) for n in names for r in reasons)
+                if not (beside or named):
+                    found.append(f"line {child.lineno}: {module}")
+            guarded = optional or (isinstance(child, ast.Try) and _catches_import_error(child.handlers))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)), guarded)
+
+    visit(ast.parse(source), False, False)
+    return found
+
+
+def test_imports_inside_functions_say_why():
+    """Imports sit at the top of a module unless a comment names the cycle or the measured cost that keeps
+    one inside a function (or the import is optional, under `except ImportError`)."""
+    found = {str(p.relative_to(ROOT)): unexplained_imports(p.read_text(encoding="utf-8"))
+             for p in sorted(HELPERS.rglob("*.py"))}
+    found = {path: lines for path, lines in found.items() if lines}
+    assert not found, f"imports inside functions with no comment saying why (move them to the top?): {found}"
+
+
+def test_the_import_check_catches_a_planted_unexplained_import():
+    planted = "import torch\n\n\ndef f():\n    from transformers import AutoModel\n    return AutoModel\n"
+    assert unexplained_imports(planted) == ["line 5: transformers"]
+    why = "# transformers is imported inside the functions that use it: 3 s to import (measured)\n"
+    assert unexplained_imports(why + planted) == []
+    assert unexplained_imports("# transformers costs 3 s\n" + planted) != []  # says nothing of "inside"
+    beside = planted.replace("AutoModel\n    return", "AutoModel  # 3 s to import\n    return")
+    assert unexplained_imports(beside) == []
+    torch_only = "# torch is imported inside f\n" + planted.replace("transformers", "torch.distributed")
+    assert unexplained_imports(torch_only) == ["line 6: torch.distributed"]  # bare `torch` names nothing
+    optional = "def f():\n    try:\n        import torchao\n    except ImportError:\n        return None\n"
+    assert unexplained_imports(optional) == []
+    assert unexplained_imports("import os\n\n\ndef f():\n    return os.sep\n") == []
+
+
+# --- the tests' own modules stay in tests/ --------------------------------------------------------------
+
+TEST_MODULES = {p.stem for p in (ROOT / "tests").glob("*.py")}
+
+
+def reaches_into_tests(source: str) -> set[str]:
+    """What a source outside tests/ takes from tests/: a tests module imported, or tests/ put on sys.path."""
+    found = {name.split(".")[0] for name in imported_modules(source)} & TEST_MODULES
+    if re.search(r"sys\.path.*[\"']tests[\"']", source):
+        found.add("sys.path gets tests/")
+    return found
+
+
+def test_nothing_outside_tests_imports_the_tests():
+    """The library, the course, the scripts, the benchmarks and the notebooks run without tests/: a tool
+    built on the tests' fixtures (the fake GPUs, the wrong answers) lives in tests/ beside them."""
+    sources = _importers() | {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+                              for p in sorted((ROOT / "site").rglob("*.py"))}
+    found = {who: sorted(what) for who, src in sources.items() if (what := reaches_into_tests(src))}
+    assert not found, f"these reach into tests/ (move the tool into tests/, or the code out of it): {found}"
+
+
+def test_the_tests_check_catches_a_planted_reach():
+    assert reaches_into_tests("from fakegpu import fake_gpu\n") == {"fakegpu"}
+    planted = "import sys\nsys.path.insert(0, str(ROOT / 'tests'))\n"
+    assert reaches_into_tests(planted) == {"sys.path gets tests/"}
+    assert reaches_into_tests("from helpers.core.timing import benchmark\n") == set()
+
+
+# --- file heads that tell the truth: docstrings short, the long prose in docs/library/ ------------------
+
+def docstring_lines(source: str) -> int:
+    """Lines of a source's docstrings: the module's, each class's and each function's."""
+    count = 0
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                count += first.end_lineno - first.lineno + 1
+    return count
+
+
+def test_docstrings_are_at_most_a_tenth_of_the_library():
+    """One-line docstrings naming the lesson; the guides are docs/library/<layer>.md (nanoGPT: 5-6 %)."""
+    sources = [p.read_text(encoding="utf-8") for p in sorted(HELPERS.rglob("*.py"))]
+    share = sum(map(docstring_lines, sources)) / sum(len(s.splitlines()) for s in sources)
+    assert share <= 0.10, f"docstrings are {share:.1%} of the library's lines: move prose to docs/library/"
+
+
+def test_the_docstring_count_counts_a_planted_docstring():
+    planted = 'def f():\n    """One line.\n\n    And a long story.\n    """\n    return 1\n'
+    assert docstring_lines(planted) == 4
+    assert docstring_lines('"""Module."""\n\n\nclass A:\n    x = "not a docstring"\n') == 1

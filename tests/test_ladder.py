@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.core import device
 from helpers.core.precision import tf32_enabled
 from helpers.core.timing import Timing, time_interleaved
 from helpers.measure import agreement
@@ -205,7 +204,7 @@ def test_why_notes_describe_the_device_that_ran(monkeypatch):
     cpu = torch.device("cpu")
     assert "CPU" in ladder_report.explain(tf32, ladder.Decision(False, 1.0, 1.1), cpu)
     h200 = {"type": "cuda", "cap": (9, 0), "name": "NVIDIA H200"}
-    monkeypatch.setattr(device, "device_facts", lambda d: h200)
+    monkeypatch.setattr(ladder_report, "device_facts", lambda d: h200)  # the report's own import
     kept = ladder.Decision(True, 1.8, 1.1)
     on_gpu = ladder_report.explain(tf32, kept, cpu), ladder_report.explain(bf16, kept, cpu)
     assert all("CPU" not in note for note in on_gpu) and "tensor cores" in on_gpu[0]
@@ -214,7 +213,7 @@ def test_why_notes_describe_the_device_that_ran(monkeypatch):
     noisy = ladder_report.explain(bf16, ladder.Decision(False, 1.3, 1.5), cpu)
     assert "pays here" not in noisy and "less than the noise" in noisy
     # a CPU is described by its own instruction sets: AVX512-BF16 is not "no bf16 units"
-    monkeypatch.setattr(device, "device_facts", lambda d: {"type": "cpu", "cpu_capability": "AVX512",
+    monkeypatch.setattr(ladder_report, "device_facts", lambda d: {"type": "cpu", "cpu_capability": "AVX512",
                                                            "amx": False, "avx512_bf16": True})
     assert "AVX512-BF16" in ladder_report.explain(bf16, kept, cpu)
 

@@ -191,7 +191,8 @@ def test_every_runspec_switch_reaches_a_peft_models_base_model(monkeypatch):
     plan = {p["name"]: p["skipped"] for p in ladder.plan_rungs("cpu", model=_peft_llama())}
     assert plan["+ SDPA"] is None and ladder.baseline_for(model) == ladder.BASELINE  # eager, labelled so
     # planted: the check as it was refuses both switches with a reason that is not the model's
-    monkeypatch.setattr("helpers.core.compat.hf_model_in", _old_hf_model_in)
+    for user in ("helpers.train.runspec", "helpers.train.ladder"):  # the name each module calls
+        monkeypatch.setattr(f"{user}.hf_model_in", _old_hf_model_in)
     with pytest.raises(ValueError, match="has attention of its own"):
         RunSpec(attn="sdpa").apply(_peft_llama())
     assert ladder.baseline_for(model).attn is None

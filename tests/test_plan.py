@@ -34,7 +34,7 @@ from helpers.measure.gpus import GPUS, seen_as
 from helpers.measure.memory import estimate_step_memory
 from helpers.measure.opcount import count_ops, count_step, gpu_like_attention, labelled_step
 from helpers.model.models import TransformerConfig, bert_config, meta_model
-from helpers.plan.batch_search import largest_batch
+from helpers.plan.batch_search import predict_max_batch_size
 from helpers.plan.planner import example_batch, plan
 from helpers.plan.report import EXAMPLE_PRICES, Prices
 from helpers.train.runspec import RunSpec
@@ -199,7 +199,7 @@ def test_largest_batch_is_the_largest_that_fits(shape):
             calls.append(n)
             return peak(n)
 
-        got = largest_batch(counted, usable, start=8, limit=4096)
+        got = predict_max_batch_size(counted, usable, start=8, limit=4096)
         assert got == _brute(peak, usable, 4096), (shape, usable, calls)
         if shape == "affine" and 0 < got < 4096:
             assert len(calls) <= 4, f"an affine peak needs at most 4 dry runs, took {calls}"
@@ -210,7 +210,7 @@ def test_largest_batch_is_the_largest_that_fits(shape):
         miss = abs(peak(far) - (known[8] + (known[16] - known[8]) * (far - 8) / 8))
         known[far] = peak(far)
         calls.clear()
-        got = largest_batch(counted, usable, start=8, limit=4096, known=known, miss=miss)
+        got = predict_max_batch_size(counted, usable, start=8, limit=4096, known=known, miss=miss)
         assert got == _brute(peak, usable, 4096), (shape, usable, calls, "with the checked line")
         if shape == "affine" and 8 <= got < far:  # a dry run only where the edge is within the line's slack
             assert len(calls) <= 1, f"an exact line needs at most one more dry run, made {calls}"
@@ -372,12 +372,12 @@ WRONG = {
             n *= 2
         return n if fixed + n * per <= usable else 0
         """), "    "),
-    "course-function": "from helpers.plan.batch_search import largest_batch\n\n" + SIGNATURE
+    "course-function": "from helpers.plan.batch_search import predict_max_batch_size\n\n" + SIGNATURE
     + textwrap.indent(
         textwrap.dedent("""
         per = (peak_at_double - peak_at_batch) / batch
         fixed = peak_at_batch - batch * per
-        return largest_batch(lambda n: fixed + n * per, memory_bytes * (1 - margin), start=batch)
+        return predict_max_batch_size(lambda n: fixed + n * per, memory_bytes * (1 - margin), start=batch)
         """), "    "),
 }
 RIGHT = {

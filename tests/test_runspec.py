@@ -62,11 +62,35 @@ def test_the_choices_are_literal_types_the_lists_derive_from():
     assert set(ATTNS) == {"eager", "sdpa", "flex", "varlen"}
 
 
-def test_check_covers_every_switch(monkeypatch):
+def fields_without_help(cls: type) -> list[str]:
+    """The fields of dataclass `cls` with no non-empty `metadata={"help": ...}` (what --help prints)."""
     import dataclasses
 
-    for field in dataclasses.fields(RunSpec):  # a new switch must say what check does with it
-        assert field.name in RunSpec.check.__doc__, f"RunSpec.check says nothing of {field.name}"
+    return [f.name for f in dataclasses.fields(cls) if not str(f.metadata.get("help") or "").strip()]
+
+
+def test_every_switch_says_what_it_does():
+    import dataclasses
+
+    assert fields_without_help(RunSpec) == []  # a new switch must say what it does and needs
+    planted = dataclasses.make_dataclass("Planted", [("x", int, dataclasses.field(default=0)),
+                                                     ("y", int, dataclasses.field(default=0,
+                                                                                  metadata={"help": " "}))])
+    assert fields_without_help(planted) == ["x", "y"]
+
+
+def test_the_flags_show_each_switch_s_help():
+    import dataclasses
+
+    from helpers.train.runspec import flag_parser, spec_flags
+
+    text = " ".join(flag_parser(spec_flags()).format_help().split())  # argparse wraps the lines
+    for f in dataclasses.fields(RunSpec):
+        assert " ".join(f.metadata["help"].split()) in text, f"--help does not show RunSpec.{f.name}'s help"
+        assert f"RunSpec.{f.name} (default" not in text  # the bare placeholder: for a field with no help
+
+
+def test_check_covers_every_switch(monkeypatch):
     RunSpec(attn="sdpa", compile=True, padding="packed", activation_checkpointing=True).check("cpu")
     refused = {
         "fp8=True": RunSpec(fp8=True),  # no FP8 units on a CPU
@@ -311,7 +335,7 @@ def test_apply_sets_the_attention_and_wraps_a_packed_model():
 def test_apply_sets_flex_varlen_and_activation_checkpointing(monkeypatch):
     from transformers import BertConfig, BertForSequenceClassification
 
-    import helpers.model.packed_model
+    import helpers.train.runspec
 
     cfg = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                      vocab_size=100, attn_implementation="eager")
@@ -321,7 +345,7 @@ def test_apply_sets_flex_varlen_and_activation_checkpointing(monkeypatch):
         flex = RunSpec(attn="flex").apply(BertForSequenceClassification(cfg))
         assert flex.config._attn_implementation == "flex_attention"
     varlen = []
-    monkeypatch.setattr(helpers.model.packed_model, "use_varlen", lambda m: varlen.append(m) or m)
+    monkeypatch.setattr(helpers.train.runspec, "use_varlen", lambda m: varlen.append(m) or m)
     out = RunSpec(attn="varlen", precision="bf16", padding="packed").apply(BertForSequenceClassification(cfg))
     assert len(varlen) == 1 and out.model is varlen[0]  # varlen attention, then the packed forward
 

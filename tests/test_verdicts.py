@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from course.verdicts import VERDICTS, AtLeast, AtMost, MeasuredTable, PairedRatio, Range
+from course.verdicts import VERDICTS, AtLeast, AtMost, Claim, MeasuredTable, PairedRatio, Range
 
 CLAIMS = Path(__file__).resolve().parents[1] / "docs" / "claims.md"
 
@@ -137,3 +137,13 @@ def test_a_timing_verdict_on_a_machine_too_busy_says_so():
     assert "too busy to judge: other programs took 90%" in md and "does not hold" not in md
     with pytest.raises(ValueError, match="helpers.core.timing.Busy"):
         t.add("bad", 1.0, "≥ 1", rule=AtLeast(1.0), busy=0.9)
+
+
+def test_a_claim_brings_its_words_anchor_and_rule():
+    amp = Claim("c2", "1.5–2.3×", Range(1.5, 2.3))
+    t = MeasuredTable("t")
+    assert t.add("speed-up", 0.41, amp) == "does not hold"  # the claim's own rule judged it
+    assert t.add("speed-up, fast", 1.9, amp) == "holds"
+    assert "1.5–2.3× (docs/claims.md#c2)" in t.to_markdown()
+    assert t.add("given", "x", Claim("c11", "pairs"), verdict="wrong") == "wrong"  # no rule: a verdict given
+    assert t.add("ruled here", 3.0, amp, rule=AtMost(2.0)) == "does not hold"  # a rule given wins

@@ -153,12 +153,12 @@ def draw_cases(seed: int) -> list[Case]:
                          "gives the answer itself")
 
 
-_SEARCHES = {"helpers.plan.planner": ("plan",), "helpers.plan.batch_search": ("largest_batch",),
+_SEARCHES = {"helpers.plan.planner": ("plan",), "helpers.plan.batch_search": ("predict_max_batch_size",),
              "helpers.measure.memory": ("find_max_batch_size",)}
 
 
 def _course_searches(answer: Callable[..., int]) -> list[str]:
-    """The course's own searches the answer's code names (helpers.plan.batch_search.largest_batch, ...)."""
+    """The course's own searches the answer's code names (`_SEARCHES`: plan, predict_max_batch_size, ...)."""
     fn = inspect.unwrap(answer)
     code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
     if code is None:

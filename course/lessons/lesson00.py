@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from course.claims import CLAIMS
 from course.lessons import LessonSetup
 from course.profile import get_profile, pick
 from course.sizing import Size, fit_sizes
@@ -353,20 +354,20 @@ def summary_table(report: EnvironmentReport, roof: Roofline, cold: ColdStart, ma
     verdicts = datasheet_verdicts()
     summary = MeasuredTable(f"Lesson 00 on {roof.device_name}")
     available = torch.cuda.is_available()
-    summary.add("torch.cuda.is_available()", available, "almost surely True (docs/claims.md#c10)",
+    summary.add("torch.cuda.is_available()", available, CLAIMS["cuda-is-there"],
                 verdict="holds" if available else "does not hold" if smi_gpus else "not testable here",
                 why="" if available else "section 6 says why" if smi_gpus else "no NVIDIA GPU here")
     build = (f"CUDA {torch.version.cuda}; the driver supports CUDA {report.driver_cuda}" if torch.version.cuda
              else "CPU-only")
     summary.add("torch and the CUDA it was built with", f"torch {torch.__version__}, {build}",
-                "PyTorch 2.7 pairs with CUDA 11.8 or 12.1 (docs/claims.md#c11)", verdict="wrong",
+                CLAIMS["torch-cuda-pairs"], verdict="wrong",
                 why="a release is built for several CUDA versions; the driver decides which runs (section 1)")
-    summary.add("RTX 4090 memory, datasheet (section 2)", "24 GB", "a 40 GB card (docs/claims.md#c8)",
+    summary.add("RTX 4090 memory, datasheet (section 2)", "24 GB", CLAIMS["rtx4090-40gb"],
                 verdict=verdicts["GeForce RTX 4090"])
     summary.add("A100 CUDA cores, datasheet arithmetic (section 2)", "108 SMs × 64",
-                "6,912 (docs/claims.md#c9)", verdict=verdicts["A100-SXM4-40GB"])
+                CLAIMS["a100-cores"], verdict=verdicts["A100-SXM4-40GB"])
     summary.add("RTX 3090 CUDA cores and memory, datasheet (section 2)", "82 SMs × 128, 24 GB",
-                "10,496 cores, 24 GB (docs/claims.md#c9)", verdict=verdicts["GeForce RTX 3090"])
+                CLAIMS["rtx3090-cores"], verdict=verdicts["GeForce RTX 3090"])
     if gpu:
         summary.add(f"{gpu.name}, read off the device", f"{gpu.memory_gib:.1f} GiB, {gpu.sm_count} SMs, "
                     f"{gpu.cuda_cores or 'unknown'} CUDA cores")

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from IPython.display import display
 from matplotlib.figure import Figure
 
+from course.claims import CLAIMS
 from course.lessons import LessonSetup
 from course.plots import attention_sweep_chart
 from course.profile import get_profile, pick
@@ -54,7 +55,6 @@ SIZES = {"BATCH": Size(full=4, smoke=1, floor=1),  # B of the attention inputs
          "FLEX_SEQ": Size(full=4096, smoke=128, floor=512)}  # N for the FlexAttention example
 # the lesson is about N: the batch shrinks first, the longest N last
 SHRINK = ["BATCH", "FLEX_SEQ", "SEQ", "SWEEP_MAX"]
-C6 = "docs/claims.md#c6"
 
 
 def _estimates(heads: int, item: int) -> dict:
@@ -424,14 +424,14 @@ def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:
     summary.add(f"naive peak memory grows as N^x, N={sweep[0]}..{sweep[-1]}", measured["memory slope naive"],
                 "N² (x ≈ 2): the reference", rule=AtLeast(1.6))
     summary.add("SDPA peak memory grows as N^x", measured["memory slope sdpa"],
-                f"≈ N: x below 1.5 ({C6}, memory)", rule=AtMost(1.5))
+                CLAIMS["flash-memory"])
     summary.add(f"naive / SDPA peak memory at N={sweep[-1]} (SDPA: its {backends['kernel']} kernel here)",
                 measured["memory ratio"], "> 1: lower memory", rule=AtLeast(1.0))
     summary.add("naive / tiled (PyTorch) peak memory", measured["tiled vs naive memory"], "> 1: lower memory",
                 rule=AtLeast(1.0))
     summary.add(f"naive / SDPA time at N={sweep[0]}", measured["time ratio short"])
     summary.add(f"naive / SDPA time at N={sweep[-1]}", measured["time ratio long"],
-                f"> 1: lower latency ({C6})", rule=AtLeast(1.0), busy=state)
+                CLAIMS["flash-latency"], busy=state)
     summary.add("the latency advantage, longest N / shortest N",
                 measured["time ratio long"] / measured["time ratio short"], "> 1: most on long sequences",
                 rule=AtLeast(1.0), busy=state)

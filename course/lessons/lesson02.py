@@ -14,11 +14,12 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from course.claims import CLAIMS
 from course.lessons import LessonSetup
 from course.plots import bar_chart, loss_curves_chart
 from course.profile import get_profile, pick, small_config
 from course.sizing import Size, fit_sizes
-from course.verdicts import AtLeast, MeasuredTable, Range
+from course.verdicts import MeasuredTable
 from helpers.core.device import device_report, get_device
 from helpers.core.precision import AUTOCAST_DTYPES, PRECISIONS, precision_runs
 from helpers.core.tables import Table
@@ -416,14 +417,14 @@ def summary_table(results: Mapping[str, TrainResult], gpu_results: Mapping[str, 
     state = busy(load=probe.read()) if probe is not None else None
     summary = MeasuredTable(f"Mixed precision on {where}: claims vs this run")
     summary.add("median fp32 step, ms", median_step_s(base) * 1e3)
-    summary.add(f"AMP step-time speed-up (fp32 / {best})", speedup, "1.5–2.3× (docs/claims.md#c2)",
-                rule=Range(1.5, 2.3), why=on_cpu, needs="fp16 or bf16 on this device", busy=state)
-    summary.add(f"AMP peak-memory saving ({best})", saving, "~40 %: 30–50 % (docs/claims.md#c2)",
-                rule=Range(0.3, 0.5), why=on_cpu, needs="fp16 or bf16 on this device")
+    summary.add(f"AMP step-time speed-up (fp32 / {best})", speedup, CLAIMS["amp-speedup"],
+                why=on_cpu, needs="fp16 or bf16 on this device", busy=state)
+    summary.add(f"AMP peak-memory saving ({best})", saving, CLAIMS["amp-memory"],
+                why=on_cpu, needs="fp16 or bf16 on this device")
     full_width = S.FIT.full["WIDE_D_MODEL"]
     narrow = f"d_model fitted to this GPU; the claim's is {full_width}" if S.WIDE_D_MODEL < full_width else ""
     summary.add(f"wide model (d_model={S.WIDE_D_MODEL}): {S.AMP or 'mixed precision'} speed-up",
-                gpu_results["wide_speedup"], "> 2× (docs/claims.md#c3)", rule=AtLeast(2.0), why=narrow,
+                gpu_results["wide_speedup"], CLAIMS["wide-amp"], why=narrow,
                 needs=f"a CUDA GPU with tensor cores: run {GPU_SCRIPT}", busy=state)
     if "tf32" in results:
         summary.add("tf32 speed-up (fp32 / tf32 step time)",

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
+from course.claims import CLAIMS
 from course.exercises import last_outcome
 from course.lessons import LessonSetup
 from course.plots import label_axes, where_time_goes_chart
@@ -75,7 +76,7 @@ SIZES = {"BATCHES_MAX": Size(full=64, smoke=16, floor=4),  # the batch sweep: 1,
          "BERT_SEQ": Size(full=512, smoke=64, floor=128)}
 SHRINK = ["BATCHES_MAX", "BERT_BATCH", "BATCH", "BERT_SEQ", "SEQ"]
 MATMUL_LIKE = ("matmul", "attention")  # the op classes the claim C16 is about
-C16_RULE = AtLeast(0.90)  # docs/claims.md#c16: holds if matmuls + attention take >= 90 % of a step's time
+C16_RULE = CLAIMS["matmul-time"].rule  # docs/claims.md#c16: matmuls + attention take >= 90 % of the time
 
 
 def _small_peak(model: SmallTransformer, batch: int, seq: int) -> int:
@@ -783,12 +784,12 @@ def summary(roof: Roofline, tables: Mapping[str, OpTable], shares: Mapping[str, 
         out.add(f"{name}: compute / memory at the roofs, overhead, below the roofs, % of the step",
                 shown(f"{100 * s['compute']:.0f} / {100 * s['memory']:.0f} / {100 * s['overhead']:.0f} / "
                       f"{100 * s[EXCESS]:.0f}"))
-    claim = "~99 %, so that is where the time goes (C16)"
+    claim = CLAIMS["matmul-time"]
     for name, (flop_share, time_share) in shares.items():
         out.add(f"{name}: matmul + attention share of the FLOPs, %", 100 * flop_share, "~99 %")
         if quiet:
             out.add(f"{name}: matmul + attention share of the time, %", 100 * time_share, claim,
-                    rule=AtLeast(100 * C16_RULE.threshold))
+                    rule=AtLeast(100 * C16_RULE.threshold))  # the claim's rule, in percent
         else:
             out.add(f"{name}: matmul + attention share of the time, %", None, claim, verdict=TOO_BUSY_VERDICT,
                     why="; ".join(state.reasons) if state is not None else "")

@@ -18,12 +18,13 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
+from course.claims import CLAIMS
 from course.lessons import LessonSetup
 from course.paths import output_dir
 from course.plots import bar_chart
 from course.profile import get_profile, pick, small_config
 from course.sizing import Size, fit_sizes
-from course.verdicts import AtMost, MeasuredTable, Range
+from course.verdicts import AtMost, MeasuredTable
 from helpers.core.device import get_device, last_level_cache_bytes
 from helpers.core.tables import Table
 from helpers.core.timing import TOO_BUSY_VERDICT, Busy, CpuLoad, LoadProbe, Timing, busy
@@ -327,7 +328,7 @@ def summary_table(measured: Mapping[str, Any], side_by_side: Mapping[str, Timing
     summary.add("eager step, ms", measured["eager step s"] * 1e3)
     summary.add("compiled step, ms", measured["compiled step s"] * 1e3)
     verdict = summary.add("speed-up of the compiled step (eager / compiled)", speedup,
-                          "10–30 % faster: 1.10–1.30 (docs/claims.md#c4)", rule=Range(1.10, 1.30),
+                          CLAIMS["compile-speedup"],
                           noise=noise, busy=state,
                           why="SLOWER than eager" if speedup < 1 and not state.too_busy else "")
     summary.add("speed-up with per-block compilation", measured["eager step s"] / measured["regional step s"])

@@ -17,10 +17,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from course.claims import CLAIMS
 from course.lessons import LessonSetup
 from course.profile import get_profile, pick, small_config
 from course.sizing import Size, fit_sizes
-from course.verdicts import AtLeast, MeasuredTable
+from course.verdicts import MeasuredTable
 from helpers.core.device import get_device
 from helpers.core.tables import Table
 from helpers.core.timing import LoadProbe, benchmark, busy, synchronize
@@ -37,7 +38,6 @@ __all__ = ["SIZES", "setup", "to_device", "pin_batch", "make_trainer", "worker_s
            "short_texts", "sample", "check_trace", "summary_table"]
 
 SIZES = {"BATCH": Size(full=32, smoke=8, floor=4)}  # articles per batch
-C10, C12 = "docs/claims.md#c10", "docs/claims.md#c12"
 
 
 def setup(profile: str | None = None, *, max_len: int = 512) -> LessonSetup:
@@ -382,8 +382,8 @@ def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:
     summary.add("building one batch (tokenise + pad), ms", measured["batch build s"] * 1e3)
     summary.add(f"fastest num_workers (of {S.WORKERS})", best_w)
     summary.add("step time, 0 workers / the fastest with workers",
-                w0 / with_workers if with_workers else None, f"workers are needed: ≥ 1.05 ({C10})",
-                rule=AtLeast(1.05), needs="num_workers > 0 in WORKERS", busy=state)
+                w0 / with_workers if with_workers else None, CLAIMS["workers-needed"],
+                needs="num_workers > 0 in WORKERS", busy=state)
     summary.add("most workers could gain: 1 / (1 - share of time waiting with 0)",
                 1 / (1 - measured["wait share 0"]))
     if gpu:
@@ -398,7 +398,7 @@ def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:
         summary.add("CPU blocked by that copy, ms: pageable / pinned once, non_blocking",
                     f"{measured['pageable blocked ms']:.2f} / {measured['pinned blocked ms']:.2f}")
     summary.add("the real batch's copy, share of a measured step", measured["copy share"] if gpu else None,
-                f"copies throttle training: ≥ 10 % ({C10})", rule=AtLeast(0.10),
+                CLAIMS["copies-throttle"],
                 needs="a GPU (no copy on a CPU)", busy=state)
     summary.add(".item() calls per step, removed", measured["items per step"])
     summary.add("time with .item() every step / without", measured["sync time ratio"])
@@ -413,7 +413,7 @@ def summary_table(measured: Mapping[str, Any], S: LessonSetup) -> MeasuredTable:
         gain = measured[f"{name} real tokens/s packed"] / measured[f"{name} real tokens/s dynamic"]
         pad = measured[f"{name} padding dynamic"]  # the claim needs >= 30 % padding to remove: 1.5x possible
         summary.add(f"{name}: real tokens/s packed / dynamic (padding {pad:.0%}, bound {1 / (1 - pad):.2f}x)",
-                    gain, f"up to 2x: ≥ 1.5 on data with ≥ 30 % padding ({C12})", rule=AtLeast(1.5),
+                    gain, CLAIMS["packing-gain"],
                     busy=busy(measured[f"{name} round spread"], load=load), testable=pad >= 0.30,
                     needs=f"data with ≥ 30 % padding (this has {pad:.0%})")
     spread = measured["articles round spread"]

@@ -17,12 +17,13 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from course.claims import CLAIMS
 from course.lessons import LessonSetup
 from course.paths import output_dir, script
 from course.plots import bar_chart
 from course.profile import get_profile, pick
 from course.sizing import Size, fit_sizes
-from course.verdicts import AtLeast, AtMost, MeasuredTable, Range
+from course.verdicts import AtLeast, AtMost, MeasuredTable
 from helpers.core.device import get_device
 from helpers.core.precision import training_precision
 from helpers.core.tables import Table
@@ -436,11 +437,10 @@ def summary_table(S: LessonSetup, runs: dict[str, Summary], overlap_hidden: floa
     worst = max(max_diffs(ddp["params_sd"], single["params_sd"]).values())
     summary.add("DDP vs 1 process: losses and parameters (checked in step 2)",
                 f"same losses, parameters within {worst:.1e}",
-                "DDP averages gradients before optimizer.step() (docs/claims.md#c7)", verdict="holds")
+                CLAIMS["ddp-averages"], verdict="holds")
     summary.add("bytes sent per rank and step / 'half the parameter count'",
                 sent_per_rank(ddp) / (0.5 * ddp["params"] * 4) if wire else None,
-                "traffic is half the parameter count: within 10 % (docs/claims.md#c7)",
-                rule=Range(0.9, 1.1, better=None), needs="Linux's /proc/self/io",
+                CLAIMS["ddp-traffic"], needs="Linux's /proc/self/io",
                 why=f"{sent_per_rank(ddp) / _ring(ddp):.2f}x the ring formula 2(N-1)/N x the gradient")
     saving = 1 - sent_per_rank(ddp) / sent_per_rank(ddp_sync)
     summary.add("all-reduce calls per optimizer step with no_sync", ddp["allreduce_calls_per_step"],

@@ -1,39 +1,6 @@
-"""Your own model in the course's helpers: `as_course_model` (lessons 02-08, and your training code).
-
-The helpers call a model as `model(**batch)` and read `.loss` (and `.logits`) from what it returns, with
-`batch` a dict of `input_ids` (B, T), optionally `attention_mask` and `labels`: the course's SmallTransformer
-and Hugging Face models do this already. A model written the way most people write one does not:
-
-    class GPT(nn.Module):
-        def forward(self, idx, targets=None):        # its own argument names, positional
-            ...
-            return logits, loss                      # a tuple (nanoGPT), or only logits, or only a loss
-
-`as_course_model(model)` wraps it once, and then `helpers.train.loop.train`, `RunSpec.apply`, MFU, the memory
-estimate, `profile_step` and lesson 08's ladder take it:
-
-    model = as_course_model(GPT(cfg))                          # forward(x, y) returns (logits, loss) or loss
-    model = as_course_model(net, loss_fn=F.cross_entropy)     # forward(x) returns logits: the loss is yours
-    train(model, [(x, y), ...], TrainConfig(steps=100))       # (x, y) batches or dicts, as you have them
-
-- what the forward returns: a 0-d tensor is the loss, any other tensor the logits; a tuple or list gives
-  its 0-d tensor as the loss and its first other tensor as the logits; an object or dict with `loss` /
-  `logits` (Hugging Face's outputs) is read by name. With `loss_fn`, the model is called with the inputs only
-  and `loss_fn(logits, labels)` is the loss; logits (..., C) with labels (...) are flattened to (N, C) and
-  (N,) first, as `F.cross_entropy` wants them.
-- batches (`as_batch`): a dict is used as it is; an `(x, y)` pair (a tuple or list of two tensors, what a
-  `TensorDataset`'s DataLoader yields) becomes `{"input_ids": x, "labels": y}`. A model that shifts its
-  labels itself (`shifts_labels`: a Hugging Face causal LM, the course's causal SmallTransformer) predicts
-  `labels[t + 1]` from the tokens up to t: given y = x moved one ahead, it would learn the token two ahead.
-  Such a model takes the pair (x, x) only; any other pair is refused, with that fix named. Other keys of a
-  dict batch (`attention_mask`, ...) are passed on to your forward by name when it takes them; when it does
-  not, the wrapper says so rather than drop them (a dropped mask would change what is computed).
-- the model's shape, for FLOPs and MFU (`helpers.measure.flops`): read from its config (`n_layer`/`n_layers`/
-  `num_hidden_layers`, `n_head`/..., `n_embd`/`d_model`/`hidden_size`, ...) or from its attention modules;
-  when neither can be read, tell it once: `as_course_model(model, shape=ModelShape(n_layers, n_heads,
-  head_dim))`.
-
-This module is in the base layer (it imports only `helpers.core.compat`): every layer may use the contract.
+"""Your own model in the course's helpers: `as_course_model` wraps it once, and `(x, y)` batches become the
+dicts the helpers take (lessons 02-08, and your training code).
+Guide: docs/library/core.md#helperscoreadapt
 """
 
 from __future__ import annotations
@@ -57,8 +24,7 @@ _BATCH_KEYS = ("input_ids", "labels")
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What FLOPs per token need to know of a Transformer besides its parameters: layers, heads and the
-    head size (lessons 02, 08: 12·L·H·Q·T, the attention's share)."""
+    """Layers, heads and head size: the attention's share of FLOPs, 12·L·H·Q·T (lessons 02, 08)."""
 
     n_layers: int
     n_heads: int
@@ -73,12 +39,10 @@ class ModelShape:
 
 @dataclass
 class ModelOutput:
-    """What the course's models and a wrapped model of yours return, named like Hugging Face outputs so one
-    training loop serves both (lessons 02-08): the logits (None when a model returns only a loss) and the
-    loss (a 0-d tensor, None without labels)."""
+    """What the course's models and a wrapped model return, named as in Hugging Face (lessons 02-08)."""
 
-    logits: torch.Tensor | None
-    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None  # None when a model returns only a loss
+    loss: torch.Tensor | None = None  # 0-d; None without labels
 
 
 def is_batch(thing: Any) -> bool:
@@ -90,9 +54,8 @@ def is_batch(thing: Any) -> bool:
 
 
 def shifts_labels(model: nn.Module) -> bool:
-    """Whether `model(input_ids=x, labels=y)` predicts y[t + 1] from x[..t], shifting the labels itself: a
-    Hugging Face causal LM (`...ForCausalLM`, `...LMHeadModel`), the course's causal SmallTransformer
-    (lessons 02-08: such a model takes (x, x), never (x, x moved one ahead))."""
+    """Whether `model` shifts its labels itself (a causal LM): it takes (x, x), never x moved one ahead
+    (lessons 02-08)."""
     inner = unwrap_model(model)
     if isinstance(inner, CourseModel):  # a model of one's own behind the wrapper: its forward(x, y) does not
         return False
@@ -109,9 +72,8 @@ def shifts_labels(model: nn.Module) -> bool:
 
 
 def as_batch(batch: Any, model: nn.Module | None = None) -> dict[str, Any]:
-    """A batch as the helpers take it: a dict as it is, an (x, y) pair as {"input_ids": x, "labels": y}
-    (lessons 02-08; see the module docstring). With `model`: a pair whose y is not x is refused for a model
-    that shifts its labels itself (`shifts_labels`), which would learn the token two ahead."""
+    """A dict as it is, an (x, y) pair as {"input_ids": x, "labels": y} (lessons 02-08). With `model`:
+    ValueError for a pair whose y is not x when the model shifts its labels itself."""
     if isinstance(batch, Mapping):
         return dict(batch)
     if is_batch(batch):
@@ -135,7 +97,6 @@ def _describe(thing: Any) -> str:
 
 
 def _split(out: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(logits, loss) of whatever a forward returned (see the module docstring)."""
     if isinstance(out, torch.Tensor):
         return (None, out) if out.dim() == 0 else (out, None)
     if isinstance(out, (tuple, list)):
@@ -166,8 +127,7 @@ def _forward_of(model: nn.Module) -> Callable[..., Any]:
 
 
 def takes_course_batches(model: nn.Module) -> bool:
-    """Whether `model(**batch)` can take the course's batches: its forward has an `input_ids` parameter
-    or takes **kwargs (SmallTransformer, Hugging Face models, a CourseModel)."""
+    """Whether `model(**batch)` takes the course's batches: a forward with `input_ids` or **kwargs."""
     try:
         params = inspect.signature(_forward_of(model)).parameters.values()
     except (TypeError, ValueError):  # a forward Python cannot inspect: let the call say
@@ -176,8 +136,8 @@ def takes_course_batches(model: nn.Module) -> bool:
 
 
 def vocab_size(model: nn.Module, *, fix: str = "give a batch of your own") -> int:
-    """The model's vocabulary, for the token ids of a batch made up for it (the dry runs, the planner): its
-    config's vocab_size, else its first embedding table's rows; `fix` ends the error when it has neither."""
+    """The model's vocabulary: its config's vocab_size, else its first embedding's rows (the dry runs, the
+    planner); `fix` ends the ValueError when it has neither."""
     for m in model.modules():
         for cfg in (getattr(m, "cfg", None), getattr(m, "config", None)):
             v = getattr(cfg, "vocab_size", None)
@@ -199,8 +159,7 @@ def batch_shape(batch: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def follows_course_contract(model: nn.Module) -> bool:
-    """Whether `model(**batch).loss` is the loss already: a Hugging Face model, or a class that says so with
-    `course_contract = True` (the course's SmallTransformer)."""
+    """Whether `model(**batch).loss` is the loss already: a HF model, or one with `course_contract = True`."""
     inner = unwrap_model(model)
     return bool(getattr(inner, "course_contract", False)) or is_hf_model(inner)
 
@@ -219,8 +178,7 @@ def adapter_hint(model: nn.Module) -> str:
 
 
 class CourseModel(nn.Module):
-    """Your model behind the course's contract: `forward(input_ids, labels=None, **extra)` returns a
-    `ModelOutput` (see the module docstring); `.model` is yours, unchanged (lessons 02-08)."""
+    """Your model behind the course's contract, returning `ModelOutput`; `.model` is yours (lessons 02-08)."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
                  = None, shape: ModelShape | None = None) -> None:
@@ -235,8 +193,7 @@ class CourseModel(nn.Module):
             self._accepts = {}
 
     def _extra(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """The other batch keys, passed by name to a forward that takes them; ValueError for one it does
-        not."""
+        # other batch keys go by name to a forward that takes them; dropping one (a mask) would change results
         open_ended = inspect.Parameter.VAR_KEYWORD in self._accepts.values()
         refused = [k for k in extra if k not in self._accepts and not open_ended]
         if refused:
@@ -275,9 +232,8 @@ class CourseModel(nn.Module):
 
 def as_course_model(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
                     = None, *, shape: ModelShape | None = None) -> nn.Module:
-    """`model` behind the course's contract (see the module docstring); one that follows it already (a
-    Hugging Face model, the course's SmallTransformer) is returned as it is, with `shape` attached when
-    given (lessons 02-08, your own code)."""
+    """`model` behind the course's contract; one that follows it already is returned as it is, with `shape`
+    attached when given (lessons 02-08, your own code)."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"as_course_model wraps an nn.Module, got {type(model).__name__}")
     if loss_fn is not None and not callable(loss_fn):

@@ -1,34 +1,6 @@
-"""The one place where the course meets APIs that differ between the versions it supports (all lessons).
-
-Every version-dependent call goes through a function here; when the installed version cannot do a thing,
-the function raises a clear error naming the version needed. Supported range: pyproject.toml; tested sets:
-README.md ("Supported versions") and `make test-matrix`.
-
-What differs, oldest supported set (torch 2.7, transformers 4.52, triton 3.3) to newest:
-- transformers 4.x BERT picks its attention classes when it is built (eager or sdpa only), has no working
-  `set_attn_implementation`, and takes a packing mask as (R, T, T) of 1/0, not (R, 1, T, T); its forward
-  reads values (is the mask all ones? is the first or last token padding?), which a dry run on fake tensors
-  answers from the batch (`fake_step`), where transformers 5 skips the reads on fake tensors;
-- triton < 3.4 has no `triton.knobs` and compiles no fp16 `tl.dot` for sm_75; triton < 3.7's interpreter
-  fails with numpy >= 2.4;
-- torch 2.7's gloo reduce-scatter sums where AVG is asked, so FSDP2 on CPUs summed gradients, and its gloo
-  all-reduce refuses AVG (`all_reduce_with_avg` runs it as a sum and a division); torch 2.7's Dynamo guards
-  have no `create_fn_name()` (`guard_kind`);
-- compiled FlexAttention does not build on a CPU with torch 2.7; FlexAttention has no CPU backward in
-  the torch releases after it (2.11, 2.13 checked);
-- torch._scaled_mm on a CPU scales per tensor only in some releases (2.11), row-wise too in others (2.13);
-- torch >= 2.9 has per-backend `fp32_precision` TF32 attributes besides the global switches, and warns on
-  every use of the global ones; reading the global matmul precision raises once only per-backend
-  attributes were set ("mix of the legacy and new APIs"); `torch.nn.attention.varlen` is new in 2.9;
-- transformers 5 renamed `gradient_checkpointing_*` to `activation_checkpointing_*`.
-
-It is also the one place that reads torch's private attributes (`_orig_mod`, a GradScaler's `_scale`,
-`torch.autograd._profiler_enabled`, the CUDA allocator's `_record_memory_history`, FakeTensorMode and
-MemTracker (`torch._subclasses`, `torch.distributed._tools`), an op's `_schema`, the
-dispatch mode of `torch.utils._python_dispatch`, `torch._dynamo.explain`) and Python's exit handlers
-(`atexit._run_exitfuncs`, for `exit_now`): they can change in any release, so each has one reader here (a
-test greps helpers/, scripts/ and benchmarks/ for others). Being the one home of all of these, it runs to
-about 800 lines, one section per subject.
+"""The one home of every call that differs between the supported torch, transformers and triton versions,
+and of every read of a private torch attribute (all lessons); a test fails on one anywhere else.
+Guide: docs/library/core.md#helperscorecompat
 """
 
 from __future__ import annotations
@@ -49,8 +21,25 @@ from collections.abc import Iterator
 from typing import Any, Callable, NoReturn
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    is_fake,
+    unset_fake_temporarily,
+)
+from torch.cuda import _memory_viz
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DataParallel, DistributedDataParallel
+from torch.utils import _pytree
 from torch.utils._python_dispatch import TorchDispatchMode  # lesson 04; torch itself imports this module
+from torch.utils.weak import WeakIdKeyDictionary
+
+# Imported inside the functions that use them, for what they cost on first import (2-core CPU, measured after
+# `import torch`): torch.distributed._tools (MemTracker) 1.3 s, torch._dynamo 1.1 s, torch.distributed.fsdp
+# 0.5 s; torch.nn.attention.varlen exists from torch 2.9 only
 
 __all__ = ["tensor_version", "post_accumulate_grad_hooks",
            "version_of", "version_tuple", "at_least", "require", "optional_import", "COURSE_EXTRA",
@@ -117,10 +106,8 @@ _DISTRIBUTIONS = {"matplotlib": "matplotlib", "sklearn": "scikit-learn", "ipywid
 
 
 def optional_import(module: str, what: str) -> Any:
-    """Import `module`, which comes with the course's extra (`pip install .` alone brings what the helpers
-    need to train, time, measure and checkpoint), or ModuleNotFoundError naming `what` needs it and the
-    install line (all lessons; your own code without the extra)."""
-
+    """Import a module of the course's extra, else ModuleNotFoundError naming `what` and the install line
+    (all lessons; your own code without the extra)."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
@@ -143,14 +130,13 @@ def bert_attn_implementations() -> tuple[str, ...]:
 
 
 def is_hf_model(model: nn.Module) -> bool:
-    """Whether `model` is a Hugging Face model (a PreTrainedModel: its config, `_from_config`), without
-    importing transformers (lessons 01, 08: what `set_attn_implementation` can switch)."""
+    """Whether `model` is a Hugging Face PreTrainedModel, without importing transformers (lessons 01, 08)."""
     return hasattr(type(model), "_from_config") and hasattr(model, "config")
 
 
 def _rebuilt(model: nn.Module, impl: str) -> nn.Module:
-    """A copy of a HF model built with attention `impl`, same weights, device, dtype, mode and frozen
-    parameters (transformers 4.x BERT chooses its attention modules when it is built)."""
+    # transformers 4.x BERT chooses its attention modules when it is built: a copy with the same weights,
+    # device, dtype, mode and frozen parameters
     if not hasattr(type(model), "_from_config"):
         raise TypeError(f"set_attn_implementation needs a Hugging Face model, got {type(model).__name__}")
     first = next(model.parameters())
@@ -169,10 +155,8 @@ def _rebuilt(model: nn.Module, impl: str) -> nn.Module:
 
 
 def disable_dropout(model: nn.Module, *, attention_only: bool = False) -> nn.Module:
-    """Dropout of `model` off, so runs compare exactly: nn.Dropout modules and the rate transformers 4.x
-    SDPA attention reads from `dropout_prob` instead of a module (lesson 08). `attention_only`: only a HF
-    BERT's attention-probability dropout (flex and varlen kernels have none; lessons 06, 08), ValueError
-    for a model without one."""
+    """Dropout off, so runs compare exactly (lesson 08). `attention_only`: only a HF BERT's attention dropout
+    (flex and varlen kernels have none; lessons 06, 08); ValueError for a model without one."""
     targets = list(model.modules())
     if attention_only:
         targets = [m for name, m in model.named_modules()
@@ -191,17 +175,13 @@ def disable_dropout(model: nn.Module, *, attention_only: bool = False) -> nn.Mod
 
 
 def attn_implementation(model: nn.Module) -> str | None:
-    """The attention implementation a Hugging Face model runs ("eager", "sdpa", ...), None for another
-    model (lessons 01, 06, 08)."""
+    """The attention a HF model runs ("eager", "sdpa", ...), None for another model (lessons 01, 06, 08)."""
     return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 def set_attn_implementation(model: nn.Module, impl: str) -> nn.Module:
-    """Switch a Hugging Face model's attention implementation ('eager', 'sdpa', ...) (lessons 01, 08).
-
-    Returns the model to use from now on: the same object with transformers >= 5.0 (switched in place);
-    with transformers 4.x a rebuilt copy with the same weights (optimizers made for the old one must be
-    made again)."""
+    """Switch a HF model's attention (lessons 01, 08). Use the model returned: the same one (transformers 5),
+    or a rebuilt copy with the same weights (4.x: make its optimizer again)."""
     if attn_implementation(model) == impl:
         return model
     if at_least("transformers", TRANSFORMERS_V5) and hasattr(model, "set_attn_implementation"):
@@ -240,10 +220,7 @@ def packing_attention_mask(same_doc: torch.Tensor, impl: str, dtype: torch.dtype
 # --- training: wrappers, the scaler, the optimizer, activation checkpointing ----------------------------
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile (`_orig_mod`) and DDP / DataParallel (`.module`) wrappers
-    (lessons 02, 07): the one to count FLOPs on, checkpoint, or switch."""
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
+    """The model inside torch.compile and DDP / DataParallel wrappers (lessons 02, 07)."""
     while True:
         if isinstance(model, (DistributedDataParallel, DataParallel)):
             model = model.module
@@ -254,8 +231,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def grad_scaler_scale(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
-    """An enabled GradScaler's current scale as a tensor, copied on the device (`get_scale()` would wait
-    for the device); None without one (lessons 02, 08)."""
+    """An enabled GradScaler's scale, copied on the device (no sync); None without one (lessons 02, 08)."""
     if scaler is None or not scaler.is_enabled():
         return None
     scale = getattr(scaler, "_scale", None)  # torch keeps it on the device; None before the first step
@@ -268,8 +244,8 @@ def profiler_enabled() -> bool:
 
 
 def cuda_memory_snapshot(fn: Callable[[], Any], max_entries: int) -> Any:
-    """Run `fn()` while the CUDA caching allocator records its history; its snapshot (lesson 03). Torch
-    documents this private API for memory_viz (pytorch.org/docs/stable/torch_cuda_memory.html)."""
+    """Run `fn()` while the CUDA caching allocator records its history; its snapshot (lesson 03)."""
+    # private, but documented for memory_viz (pytorch.org/docs/stable/torch_cuda_memory.html)
     torch.cuda.memory._record_memory_history(max_entries=max_entries)
     try:
         fn()
@@ -281,51 +257,33 @@ def cuda_memory_snapshot(fn: Callable[[], Any], max_entries: int) -> Any:
 
 def memory_snapshot_html(snapshot: Any) -> str:
     """Torch's own HTML view of a `cuda_memory_snapshot` (lesson 03)."""
-    from torch.cuda import _memory_viz
-
     return _memory_viz.trace_plot(snapshot)
 
 
 def fake_tensor_mode() -> Any:
-    """torch's FakeTensorMode (private): inside it every new tensor has a shape, a dtype and a device and
-    holds no memory, so a step of any size runs in seconds (lesson 03's dry run). On a CPU-only build use
-    the CPU device: a fake CUDA tensor needs CUDA's own initialisation."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    """torch's FakeTensorMode: tensors without memory (lesson 03's dry run). On a CPU-only build use the CPU
+    device: a fake CUDA tensor needs CUDA's own initialisation."""
     return FakeTensorMode()
 
 
 class ValueReadError(ValueError):
-    """A model read a tensor's value (`.item()`, `if t:`, `x in t`) that a dry run on fake tensors cannot
-    know: it depends on more than the batch (lessons 03 and 09)."""
+    """A model read a value a dry run on fake tensors cannot know (`.item()`, `if t:`) (lessons 03, 09)."""
 
 
 class _BatchValues(TorchDispatchMode):
-    """Below every other dispatch mode and above the fake mode: keeps the real value of each tensor the batch
-    alone decides (the batch's own tensors, constants and factory tensors made in the model, what ops compute
-    from those alone, at most `limit` elements each), so a read of such a value gets what a real step would
-    get. Tensors made from parameters, random numbers or `empty` have no value here."""
+    """Keeps the real value of each tensor the batch alone decides (at most `limit` elements), so a read of
+    one gets what a real step gets. Sits below every other dispatch mode and above the fake mode."""
 
     def __init__(self, limit: int) -> None:
         super().__init__()
-        from torch.utils.weak import WeakIdKeyDictionary
 
         self.limit = limit
         self.values: Any = WeakIdKeyDictionary()  # fake tensor -> its real value (keyed by identity)
 
     def value(self, t: Any) -> torch.Tensor | None:
-        from torch._subclasses.fake_tensor import is_fake
-
         return self.values.get(t) if is_fake(t) else t  # a real tensor (a constant) is its own value
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        from torch._subclasses.fake_tensor import (
-            DataDependentOutputException,
-            DynamicOutputShapeException,
-            unset_fake_temporarily,
-        )
-        from torch.utils import _pytree
-
         kwargs = kwargs or {}
         flat, spec = _pytree.tree_flatten((args, kwargs))
         inputs = [x for x in flat if isinstance(x, torch.Tensor)]
@@ -352,7 +310,7 @@ class _BatchValues(TorchDispatchMode):
 
     @staticmethod
     def _defined(func: Any) -> bool:
-        """Whether the op's output values follow from its inputs: not random, not uninitialised memory."""
+        # the op's output values follow from its inputs: not random, not uninitialised memory
         name = op_schema(func).name
         return torch.Tag.nondeterministic_seeded not in func.tags and not any(
             word in name for word in ("empty", "resize", "set_"))
@@ -361,16 +319,12 @@ class _BatchValues(TorchDispatchMode):
         # a view of an input allocates nothing; a new tensor is kept only up to `limit` elements (the batch's
         # size): values the batch decides are batch-sized (tokens, masks, positions), and a copy of anything
         # larger, an activation, would allocate what the dry run exists to avoid
-        from torch.utils import _pytree
-
         storages = {storage_identity(t) for t in inputs}
         return all(storage_identity(t) in storages or t.numel() <= self.limit
                    for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
 
     @staticmethod
     def _real(func: Any, call: tuple) -> Any:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         args, kwargs = call
         with unset_fake_temporarily():
             try:
@@ -379,8 +333,6 @@ class _BatchValues(TorchDispatchMode):
                 return None  # no value for this op's outputs; a later read of them raises ValueReadError
 
     def _keep(self, out: Any, value: Any) -> None:
-        from torch.utils import _pytree
-
         if value is None:
             return
         for t, v in zip(_pytree.tree_leaves(out), _pytree.tree_leaves(value)):
@@ -388,10 +340,7 @@ class _BatchValues(TorchDispatchMode):
                 self.values[t] = v
 
     def _from_real(self, func: Any, call: tuple) -> Any:
-        """An op whose output shape depends on values, its inputs known: computed for real, its tensors
-        handed on as fake tensors of the real shapes (that keep the real values)."""
-        from torch.utils import _pytree
-
+        # an op whose output shape depends on values, its inputs known: run for real, handed on as fakes
         value = self._real(func, call)
         if value is None:
             raise ValueReadError(_value_read_message(func))
@@ -408,8 +357,7 @@ class _BatchValues(TorchDispatchMode):
 
 
 def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensors an op writes in place (its schema marks them: `self` of add_, `out=`)."""
-    found = []
+    found = []  # the tensors its schema marks as written: `self` of add_, `out=`
     for i, arg in enumerate(op_schema(func).arguments):
         value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
         if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
@@ -418,8 +366,6 @@ def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 
 def _value_read_message(func: Any) -> str:
-    """Where the model read a value it cannot have on fake tensors, and what to do (ValueReadError)."""
-
     skip = (os.path.dirname(torch.__file__), __file__, os.path.dirname(contextlib.__file__))
     frames = [f for f in traceback.extract_stack()
               if not f.filename.startswith(skip) and f.name != "__torch_dispatch__"]
@@ -435,11 +381,8 @@ def _value_read_message(func: Any) -> str:
 
 @contextlib.contextmanager
 def fake_step(batch: dict[str, Any], device: torch.device) -> Iterator[dict[str, Any]]:
-    """A fake mode for a dry run of a step (lessons 03 and 09): yields `batch` as fake tensors on `device`
-    whose values stay known, as do those of what the batch alone decides, so that a model that reads such a
-    value (transformers 4.x BERT asks whether the attention mask is all ones, and whether the first or last
-    token is padding) gets the answer a real step gets; a read of any other value raises ValueReadError
-    naming the op and the line."""
+    """A fake mode for a dry run of a step (lessons 03, 09): `batch` as fake tensors whose values stay known;
+    a read of any other value raises ValueReadError naming the op and the line."""
     values = {k: v.detach().to(device).clone() for k, v in batch.items()  # copies: a model may write into
               if isinstance(v, torch.Tensor)}                              # its batch
     with fake_tensor_mode(), _BatchValues(max((v.numel() for v in values.values()), default=1)) as known:
@@ -451,20 +394,16 @@ def fake_step(batch: dict[str, Any], device: torch.device) -> Iterator[dict[str,
 
 
 class _NoHook:
-    """A hook handle with nothing to remove: what a frozen parameter gets instead of MemTracker's gradient
-    hooks, which torch cannot register on a tensor that does not require a gradient."""
+    """What a frozen parameter gets instead of MemTracker's gradient hook (torch refuses one there)."""
 
     def remove(self) -> None:
         pass
 
 
 def _peak_tracker(stock: type, *args: Any) -> Any:
-    """A MemTracker (or FSDPMemTracker) that keeps the step's peak only, and takes frozen parameters. After
-    every op the stock one also updates the peak of every module seen so far: ops x modules (a 16-layer
-    Llama: 20 million updates, 2/3 of a dry run's time), for per-module peaks the course never reads; and it
-    registers a gradient hook on every parameter, which fails on a frozen one ("cannot register a hook on a
-    tensor that doesn't require gradient": a LoRA model, a frozen embedding). The stock tracker where torch's
-    internals differ."""
+    """A MemTracker (or FSDPMemTracker) that keeps the step's peak only and takes frozen parameters."""
+    # the stock one updates every module's peak after every op (a 16-layer Llama: 20 million updates, 2/3 of
+    # a dry run's time) and hooks every parameter, failing on a frozen one; the stock one where torch differs
     from torch.distributed._tools import mem_tracker
 
     total = getattr(mem_tracker, "_TOTAL_KEY", None)
@@ -508,12 +447,8 @@ def _by_category(tracker: Any) -> dict[str, int]:
 
 
 def tracked_peak(step: Callable[..., Any], *tracked: Any, passes: bool = False) -> dict[str, int]:
-    """Run `step()` under torch's MemTracker (private, `torch.distributed._tools.mem_tracker`), the modules
-    and optimizers in `tracked` labelled; the bytes alive at the step's peak by category ("Parameter",
-    "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other") and "Total", all devices summed
-    (lessons 03, 10). Frozen parameters are counted as parameters, with no gradient. `passes`: the step runs
-    the model more than once (accumulation) and is called as `step(next_pass)`, `next_pass()` between two
-    passes (the tracker refuses a second forward of a module it has seen otherwise)."""
+    """Bytes alive at `step()`'s peak by MemTracker category ("Parameter", ..., "Total"), devices summed
+    (lessons 03, 10). `passes`: called as `step(next_pass)`, `next_pass()` between two forward passes."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = _peak_tracker(MemTracker)
@@ -526,10 +461,7 @@ def tracked_peak(step: Callable[..., Any], *tracked: Any, passes: bool = False) 
 
 def tracked_peak_sharded(step: Callable[..., Any], root: nn.Module, optimizer: Any, *,
                          passes: bool = False) -> dict[str, int]:
-    """`tracked_peak` of an FSDP2 model (`fully_shard`) with torch's FSDPMemTracker (private): the bytes at
-    the step's peak by FSDP's categories ("Sharded Param", "Unsharded Param", "Sharded Grad", "Unsharded
-    Grad", "All Gather", "Reduce Scatter", "Activation", "Temp", "OptState", "Buffer", "Inputs") and "Total",
-    for this rank (lesson 10)."""
+    """`tracked_peak` of an FSDP2 model, for this rank, by FSDPMemTracker's categories (lesson 10)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     tracker = _peak_tracker(FSDPMemTracker, root, optimizer)
@@ -541,12 +473,8 @@ def tracked_peak_sharded(step: Callable[..., Any], root: nn.Module, optimizer: A
 
 @contextlib.contextmanager
 def fake_process_group(world_size: int) -> Iterator[Any]:
-    """A process group of `world_size` ranks in which this process is rank 0 and no collective moves data
-    (torch's "fake" backend, private: torch.testing._internal.distributed.fake_pg), and its CPU device mesh:
-    what FSDP2 needs to shard a model on fake tensors (lesson 10's dry run). Refused when this process already
-    has a process group (a torchrun script): dry-run outside it."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+    """A fake-backend group of `world_size` ranks (this one rank 0) and its CPU mesh, for lesson 10's dry run;
+    ValueError where this process has a process group already."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     if dist.is_initialized():
@@ -562,9 +490,7 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
 
 
 def hf_model_in(model: nn.Module) -> nn.Module | None:
-    """The Hugging Face model inside torch.compile, DDP and `peft` wrappers (a PeftModel's base model, its
-    adapters in place), or None when there is none (lessons 08, 10: what an attention switch or activation
-    checkpointing is applied to)."""
+    """The HF model inside torch.compile, DDP and peft wrappers, or None (lessons 08, 10)."""
     model = unwrap_model(model)
     if is_peft_model(model):
         model = unwrap_model(model.get_base_model())  # peft's public API: the model its adapters are in
@@ -572,15 +498,13 @@ def hf_model_in(model: nn.Module) -> nn.Module | None:
 
 
 def is_peft_model(model: nn.Module) -> bool:
-    """Whether `model` (inside torch.compile or DDP) is a `peft` model: a PeftModel, adapters on a base model
-    (lessons 08, 10)."""
+    """Whether `model`, inside torch.compile or DDP, is a peft model (lessons 08, 10)."""
     model = unwrap_model(model)
     return callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config")
 
 
 def make_adamw(groups: list[dict[str, Any]], lr: float, fused: bool) -> torch.optim.AdamW:
-    """AdamW over parameter `groups`, with the fused kernel when `fused` and torch has it for the
-    parameters' device; the default implementation otherwise (lessons 03, 08)."""
+    """AdamW over `groups`, fused when asked and torch has the kernel for the device (lessons 03, 08)."""
     try:
         return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
     except (RuntimeError, TypeError):  # an older torch without the fused kernel on this device
@@ -588,8 +512,8 @@ def make_adamw(groups: list[dict[str, Any]], lr: float, fused: bool) -> torch.op
 
 
 def hf_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
-    """Activation checkpointing of a Hugging Face model on or off, non-reentrant (lesson 03): transformers
-    5 calls the switch `activation_checkpointing_*`, 4.x `gradient_checkpointing_*`."""
+    """Non-reentrant activation checkpointing of a HF model on or off (lesson 03)."""
+    # transformers 5 calls the switch activation_checkpointing_*, 4.x gradient_checkpointing_*
     prefix = "activation" if hasattr(type(model), "activation_checkpointing_enable") else "gradient"
     if not hasattr(type(model), f"{prefix}_checkpointing_enable"):
         raise ValueError(f"{type(model).__name__} has no Hugging Face checkpointing switch")
@@ -631,9 +555,9 @@ def tf32_settings() -> tuple[str | None, bool]:
 
 
 def set_tf32_settings(matmul: str | None, cudnn: bool) -> None:
-    """Set the global float32 matmul precision ("highest", "high"; None: "highest") and cuDNN's TF32 switch
-    (lesson 02). `torch.set_float32_matmul_precision` also sets torch >= 2.9's per-backend attributes;
-    setting only those would make torch's own readers of the global one (inductor's autotuner) raise."""
+    """Set the global float32 matmul precision (None: "highest") and cuDNN's TF32 switch (lesson 02)."""
+    # the global switch also sets torch >= 2.9's per-backend attributes; setting only those would make
+    # torch's own readers of the global one (inductor's autotuner) raise
     with _quiet_tf32_warning():
         torch.set_float32_matmul_precision(matmul or "highest")
         torch.backends.cudnn.allow_tf32 = cudnn
@@ -651,8 +575,7 @@ def tf32_matmul_enabled() -> bool:
 # --- varlen attention -----------------------------------------------------------------------------------
 
 def varlen_attn() -> Callable[..., torch.Tensor] | None:
-    """`torch.nn.attention.varlen.varlen_attn` (FlashAttention over cumulative sequence lengths, torch
-    >= 2.9), or None where this torch has none (lesson 08)."""
+    """torch >= 2.9's `varlen_attn` (FlashAttention over cumulative lengths), else None (lesson 08)."""
     try:
         from torch.nn.attention.varlen import varlen_attn as attn
     except ImportError:
@@ -672,9 +595,8 @@ def triton_interpret_enabled() -> bool:
 
 
 def triton_compiles_for(capability: tuple[int, int]) -> tuple[bool, str]:
-    """Whether the installed triton compiles the course's fp16 `tl.dot` for a GPU of `capability`, and why
-    not: triton < 3.4 fails on every one below sm_80 ("Unsupported conversion from f16 to f16",
-    triton-lang/triton#6698, fixed in 3.4) (lesson 01)."""
+    """Whether triton compiles the course's fp16 `tl.dot` for `capability`, and why not (lesson 01)."""
+    # triton < 3.4 fails below sm_80: "Unsupported conversion from f16 to f16"
     if tuple(capability) < (8, 0) and not at_least("triton", "3.4"):
         return False, (f"triton {version_of('triton')} cannot compile fp16 tl.dot for sm_{capability[0]}"
                        f"{capability[1]} (triton-lang/triton#6698): pip install 'triton>=3.4'")
@@ -700,11 +622,8 @@ def fully_shard() -> Callable[..., Any]:
 
 
 def _collective_device(backend: str) -> torch.device:
-    """A device whose tensors the process group's backend can reduce: the CPU where it has a CPU backend
-    (gloo, mpi, ucc), else this process's accelerator (NCCL has no CPU backend: a collective on CPU tensors
-    raises "No backend type associated with device type cpu")."""
-    import torch.distributed as dist
-
+    # the CPU where the backend has a CPU side (gloo, mpi, ucc), else this process's accelerator (NCCL: a
+    # collective on CPU tensors raises "No backend type associated with device type cpu")
     devices = getattr(dist.Backend, "backend_capability", {}).get(backend.lower(), ["cpu"])
     if "cpu" in devices:
         return torch.device("cpu")
@@ -715,8 +634,6 @@ def _collective_device(backend: str) -> torch.device:
 
 @functools.cache
 def _averages(backend: str, world: int) -> bool:
-    import torch.distributed as dist
-
     device = _collective_device(backend)
     inp = torch.full((world,), float(dist.get_rank() + 1), device=device)  # rank r sends r + 1 everywhere
     out = torch.empty(1, device=device)
@@ -725,26 +642,20 @@ def _averages(backend: str, world: int) -> bool:
 
 
 def reduce_scatter_averages() -> bool:
-    """Whether the default process group's reduce-scatter honours ReduceOp.AVG, checked by one collective
-    on the backend's own device (torch 2.7's gloo sums instead); every rank must call it (lesson 07)."""
-    import torch.distributed as dist
-
+    """Whether the default group's reduce-scatter honours ReduceOp.AVG (torch 2.7's gloo sums) (lesson 07).
+    One collective: call it on every rank."""
     return _averages(dist.get_backend(), dist.get_world_size())
 
 
 def all_reduce_averages(backend: str) -> bool:
-    """Whether `dist.all_reduce(t, op=ReduceOp.AVG)` runs on `backend`: NCCL's does; gloo's from torch 2.8 on
-    (pytorch/pytorch#149781: a sum, then a division by the group's size); torch 2.7's gloo raises "Cannot use
-    ReduceOp.AVG with Gloo" (lesson 07)."""
+    """Whether `dist.all_reduce(op=ReduceOp.AVG)` runs on `backend` (torch 2.7's gloo raises) (lesson 07)."""
     return backend.lower() != "gloo" or at_least("torch", GLOO_AVG)
 
 
 class _AveragedWork:
-    """The handle of an AVG all-reduce run as a sum: waiting for it (or its future) divides the sum by the
-    group's size, once."""
+    """An AVG all-reduce run as a sum: waiting for it (or its future) divides by the group's size, once."""
 
     def __init__(self, work: Any, tensor: torch.Tensor, size: int) -> None:
-
         self._work, self._tensor, self._size = work, tensor, size
         self._lock, self._divided = threading.Lock(), False
 
@@ -775,13 +686,8 @@ class _AveragedWork:
 
 
 def all_reduce_with_avg(all_reduce: Callable[..., Any]) -> Callable[..., Any]:
-    """`all_reduce` (torch.distributed's, or a wrapper with its signature) made to take op=ReduceOp.AVG where
-    the group's backend has none (gloo in torch 2.7): a sum, divided by the group's size when it is done (at
-    once, or when its handle or future is waited for), as gloo itself does from torch 2.8; every other call
-    as it was. Lesson 07's check runs the learner's function with it, so an AVG answer is right everywhere."""
-
-    import torch.distributed as dist
-
+    """`all_reduce` made to take op=ReduceOp.AVG where the backend has none (gloo, torch 2.7): a sum, divided
+    by the group's size when done; other calls unchanged (lesson 07's check)."""
     signature = inspect.signature(all_reduce)
 
     @functools.wraps(all_reduce)
@@ -802,8 +708,8 @@ def all_reduce_with_avg(all_reduce: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def average_fsdp_gradients(modules: list[nn.Module], world_size: int) -> bool:
-    """Make FSDP2 average gradients where the backend's reduce-scatter sums (torch 2.7 on gloo): divide
-    each reduced shard by the world size. True when a fix was needed (lesson 07)."""
+    """Make FSDP2 average where the reduce-scatter sums (torch 2.7's gloo); True when it had to (lesson 07).
+    Call it on every rank."""
     if reduce_scatter_averages():
         return False
     for module in modules:
@@ -837,8 +743,7 @@ def flex_trains(device: torch.device | str) -> tuple[bool, str]:
 
 @functools.cache
 def scaled_mm_supports(device: str, rowwise: bool) -> tuple[bool, str]:
-    """Whether torch._scaled_mm runs on `device` with per-tensor (or row-wise) scales, and why not: one tiny
-    FP8 matmul decides (lesson 08)."""
+    """Whether torch._scaled_mm runs on `device`, per-tensor or row-wise scaled, and why not (lesson 08)."""
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
         return False, f"torch {torch.__version__} has no FP8 matmul (torch._scaled_mm)"
     kind = "row-wise" if rowwise else "per-tensor"
@@ -854,30 +759,26 @@ def scaled_mm_supports(device: str, rowwise: bool) -> tuple[bool, str]:
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """`torch._scaled_mm(a, b, scale_a=, scale_b=, out_dtype=, ...)`: the FP8 matmul, a private torch op whose
-    arguments have changed between releases (lesson 08; `scaled_mm_supports` says where it runs)."""
+    """The FP8 matmul `torch._scaled_mm`, a private op whose arguments change between releases (lesson 08)."""
     return torch._scaled_mm(a, b, **kwargs)
 
 
 # --- ops below autograd: `TorchDispatchMode` (imported above) sees each one --------------------------------
 
 def op_schema(func: Any) -> Any:
-    """The schema of an op overload a dispatch mode receives: its name, its arguments, which of them it
-    writes (lesson 04)."""
+    """The schema of an op a dispatch mode receives: name, arguments, which it writes (lesson 04)."""
     return func._schema
 
 
 def storage_identity(t: Any) -> int:
-    """Which storage a tensor views, also for fake tensors (whose data pointers all read 0): the storage's
-    C++ handle (lesson 09's planner counts the bytes of each storage once)."""
+    """Which storage a tensor views, also for fake tensors (their data pointers read 0) (lesson 09)."""
     return t.untyped_storage()._cdata
 
 
 # --- torch.compile's graphs -------------------------------------------------------------------------------
 
 def explain_graphs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`torch._dynamo.explain(fn)(*args)` from a clean compile cache: how many graphs Dynamo makes of `fn`
-    and why it broke each (`.graph_count`, `.break_reasons`) (lesson 05)."""
+    """`torch._dynamo.explain(fn)(*args)` from a clean cache: `.graph_count`, `.break_reasons` (lesson 05)."""
     from torch import _dynamo
 
     _dynamo.reset()  # graphs compiled before must not hide or add breaks
@@ -888,9 +789,8 @@ def explain_graphs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def guard_kind(guard: Any) -> str:
-    """What a Dynamo guard checks, as the name of the function that builds it (TENSOR_MATCH, TYPE_MATCH, ...)
-    (lesson 05): torch 2.13 has `Guard.create_fn_name()`; torch 2.7 has not, only `inner_create_fn()`, the
-    function itself (2.13 has both)."""
+    """What a Dynamo guard checks: the name of the function that builds it, TENSOR_MATCH, ... (lesson 05)."""
+    # torch 2.7 has no create_fn_name(), only inner_create_fn() (the function itself)
     if hasattr(guard, "create_fn_name"):
         return guard.create_fn_name()
     return guard.inner_create_fn().__name__
@@ -899,11 +799,9 @@ def guard_kind(guard: Any) -> str:
 # --- ending a launched process ------------------------------------------------------------------------------
 
 def exit_now(code: int = 0) -> NoReturn:
-    """End a worker process whose work is written: the exit handlers run (logging's flush, child processes'
-    clean-up), stdout and stderr are flushed, then the process leaves without the interpreter freeing every
-    module's objects one by one, which the operating system does at once: 1-2 s of every torchrun launch on
-    a 2-core CPU (lessons 07, 08)."""
-
+    """End a worker whose work is written: exit handlers run, output is flushed (lessons 07, 08)."""
+    # then os._exit: the interpreter's freeing of every object one by one took 1-2 s of each torchrun
+    # launch on a 2-core CPU; the operating system frees it all at once
     atexit._run_exitfuncs()  # what a normal exit runs first (private, in CPython for years)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -913,12 +811,10 @@ def exit_now(code: int = 0) -> NoReturn:
 # --- private reads the exercise checks make --------------------------------------------------------------
 
 def tensor_version(t: torch.Tensor) -> int:
-    """`t`'s version counter (private `_version`: bumped by every in-place write), how a check sees an input
-    changed in place (course/exercises/contract.py)."""
+    """`t`'s version counter, bumped by every in-place write (course/exercises/contract.py)."""
     return t._version
 
 
 def post_accumulate_grad_hooks(p: torch.Tensor) -> list[Any]:
-    """The hooks registered on `p` with `register_post_accumulate_grad_hook` (private
-    `_post_accumulate_grad_hooks`, a dict or None), how exercise 07's check finds an answer's hooks."""
+    """The hooks `register_post_accumulate_grad_hook` put on `p`, for exercise 07's check."""
     return list((getattr(p, "_post_accumulate_grad_hooks", None) or {}).values())

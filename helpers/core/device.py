@@ -1,9 +1,6 @@
-"""Pick the device, and report the environment: versions, the CPU's instruction sets, each GPU with what it
-accelerates, the NVIDIA driver (lesson 00; every lesson calls `get_device`).
-
-On an Apple-silicon Mac "auto" picks the CPU, saying why in one line: the lessons measure with tools MPS
-lacks (allocator peak statistics, Triton, the FlashAttention kernels). `COURSE_DEVICE=mps` opts in, and
-`COURSE_DEVICE` names the device "auto" resolves to on any machine.
+"""Pick the device (`get_device`, every lesson), and report the environment: versions, the CPU's instruction
+sets, each GPU and what it accelerates, the NVIDIA driver (lesson 00).
+Guide: docs/library/core.md#helperscoredevice
 """
 
 from __future__ import annotations
@@ -61,7 +58,6 @@ def nvidia_smi(*args: str) -> str | None:
 
 
 def _auto() -> torch.device:
-    """What "auto" means here: $COURSE_DEVICE, else cuda, else the CPU (saying why on a Mac with MPS)."""
     chosen = os.environ.get(DEVICE_ENV, "").strip().lower()
     if chosen and chosen != "auto":
         try:
@@ -76,8 +72,8 @@ def _auto() -> torch.device:
 
 
 def get_device(name: str = "auto") -> torch.device:
-    """The torch device to use (lesson 00): "auto" picks $COURSE_DEVICE, else cuda, else the CPU (also on
-    a Mac, saying why: COURSE_DEVICE=mps opts in); other names as asked, checked."""
+    """The torch device to use (lesson 00): "auto" is $COURSE_DEVICE, else cuda, else the CPU (also on a
+    Mac: COURSE_DEVICE=mps opts in); other names as asked, checked."""
     name = (name or "auto").strip().lower()
     if name == "auto":
         return _auto()
@@ -129,8 +125,7 @@ class GPUInfo:
 
     @property
     def accelerates(self) -> dict[str, bool]:
-        """Which formats run on tensor cores: FP16 from Volta (7.0), TF32/BF16 from Ampere (8.0), FP8 from
-        Ada/Hopper (8.9)."""
+        """Which formats run on tensor cores: FP16 from 7.0, TF32/BF16 from 8.0, FP8 from 8.9."""
         cc = self.capability
         return {"FP16": cc >= (7, 0), "TF32": cc >= (8, 0), "BF16": cc >= (8, 0), "FP8": cc >= (8, 9)}
 
@@ -167,8 +162,7 @@ def cpu_info() -> CPUInfo:
 
 
 def device_facts(device: torch.device | str) -> dict[str, Any]:
-    """What explains a speed-up on `device` (lesson 08's ladder): a GPU's name and compute capability, or
-    a CPU's instruction set and whether it has AMX / AVX512-BF16 bf16 units (`cpu_info`; else unknown)."""
+    """What explains a speed-up on `device`: a GPU's capability, a CPU's bf16 units (lesson 08's ladder)."""
     device = torch.device(device)
     if device.type == "cuda":
         cap = torch.cuda.get_device_capability(device)
@@ -259,8 +253,7 @@ class EnvironmentReport:
 
 
 def device_report() -> EnvironmentReport:
-    """Versions (Python, torch, transformers, triton, CUDA, cuDNN, NCCL, driver) and hardware (CPU
-    features, GPUs) (lesson 00; `course.results.stamp` reads its versions from here)."""
+    """Versions and hardware (lesson 00; `course.results.stamp` reads its versions from here)."""
     gpus = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -280,8 +273,8 @@ def device_report() -> EnvironmentReport:
 
 
 def last_level_cache_bytes(device: torch.device | str = "cpu") -> int | None:
-    """Size of the device's last-level cache in bytes: a GPU's L2, a CPU's largest cache (Linux sysfs,
-    macOS sysctl); None where it cannot be read. A bandwidth test must move more than this (lesson 00)."""
+    """Bytes of the device's last-level cache (a GPU's L2, a CPU's largest), or None; a bandwidth test must
+    move more (lesson 00)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return torch.cuda.get_device_properties(dev).L2_cache_size or None

@@ -1,11 +1,5 @@
-"""Diagnose a broken GPU set-up: the facts of this machine (torch build, driver, visible GPUs, compilers),
-what is wrong with them and the fix; and the known CUDA error messages explained (lesson 00).
-
-The driver rule is CUDA's minor-version compatibility (NVIDIA's CUDA compatibility guide; the minimum
-drivers are the CUDA toolkit release notes' table, Linux x86-64): a torch built for CUDA major M runs on any
-driver whose CUDA major is at least M and which meets M's minimum (`MIN_DRIVER`). A 12.6 build on driver 535
-(whose header says CUDA 12.2) is fine; a 13.0 build on the same driver is not. `scripts/install_torch.sh`
-picks the build by the same table (a test keeps the two in step).
+"""Diagnose a broken GPU set-up: this machine's facts, what is wrong and the fix; known CUDA error messages
+explained (lesson 00). Guide: docs/library/core.md#helperscorediagnosis
 """
 
 from __future__ import annotations
@@ -26,7 +20,8 @@ from helpers.core.tables import Table
 __all__ = ["Finding", "KNOWN_ERRORS", "MIN_DRIVER", "explain_error", "OOMReport", "Compilers", "SetupFacts",
            "driver_runs", "compiler_fix", "diagnose", "findings_table"]
 
-# CUDA major -> the oldest Linux driver that runs every build of that major (minor-version compatibility)
+# CUDA major -> the oldest Linux driver that runs every build of that major (minor-version compatibility;
+# the CUDA toolkit release notes' table, Linux x86-64); scripts/install_torch.sh keeps the same table
 MIN_DRIVER = {13: "580.65.06", 12: "525.60.13", 11: "450.80.02"}
 REINSTALL = "bash scripts/install_torch.sh .venv/bin/python"  # picks the build from the driver and the GPU
 
@@ -93,8 +88,7 @@ def _bytes(match: re.Match | None) -> int | None:
 
 @dataclass(frozen=True)
 class OOMReport:
-    """What an out-of-memory error asked for and what the device held then, read from torch's message
-    (CUDA's caching allocator, or the CPU allocator's) (lesson 00; the benchmarks report a rung that OOMs)."""
+    """What an out-of-memory error asked for and what the device held, from its message (lesson 00)."""
 
     device: str  # "cuda:0", "cpu"
     asked_bytes: int | None  # the allocation that failed
@@ -169,8 +163,8 @@ def compiler_fix(os_family: str) -> str:
 
 @dataclass(frozen=True)
 class SetupFacts:
-    """What `diagnose` looks at; `SetupFacts.gather()` reads them off this machine (lesson 00). The fields
-    after `visible_devices` are optional: None means "not looked at", and that check is left out."""
+    """What `diagnose` looks at; `gather()` reads this machine's (lesson 00). Optional fields: None = not
+    looked at, that check left out."""
 
     torch_cuda: str | None  # torch.version.cuda: None for a CPU-only build
     torch_sees_gpu: bool  # torch.cuda.is_available()
@@ -196,8 +190,8 @@ class SetupFacts:
 
 
 def driver_runs(torch_cuda: str, driver: str | None, driver_cuda: str | None) -> tuple[bool, str]:
-    """(whether a driver runs a torch built for CUDA `torch_cuda`, why), by minor-version compatibility:
-    the driver's CUDA major at least the build's, and the driver at least that major's minimum (lesson 00)."""
+    """(whether a driver runs a torch built for CUDA `torch_cuda`, why), by minor-version compatibility
+    (lesson 00)."""
     major = version_tuple(torch_cuda)[0]
     minimum = MIN_DRIVER.get(major)
     if minimum is None:  # before CUDA 11 there was no minor-version compatibility: driver >= toolkit
@@ -217,8 +211,8 @@ def driver_runs(torch_cuda: str, driver: str | None, driver_cuda: str | None) ->
 
 
 def _has_kernels(cap: tuple[int, int], arch_list: list[str]) -> bool:
-    """Whether a build's kernels (`sm_XY` binaries, `compute_XY` PTX) run on a GPU of capability `cap`: a
-    binary runs on its own major at the same or a later minor, PTX on any later GPU (torch._check_cubins)."""
+    # an sm_XY binary runs on its own major at the same or a later minor, compute_XY PTX on any later GPU
+    # (torch._check_cubins)
     cc = cap[0] * 10 + cap[1]
     for arch in arch_list:
         kind, _, num = arch.partition("_")

@@ -1,7 +1,5 @@
-"""Whether the Hugging Face hub may be used, and where the BERT the course uses without it lies (06, 08).
-
-The one reader of HF_HUB_OFFLINE and the one reachability probe; the offline BERT is $COURSE_BERT_PATH's
-folder, else the checkpoint package that installs from the package index."""
+"""Whether the Hugging Face hub may be used (the one reader of HF_HUB_OFFLINE), and where the BERT the
+course uses without it lies (lessons 06, 08)."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ def env_bert_path() -> Path | None:
 
 
 def offline_bert_path() -> Path:
-    """Folder of the BERT (config, tokenizer, weights) the course uses without the hub: $COURSE_BERT_PATH
-    when set, else the checkpoint that installs from the package index (lessons 06, 08)."""
+    """Folder of the offline BERT: $COURSE_BERT_PATH, else the checkpoint package's (lessons 06, 08)."""
     env_path = env_bert_path()
     if env_path is not None:  # an air-gapped box: config + tokenizer (maybe no weights) carried in
         return env_path

@@ -1,29 +1,5 @@
-"""Precision names and switches, one home for the whole course (lesson 02 teaches them; 03-07 use them).
-
-Precisions (`PRECISIONS`)
--------------------------
-- "fp32": plain float32; TF32 tensor-core math switched off.
-- "tf32": float32 tensors, matmuls and convolutions on a GPU's TF32 tensor cores (Ampere or newer;
-  elsewhere there are no TF32 units and it is the same as fp32).
-- "fp16": `torch.autocast(dtype=float16)` for the forward pass, and a `torch.amp.GradScaler` that
-  multiplies the loss so small gradients survive float16, unscales before clipping, and skips the step
-  (halving its scale) when a gradient overflowed to inf or NaN.
-- "bf16": `torch.autocast(dtype=bfloat16)`; bfloat16 has float32's exponent range, so no scaler.
-Weights, gradients and optimizer state stay float32 in every mode ("mixed" precision). FP8 is a separate
-switch (`helpers.model.fp8`), a rung above bf16.
-
-TF32 is decided once for the course (`uses_tf32`): it stays ON for whatever still runs in float32 once a
-run's precision is "tf32" or any later rung (fp16, bf16, fp8): under autocast the ops autocast keeps in
-float32 (and the optimizer's) would otherwise run slower than the rung below. Only "fp32" turns it off.
-
-A run applies TF32 and autocast through `helpers.train.runspec.RunSpec` only: `step_context` (TF32, around the
-whole step) and `autocast` (around forward and loss only); the primitives below are what they call, and what
-lesson 02 shows.
-The switch (`set_tf32`, `tf32_matmuls`) uses `torch.set_float32_matmul_precision` and
-`torch.backends.cudnn.allow_tf32`, through `helpers.core.compat` (torch 2.9 added per-backend attributes
-beside them; compat says how the two views are kept in step).
-
-This module is in the base layer: it imports only `helpers.core.compat`.
+"""Precision names ("fp32", "tf32", "fp16", "bf16") and their switches: autocast, TF32, the GradScaler
+(lesson 02 teaches them; 03-08 use them). Guide: docs/library/core.md#helperscoreprecision
 """
 
 from __future__ import annotations
@@ -94,10 +70,7 @@ def precision_runs(precision: str, device: torch.device | str) -> bool:
 
 
 def training_precision(device: torch.device | str) -> tuple[str, str]:
-    """The precision a lesson trains in on `device`, and why, from its compute capability alone (nothing is
-    allocated; lessons 01-08): bf16 where the GPU has bf16 tensor cores (8.0+), fp16 with a GradScaler where
-    it has fp16 ones only (7.0, 7.5), fp32 on older GPUs and on a CPU (16-bit autocast is slower there
-    without bf16 units: lesson 02 measures it)."""
+    """(precision, why) a lesson trains in on `device`, from its compute capability alone (lessons 01-08)."""
     device = torch.device(device)
     if device.type != "cuda":
         return "fp32", f"fp32 (a {device.type.upper()}: 16-bit autocast is slower without bf16 units)"
@@ -122,8 +95,7 @@ def autocast_context(precision: str, device: torch.device | str) -> contextlib.A
 
 def autocast_factory(precision: str, device: torch.device | str, *,
                      check: bool = True) -> Callable[[], contextlib.AbstractContextManager]:
-    """`autocast_context` checked once (`check=False`: the caller has checked it): a function that makes the
-    context for each forward pass, not checked again (a run checks its precision once) (lessons 02, 08)."""
+    """A maker of `autocast_context`, checked once (`check=False`: by the caller) (lessons 02, 08)."""
     if check:
         check_precision(precision, device)
     device_type, dtype = torch.device(device).type, AUTOCAST_DTYPES.get(precision)
@@ -143,9 +115,7 @@ def tf32_enabled() -> bool:
 
 
 def set_tf32(enabled: bool) -> None:
-    """Let float32 matmuls and cuDNN convolutions use TF32 tensor cores, or forbid it (lesson 02).
-
-    Global and sticky: prefer `tf32_matmuls`, which restores the previous setting."""
+    """TF32 for float32 matmuls and cuDNN on or off, globally: prefer `tf32_matmuls` (lesson 02)."""
     if not isinstance(enabled, bool):
         raise TypeError(f"set_tf32 takes True or False, got {enabled!r}")
     # "high": TF32 (or bf16x3) where fast units exist; CPUs without them keep exact float32.

@@ -1,4 +1,4 @@
-"""Small result tables that render as Markdown in Jupyter and as text in a terminal."""
+"""Small result tables that render as Markdown in Jupyter and as text in a terminal (every lesson)."""
 
 from __future__ import annotations
 

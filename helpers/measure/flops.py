@@ -1,35 +1,5 @@
-"""FLOPs per token of a Transformer, FLOPs a run executed, and MFU.
-
-Where 6·N + 12·L·H·Q·T comes from (the PaLM paper's appendix B; nanoGPT's `estimate_mfu`):
-
-- A weight matrix W (n_in × n_out) applied to one token costs n_in·n_out multiply-adds = 2·n_in·n_out
-  FLOPs in the forward pass. Summed over every matmul weight: 2·N per token, N = the parameters that
-  take part in matmuls: every `nn.Linear` and Hugging Face `Conv1D` (GPT-2's layers), a weight tied to
-  the token embedding counted once (as the output head); position tables are look-ups and do not count.
-- The backward pass computes two products per matmul, the gradient of the input (to pass back) and
-  the gradient of the weight (to update it): twice the forward, 4·N. Forward + backward: 6·N.
-- Attention also multiplies activations by activations, which no parameter count sees: for each of
-  the L layers and H heads, a query of head size Q meets T keys (Q·Kᵀ, 2·Q·T FLOPs) and T values
-  (weights·V, 2·Q·T FLOPs): 4·L·H·Q·T per token forward, times 3 with the backward: 12·L·H·Q·T.
-  T is the full sequence length; a causal mask is ignored, as in PaLM and nanoGPT (it would halve it).
-- A classifier head that reads one vector per sequence (BERT's pooler and classifier, the small
-  Transformer's classifier) runs once per sequence, not per token: its parameters count 1/T per token.
-
-Frozen weights (a LoRA model's base, a frozen embedding) do less (lesson 10): a frozen weight gets no
-weight gradient (4 FLOPs per token instead of 6), a matmul with nothing trainable before it passes no
-gradient back (2), and attention runs its backward only from the first layer that trains. LoRA's adapters
-count as the matmuls they are. A model that trains every weight keeps the 6·N + 12·L·H·Q·T above.
-
-Softmax, layer norms, GELU and the optimizer are left out: a few percent at these sizes.
-
-Two numbers, two uses: `model_flops_per_token` × real (non-padding) tokens is the work the model needs,
-the numerator of MFU; `executed_flops` is the work a run actually made the device do, padding included
-(it measures how busy the device was, and the gap between the two is the padding's cost).
-
-`mfu` is the one place MFU is computed; the peak it divides by is `helpers.measure.roofline.mfu_peak` (the
-course's one peak policy: the device's fastest dense rate among the training precisions; datasheet, else
-measured roofline).
-"""
+"""FLOPs per token of a Transformer (6·N + 12·L·H·Q·T; less for frozen weights), the FLOPs a run executed, and
+MFU (lessons 02, 08, 10). Guide: docs/library/measure.md#helpersmeasureflops"""
 
 from __future__ import annotations
 
@@ -68,8 +38,7 @@ def _is_matmul_layer(module: nn.Module) -> bool:
 
 
 def _per_sequence_modules(model: nn.Module) -> set[int]:
-    """ids of the layers that run once per sequence: HF poolers and sequence-classifier heads, and the
-    small Transformer's classifier (it reads the mean over tokens)."""
+    """ids of layers run once per sequence: poolers, sequence-classifier heads, a SmallTransformer's head."""
     ids: set[int] = set()
     cfg = getattr(model, "cfg", None)
     if getattr(cfg, "n_classes", 0) and isinstance(getattr(model, "head", None), nn.Module):
@@ -83,10 +52,8 @@ def _per_sequence_modules(model: nn.Module) -> set[int]:
 
 
 def transformer_blocks(model: nn.Module) -> nn.ModuleList | None:
-    """A model's list of Transformer layers: a Hugging Face model's encoder layers, a SmallTransformer's
-    blocks, else (a decoder, a `peft` model, nanoGPT's `transformer.h`) its longest list of two or more
-    blocks of one class; None when it has none (lessons 05, 10: regional compilation, FSDP2's units, frozen
-    FLOPs)."""
+    """A model's list of Transformer layers (else its longest list of two or more blocks of one class), or
+    None (lessons 05, 10)."""
     model = unwrap_model(model)
     layers = getattr(getattr(getattr(model, "base_model", None), "encoder", None), "layer", None)
     layers = layers if isinstance(layers, nn.ModuleList) else getattr(model, "blocks", None)
@@ -99,8 +66,7 @@ def transformer_blocks(model: nn.Module) -> nn.ModuleList | None:
 
 @dataclasses.dataclass(frozen=True)
 class _MatmulWork:
-    """Matmul parameters by the work their backward does: each one's forward, the gradient of its input
-    (passed back to what trains before it) and of itself (it trains), per token and once per sequence."""
+    """Matmul parameters by the work their backward does, per token and once per sequence."""
 
     forward: int = 0
     input_grad: int = 0
@@ -112,12 +78,11 @@ class _MatmulWork:
 
 
 def _matmul_work(model: nn.Module) -> _MatmulWork:
-    """`_MatmulWork` of `model`, each parameter counted once. A model that trains every weight gets the
-    6·N convention (every input gradient counted). With frozen weights (LoRA, a frozen embedding): a frozen
-    weight has no weight gradient, and a matmul's input gradient is counted only when a trainable parameter
-    comes before it in the model's order (the order of registration stands for the forward pass's)."""
+    """`_MatmulWork` of `model`, each parameter counted once."""
     per_sequence = _per_sequence_modules(model)
     params = list(model.parameters())
+    # all trainable: 6·N (every input gradient). Frozen weights: no weight gradient, and an input gradient
+    # only after a trainable parameter (the order of registration stands for the forward pass's)
     all_train = all(p.requires_grad for p in params)
     seen: set[int] = set()
     counts = dict.fromkeys(("forward", "input_grad", "weight_grad", "forward_seq", "input_grad_seq",
@@ -142,8 +107,7 @@ def _matmul_work(model: nn.Module) -> _MatmulWork:
 
 
 def _attention_backward(model: nn.Module, first: nn.Module | None, all_train: bool) -> float:
-    """The share of the layers whose attention runs a backward: from the first layer that holds (or follows)
-    a parameter that trains."""
+    """The share of layers whose attention runs a backward: from the first trainable parameter's layer on."""
     if all_train:
         return 1.0
     if first is None:
@@ -190,9 +154,7 @@ def _from_config(cfg: object) -> ModelShape | None:
 
 
 def _from_modules(model: nn.Module) -> ModelShape | None:
-    """Layers, heads and head size from the attention modules: `nn.MultiheadAttention`, or any module that
-    keeps its head count (n_head, num_heads, ...) and its width (n_embd, embed_dim, ...) or head size; one
-    such module per layer. None when there are none, or they differ."""
+    """Layers, heads and head size from one attention module per layer; None when none or they differ."""
     found = []
     for module in model.modules():
         heads = _first(module, _HEAD_NAMES)
@@ -208,16 +170,14 @@ def _from_modules(model: nn.Module) -> ModelShape | None:
 
 
 def set_model_shape(model: nn.Module, n_layers: int, n_heads: int, head_dim: int) -> nn.Module:
-    """Tell the FLOP counter a model's layers, heads and head size once, when it cannot read them from the
-    model's config or modules (lessons 02, 08; `as_course_model(model, shape=...)` does the same)."""
+    """Tell the FLOP counter a model's layers, heads and head size it cannot read (lessons 02, 08)."""
     model.course_shape = ModelShape(n_layers, n_heads, head_dim)
     return model
 
 
 def model_shape(model: nn.Module) -> ModelShape:
-    """(layers, heads, head size) of `model` for its FLOPs: told (`set_model_shape`, `as_course_model(...,
-    shape=)`), else read from a config (`.cfg`, `.config`: the course's, Hugging Face's, nanoGPT's names),
-    else from its attention modules; the model and each submodule, outermost first (lessons 02, 08)."""
+    """(layers, heads, head size) of `model`: told (`set_model_shape`), else read from a config or its
+    attention modules, outermost first; ValueError if none (lessons 02, 08)."""
     model = unwrap_model(model)
     modules = list(model.modules())
     for m in modules:
@@ -242,7 +202,7 @@ def model_shape(model: nn.Module) -> ModelShape:
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = True) -> float:
-    """Training FLOPs per token of `model` at sequence length `seq_len` (lessons 02, 08; see above)."""
+    """Training FLOPs per token of `model` at sequence length `seq_len` (lessons 02, 08)."""
     given = seq_len
     try:
         seq_len = operator.index(seq_len)  # ints, numpy ints, 0-d integer tensors
@@ -266,10 +226,8 @@ def model_flops_per_token(model: nn.Module, seq_len: int, *, backward: bool = Tr
 
 def executed_flops(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor] | tuple[int, int]], *,
                    backward: bool = True) -> float:
-    """FLOPs a run executed on `batches`, padding included, each at its own width (lessons 06, 08).
-
-    A batch is a dict with "input_ids" of shape (batch, seq_len), an (x, y) pair of tensors (x: the inputs),
-    or a (batch, seq_len) pair of numbers."""
+    """FLOPs a run executed on `batches`, padding included, each at its own width (lessons 06, 08): dicts with
+    "input_ids" (batch, seq_len), (x, y) tensor pairs, or (batch, seq_len) pairs of numbers."""
     total = 0.0
     for i, b in enumerate(batches):
         if isinstance(b, Mapping) and "input_ids" in b:
@@ -289,13 +247,8 @@ def executed_flops(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak: float | PeakFlops) -> float:
-    """Model FLOPs utilisation (lessons 02, 08): useful FLOPs per second ÷ the peak, a fraction (0.4 = 40 %).
-
-    Useful FLOPs count real tokens only: `tokens_per_s` are non-padding tokens per second and
-    `flops_per_token` is `model_flops_per_token` at the padded length the model attended over. Padding
-    the device computed is not useful work (see `executed_flops`). `peak`:
-    `helpers.measure.roofline.mfu_peak`,
-    the same for every precision (so MFUs compare), or a number you give (FLOP/s)."""
+    """Model FLOPs utilisation, a fraction (lessons 02, 08): non-padding `tokens_per_s` × `flops_per_token`
+    (at the padded length) ÷ `peak` (`mfu_peak`, the same for every precision, or FLOP/s you give)."""
     peak_value = peak.flops if isinstance(peak, PeakFlops) else float(peak)
     if peak_value <= 0 or tokens_per_s < 0 or flops_per_token < 0:
         raise ValueError(f"need peak > 0 and non-negative throughput and FLOPs, got peak={peak_value}, "

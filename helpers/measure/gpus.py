@@ -1,8 +1,6 @@
 """The course's one table of GPU facts: each board's dense peak FLOP/s, memory, bandwidth, SMs and links, each
 figure with its datasheet (lessons 00, 09, 10). `seen_as` makes `torch.cuda` report a board you do not have.
-
-Memory is what torch reports (a little under the marketing figure); a board whose torch figure the course has
-not seen keeps it None and is not planned on. No decision may depend on the last megabyte."""
+Guide: docs/library/measure.md#helpersmeasuregpus"""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ PEAK_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 @dataclass(frozen=True)
 class Link:
-    """How one GPU talks to the others in its box: bytes/s each way, the kind of link, its source (lesson
-    10)."""
+    """How one GPU talks to the others in its box: bytes/s each way, its kind, its source (lesson 10)."""
 
     bandwidth: float  # bytes/s in each direction (datasheets print both directions added: halved here)
     kind: str  # "NVLink 4", "PCIe 4.0 x16"
@@ -43,8 +40,7 @@ BETWEEN_NODES = Link(50 * GB, "InfiniBand NDR 400 Gb/s per GPU (a parameter)",
 
 @dataclass(frozen=True)
 class GPU:
-    """One board: its dense peaks per precision and, for the boards a plan runs on, what torch reports and
-    the datasheet's bandwidth and link (lessons 00, 09, 10)."""
+    """One board: its dense peaks and, for boards a plan runs on, torch's figures (lessons 00, 09, 10)."""
 
     key: str  # the course's short name: "T4", "A100-80"
     name: str  # torch.cuda.get_device_name() (nvidia-smi's name)
@@ -52,7 +48,7 @@ class GPU:
     peaks: Mapping[str, float]  # precision -> dense FLOP/s; a precision without units is absent
     peaks_source: str
     capability: tuple[int, int] | None = None
-    total_memory: int | None = None  # bytes: get_device_properties().total_memory; None: not seen yet
+    total_memory: int | None = None  # bytes torch reports (under the marketing figure); None: not seen yet
     sms: int | None = None
     l2_bytes: int | None = None
     bandwidth: float | None = None  # bytes/s of the memory, the datasheet's (decimal) figure
@@ -90,9 +86,9 @@ def _peaks(fp32: float, tf32: float | None = None, fp16: float | None = None, bf
 
 
 # Dense peaks ("fp16"/"bf16"/"fp8": tensor cores with fp32 accumulation, what mixed precision uses; "fp32":
-# the
-# CUDA cores; "tf32": TF32 tensor cores). Datasheets print 2x "with sparsity" figures from Ampere on: halved
-# here. GeForce boards: the whitepapers' "with FP32 accumulate" rows. Each row matches exact nvidia-smi names.
+# the CUDA cores; "tf32": TF32 tensor cores). Datasheets print 2x "with sparsity" figures from Ampere on:
+# halved here. GeForce boards: the whitepapers' "with FP32 accumulate" rows. Each row matches exact
+# nvidia-smi names.
 HALVED = "dense = half the 'with sparsity' figures"
 FP32_ACC = "tensor with FP32 accumulate, dense"
 _T4 = "NVIDIA T4 Tensor Core GPU datasheet"
@@ -216,9 +212,8 @@ def gpu_named(name: str) -> GPU | None:
 
 @contextlib.contextmanager
 def seen_as(g: str | GPU) -> Iterator[GPU]:
-    """Inside the block `torch.cuda` reports the board `g` (name, capability, memory, SMs), so the course's
-    rules (`training_precision`, `fp8_capable`, `mfu_peak`) answer for it; nothing can be allocated on it
-    (lessons 09, 10)."""
+    """Inside the block `torch.cuda` reports the board `g`, so the course's rules answer for it; nothing can
+    be allocated on it (lessons 09, 10)."""
     g = gpu(g)
     if not g.plannable:
         raise ValueError(f"{g.key}: the table lacks what torch would report (memory, SMs, L2, capability)")

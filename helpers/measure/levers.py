@@ -1,6 +1,6 @@
 """The levers that make a training step fit, as data (`Levers`), and as the dry run applies them to a model:
-LoRA's adapters, checkpointing, FSDP2's shards, bitsandbytes' 8-bit state (lesson 10). Which part of memory
-each lever cuts, and what it costs: lesson 10's table and helpers.plan.fit.CUTS."""
+LoRA's adapters, checkpointing, FSDP2's shards, bitsandbytes' 8-bit state (lesson 10).
+Guide: docs/library/measure.md#helpersmeasurelevers"""
 
 from __future__ import annotations
 
@@ -28,12 +28,11 @@ _CPU_KERNEL_COPIES = 5  # float32 copies of a tensor bitsandbytes' CPU kernel ho
 
 @dataclass(frozen=True)
 class LoRA:
-    """LoRA adapters through `peft` (lesson 10): rank, scale, the layers they go on (None: peft's default for
-    the architecture, e.g. q_proj and v_proj of a Llama), and the precision of the frozen base weights."""
+    """LoRA adapters through `peft` (lesson 10): rank, scale, target layers, the frozen base's precision."""
 
     rank: int = 8
     alpha: int = 16
-    targets: tuple[str, ...] | str | None = None  # layer names; "all-linear" (peft's word); None
+    targets: tuple[str, ...] | str | None = None  # layer names; "all-linear"; None: peft's default
     base_dtype: str = "bf16"  # the frozen base model's weights; the adapters stay float32
 
     def __post_init__(self) -> None:
@@ -57,9 +56,8 @@ SHARDINGS = ("none", "optimizer", "full")  # DDP; ZeRO-1 (the optimizer state sh
 
 @dataclass(frozen=True)
 class Levers:
-    """One combination of the memory levers for a step of `micro_batch` sequences per GPU (lesson 10): the dry
-    run counts its memory (`estimate_step_memory(model, batch, **levers.dry_run_kwargs())`), the planner its
-    memory per GPU and its time. `Levers()` is a plain step: one sequence, one GPU, AdamW, every weight."""
+    """One combination of the memory levers for a step of `micro_batch` sequences per GPU (lesson 10);
+    `Levers()` is a plain step: one sequence, one GPU, AdamW, every weight."""
 
     micro_batch: int = 1  # sequences per forward and backward on one GPU
     accumulation: int = 1  # micro-batches per optimizer step
@@ -137,12 +135,8 @@ class Levers:
 
 
 class AdamW8bitState(torch.optim.Optimizer):
-    """bitsandbytes' AdamW8bit as the dry run counts it (lesson 10): for a tensor of EIGHT_BIT_MIN_SIZE
-    elements or more, two uint8 moments and a float32 absmax per EIGHT_BIT_BLOCK elements for each, the two
-    256-value quantisation maps shared by all; a smaller tensor keeps two float32 moments. Its update writes
-    in place (bitsandbytes' CUDA kernel holds nothing more); `kernels="cpu"` holds what bitsandbytes' CPU
-    kernel holds while it updates one tensor: five float32 copies of it. It computes no real update: it
-    stands in for bitsandbytes' optimizer on fake tensors, which bitsandbytes cannot be built on."""
+    """bitsandbytes' AdamW8bit on fake tensors, as the dry run counts it: its state's layout, no real update;
+    `kernels="cpu"` holds the CPU kernel's five float32 copies of a tensor as it updates it (lesson 10)."""
 
     def __init__(self, params: Any, lr: float = 1e-3, *, kernels: str = "cuda") -> None:
         if kernels not in ("cuda", "cpu"):
@@ -180,9 +174,7 @@ class AdamW8bitState(torch.optim.Optimizer):
 
 
 def optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
-    """Bytes of `optimizer`'s state for the trainable parameters of `model`, laid out as it keeps it: AdamW's
-    two float32 moments, or bitsandbytes' 8-bit AdamW (AdamW8bitState's layout; its two shared quantisation
-    maps aside) (lesson 10)."""
+    """Bytes of `optimizer`'s state for `model`'s trainable parameters, in its own layout (lesson 10)."""
     if optimizer not in OPTIMIZER_STATE_BYTES:
         raise ValueError(f"unknown optimizer {optimizer!r}: use one of {tuple(OPTIMIZER_STATE_BYTES)}")
     total = 0
@@ -200,8 +192,8 @@ def optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
 
 
 def add_lora(model: nn.Module, lora: LoRA) -> nn.Module:
-    """`model` with `lora`'s adapters (peft's `get_peft_model`), its base weights cast to lora.base_dtype
-    (where they are not already) and frozen, the adapters float32 (lesson 10)."""
+    """`model` with `lora`'s peft adapters (float32), its base weights cast to lora.base_dtype and frozen
+    (lesson 10)."""
     peft = compat.optional_import("peft", "LoRA")
     if compat.is_peft_model(model):
         raise ValueError("the model already has peft adapters: leave lora=None (the dry run counts them as "
@@ -216,8 +208,7 @@ def add_lora(model: nn.Module, lora: LoRA) -> nn.Module:
 
 
 def turn_on_checkpointing(model: nn.Module) -> None:
-    """Activation checkpointing of every block, non-reentrant: SmallTransformer's switch, or the Hugging Face
-    model's (a peft model's base model) (lessons 03, 10)."""
+    """Non-reentrant activation checkpointing of every block, by the model's own switch (lessons 03, 10)."""
     inner = compat.unwrap_model(model)
     target = getattr(inner, "model", inner) if type(inner).__name__ == "CourseModel" else inner
     if hasattr(target, "set_activation_checkpointing"):
@@ -231,13 +222,12 @@ def turn_on_checkpointing(model: nn.Module) -> None:
 
 
 def shard(model: nn.Module, mesh: Any, *, offload: bool = False) -> nn.Module:
-    """FSDP2 (`fully_shard`) on each Transformer block, then on the whole model (embeddings, head); with
-    `offload`, CPUOffloadPolicy: each rank's shards, their gradients and the optimizer step on the CPU
-    (lessons 07, 10)."""
+    """FSDP2 (`fully_shard`) on each Transformer block, then the whole model; `offload`: CPUOffloadPolicy, the
+    shards, gradients and optimizer step on the CPU (lessons 07, 10)."""
     fully_shard = compat.fully_shard()
     policy = {}
     if offload:
-        from torch.distributed.fsdp import CPUOffloadPolicy
+        from torch.distributed.fsdp import CPUOffloadPolicy  # 0.5 s to import (2-core CPU): offload only
 
         policy = {"offload_policy": CPUOffloadPolicy(pin_memory=False)}
     blocks = transformer_blocks(model)
@@ -250,9 +240,8 @@ def shard(model: nn.Module, mesh: Any, *, offload: bool = False) -> nn.Module:
 
 
 def local_bytes(tensors: Any) -> int:
-    """Bytes of the tensors this rank holds (a DTensor's local shard), each tensor once: what fake tensors
-    count (they have no storage to tell shared ones apart) (lesson 10)."""
-    seen: set[int] = set()
+    """Bytes of the tensors this rank holds (a DTensor's local shard), each tensor once (lesson 10)."""
+    seen: set[int] = set()  # by id: fake tensors have no storage to tell shared ones apart
     total = 0
     for t in tensors:
         if isinstance(t, torch.Tensor) and id(t) not in seen:

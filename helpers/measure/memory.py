@@ -1,60 +1,6 @@
-"""Where training memory goes: peak-memory tracking, a training-memory estimator, allocator history.
-
-One module for lesson 03's one quantity, measured, estimated and recorded over time (about 470 lines): the
-estimator is checked against the measurement, and both use the names defined below.
-
-Measuring peak memory of a block of code
-----------------------------------------
-- On a CUDA GPU: the caching allocator's own statistics. `torch.cuda.reset_peak_memory_stats()` before,
-  `torch.cuda.max_memory_allocated()` after: the most bytes held by live tensors at any moment (the
-  allocator may *reserve* more than that from the driver; `nvidia-smi` shows the reserved figure).
-- On a CPU there are no such statistics, and the process's resident size (RSS) mixes tensors with
-  Python, libraries and memory malloc has not returned. So the CPU method is the profiler's memory
-  events: `torch.profiler.profile(profile_memory=True)` records every allocation and free made by
-  PyTorch's CPU allocator, with its size and time. Summing them in time order gives the bytes held by
-  tensors created inside the block, at every moment; its maximum is the peak *increase* over what was
-  held when the block began. Tensors that already existed (weights, say) are invisible to it, so the
-  caller passes their size as `baseline_bytes` (see `tensor_bytes`) to get an absolute peak.
-  Cost: the profiler slows the block down; do not time a block while tracking its memory this way.
-
-Names, one per meaning (used across the course)
------------------------------------------------
-- `peak_bytes`: the most bytes held by tensors at any moment of a block, everything included (on
-  CUDA `torch.cuda.max_memory_allocated`; on CPU the caller's `baseline_bytes` plus the increase).
-- `peak_increase_bytes`: the most bytes held above what was held when the block began (the memory
-  a call adds); `end_increase_bytes`: what is still held above that when it ends.
-- `rss_bytes` / `peak_rss_bytes`: the process's resident set size (now / its maximum): tensors plus
-  Python, libraries and freed memory malloc kept; the operating system's figure, not PyTorch's.
-
-Estimating it
--------------
-`estimate_training_memory` adds up, in bytes, what a training step of a Transformer holds:
-parameters (float32 master weights in every precision), gradients (float32), optimizer state (AdamW:
-two float32 moments per parameter and a step counter per tensor), the autocast copies of the matmul
-weights (16-bit, kept for the backward pass), the activations saved for the backward pass, and the
-largest temporary (the output layer's logits and their gradient). Per layer and token the saved
-activations are, for the pre-norm block of `helpers.model.models` (D = width, F = MLP width, H = heads):
-residual input 4·D, LN1 output D, Q/K/V 3·D, attention output D, second residual 4·D, LN2 output D,
-MLP hidden F before and after GELU, in bytes: the residual stream is float32 (4 bytes), the rest is
-4 bytes in fp32 and 2 under autocast; plus LayerNorm statistics, and the attention weights H·T per
-token for a naive attention (an SDPA kernel keeps only a log-sum-exp per head). With dropout the
-masks count too, and with activation checkpointing only each block's input is kept, plus one block
-recomputed at a time. On this code it matches what the profiler measures on a CPU to within a few
-percent (tests/test_memory.py).
-
-The dry run (`estimate_step_memory`) counts any nn.Module on fake tensors, and with the levers of lesson 10
-(`helpers.measure.levers`): accumulation, activation checkpointing, FSDP2 shards, offload, 8-bit AdamW
-state, LoRA. tests/test_levers.py holds each within 10 % of a step measured on a CPU.
-
-Recording the allocator's history
----------------------------------
-`memory_timeline(fn)` runs `fn` under the profiler with memory, shapes and stacks, and sorts every
-byte into categories (parameter, optimizer state, input, temporary, activation, gradient, …) over
-time: torch's own memory timeline, on a CPU or a GPU. `record_memory_history(fn, path)` is the GPU
-tool: the CUDA caching allocator's history of every allocation with its stack trace, saved as a
-snapshot to drop on https://pytorch.org/memory_viz, and exported as an HTML page by torch's own
-visualiser (`torch.cuda._memory_viz`).
-"""
+"""Where training memory goes (lesson 03): a block's peak measured, a step's estimated (the course's formula,
+or a dry run of any model with lesson 10's levers), the allocator's history, the largest batch that runs.
+Guide: docs/library/measure.md#helpersmeasurememory"""
 
 from __future__ import annotations
 
@@ -72,11 +18,15 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 from helpers.core import compat
-from helpers.core.adapt import vocab_size
+from helpers.core.adapt import adapter_hint, as_batch, loss_of, takes_course_batches, vocab_size
+from helpers.core.precision import autocast_context
 from helpers.core.units import GiB, MiB
-from helpers.measure.levers import OPTIMIZER_STATE_BYTES, AdamW8bitState, Levers, LoRA
+from helpers.measure import levers as lv
+from helpers.measure.flops import matmul_params
+from helpers.measure.levers import OPTIMIZER_STATE_BYTES, AdamW8bitState, Levers, LoRA, add_lora, local_bytes
 
 _LORA_BASE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -109,14 +59,8 @@ class MemoryReport:
 
 
 def tensor_bytes(*things: Any) -> int:
-    """Bytes of the distinct tensor storages in modules (parameters, buffers, gradients), optimizers
-    (their state), tensors, and mappings or sequences of them, such as a `state_dict()` (lesson 03).
-
-    Storages shared by several tensors (tied weights, views) count once. A DTensor (FSDP2's sharded
-    parameters, gradients and optimizer state) counts the shard this process holds. Numbers, strings and
-    None inside a container are skipped (a state dict's step counts and hyper-parameters); anything else is
-    refused.
-    """
+    """Bytes of the distinct storages in modules, optimizers, tensors and containers of them (lesson 03):
+    shared storage once, a DTensor's local shard; numbers and None in a container skipped, else ValueError."""
     storages: dict[int, int] = {}  # data pointer -> bytes: a storage shared by several tensors counts once
 
     def walk(thing: Any, top: bool) -> None:
@@ -133,7 +77,7 @@ def tensor_bytes(*things: Any) -> int:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The tensor this process holds: a DTensor's local shard (its own storage is a wrapper without data)."""
     if torch.distributed.is_available():
-        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import DTensor  # 0.5 s to import (2-core CPU), and needs distributed
 
         if isinstance(t, DTensor):
             return t.to_local()
@@ -141,8 +85,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _tensors_in(thing: Any, top: bool, walk: Callable[[Any, bool], None]) -> list[torch.Tensor]:
-    """The tensors `thing` holds directly (a module's parameters, gradients and buffers); containers are
-    handed back to `walk`, item by item; numbers, strings and None inside a container hold none."""
+    """The tensors `thing` holds directly; containers go back to `walk`, item by item."""
     if isinstance(thing, torch.Tensor):
         return [thing]
     if isinstance(thing, nn.Module):
@@ -190,12 +133,8 @@ def _unmeasured(device: torch.device, what: str) -> str:
 @contextlib.contextmanager
 def track_peak_memory(device: torch.device | str = "cpu", *,
                       baseline_bytes: int = 0) -> Iterator[MemoryReport]:
-    """Measure the peak memory of the `with` block (CUDA allocator stats; on CPU profiler memory events).
-
-    `baseline_bytes`: bytes already held when the block starts, added on CPU (on CUDA the allocator
-    knows them). Yields a `MemoryReport` that is filled in when the block exits.
-    Lessons 01–03.
-    """
+    """Peak memory of the `with` block, in the yielded MemoryReport at exit (lessons 01–03): CUDA allocator
+    stats, or a CPU's profiler memory events plus `baseline_bytes` (bytes held before, unseen by them)."""
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -215,7 +154,6 @@ def track_peak_memory(device: torch.device | str = "cpu", *,
     if compat.profiler_enabled():
         raise ValueError("track_peak_memory on CPU uses the profiler, and a profiler is already running: "
                          "measure memory outside it")
-    from torch.profiler import ProfilerActivity, profile
 
     report = MemoryReport(str(device), "torch.profiler memory events (CPU allocator), plus the baseline")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -227,9 +165,8 @@ def track_peak_memory(device: torch.device | str = "cpu", *,
 
 
 def peak_increase_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int:
-    """Peak bytes allocated while `fn()` runs, above what was held before it (lesson 01): the inputs are
-    not counted, the output is. `track_peak_memory`'s CUDA allocator statistics, or on a CPU its running
-    sum of the profiler's allocation records."""
+    """Peak bytes allocated while `fn()` runs, above what was held before: inputs not counted, output counted
+    (lesson 01)."""
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
         raise ValueError(_unmeasured(device, "peak_increase_bytes"))
@@ -239,8 +176,7 @@ def peak_increase_bytes(fn: Callable[[], Any], device: torch.device | str = "cpu
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident set size in bytes, as the operating system counts it: tensors plus
-    Python, libraries and memory malloc kept (lessons 03 and 07; a CPU's coarse stand-in for `peak_bytes`)."""
+    """The process's peak resident set size in bytes, as the operating system counts it (lessons 03, 07)."""
     import resource  # Unix only (Windows has none): imported here, so the module imports everywhere
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -283,12 +219,10 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> int:
-        """The step's expected high-water mark. A dry run's is the most bytes its tensors held at once.
-        The formula's: weights and optimizer state live throughout; with `zero_grad(set_to_none=True)` the
-        gradients are created during the backward pass while the activations are being freed, so the two
-        rarely coexist in full: the larger of the two counts."""
+        """The step's expected high-water mark in bytes (a dry run's, or the formula's)."""
         if self.dry_run_peak is not None:
             return self.dry_run_peak
+        # gradients appear (zero_grad(set_to_none=True)) while activations are freed: the larger counts
         return (self.parameters + self.optimizer + self.weight_copies
                 + max(self.activations + self.temporary, self.gradients))
 
@@ -302,13 +236,8 @@ class MemoryEstimate:
 
 
 def _config_and_counts(model: Any) -> tuple[Any, int, int, int]:
-    """(TransformerConfig, parameters, parameter tensors, matmul parameters) of a model or a config.
-
-    Duck-typed, so this "measure" module does not import `helpers.model.models` (imports run one way): a
-    SmallTransformer is a module with a `.cfg`, and a TransformerConfig `build()`s its model.
-    """
-    from helpers.measure.flops import matmul_params
-
+    """(TransformerConfig, parameters, parameter tensors, matmul parameters) of a model or a config."""
+    # duck-typed (a module with a `.cfg`; a config that builds one): measure does not import helpers.model
     if not isinstance(model, nn.Module) and callable(getattr(model, "build", None)):
         with torch.device("meta"):  # build it without allocating: exact counts for free
             model = model.build()
@@ -346,8 +275,7 @@ METHODS = ("auto", "formula", "dry run")
 
 
 def _is_course_model(model: Any) -> bool:
-    """A SmallTransformer (a module with a TransformerConfig `.cfg`) or a TransformerConfig (it builds
-    one)."""
+    """A SmallTransformer (a module with a `.cfg`) or a TransformerConfig (it builds one)."""
     if isinstance(model, nn.Module):
         target = getattr(model, "cfg", None)
     elif callable(getattr(model, "build", None)):
@@ -361,17 +289,8 @@ def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, preci
                              optimizer: str = "adamw", activation_checkpointing: bool = False,
                              attn_probs_dropout: bool = False, method: str = "auto",
                              batch: Any = None) -> MemoryEstimate:
-    """Estimate the memory of one training step: the course's formula for a SmallTransformer (or a
-    TransformerConfig of some model's shape), a dry run (`estimate_step_memory`) for any other nn.Module
-    (a Hugging Face model, your own) (lesson 03). `method`: "auto" (that choice), "formula" or "dry run".
-
-    The formula is the lesson's teaching model: every term written out, for the course's block;
-    `FORMULA_ASSUMES` (also `.assumes` of the result) says what it takes for granted, and a model built
-    otherwise (GPT-2's unfused tanh GELU, say) keeps more than it counts: use the dry run there.
-    `attn_probs_dropout` (formula): the attention drops out its probabilities and keeps the T×T matrices it
-    needs for that (Hugging Face BERT's naive attention, its "eager", does; SmallTransformer's does not).
-    `batch` (dry run): the batch to step on; default token ids (batch_size, seq_len) and labels for the
-    model's task (`estimate_step_memory`)."""
+    """A training step's memory in bytes (lesson 03): the formula for a SmallTransformer or TransformerConfig,
+    else a dry run; `method` forces one. `attn_probs_dropout`: attention keeps T×T dropout masks (BERT's)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
     if precision not in ACT_BYTES:
@@ -396,7 +315,7 @@ def estimate_training_memory(model: Any, batch_size: int, seq_len: int, *, preci
 
 def _formula(model: Any, batch_size: int, seq_len: int, *, precision: str, optimizer: str,
              activation_checkpointing: bool, attn_probs_dropout: bool) -> MemoryEstimate:
-    """The course's formula, term by term (see the module docstring)."""
+    """The course's formula, term by term (docs/library/measure.md)."""
     cfg, n_params, n_tensors, n_matmul = _config_and_counts(model)
     if seq_len > cfg.max_len:
         raise ValueError(f"seq_len={seq_len} is longer than the model's max_len={cfg.max_len}")
@@ -439,8 +358,7 @@ def _formula(model: Any, batch_size: int, seq_len: int, *, precision: str, optim
 
 
 def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
-    """Token ids (batch_size, seq_len) and labels: one per row for a classifier (a Hugging Face
-    *ForSequenceClassification, a SmallTransformer with classes), else one per token (a language model)."""
+    """Token ids (batch_size, seq_len) and labels: one per row for a classifier, else one per token."""
     inner = compat.unwrap_model(model)
     inner = getattr(inner, "model", inner) if type(inner).__name__ == "CourseModel" else inner
     per_row = (type(inner).__name__.endswith("ForSequenceClassification")
@@ -452,16 +370,13 @@ def _default_batch(model: nn.Module, batch_size: int, seq_len: int) -> dict[str,
 
 
 def _fake_like(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A tensor of `t`'s shape, strides and dtype (or `dtype`) on `device`, made inside a fake mode: no
-    memory."""
+    """`t`'s shape, strides and dtype (or `dtype`) on `device`: no memory inside a fake mode."""
     return torch.empty_strided(t.size(), t.stride(), dtype=dtype or t.dtype, device=device)
 
 
 def fake_copy(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> nn.Module:
-    """A copy of `model` whose parameters and buffers are fake tensors (call inside the fake mode; outside it,
-    on the meta device, a meta copy), its floating-point ones in `dtype` when given (LoRA's 16-bit base); tied
-    weights stay tied, the model's own tensors are not copied (a meta-device model works too): the dry run's
-    and the op count's copy (lessons 03, 04, 09)."""
+    """`model` with fake parameters and buffers (inside the fake mode; on meta, a meta copy), floats in
+    `dtype` if given, tied weights tied: the dry run's and the op count's copy (lessons 03, 04, 09)."""
     memo: dict[int, Any] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if id(t) not in memo:
@@ -488,10 +403,7 @@ def _optimizer(name: str, params: list[nn.Parameter], fused: bool, kernels: str)
 
 
 def _with_levers(model: nn.Module, levers: Levers, mesh: Any) -> nn.Module:
-    """The fake copy with the levers that change the model (LoRA's adapters are on it already):
-    checkpointing, FSDP2."""
-    from helpers.measure import levers as lv
-
+    """The fake copy with checkpointing and FSDP2 (LoRA's adapters are on it already)."""
     if levers.checkpointing:
         lv.turn_on_checkpointing(model)
     if levers.sharded:
@@ -518,36 +430,14 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
                          fused: bool = True, accumulation: int = 1, checkpointing: bool = False,
                          shards: int = 1, offload: bool = False, lora: LoRA | None = None,
                          weights16: bool = False, kernels: str = "cuda") -> MemoryEstimate:
-    """The memory of one training step of any nn.Module on `batch` (a dict, or an (x, y) pair), from a dry
-    run on fake tensors: the model copied with fake parameters, the optimizer's state made (a step on zero
-    gradients), then one step tracked by torch's MemTracker; nothing is allocated, so full sizes run on a
-    laptop (lessons 03, 10). `model(**batch)` must return `.loss` (wrap your own with
-    helpers.core.adapt.as_course_model). Frozen parameters (a `peft` model, a frozen embedding) get no
-    gradient and no optimizer state. DRY_RUN_ASSUMES says what it takes for granted.
-
-    The levers (helpers.measure.levers; `Levers(...).dry_run_kwargs()` gives them all): `accumulation`
-    micro-batches
-    per step, `batch` being one; `checkpointing` every block; `shards` FSDP2 ranks (this rank's memory, on a
-    fake process group); `offload` FSDP2's CPUOffloadPolicy (the CPU's part in `.host`, the device's in
-    `.peak`); `optimizer` "adamw8bit" for bitsandbytes' 8-bit state; `lora` peft adapters on a base frozen in
-    16 bits. `kernels`: whose 8-bit AdamW update to count, "cuda" (in place) or "cpu" (bitsandbytes' CPU
-    kernel holds five float32 copies of a tensor while it updates it).
-
-    Terms: parameters (and buffers) on the device at the peak; gradients, what the backward leaves on the
-    device (the trainable parameters' size, 1/N with shards, none with offload); optimizer state on the
-    device; activations and temporaries at the peak; `.peak` the device's high-water mark, the batch
-    included; `.at_peak` every category the tracker saw then."""
-    from helpers.core.adapt import as_batch, loss_of, takes_course_batches
-    from helpers.core.precision import autocast_context
-
+    """One training step's memory in bytes of any nn.Module on `batch` (a dict or (x, y)), from a dry run on
+    fake tensors with lesson 10's levers; `model(**batch)` must return `.loss` (lessons 03, 10)."""
     levers = _dry_run_levers(accumulation, checkpointing, shards, offload, weights16, optimizer, lora)
     if kernels not in ("cuda", "cpu"):
         raise ValueError(f"kernels={kernels!r}: use 'cuda' (a GPU's kernels) or 'cpu'")
     if not isinstance(model, nn.Module):
         raise ValueError(f"estimate_step_memory takes an nn.Module, got {type(model).__name__}")
     if not takes_course_batches(model):
-        from helpers.core.adapt import adapter_hint
-
         raise ValueError(adapter_hint(model))
     host = as_batch(batch)
     ids = host.get("input_ids")
@@ -555,8 +445,6 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
         raise ValueError("the dry run's batch needs `input_ids` (or x of an (x, y) pair) as a tensor")
     device = torch.device("cpu")  # a fake CUDA tensor needs CUDA; the CPU's kernels stand in (assumes)
     if lora is not None:  # peft moves its adapters with .to(), which fake tensors refuse: adapters on meta
-        from helpers.measure.levers import add_lora
-
         model = add_lora(fake_copy(model, torch.device("meta"), _LORA_BASE[lora.base_dtype]), lora)
     elif weights16:  # weights, gradients and Adam's state in bf16: the model's own copy cast
         model = fake_copy(model, torch.device("meta"), torch.bfloat16)
@@ -600,8 +488,6 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, precision: str = "fp32
 
 def local_bytes_of(tensors: Iterable[Any]) -> int:
     """helpers.measure.levers.local_bytes (the bytes of the tensors this rank holds, each once)."""
-    from helpers.measure.levers import local_bytes
-
     return local_bytes(list(tensors))
 
 
@@ -655,10 +541,7 @@ class MemoryTimeline:
 
 
 def memory_timeline(fn: Callable[[], Any], device: torch.device | str = "cpu") -> MemoryTimeline:
-    """Run `fn()` once under the profiler (memory, shapes, stacks) and return its memory timeline
-    (lesson 03)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """Run `fn()` once under the profiler and return its bytes over time, by category (lesson 03)."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("memory_timeline was asked for a CUDA device, but torch sees no GPU")
@@ -685,8 +568,8 @@ def memory_timeline(fn: Callable[[], Any], device: torch.device | str = "cpu") -
 
 def record_memory_history(fn: Callable[[], Any], path: str | Path, *,
                           max_entries: int = 100_000) -> dict[str, Path]:
-    """GPU only: record the CUDA allocator's history while `fn()` runs; write `<path>.pickle` (for
-    pytorch.org/memory_viz) and `<path>.html` (torch's own visualiser). Returns both paths (lesson 03)."""
+    """GPU only: the CUDA allocator's history while `fn()` runs, as `<path>.pickle` (pytorch.org/memory_viz)
+    and `<path>.html`; returns both paths (lesson 03)."""
     if not torch.cuda.is_available():
         raise ValueError("record_memory_history needs a CUDA GPU (it records the CUDA caching allocator); "
                          "on a CPU use memory_timeline")
@@ -710,15 +593,8 @@ def _is_oom(err: BaseException) -> bool:
 
 def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit: int = 4096,
                         device: torch.device | str | None = None, verbose: bool = True) -> int:
-    """The largest batch size for which `step_fn(batch_size)` runs without running out of memory.
-
-    Doubles from `start` until an out-of-memory error (`torch.cuda.OutOfMemoryError`) or `limit`,
-    then bisects between the last size that fitted and the first that did not. After each failure it
-    drops the references the error holds and empties the CUDA cache, so the next try starts clean.
-    Returns 0 when even `start` does not fit. Errors other than out-of-memory are raised.
-    Lesson 03.
-    """
-
+    """The largest batch `step_fn(n)` runs on this device, by running steps until out of memory (lesson 03);
+    predict_max_batch_size asks the dry run instead. 0 when `start` does not fit; other errors are raised."""
     if start < 1 or limit < start:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
     # whose cache to empty after a failure: the given device, or any GPU torch sees
@@ -743,7 +619,7 @@ def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit:
 
     good, bad = 0, None
     n = start
-    while n <= limit:
+    while n <= limit:  # double until out of memory, then bisect between the last fit and the first failure
         if fits(n):
             good, n = n, n * 2
         else:

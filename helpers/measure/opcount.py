@@ -1,32 +1,6 @@
-"""Counting a training step's ops (lesson 04): for each (phase, op) of one step, its calls, FLOPs and the
-minimum bytes it moves, and the op's class ("matmul", "LayerNorm", ...); `count_step` counts a step on fake
-tensors, allocating nothing (the planner, lesson 09). Timing them is `helpers.measure.optime`, the regimes
-they fall in `helpers.measure.regimes`.
-
-How each number is obtained (the lesson says the same next to its tables):
-
-- **FLOPs**: `torch.utils.flop_counter.FlopCounterMode` for what it counts (matmuls, attention kernels,
-  convolutions; SDPA's CPU kernel is added with the library's own SDPA formula). It counts every other op
-  as 0. For those we count **one FLOP per element written** when the op does arithmetic (elementwise ops,
-  normalisations, softmax, reductions, the optimizer update) and 0 when it only moves or makes data
-  (copies, indexing, embedding look-ups, fills, views). One per element is an under-count (GELU's erf
-  alone is tens of instructions): it moves those ops further left on the roofline, never across the ridge
-  at the sizes the course runs.
-- **bytes**: the minimum traffic: every tensor an op reads, once, plus every tensor it writes (returns, or
-  its schema marks as mutated), once; a broadcast input counts the elements it stores; views move nothing.
-  Index and gather ops are charged for what they touch, not for the whole table: an embedding look-up reads
-  the distinct rows its indices name (not the vocabulary), `nll_loss` one log-probability per target (not
-  N × V), `index`/`gather`/`index_select` the elements they select, and a scatter (`index_put_`,
-  `index_add_`, `scatter_add_`) writes (and, accumulating, reads) only the elements it updates;
-  `nll_loss_backward` reads its input's shape only. Real kernels can move more (a matmul re-reads tiles);
-  a tensor small enough to stay in a cache moves at the cache's bandwidth (`helpers.measure.regimes` gives
-  such ops
-  a cache roof).
-
-A step is a function `step(phase)` that wraps its parts in `with phase("forward"):` (and "backward",
-"optimizer"...): the same function is run once under the counters and a few times under the profiler, and
-the two are joined by (phase, op). Ops in the phase named "optimizer" form the class "optimizer step".
-"""
+"""Counting a training step's ops (lesson 04): per (phase, op) its calls, FLOPs, minimum bytes and class;
+`count_step` counts a whole step on fake tensors for the planner (lesson 09).
+Guide: docs/library/measure.md#helpersmeasureopcount"""
 
 from __future__ import annotations
 
@@ -58,8 +32,7 @@ StepFn = Callable[[Callable[[str], Any]], Any]  # step(phase): `with phase("forw
 def labelled_step(model: torch.nn.Module, batch: Mapping[str, Any],
                   optimizer: torch.optim.Optimizer) -> StepFn:
     """A training step in three labelled phases, "forward" (with the loss), "backward", "optimizer", for
-    `count_ops`, `helpers.measure.optime.time_ops` and `helpers.measure.regimes.profile_step` (lessons 04,
-    05)."""
+    `count_ops`, `time_ops` and `profile_step` (lessons 04, 05)."""
     if not callable(getattr(optimizer, "step", None)):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
 
@@ -263,8 +236,7 @@ def _partial_bytes(name: str, schema: Any, args: tuple, kwargs: dict, out: Any) 
 
 
 def _traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int, int]:
-    """(bytes read, bytes written, elements written) of one call: inputs once, outputs and mutated once;
-    index ops only what they touch (`_GATHERS`, `_SCATTERS`)."""
+    """(bytes read, bytes written, elements written) of one call; index ops only what they touch."""
     schema = op_schema(func)
     name = schema.name
     if func.is_view or _NO_DATA.search(name):
@@ -329,8 +301,8 @@ class _Recorder(TorchDispatchMode):
 
 
 def count_ops(step: StepFn, *, warmup: int = 1) -> dict[tuple[str, str], OpCount]:
-    """Run `step(phase)` `warmup` times, then once under FlopCounterMode and a dispatch mode: calls, FLOPs
-    and bytes per (phase, op) (lesson 04). The warm-up keeps one-off work (optimizer state) out."""
+    """Run `step(phase)` `warmup` times (one-off work such as optimizer state stays out), then once under the
+    counters: calls, FLOPs and bytes per (phase, op) (lesson 04)."""
     if not callable(step):
         raise ValueError(f"step must be a function step(phase) that wraps its parts in `with phase(name):`, "
                          f"got {type(step).__name__}")
@@ -380,9 +352,8 @@ def _rows_at_most(weight: torch.Tensor, indices: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def gpu_like_attention() -> Iterator[None]:
-    """Inside the block SDPA runs without its dropout: a GPU's flash and memory-efficient kernels drop out
-    inside the kernel, keeping no T x T matrix, while the CPU's flash kernel has no dropout and falls back to
-    the math path, which does; the dry run and the count then see what a GPU runs (lesson 09)."""
+    """Inside the block SDPA runs without its dropout, keeping no T x T matrix, as a GPU's fused kernels do
+    (the CPU's would fall back to the math path): the dry run and the count see a GPU's step (lesson 09)."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def without_dropout(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -407,9 +378,8 @@ def _fake_counting() -> Iterator[None]:
 
 def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "fp32",
                fused_adamw: bool = True) -> dict[tuple[str, str], OpCount]:
-    """Every op of one AdamW training step of `model` on `batch` at `precision` (autocast on the CPU), counted
-    on fake tensors: calls, FLOPs and bytes per (phase, op), as lesson 04's `count_ops` counts a real step;
-    nothing is allocated, the model is not changed (lesson 09)."""
+    """Every op of one AdamW training step of `model` on `batch`, counted on fake tensors as `count_ops`
+    counts a real step: nothing allocated, the model unchanged (lesson 09)."""
     if not takes_course_batches(model):
         raise ValueError(adapter_hint(model))
     host = as_batch(batch)
@@ -445,6 +415,5 @@ def count_step(model: nn.Module, batch: Mapping[str, Any], *, precision: str = "
 
 
 def _fake_of(model: nn.Module, device: torch.device) -> nn.Module:
-    """`model` copied with fake parameters and buffers (inside a fake mode), tied weights kept tied: the dry
-    run's copy (helpers.measure.memory), which takes a module's plain tensor attributes too."""
+    """`model` with fake parameters and buffers: the dry run's copy (helpers.measure.memory.fake_copy)."""
     return fake_copy(model, device)

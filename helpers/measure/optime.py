@@ -1,28 +1,6 @@
-"""Timing a training step's ops (lesson 04): `torch.profiler` over a few steps after a warm-up gives each
-(phase, op) its time per step, the step's wall time, and on a GPU the time some kernel ran; the fixed cost of
-one call, for each class of op; a step recorded as one CUDA graph. Counting the ops is
-`helpers.measure.opcount`, their regimes `helpers.measure.regimes`.
-
-Each op is timed as the profiler's outermost event of that name (its children, e.g. the `aten::item` inside a
-fused optimizer, belong to it): CPU time on a CPU, the time of the kernels it launched on a GPU. What no op
-accounts for (Python, the autograd engine, the GPU waiting for the next launch) is the step's wall time minus
-the ops' time.
-
-The profiler is not free: it records every event (each op, and each op an op calls), and that costs host time
-(pytorch/pytorch#82793 measured a step at 30.5 ms profiled and 17.8 ms not). So `time_ops` runs each profiled
-step next to a plain one, in alternating order (the noise rule: a change in the machine's load falls on both
-alike), and measures what one event costs in the same rounds: a loop of one-element adds, timed with and
-without the profiler. The profiled step less its events times that cost is what the profile says the plain
-step takes; `helpers.measure.regimes` checks it against the plain step measured beside it. What other programs
-took of the CPUs meanwhile is measured too (`helpers.core.timing.LoadProbe`): a busy machine cannot judge that
-check.
-
-A call costs more than its work: Python, the dispatcher, autograd's bookkeeping, the output's allocation, a
-parallel region, a kernel launch. How much depends on the op: a one-element add only dispatches, a GELU sets
-up its vectorised `erf`, dropout draws from its generator. `per_call_costs` times the smallest call of each op
-class (`helpers.measure.opcount.op_class`) on 64 elements, so that each op takes the code path it takes in a
-step.
-"""
+"""Timing a training step's ops (lesson 04): each (phase, op)'s time per step under the profiler, beside a
+plain step and less the profiler's own cost; the fixed cost of one call per op class; a step as a CUDA graph.
+Guide: docs/library/measure.md#helpersmeasureoptime"""
 
 from __future__ import annotations
 
@@ -52,8 +30,7 @@ CALIBRATION_CALLS = 300  # one-element adds per round that price one profiler ev
 
 @dataclass(frozen=True)
 class OpTimes:
-    """Per-step times of a step's ops from torch.profiler, the step's wall time under it, and the same step
-    timed without it in the same rounds (lesson 04)."""
+    """Per-step times of a step's ops from torch.profiler, and the plain step timed beside it (lesson 04)."""
 
     times_s: dict[tuple[str, str], float]  # (phase, op) -> seconds per step (outermost events, as profiled)
     calls: dict[tuple[str, str], float]  # (phase, op) -> calls per step, as the profiler saw them
@@ -85,8 +62,7 @@ class OpTimes:
 
     @property
     def noise(self) -> float:
-        """How much the rounds disagree: the largest relative spread (IQR / median) of the plain steps, the
-        profiled steps and their ratios (0 with fewer than two rounds)."""
+        """How much the rounds disagree: the largest IQR / median of plain, profiled and ratio (0 below 2)."""
         if len(self.pairs) < 2:
             return 0.0
         columns = ([u for _, u in self.pairs], [p for p, _ in self.pairs], [p / u for p, u in self.pairs])
@@ -138,9 +114,8 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
 
 
 def _settle(fn: Callable[[], Any], device: torch.device, *, most: int = 10) -> None:
-    """Run `fn` until a call takes no longer than 1.25x the fastest so far (at most `most` calls): first calls
-    of a new shape pay one-off costs (kernel selection, primitive caches, the allocator's first blocks), more
-    than one warm-up call on some builds."""
+    """Run `fn` until a call takes at most 1.25x the fastest so far (at most `most` calls)."""
+    # a new shape's first calls pay one-off costs (kernel selection, caches, the allocator's first blocks)
     times: list[float] = []
     for _ in range(most):
         times.append(_timed(fn, device))
@@ -202,10 +177,8 @@ def _read_round(events: list, totals: _Totals, is_counted: Callable[[str, str], 
 def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
              steps: int = 3, warmup: int = 1,
              counted: Mapping[tuple[str, str], Any] | None = None) -> OpTimes:
-    """Profile `steps` runs of `step(phase)` after `warmup`, each next to a plain run (alternating which goes
-    first): time per (phase, op) of the ops in `counted` (default: every op the profiler names aten::), the
-    profiled and unprofiled wall time per step, the profiler's events and what one costs, and what other
-    programs took of the CPUs meanwhile (lesson 04)."""
+    """Profile `steps` runs of `step(phase)` after `warmup`, each beside a plain run: time per (phase, op) of
+    `counted` (default: every aten:: op), both wall times, the profiler's events and cost (lesson 04)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
     device = torch.device(device)
@@ -263,8 +236,7 @@ def time_ops(step: StepFn, *, device: torch.device | str = "cpu",
 
 
 def per_call_overhead(device: torch.device | str = "cpu", *, min_run_time: float = 0.2) -> float:
-    """Seconds per call of the smallest op (a one-element add into a ready output): the fixed cost every
-    op pays, dispatch on a CPU, launch on a GPU (lesson 04)."""
+    """Seconds per call of a one-element add: the fixed cost every op pays, dispatch or launch (lesson 04)."""
     device = torch.device(device)
     x = torch.ones(1, device=device)
     out = torch.empty_like(x)
@@ -273,8 +245,7 @@ def per_call_overhead(device: torch.device | str = "cpu", *, min_run_time: float
 
 
 # The smallest call of each op class (helpers.measure.opcount.op_class), on 8 x 8 tensors: 64 elements take
-# the
-# code path a step's ops take (vectorised, with their set-up), where one element can take a scalar shortcut.
+# the code path a step's ops take (vectorised, with their set-up); one element can take a scalar shortcut.
 # Each is one op as the counter and the profiler see it (F.dropout on a CPU is bernoulli_, then div_, mul).
 CALL_CLASSES = ("matmul", "attention", "LayerNorm", "GELU", "cross-entropy", "softmax", "dropout",
                 "embedding", "copies and layout", "elementwise and reductions", "views (no data)",
@@ -315,12 +286,8 @@ def _call_probes(device: torch.device) -> dict[str, Callable[[], Any]]:
 
 def fastest_call(fn: Callable[[], Any], *, num_threads: int | None = None, min_run_time: float = 0.01,
                  blocks: int = 5, device: torch.device | str | None = None) -> float:
-    """Seconds per call of `fn` in its fastest block of calls, with `num_threads` threads (default: all), the
-    device synchronised after each block: the least a call takes here, as a roof is the most a machine does;
-    other programs only add time (lesson 04). Blocks of calls back to back for `min_run_time` seconds, two
-    blocks at least, each sized to about min_run_time / blocks from the fastest call so far: a parallel op's
-    threads sleep when idle, and waking them (milliseconds on a busy machine) is not what a call costs when
-    ops follow each other, as in a step."""
+    """Seconds per call of `fn` in its fastest block of calls back to back: the least a call takes here, as a
+    roof is the most a machine does (lesson 04)."""
     if not min_run_time > 0 or blocks < 1:
         raise ValueError(f"need min_run_time > 0 and blocks >= 1, got {min_run_time} and {blocks}")
     prior = torch.get_num_threads()
@@ -328,6 +295,8 @@ def fastest_call(fn: Callable[[], Any], *, num_threads: int | None = None, min_r
     try:
         fn()  # warm-up
         synchronize(device)
+        # blocks of about min_run_time / blocks, not single calls: a parallel op's idle threads sleep, and
+        # waking them (milliseconds on a busy machine) is not what a call costs in a step
         best, start, done, number = math.inf, time.perf_counter(), 0, 1
         while done < 2 or time.perf_counter() - start < min_run_time:
             best = min(best, _block(fn, number, device))
@@ -348,9 +317,8 @@ def _block(fn: Callable[[], Any], number: int, device: torch.device | str | None
 
 
 def per_call_costs(device: torch.device | str = "cpu", *, min_run_time: float = 0.01) -> dict[str, float]:
-    """Seconds per call of the smallest op of each op class (`CALL_CLASSES`), each at its fastest block
-    (`fastest_call`): what an op of that class pays to be called, before its work (lesson 04). A class whose
-    probe cannot run here (an op this build lacks) gets the price of an elementwise call."""
+    """Seconds per call of the smallest op of each of CALL_CLASSES, at its fastest block (lesson 04); a class
+    whose probe cannot run here gets an elementwise call's price."""
     device = torch.device(device)
     costs = {}
     for cls, fn in _call_probes(device).items():
@@ -365,8 +333,7 @@ def per_call_costs(device: torch.device | str = "cpu", *, min_run_time: float = 
 
 def call_cost(costs: float | Mapping[str, float], op: str, phase: str = DEFAULT_PHASE, *,
               is_view: bool = False) -> float:
-    """The fixed cost of one call of `op`: one price for every op (a float, `per_call_overhead`), or its
-    class's (a mapping from `per_call_costs`) (lesson 04)."""
+    """The fixed cost of one call of `op`: one price for all (a float), or its class's (lesson 04)."""
     if not isinstance(costs, Mapping):
         return float(costs)
     cls = op_class(op, phase, is_view=is_view)
@@ -376,13 +343,11 @@ def call_cost(costs: float | Mapping[str, float], op: str, phase: str = DEFAULT_
 
 
 def cuda_graphed(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], Any]:
-    """Record `fn` (static inputs, no host syncs) into a CUDA graph; return its one-launch replay, which
-    returns the recorded output, refreshed (lesson 04).
-
-    The warm-up runs on a side stream, as PyTorch's CUDA-graphs documentation prescribes."""
+    """Record `fn` (static inputs, no host syncs) as a CUDA graph; return a one-launch replay that returns the
+    recorded output, refreshed (lesson 04)."""
     if not torch.cuda.is_available():
         raise ValueError("CUDA graphs need a CUDA GPU; on a CPU there is no launch to remove")
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # warm-up on a side stream, as PyTorch's CUDA-graphs documentation says
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):

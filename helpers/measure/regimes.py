@@ -1,39 +1,6 @@
-"""Where the time of a training step goes (lesson 04): every op of one step, counted
-(`helpers.measure.opcount`) and timed (`helpers.measure.optime`), placed on the measured roofline, and the
-step's time split by what it was spent on. Also the checks of such a table, what compiling fused and why it
-paid or not (lesson 05); scoring a learner's predictions is `course.predictions`.
-
-How an op is placed (the lesson says the same next to its tables):
-
-- **its roofs**: compute, FLOPs / the measured matmul peak; memory, bytes / the memory roof *at the op's
-  working set* (`measure_memory_roofs`: a `Roofline`'s roofs by working set): the most bytes per second the
-  memory moved, at that working set, in any of three patterns (read only, copy, read two and write one),
-  within the last-level cache and beyond it. A copy alone is not the roof: it counts two bytes per element,
-  but a CPU that reads a cache line before writing it moves three, so an op that mostly reads runs faster
-  than a copy;
-- **overhead, one definition**: the time a step spends on calling ops rather than on their work: every call's
-  fixed cost (calls × the measured cost of the smallest call of its class,
-  `helpers.measure.optime.per_call_costs`)
-  and, on a CPU,
-  the time between ops (Python, the autograd engine); on a GPU the host's costs hide behind running kernels
-  and overhead is the time the GPU sat idle waiting for launches;
-- **regime**: the largest of the three predicted times (compute, memory, overhead); compute-bound is the same
-  as "right of the ridge point" (`Roofline.ridge_point`) unless the op is so small that its calls cost more.
-  Communication ops (c10d, NCCL, Gloo) are their own regime;
-- **the time model**: a CPU runs each call before the next (synchronous): the call's cost and the work add,
-  calls × overhead + max(compute, memory); a GPU queues kernels while earlier ones run (asynchronous): the
-  host's cost hides under the work and the bound is max(compute, memory, calls × overhead)
-  (`predicted_time`, `is_synchronous`);
-- **where an op's time went** (`OpTable.causes`): its roof time (the time at its roof), its calls' fixed
-  cost (a CPU's; a GPU's shows as idle time instead), and the excess, the time it ran below its roof (what
-  fusion and better kernels can win back).
-
-The profiler's own cost is taken out (`helpers.measure.optime` measures it beside each profiled step): op
-times lose the events recorded inside them, the step loses all of its events, and `check_reconciled` compares
-what is left with the step timed without the profiler, unless the machine was too busy to judge
-(`OpTable.busy`: the rounds disagree, or other programs took the CPUs; `helpers.core.timing.busy`, the
-course's one rule).
-"""
+"""Where a training step's time goes (lessons 04, 05): every op counted and timed, placed on the measured
+roofline, the step's time split by regime and by cause, the table's checks, and why an optimisation paid.
+Guide: docs/library/measure.md#helpersmeasureregimes"""
 
 from __future__ import annotations
 
@@ -67,8 +34,7 @@ ROOF_MARGIN = 10.0  # an op may show at most 10x above its roof: the roofs and t
 # ~6x below what an op reached in a quiet one; the errors this catches are far beyond (a gather charged for
 # its whole table: ~100x for BERT's embedding; a loss charged for all N x V log-probabilities: V x)
 RECONCILE_MARGIN = 0.25  # the profile less the profiler's events: within 25 % (+ how far the rounds disagree)
-# TOO_BUSY (helpers.core.timing): rounds that disagree by 50 % or more (IQR / median): too busy to judge, said
-# so
+# TOO_BUSY (helpers.core.timing): rounds that disagree by 50 % or more (IQR / median): too busy to judge
 
 
 def roof_times(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
@@ -89,8 +55,7 @@ def _check_counts(flops: float, nbytes: float, calls: float, peak_flops: float, 
 
 def classify_regime(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
              overhead_s: float) -> str:
-    """The regime an op is in: the largest of FLOPs / peak, bytes / bandwidth and calls × per-call cost
-    (lesson 04)."""
+    """The regime an op is in: the largest of its compute, memory and overhead times (lesson 04)."""
     _check_counts(flops, nbytes, calls, peak_flops, bandwidth, overhead_s)
     if flops == 0 and nbytes == 0:
         return "overhead"  # a call that computes and moves nothing (a view): its call is all it costs
@@ -100,16 +65,14 @@ def classify_regime(flops: float, nbytes: float, calls: float, *, peak_flops: fl
 
 
 def is_synchronous(device: torch.device | str) -> bool:
-    """Whether the device runs each op before the host issues the next (a CPU) rather than queueing kernels
-    while earlier ones run (a CUDA or MPS GPU): it decides which time model fits (lesson 04)."""
+    """Whether the device runs each op before the host issues the next (a CPU), not queueing (lesson 04)."""
     return torch.device(device).type not in ("cuda", "mps")
 
 
 def predicted_time(flops: float, nbytes: float, calls: float, *, peak_flops: float, bandwidth: float,
                    overhead_s: float, synchronous: bool) -> float:
-    """The roofline model's time of an op (lesson 04): on a synchronous device (a CPU) the calls' cost and the
-    work add, calls × overhead + max(compute, memory); on an asynchronous one (a GPU) the launches hide under
-    the running kernels, max(compute, memory, calls × overhead)."""
+    """The roofline model's seconds for an op (lesson 04): a CPU adds the calls' cost to the work, a GPU
+    hides its launches under running kernels: max(compute, memory, calls × overhead)."""
     _check_counts(flops, nbytes, calls, peak_flops, bandwidth, overhead_s)
     t = roof_times(flops, nbytes, calls, peak_flops=peak_flops, bandwidth=bandwidth, overhead_s=overhead_s)
     work = max(t["compute"], t["memory"])
@@ -156,12 +119,8 @@ def _pattern(name: str, src: list[torch.Tensor], dst: torch.Tensor) -> Callable[
 def measure_memory_roofs(device: torch.device | str, roofline: Roofline, *, cache_bytes: int | None,
                          overhead_s: float = 0.0, smallest: int = 256 * 2**10,
                          min_run_time: float = 0.01) -> Roofline:
-    """Time each access pattern (`MEMORY_PATTERNS`) at working sets of 256 KiB, 1 MiB, 4 MiB, ... up to half
-    the last-level cache (`cache_bytes`), and at twice the cache; the roof at each is the fastest pattern,
-    and beyond the caches at least `roofline`'s copy (lesson 04). On a synchronous device a call's fixed cost
-    (`overhead_s`) is taken out of its time, as the additive model says. On a CPU each pattern is timed with
-    all threads and with one, and the faster counts: on a busy machine an op split over two threads waits for
-    the slower one, and a roof must be the most the machine reaches: each at its fastest block."""
+    """`roofline` with memory roofs by working set (lesson 04): each of MEMORY_PATTERNS timed at 256 KiB,
+    1 MiB, ... up to half the last-level cache and at twice it; the fastest pattern is the roof."""
     if cache_bytes is not None and cache_bytes <= 0:
         raise ValueError(f"cache_bytes must be > 0 or None (unknown), got {cache_bytes}")
     device = torch.device(device)
@@ -186,16 +145,15 @@ def measure_memory_roofs(device: torch.device | str, roofline: Roofline, *, cach
 
 def _threads(device: torch.device) -> list[int]:
     """The thread counts a CPU roof is measured with: all of them, and one."""
+    # the faster counts: on a busy machine an op split over two threads waits for the slower one
     n = torch.get_num_threads()
     return [n] + ([1] if device.type == "cpu" and n > 1 else [])
 
 
 def measure_peak_flops(device: torch.device | str, *, sizes: Sequence[int] = (128, 256, 512),
                        min_run_time: float = 0.05) -> float:
-    """The most fp32 FLOP/s an n x n x n matmul reached here, over `sizes` (and on a CPU all threads and one),
-    each at its fastest block: the compute roof an op's rate is held to (lesson 04). On a shared machine a
-    long matmul is interrupted more often than a short one, so one large matmul's median can sit far below
-    what a small one reaches."""
+    """The most fp32 FLOP/s an n x n x n matmul reached here over `sizes`: the compute roof (lesson 04)."""
+    # several small sizes, each at its fastest block: on a shared machine a long matmul is interrupted more
     device = torch.device(device)
     best = 0.0
     for n in sizes:
@@ -211,8 +169,7 @@ def measure_peak_flops(device: torch.device | str, *, sizes: Sequence[int] = (12
 
 @dataclass(frozen=True)
 class OpRow:
-    """One row of the op table: an op (or a class of ops) of one step, counted, timed and placed
-    (lesson 04)."""
+    """One row of the op table: an op (or a class of ops) of a step, counted, timed and placed (lesson 04)."""
 
     label: str  # the op ("aten::addmm") or the class ("matmul")
     phase: str
@@ -251,16 +208,14 @@ class OpRow:
         return self.roof_s / self.time_s if self.time_s > 0 else math.nan
 
     def split(self, synchronous: bool) -> dict[str, float]:
-        """Its time in three parts: at its roof, its calls' fixed cost (synchronous devices: a GPU op's time
-        is its kernels' and holds no launch), and the excess below its roof."""
+        """Its time at its roof, its calls' fixed cost (a CPU's: a GPU op holds no launch), the excess."""
         fixed = min(self.time_s, self.fixed_s) if synchronous else 0.0
         at_roof = min(self.time_s - fixed, self.roof_s)
         return {"roof": at_roof, "overhead": fixed, EXCESS: max(self.time_s - fixed - at_roof, 0.0)}
 
     @property
     def roof_kind(self) -> str:
-        """Which roof bounds it: "compute" when its FLOPs at the peak take longer than its bytes, else
-        "memory"."""
+        """Which roof bounds it: "compute" when its compute time is the larger, else "memory"."""
         return "compute" if self.compute_s > 0 and self.compute_s >= self.roof_s * (1 - 1e-12) else "memory"
 
 
@@ -293,8 +248,7 @@ class OpTable:
 
     @property
     def busy(self) -> Busy:
-        """Whether the profile can be judged: its rounds' spread and what other programs took of the CPUs
-        while it ran, by the course's one rule (`helpers.core.timing.busy`)."""
+        """Whether the profile can be judged: its rounds' spread and other programs' load (timing.busy)."""
         return busy(self.noise, load=self.others)
 
     def call_cost(self, op_class: str) -> float:
@@ -307,8 +261,8 @@ class OpTable:
 
     @property
     def total_s(self) -> float:
-        """The step's time the breakdown adds up to: on a CPU the profiled step less the profiler's events; on
-        a GPU the plain step (kernel times do not change under the profiler, the idle time does)."""
+        """The step's time the breakdown adds up to: a CPU's profiled step less the profiler's events."""
+        # a GPU's plain step: kernel times do not change under the profiler, the idle time does
         if not self.synchronous and self.unprofiled_s is not None:
             return max(self.unprofiled_s, self.busy_s or 0.0, self.op_time_s + self.comm_s)
         return max(self.wall_s - self.profiler_cost_s, self.op_time_s + self.comm_s)
@@ -337,16 +291,14 @@ class OpTable:
         return _median([(p - self.profiler_cost_s) / u for p, u in self.pairs])
 
     def overhead_total_s(self) -> float:
-        """The step's overhead, by the one definition: calls × per-call cost plus the time between ops on a
-        CPU; the GPU's idle time on a GPU."""
+        """The step's overhead: calls × per-call cost plus the time between ops (a CPU); idle time (a GPU)."""
         if self.synchronous:
             return sum(min(r.time_s, r.fixed_s) for r in self.rows if r.op_class != "communication") \
                 + self.outside_s
         return self.outside_s
 
     def breakdown(self) -> dict[str, float]:
-        """Seconds per step by the regime each op is labelled with (its whole time), what no op accounts for
-        counted as overhead; sums to `total_s`. `causes` splits each op's time instead."""
+        """Seconds per step by each op's regime label, unaccounted time as overhead; sums to `total_s`."""
         out = dict.fromkeys(REGIMES, 0.0)
         for r in self.rows:
             out[r.regime] += r.time_s
@@ -355,9 +307,7 @@ class OpTable:
         return out
 
     def causes(self) -> dict[str, float]:
-        """Seconds per step by cause: each op's time at its roof (compute or memory, by the roof that bounds
-        it), its calls' fixed cost and the time between ops (overhead), and the excess below its roof;
-        communication apart. Sums to `total_s`."""
+        """Seconds per step by cause: at roofs, overhead, below roofs, communication (sum: total_s)."""
         out = dict.fromkeys(REGIMES, 0.0)
         for r in self.rows:
             if r.op_class == "communication":
@@ -409,8 +359,7 @@ class OpTable:
         raise ValueError(f"no row {label!r}; rows: {sorted({r.label for r in self.rows})}")
 
     def table(self, *, top: int | None = None, title: str = "") -> Table:
-        """The rows as a table, slowest first: calls, time, FLOPs, bytes, FLOP/byte, rates, regime, and
-        where its time went (at its roof, fixed cost, below its roof)."""
+        """The rows as a table, slowest first, with where each op's time went."""
         gpu = self.peak_flops > 5e12
         fscale, funit = (1e12, "TFLOP/s") if gpu else (1e9, "GFLOP/s")
         t = Table(["op", "phase", "calls", "ms", "% of step", "MFLOP", "MB", "FLOP/byte", funit, "GB/s",
@@ -455,14 +404,8 @@ def _median(values: Sequence[float]) -> float:
 def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, roofline: Roofline, *,
              precision: str = "fp32", overhead_s: float | Mapping[str, float],
              memory_roofs: Roofline | None = None, untimed: str = "error") -> OpTable:
-    """Join counts (`count_ops`) and times (`time_ops`; None: counts only, every time 0) into rows placed on
-    `roofline` and its memory roofs by working set (`memory_roofs`; default: lesson 00's copy for all) (lesson
-    04). `overhead_s`: the fixed cost of one call, the same for every op (a float) or per op class
-    (`helpers.measure.optime.per_call_costs`). A counted op that moves data or computes but is missing from
-    the profile is an error; with `untimed="estimate"` its time is the model's (`predicted_time`) instead,
-    taken out of the time between ops (where its real time went), and listed in `OpTable.untimed` (the
-    autograd engine's gradient sums are ops
-    the profiler does not record). A missing view (no data) is listed only."""
+    """Counts (`count_ops`) and times (`time_ops`; None: counts only) joined into an OpTable on `roofline`
+    (lesson 04). A counted op the profiler missed raises ValueError; untimed="estimate": the model's time."""
     if not counts:
         raise ValueError("counts is empty: count_ops saw no op; does the step run anything?")
     costs = dict(overhead_s) if isinstance(overhead_s, Mapping) else {}
@@ -487,6 +430,8 @@ def op_table(counts: Mapping[tuple[str, str], OpCount], times: OpTimes | None, r
             raise ValueError(f"counted ops the profiler never timed: {names}; their time would hide in the "
                              "overhead: profile the same step that was counted, or pass untimed='estimate' "
                              "to give them the model's time, taken out of the time between ops")
+        # e.g. the autograd engine's gradient sums, which the profiler does not record: their real time sits
+        # in the time between ops, so the model's time is taken out of it
         estimated = set(working)
         notes = [f"{op} ({ph}, {counts[(ph, op)].calls} calls): " +
                  ("the model's time, out of the time between ops" if (ph, op) in estimated else "a view")
@@ -532,11 +477,8 @@ def profile_step(step: StepFn, roofline: Roofline, *,
                  overhead_s: float | Mapping[str, float] | None = None,
                  steps: int = 3, warmup: int = 1, memory_roofs: Roofline | None = None,
                  untimed: str = "error") -> OpTable:
-    """`count_ops`, `time_ops` and `op_table` in one call: a step's op table on the roofline, each profiled
-    step beside a plain one (lesson 04). `overhead_s`: the fixed cost of a call, one for all ops or per op
-    class (default: `helpers.measure.optime.per_call_costs(device)`, measured now); `untimed`: what to do with
-    a
-    counted op the profiler did not record (`op_table`)."""
+    """`count_ops`, `time_ops` and `op_table` in one call (lesson 04). `overhead_s`: seconds per call, for all
+    ops or per op class; None measures `per_call_costs(device)` now."""
     overhead = per_call_costs(device) if overhead_s is None else overhead_s
     counts = count_ops(step, warmup=warmup)
     times = time_ops(step, device=device, steps=steps, warmup=warmup, counted=counts)
@@ -547,9 +489,7 @@ def profile_step(step: StepFn, roofline: Roofline, *,
 # --- the checks ------------------------------------------------------------------------------------------
 
 def check_regimes(table: OpTable) -> list[str]:
-    """What is wrong with a table's rows: negative counts or times, an unknown regime, communication
-    labelled otherwise, an op faster than its roof allows (`check_roofs`); empty when nothing is
-    (lesson 04)."""
+    """Problems in a table's rows (negative counts, regimes, `check_roofs`); empty if none (lesson 04)."""
     problems = []
     for r in table.rows:
         if r.flops < 0 or r.bytes < 0 or r.calls < 0 or r.time_s < 0:
@@ -562,8 +502,7 @@ def check_regimes(table: OpTable) -> list[str]:
 
 
 def check_roofs(table: OpTable, *, margin: float = ROOF_MARGIN) -> list[str]:
-    """Ops that ran faster than their roof allows, by more than `margin` (an op's time below its roof time /
-    margin): a FLOP or byte count too high, or a roof too low; empty when none did (lesson 04)."""
+    """Ops more than `margin` times faster than their roof: a count too high or a roof too low (lesson 04)."""
     if not margin >= 1:
         raise ValueError(f"margin must be >= 1, got {margin}")
     problems = []
@@ -582,12 +521,8 @@ def check_roofs(table: OpTable, *, margin: float = ROOF_MARGIN) -> list[str]:
 
 
 def check_reconciled(table: OpTable, *, margin: float = RECONCILE_MARGIN) -> list[str]:
-    """The profile against the plain step timed beside it (lesson 04): on a CPU, the profiled step less the
-    profiler's events (events x the measured cost of one) must be the plain step within `margin` plus how much
-    the rounds disagree (`OpTimes.noise`; the median of the rounds' ratios is judged); on a GPU, the kernels'
-    busy time cannot exceed the plain step by more. Empty when it holds, and when the machine was too busy to
-    judge (`OpTable.busy`: the rounds disagree by `TOO_BUSY` or more, or other programs took the CPUs; the
-    caller says so)."""
+    """The profile against the plain step beside it, within `margin` plus the rounds' noise (lesson 04); empty
+    when it holds, and when the machine was too busy to judge (`OpTable.busy`: the caller says so)."""
     if not table.pairs:
         return ["no plain step was timed beside the profiled one: use helpers.measure.optime.time_ops"]
     if table.busy.too_busy:
@@ -603,8 +538,7 @@ def check_reconciled(table: OpTable, *, margin: float = RECONCILE_MARGIN) -> lis
 
 
 def check_flops(table: OpTable, expected: float, *, rtol: float = 1e-6) -> list[str]:
-    """FlopCounterMode's FLOPs of the step against an independent count (a hand formula); empty when they
-    agree within `rtol` (lesson 04)."""
+    """FlopCounterMode's FLOPs of the step against a hand formula's; empty when within `rtol` (lesson 04)."""
     if not expected > 0:
         raise ValueError(f"expected must be a positive FLOP count, got {expected!r}")
     counted = sum(r.flops for r in table.rows if r.flops_source == "FlopCounterMode")
@@ -621,9 +555,8 @@ def check_flops(table: OpTable, expected: float, *, rtol: float = 1e-6) -> list[
 def fixed_work_s(small: Mapping[tuple[str, str], OpCount], large: Mapping[tuple[str, str], OpCount],
                  batches: tuple[int, int], roofline: Roofline, *, precision: str = "fp32",
                  memory_roofs: Roofline | None = None) -> float:
-    """Seconds per step of work that does not grow with the batch, at its roofs: each op's FLOPs and bytes
-    at two batch sizes (`count_ops` of the same step at `batches`), extended to batch 0 (the optimizer
-    update, the weights read by the matmuls, a gradient the size of the embedding table) (lesson 04)."""
+    """Seconds per step of work that does not grow with the batch (the optimizer update, weight reads), at
+    its roofs: each op's counts at two batch sizes extended to batch 0 (lesson 04)."""
     b1, b2 = batches
     if not 0 < b1 < b2:
         raise ValueError(f"batches must be two sizes, smaller first, got {batches}")
@@ -644,8 +577,7 @@ def fixed_work_s(small: Mapping[tuple[str, str], OpCount], large: Mapping[tuple[
 # --- lesson 05: what compiling fused ---------------------------------------------------------------------
 
 def fusion_report(eager: OpTable, compiled: OpTimes, *, title: str = "") -> Table:
-    """Per op class of the eager step: its regime and time, and whether its ops still run as separate ops
-    in the compiled step or were fused into generated kernels (lesson 05)."""
+    """Per op class of the eager step: its regime and time, and whether compile fused its ops (lesson 05)."""
     if not eager.rows:
         raise ValueError("the eager table has no rows")
     t = Table(["op class", "eager regime", "eager ms", "eager calls", "calls left when compiled",
@@ -694,11 +626,8 @@ def amdahl_bound(share: float) -> float:
 
 def why_it_paid(optimisation: str, breakdown: Mapping[str, float], *, speedup: float, paid: bool,
                 value: Any = None) -> str:
-    """One sentence for an optimisation: which regimes of the step (lesson 04's `OpTable.breakdown()`,
-    measured before it) it targets, their share, the most it could gain, and whether it paid (lessons 04, 05).
-
-    `optimisation`: a key of OPTIMISATION_TARGETS or a RunSpec switch; for "precision", `value` is the
-    precision ("tf32", "bf16")."""
+    """One sentence on an optimisation: the regimes of `breakdown` it targets, their share, Amdahl's bound,
+    whether it paid (lessons 04, 05). For optimisation="precision", `value` names it ("tf32", "bf16")."""
     key = value if optimisation == "precision" else optimisation
     if key not in OPTIMISATION_TARGETS:
         raise ValueError(f"unknown optimisation {optimisation!r} (value {value!r}): use one of "

@@ -1,9 +1,6 @@
-"""A device's roofs, one type for all of them (lessons 00, 04, 09, 10): peak FLOP/s per precision, memory
-bandwidth (by working set where it was measured), the cost of one op call, and whether ops run one after
-another
-(a CPU) or queue (a GPU); measured here (`measure_roofline`), or from a datasheet (`datasheet_roofline`).
-`mfu_peak` is the one peak every MFU divides by. docs/library.md says how a measurement is stamped and
-trusted."""
+"""A device's roofs, one type for all (lessons 00, 04, 09, 10): peak FLOP/s per precision, memory bandwidth,
+the cost of one op call; measured here and stamped, or from a datasheet. `mfu_peak`: the one peak of MFU.
+Guide: docs/library/measure.md#helpersmeasureroofline"""
 
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ import torch
 from helpers.core.device import device_name, get_device
 from helpers.core.precision import PRECISION_DTYPE, PRECISIONS, tf32_matmuls
 from helpers.core.tables import Table
-from helpers.core.timing import LoadProbe, busy, relative_spread
+from helpers.core.timing import LoadProbe, benchmark, busy, relative_spread
 from helpers.measure.gpus import GPU, PEAK_PRECISIONS, gpu, gpu_named
 
 __all__ = ["Roofline", "measure_roofline", "load_roofline", "saved_roofline", "datasheet_roofline",
@@ -37,8 +34,7 @@ def _precision_key(name: str) -> str:
 
 @dataclass(frozen=True)
 class Roofline:
-    """Measured ceilings of a device: matmul FLOP/s per precision, copy bytes/s, and the stamp of the
-    measurement (when, with how many threads, under what load) (lesson 00)."""
+    """A device's ceilings: matmul FLOP/s per precision, bytes/s, and the measurement's stamp (lesson 00)."""
 
     device_name: str
     matmul_flops: dict[str, float]  # FLOP/s of an n×n×n matmul, keyed by precision ("fp32", "bf16", ...)
@@ -130,9 +126,7 @@ class Roofline:
 
     @property
     def under_load(self) -> str | None:
-        """Why it was measured on a machine too busy to judge (helpers.core.timing.busy: its rounds disagreed,
-        or
-        other programs took the CPUs a CPU roofline is measured on), or None (lesson 00)."""
+        """Why it was measured on a machine too busy to judge (timing.busy), or None (lesson 00)."""
         others = self.others_load if self.device_type == "cpu" else None  # a GPU's roof is not the CPUs'
         state = busy(*([self.spread] if self.spread is not None else []), load=others)
         return "; ".join(state.reasons) if state.too_busy else None
@@ -171,9 +165,8 @@ class Roofline:
         return str(self.table()) + ("\n\n" + str(self.memory_table()) if self.cache_sizes else "")
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write the roofline as JSON; returns where (lesson 00). The default is the course cache, where
-        `load_roofline` looks: there a roofline measured under load never replaces one measured on a quiet
-        machine (it goes to `roofline-<device>-under-load.json`), and one without a stamp is refused."""
+        """Write the roofline as JSON and return where (lesson 00); the default, the course cache, refuses an
+        unstamped one and keeps one measured under load apart."""
         if path is None:
             if not self.stamped:
                 raise ValueError("a roofline saved for later runs' MFU must carry its stamp (date, threads, "
@@ -192,9 +185,8 @@ def _roofline_path(name: str, *, under_load: bool = False) -> Path:
 
 
 def saved_roofline(name: str | None = None) -> tuple[Roofline | None, str]:
-    """(the saved roofline of the device called `name` (default: the current one) that MFU may divide by,
-    or None; where it comes from, or why there is none): a file that is missing, unreadable, unstamped or
-    measured under load gives None and says which (lessons 00, 02, 08)."""
+    """(lesson 00's saved roofline of device `name` (default: this one) or None, its source or why none):
+    missing, unreadable, unstamped or measured under load gives None (lessons 00, 02, 08)."""
     path = _roofline_path(name if name is not None else device_name())
     if not path.exists():
         busy_one = _roofline_path(path.stem.removeprefix("roofline-"), under_load=True)
@@ -217,9 +209,8 @@ def saved_roofline(name: str | None = None) -> tuple[Roofline | None, str]:
 
 
 def load_roofline(name: str | None = None, *, any_load: bool = False) -> Roofline | None:
-    """The roofline lesson 00 saved for the device called `name` (default: the current one), or None
-    (lessons 00, 04, 05): only a stamped one measured on a quiet machine (`saved_roofline` says why not);
-    with `any_load`, whatever is saved, the one measured under load if nothing else is (`under_load` says)."""
+    """Lesson 00's stamped roofline of device `name` (default: this one) measured on a quiet machine, or None;
+    `any_load` takes one measured under load too (lessons 00, 04, 05)."""
     roof, _ = saved_roofline(name)
     if roof is not None or not any_load:
         return roof
@@ -234,11 +225,7 @@ def measure_roofline(device: torch.device | str | None = None, precisions: list[
                      matmul_size: int | None = None, copy_mb: int | None = None,
                      min_run_time: float = 0.3, *, dtypes: list[str] | None = None) -> Roofline:
     """Time an n×n matmul per precision (2n³ FLOP) and a large copy (read + write bytes), stamped with the
-    date, the threads and the load it ran under (lesson 00).
-
-    `dtypes` is the old name of `precisions` and also takes the old names ("float32", "bfloat16")."""
-    from helpers.core.timing import benchmark
-
+    date, threads and load (lesson 00). `dtypes`: the old name of `precisions`."""
     device = get_device(str(device) if device is not None else "auto")
     gpu = device.type == "cuda"
     asked = precisions if precisions is not None else dtypes
@@ -274,8 +261,7 @@ def measure_roofline(device: torch.device | str | None = None, precisions: list[
                     spread=max(spreads))
 
 
-# --- a GPU class's roofs from its datasheets
-# -----------------------------------------------------------------
+# --- a GPU class's roofs from its datasheets ------------------------------------------------------------
 
 LAUNCH_S = 10e-6  # seconds per kernel launch an eager step's host needs (Python, dispatcher, launch): assumed
 
@@ -315,13 +301,8 @@ def _has_tf32_units(device: torch.device) -> bool:
 def peak_flops(device: torch.device | str | None = None, precision: str = "bf16", *,
                roofline: Roofline | None = None, gpu_name: str | None = None,
                measure: bool = False) -> PeakFlops | None:
-    """The peak MFU is measured against (lessons 00, 02, 08): the datasheet for a known GPU, else the
-    measured `roofline` (one measured under load is used, and the source says so), else lesson 00's saved
-    roofline of this device (`saved_roofline`: stamped, measured on a quiet machine), else (with `measure`)
-    a roofline measured now, else None.
-
-    `gpu_name` looks a GPU up in the datasheet table without having it ("NVIDIA H100 80GB HBM3").
-    "tf32" on hardware without TF32 units (a CPU, a pre-Ampere GPU) runs fp32 matmuls: fp32's peak."""
+    """The peak at `precision` and its source (lessons 00, 02, 08): a known GPU's datasheet, else `roofline`,
+    lesson 00's saved one, or with `measure` one measured now; else None. `gpu_name`: a GPU not here."""
     if precision not in PEAK_PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: use one of {PEAK_PRECISIONS}")
     if roofline is not None and not isinstance(roofline, Roofline):
@@ -365,20 +346,15 @@ def peak_flops(device: torch.device | str | None = None, precision: str = "bf16"
 # ones, and its fp16 run divided by its fp32 peak would show an MFU of up to 800 %.
 MFU_PRECISIONS = ("fp32", "bf16", "fp16")  # on a tie (fp16 = bf16 on Ampere and later) bf16 is named
 # A CPU trains in fp32 or bf16 in this course (the ladder's fp16 rung is a GPU's, helpers.train.ladder), so no
-# CPU
-# run has an fp16 MFU; and a CPU without fp16 units emulates its matmuls (0.8 GFLOP/s on the 2-core EPYC CI
-# uses, against 540 for bf16): measuring that would take 10 s and name no peak.
+# CPU run has an fp16 MFU; and a CPU without fp16 units emulates its matmuls (0.8 GFLOP/s on the 2-core EPYC
+# CI uses, against 540 for bf16): measuring that would take 10 s and name no peak.
 CPU_MFU_PRECISIONS = ("fp32", "bf16")
 
 
 def mfu_peak(device: torch.device | str | None = None, *, roofline: Roofline | None = None,
              measure: bool = False) -> PeakFlops | None:
-    """The one peak every MFU in the course divides by (lessons 02, 08): the device's fastest dense rate
-    among the training precisions (MFU_PRECISIONS; a CPU's: CPU_MFU_PRECISIONS), FP8 aside, so that no run in
-    fp32, TF32, fp16 or bf16 shows an MFU above 100 %. A known GPU's datasheet figure (bf16 from Ampere on,
-    fp16 on a T4 or V100); an unknown GPU's or a CPU's fastest measured matmul (`roofline`; else lesson 00's
-    saved roofline when it is stamped and was measured on a quiet machine; else with `measure` measured now:
-    same threads, same load; the source says which). None when no peak is known."""
+    """The one peak every MFU divides by (lessons 02, 08): the fastest dense rate among the training
+    precisions (FP8 aside), so that no MFU shows above 100 %; None when no peak is known."""
     dev = get_device(str(device) if device is not None else "auto")
     names = CPU_MFU_PRECISIONS if dev.type == "cpu" else MFU_PRECISIONS
     peaks = (peak_flops(dev, name, roofline=roofline, measure=measure) for name in names)

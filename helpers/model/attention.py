@@ -1,11 +1,7 @@
-"""Attention for teaching (lesson 01): the naive formula, the tiled online-softmax algorithm behind
-FlashAttention, SDPA with a chosen backend, FlexAttention masks, and the
-capture of attention maps from a Hugging Face model.
-
-Shapes throughout: q (B, H, Tq, d); k, v (B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real
-token. Causal masks are aligned bottom-right (query i sees keys j <= i + Tk - Tq), which is the usual
-causal mask when Tq == Tk.
-"""
+"""Attention for teaching (lessons 01, 08): the naive formula, the tiled online softmax, SDPA and its
+backends, FlexAttention masks, attention maps of a Hugging Face model. Shapes: q (B, H, Tq, d); k, v
+(B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real token; causal masks aligned bottom-right.
+Guide: docs/library/model.md#helpersmodelattention"""
 
 from __future__ import annotations
 
@@ -18,6 +14,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import flex_attention
+from torch.profiler import ProfilerActivity, profile
+
+from helpers.core import compat
+from helpers.model.packed_model import base_model
 
 __all__ = ["check_qkv", "AGREEMENT_TOL", "agreement_tolerance", "attention_agreement", "check_padding_mask",
            "naive_attention", "tiled_attention", "sdpa_attention", "SDPA_BACKENDS", "probe_sdpa_backends",
@@ -28,8 +30,7 @@ __all__ = ["check_qkv", "AGREEMENT_TOL", "agreement_tolerance", "attention_agree
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                key_padding_mask: torch.Tensor | None) -> None:
-    """Raise ValueError naming the shapes got and needed, for q, k, v and the padding mask (lesson 01; every
-    attention implementation here and the Triton kernel check their inputs with it)."""
+    """ValueError naming the shapes got and needed; every implementation here checks with it (lesson 01)."""
     if q.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"need q (B, H, Tq, d) and k, v (B, H, Tk, d) with equal B, H, d; got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -41,11 +42,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def check_padding_mask(mask: torch.Tensor, name: str = "key_padding_mask") -> None:
-    """Refuse a floating-point mask (lesson 01): the course's masks are boolean, True (or 1) = real token.
-
-    An additive float mask (0 = keep, -inf = drop), the other common convention, read as boolean would
-    keep exactly the positions it meant to drop; every implementation here refuses it instead.
-    """
+    """Refuse a floating-point mask: masks are boolean, True (or 1) = real token (lesson 01)."""
+    # an additive float mask (0 = keep, -inf = drop) read as boolean would keep exactly what it drops
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"{name} must be a tensor (B, Tk), got {type(mask).__name__}")
     if mask.is_floating_point() or mask.is_complex():
@@ -55,18 +53,14 @@ def check_padding_mask(mask: torch.Tensor, name: str = "key_padding_mask") -> No
 
 
 def _causal_allowed(tq: int, tk: int, device: torch.device) -> torch.Tensor:
-    """(Tq, Tk) bool, True where query i may see key j (j <= i + Tk - Tq)."""
+    # (Tq, Tk) bool, True where query i may see key j (j <= i + Tk - Tq)
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(tk - tq)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     key_padding_mask: torch.Tensor | None = None,
                     scale: float | None = None) -> torch.Tensor:
-    """softmax(Q Kᵀ / √d) V, materialising the full (Tq, Tk) score matrix.
-
-    q: (B, H, Tq, d); k, v: (B, H, Tk, d); key_padding_mask: (B, Tk) bool, True for real tokens.
-    Lesson 01.
-    """
+    """softmax(Q Kᵀ / √d) V, materialising the full (Tq, Tk) score matrix (lesson 01)."""
     check_qkv(q, k, v, key_padding_mask)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk): the O(N²) matrix
@@ -81,8 +75,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
                     block_q: int = 64, block_k: int = 64) -> torch.Tensor:
-    """FlashAttention's algorithm in plain PyTorch: blocks of K/V with a running max and sum (online
-    softmax), so only (block_q, block_k) scores exist at a time, never the (Tq, Tk) matrix (lesson 01)."""
+    """FlashAttention's online softmax in plain PyTorch: (block_q, block_k) scores at a time (lesson 01)."""
     check_qkv(q, k, v, key_padding_mask)
     if block_q < 1 or block_k < 1:
         raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
@@ -136,9 +129,8 @@ def agreement_tolerance(dtype: torch.dtype, device: torch.device | str = "cpu") 
 
 
 def attention_agreement(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Largest relative error of any (batch, head) slice, ‖out − ref‖ / ‖ref‖ over its (T, d) values,
-    computed in float64 (lesson 01). Relative, so it means the same for tiny and large outputs; per
-    head, so one wrong or swapped head shows (an error of about 1.4 for two swapped heads)."""
+    """Largest relative error ‖out − ref‖ / ‖ref‖ of any (batch, head) slice, in float64 (lesson 01).
+    Two swapped heads give about 1.4."""
     if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor):
         raise TypeError(f"attention_agreement compares two tensors, got {type(out).__name__} and "
                         f"{type(ref).__name__}")
@@ -159,8 +151,6 @@ SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")  # names used across the
 
 
 def _backend(name: str) -> Any:
-    from torch.nn.attention import SDPBackend
-
     table = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
              "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
     if name not in table:
@@ -172,8 +162,7 @@ def _backend(name: str) -> Any:
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
                    backend: str | None = None) -> torch.Tensor:
-    """F.scaled_dot_product_attention with the course's masks, restricted to one `backend` if given
-    (lesson 01)."""
+    """F.scaled_dot_product_attention with the course's masks, on one `backend` if given (lesson 01)."""
     check_qkv(q, k, v, key_padding_mask)
     tq, tk = q.shape[2], k.shape[2]
     mask, is_causal = None, causal and tq == tk  # SDPA's is_causal is top-left aligned: same only if Tq == Tk
@@ -190,16 +179,12 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
 
 
 def _sdpa_kernel(name: str) -> Any:
-    from torch.nn.attention import sdpa_kernel
-
     return sdpa_kernel(_backend(name))
 
 
 def probe_sdpa_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                         causal: bool = False) -> dict[str, str | None]:
-    """For each SDPA backend: None if it runs these inputs on this device, else the reason it refused
-    (lesson 01). Torch raises only "No available kernel" and gives its reasons as warnings ("Flash
-    attention only supports gpu architectures in the range [sm80, sm121]..."): those are the reason."""
+    """Per SDPA backend: None if it runs these inputs here, else why it refused (lesson 01)."""
     result: dict[str, str | None] = {}
     for name in SDPA_BACKENDS:
         with warnings.catch_warnings(record=True) as caught:
@@ -208,7 +193,7 @@ def probe_sdpa_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                 sdpa_attention(q, k, v, causal=causal, backend=name)
                 result[name] = None
                 continue
-            except RuntimeError as err:  # "No available kernel..." and friends: reported, not raised
+            except RuntimeError as err:  # "No available kernel"; torch's reasons come as warnings
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         reasons = [str(w.message).strip() for w in caught if "because" not in str(w.message)]
         result[name] = "; ".join(dict.fromkeys([*reasons, first]))[:300]
@@ -226,9 +211,8 @@ _HALF = (torch.float16, torch.bfloat16)
 def expected_sdpa_backends(device: torch.device | str, dtype: torch.dtype, head_dim: int, *,
                            masked: bool = False, capability: tuple[int, int] | None = None,
                            cudnn_version: int | None = None) -> dict[str, str | None]:
-    """Which SDPA backends should run inputs of `dtype` and `head_dim` (with a boolean mask if `masked`) on
-    `device`, by torch's own rules: None for "should run", else the rule that refuses it (lesson 01).
-    `capability` and `cudnn_version` default to the device's and the installed torch's."""
+    """Per SDPA backend, by torch's own rules: None where it should run these inputs, else the rule that
+    refuses it (lesson 01)."""
     device = torch.device(device)
     out: dict[str, str | None] = {"math": None}
     if device.type != "cuda":
@@ -280,15 +264,13 @@ def expected_sdpa_backends(device: torch.device | str, dtype: torch.dtype, head_
 def expected_sdpa_default(device: torch.device | str, dtype: torch.dtype, head_dim: int, *,
                           masked: bool = False, capability: tuple[int, int] | None = None,
                           cudnn_version: int | None = None) -> tuple[str, ...]:
-    """The backends plain `F.scaled_dot_product_attention` may pick for these inputs, by torch's priority
-    order (lesson 01): flash, then memory-efficient, then math; on sm_90 and sm_100 recent torch builds put
-    cuDNN first (sdp_utils.cpp's check_prefer_cudnn_attention: cuDNN newer than 9.15; torch 2.10 and later),
-    so there both cuDNN and flash are expected."""
+    """The backends plain SDPA may pick for these inputs, by torch's priority order (lesson 01)."""
     runs = expected_sdpa_backends(device, dtype, head_dim, masked=masked, capability=capability,
                                   cudnn_version=cudnn_version)
     device = torch.device(device)
     cc = (capability or tuple(torch.cuda.get_device_capability(device))) if device.type == "cuda" else None
     first = next(name for name in ("flash", "efficient", "math") if runs[name] is None)
+    # sm_90, sm_100: torch >= 2.10 with cuDNN > 9.15 puts cuDNN first (check_prefer_cudnn_attention)
     if cc is not None and cc[0] in (9, 10) and runs["cudnn"] is None:
         return ("cudnn", first)
     return (first,)
@@ -304,10 +286,8 @@ _BACKEND_OPS = {"flash": ("aten::_scaled_dot_product_flash_attention",
 
 def sdpa_backend_used(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       key_padding_mask: torch.Tensor | None = None) -> str:
-    """The backend plain SDPA ran for these inputs on this device, read from the operator the profiler
-    records ("flash", "efficient", "cudnn" or "math") (lesson 01)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """The backend plain SDPA ran here ("flash", "efficient", "cudnn", "math"), read by the profiler
+    (lesson 01)."""
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
         sdpa_attention(q, k, v, key_padding_mask=key_padding_mask)
     names = {e.key for e in prof.key_averages()}
@@ -321,9 +301,8 @@ def sdpa_backend_used(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 # --- FlexAttention -----------------------------------------------------------------------------------
 
 def flex_refusal(device: torch.device | str, capability: tuple[int, int] | None = None) -> str | None:
-    """Why FlexAttention is not run on `device`, or None where the course runs it (lesson 01): GPUs below
-    sm_80, where its compile is reported to fail (pytorch/pytorch#164813: an RTX 2080 Ti, sm_75, torch 2.7,
-    triton 3.3; open) and which Triton's README does not list as supported (compute capability 8.0+)."""
+    """Why FlexAttention is not run on `device`, or None where the course runs it (lesson 01)."""
+    # below sm_80 its compile is reported to fail (pytorch/pytorch#164813: RTX 2080 Ti, torch 2.7, triton 3.3)
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -337,14 +316,8 @@ def flex_refusal(device: torch.device | str, capability: tuple[int, int] | None 
 
 @functools.cache
 def flex_attention_fn(device: str | None = None) -> Callable[..., torch.Tensor]:
-    """`flex_attention` wrapped in torch.compile (it only runs fast compiled), for `device` (default: CUDA
-    when there is one, else the CPU). The first call for each new shape or mask compiles; time it apart.
-    Where torch cannot compile it for the device (a CPU with torch < 2.11), the uncompiled function
-    (`helpers.core.compat.flex_compiles` says why) (lesson 01)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from helpers.core import compat
-
+    """`flex_attention` under torch.compile for `device` (uncompiled where torch cannot compile it); the
+    first call per shape or mask compiles (lesson 01)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not compat.flex_compiles(device)[0]:
         return flex_attention
@@ -352,8 +325,7 @@ def flex_attention_fn(device: str | None = None) -> Callable[..., torch.Tensor]:
 
 
 def padding_mask_mod(key_padding_mask: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """A FlexAttention mask_mod that hides padded keys; key_padding_mask (B, Tk) bool, True = real
-    (lesson 01)."""
+    """A FlexAttention mask_mod that hides padded keys (lesson 01)."""
     check_padding_mask(key_padding_mask)
     if key_padding_mask.dim() != 2:
         raise ValueError(f"key_padding_mask must be (B, Tk), got {tuple(key_padding_mask.shape)}")
@@ -365,8 +337,7 @@ def padding_mask_mod(key_padding_mask: torch.Tensor) -> Callable[..., torch.Tens
 
 
 def sliding_window_mask_mod(window: int, causal: bool = True) -> Callable[..., torch.Tensor]:
-    """A FlexAttention mask_mod for local attention: each query sees keys at most `window` positions away
-    (lesson 01)."""
+    """A FlexAttention mask_mod: each query sees keys at most `window` positions away (lesson 01)."""
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
 
@@ -379,14 +350,14 @@ def sliding_window_mask_mod(window: int, causal: bool = True) -> Callable[..., t
 
 
 def naive_attention_bytes(batch: int, heads: int, tq: int, tk: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Peak memory of `naive_attention` above its inputs, bytes: two (B, H, Tq, Tk) score matrices alive at
-    once (the scores and their softmax, or the masked copy) and the output (lesson 01; measured in tests)."""
+    """Peak memory of `naive_attention` above its inputs, bytes: two (B, H, Tq, Tk) matrices and the output
+    (lesson 01; measured in tests)."""
     size = torch.empty((), dtype=dtype).element_size()
     return (2 * batch * heads * tq * tk + batch * heads * tq * head_dim) * size
 
 
 def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, causal: bool = False) -> float:
-    """Matmul FLOPs of one attention forward: 2·B·H·Tq·Tk·d each for QKᵀ and PV (halved when causal)
+    """Matmul FLOPs of one attention forward: 2·B·H·Tq·Tk·d each for QKᵀ and PV, halved when causal
     (lesson 01)."""
     flops = 4.0 * batch * heads * tq * tk * head_dim
     return flops / 2 if causal else flops
@@ -396,8 +367,7 @@ def attention_flops(batch: int, heads: int, tq: int, tk: int, head_dim: int, cau
 
 @dataclass
 class AttentionMaps:
-    """Attention weights of one text: maps (layers, heads, tokens, tokens), rows sum to 1; token strings
-    (lessons 01 and 08)."""
+    """One text's attention weights, maps (layers, heads, tokens, tokens), and its tokens (lessons 01, 08)."""
 
     maps: torch.Tensor
     tokens: list[str]
@@ -421,20 +391,12 @@ class AttentionMaps:
 
 def capture_attention_maps(model: Any, tokenizer: Any, text: str | Sequence[str], *, max_length: int = 64,
                            verbose: bool = True) -> AttentionMaps | list[AttentionMaps]:
-    """Attention weights of a Hugging Face model, (layers, heads, T, T) per text (lessons 01 and 08).
-
-    `text`: one string gives one `AttentionMaps`; a list of strings runs as one padded batch and gives
-    one `AttentionMaps` per text, cut to that text's real tokens (no [PAD] rows or columns).
-    SDPA computes attention without ever forming the weights, so it cannot return them: a model
-    running SDPA is switched to the naive attention (Hugging Face calls it "eager") for the capture,
-    saying so, and switched back afterwards whatever happens in between.
-    """
+    """Attention weights of a Hugging Face model: one `AttentionMaps` per text, padding cut off (lessons 01,
+    08). A model on SDPA runs "eager" for the capture and is switched back."""
     texts = [text] if isinstance(text, str) else list(text) if isinstance(text, Sequence) else None
     if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
         raise ValueError(f"capture_attention_maps needs a non-empty text or a non-empty list of non-empty "
                          f"texts, got {text!r}"[:200])
-    from helpers.core import compat
-    from helpers.model.packed_model import base_model
 
     model = base_model(model)  # the Hugging Face model inside a stack's packing or torch.compile
     impl = compat.attn_implementation(model)

@@ -1,36 +1,6 @@
-"""FP8 matmuls for the Linear layers of a model (lesson 08's "+ FP8" rung, GPUs of compute capability 8.9+).
-
-FP8 has two formats: e4m3 (max 448, 3 mantissa bits) for weights and activations, e5m2 (max 57344,
-2 mantissa bits: more range, less precision) for gradients. A tensor is scaled so that its largest
-magnitude (amax) lands on the format's maximum, cast to FP8, and multiplied with `torch._scaled_mm`,
-which takes the two FP8 operands and their scales and accumulates in higher precision:
-
-    scale = amax(x) / 448                    # per tensor ("tensorwise"), or per row ("rowwise")
-    x8 = (x / scale).to(torch.float8_e4m3fn) # x ≈ x8 * scale
-    y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
-
-A linear layer y = x·Wᵀ runs three such matmuls: the forward, and in the backward grad_x = g·W and
-grad_W = gᵀ·x. "tensorwise" uses one scale per tensor and e5m2 gradients; "rowwise" one scale per row
-of the left operand and per column of the right one (an outlier row no longer crushes the others'
-precision) and e4m3 throughout, as torchao's recipes do. `_scaled_mm` wants dimensions that are
-multiples of 16 and its second operand column-major; `fp8_matmul` pads and lays out for it.
-
-Backends: torchao's float8 training (`torchao.float8.convert_to_float8_training`, its recipe with
-`pad_inner_dim=True`: any token count) when torchao is importable (backend="auto" or "torchao"), else
-this module's `FP8Linear` (backend="scaled_mm").
-The classifier head stays in high precision (it is small and feeds the loss directly). In eager mode the
-amax and cast steps are separate kernels that can cost more than FP8 saves; torch.compile fuses them.
-
-Example (lesson 08):
-
-    from helpers.model.fp8 import convert_to_float8, fp8_supported
-    ok, why = fp8_supported(device)
-    if ok:
-        model = convert_to_float8(model, recipe="tensorwise")  # then train under bf16 autocast
-        print(model.course_fp8["backend"], len(model.course_fp8["converted"]), "layers in FP8")
-    else:
-        print(f"FP8 rung skipped: {why}")
-"""
+"""FP8 matmuls for a model's Linear layers: lesson 08's "+ FP8" rung, on GPUs of compute capability 8.9+.
+torchao's float8 training when it is installed, else this module's `FP8Linear` on `torch._scaled_mm`.
+Guide: docs/library/model.md#helpersmodelfp8"""
 
 from __future__ import annotations
 
@@ -62,8 +32,7 @@ FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
 
 
 def fp8_capable(device: torch.device | str) -> tuple[bool, str]:
-    """Whether `device` has FP8 tensor cores (CUDA, compute capability >= 8.9), from its capability alone,
-    allocating nothing, and why not (lesson 08's plan, the sizes cells)."""
+    """(ok, why): FP8 tensor cores (compute capability >= 8.9), from the capability alone (lesson 08)."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return False, f"FP8 tensor cores are a GPU feature (compute capability >= 8.9); this is {device.type}"
@@ -75,8 +44,7 @@ def fp8_capable(device: torch.device | str) -> tuple[bool, str]:
 
 
 def fp8_supported(device: torch.device | str) -> tuple[bool, str]:
-    """Whether FP8 matmuls run fast on `device`: FP8 tensor cores (`fp8_capable`) and a torch whose FP8 matmul
-    runs there (one tiny matmul on the device decides), and why not (lesson 08)."""
+    """(ok, why): `fp8_capable`, and one tiny FP8 matmul of this torch runs on `device` (lesson 08)."""
     ok, why = fp8_capable(device)
     if not ok:
         return False, why
@@ -101,15 +69,14 @@ def quantize(x: torch.Tensor, dtype: torch.dtype = E4M3, dim: int | None = None
 
 
 def _pad16(t: torch.Tensor) -> torch.Tensor:
-    """Zero-pad a 2-D tensor to multiples of 16 (zeros change neither amax nor the product)."""
+    # _scaled_mm wants multiples of 16; zeros change neither amax nor the product
     rows, cols = (-t.shape[0]) % 16, (-t.shape[1]) % 16
     return F.pad(t, (0, cols, 0, rows)) if rows or cols else t
 
 
 def fp8_matmul(a: torch.Tensor, b: torch.Tensor, *, recipe: str = "tensorwise", a_dtype: torch.dtype = E4M3,
                b_dtype: torch.dtype = E4M3, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """a (M, K) @ b (K, N) with both operands in FP8, scaled per tensor or per row of a / column of b
-    (lesson 08)."""
+    """a (M, K) @ b (K, N) in FP8, scaled per tensor or per row of a / column of b (lesson 08)."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
@@ -129,8 +96,7 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, *, recipe: str = "tensorwise", 
 
 
 class _FP8LinearFn(torch.autograd.Function):
-    """y = x·Wᵀ with the three matmuls of forward and backward in FP8."""
-
+    # y = x·Wᵀ: forward, and backward's grad_x = g·W and grad_W = gᵀ·x, all three in FP8
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, recipe: str,
                 out_dtype: torch.dtype) -> torch.Tensor:
@@ -149,8 +115,7 @@ class _FP8LinearFn(torch.autograd.Function):
 
 
 class FP8Linear(nn.Linear):
-    """nn.Linear whose matmuls run in FP8 (`_FP8LinearFn`); output in the autocast dtype, else the
-    input's (lesson 08)."""
+    """nn.Linear whose matmuls run in FP8; output in the autocast dtype, else the input's (lesson 08)."""
 
     recipe: str = "tensorwise"
 
@@ -176,26 +141,23 @@ class FP8Linear(nn.Linear):
 
 
 def _torchao_config(recipe: str) -> Any:
-    """torchao's Float8LinearConfig for `recipe`, with the inner dimension of every matmul padded to 16.
-
-    torch._scaled_mm wants the inner dimension a multiple of 16, and the weight-gradient matmul
-    grad_W = gᵀ·x has the token count as its inner dimension (BERT's pooler sees only the batch size);
-    torchao's recipes leave `pad_inner_dim` off, so an odd token count would crash in backward."""
     from torchao.float8 import Float8LinearConfig
 
+    # pad_inner_dim: grad_W = gᵀ·x has the token count as its inner dimension (BERT's pooler: the batch
+    # size), which _scaled_mm wants a multiple of 16; torchao's recipes leave it off
     return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
 
 
 def default_skip(name: str, module: nn.Linear) -> bool:
-    """Keep in high precision: the output head, and layers whose sizes are not multiples of 16 (lesson 08)."""
+    """Keep in high precision: the output head, and sizes not multiples of 16 (lesson 08)."""
     return name.split(".")[-1] in HEAD_NAMES or module.in_features % 16 != 0 or module.out_features % 16 != 0
 
 
 def convert_to_float8(model: nn.Module, *, recipe: str = "tensorwise",
                       skip: Callable[[str, nn.Linear], bool] = default_skip,
                       backend: str = "auto") -> nn.Module:
-    """Swap the model's nn.Linear layers (those `skip(name, layer)` does not keep) for FP8 linears, in
-    place; `model.course_fp8` says which backend and layers (lesson 08)."""
+    """Swap the model's nn.Linear layers (but those `skip` keeps) for FP8 ones in place; `model.course_fp8`
+    says which backend and layers (lesson 08)."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     if backend not in BACKENDS:

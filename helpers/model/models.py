@@ -1,5 +1,6 @@
-"""A small Transformer for lessons 01–06, and `load_bert`, a pretrained classifier with an offline
-fallback (lesson 08)."""
+"""A small Transformer (lessons 01–06); `load_bert`, a pretrained classifier with an offline fallback
+(lesson 08); models by their config's shape on the meta device, for plans (lessons 09, 10).
+Guide: docs/library/model.md#helpersmodelmodels"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from helpers.core import hub
 from helpers.core.adapt import ModelOutput
 from helpers.core.hub import BERT_PATH_ENV, env_bert_path, offline_bert_path
 from helpers.model.attention import check_padding_mask, naive_attention
@@ -30,7 +32,7 @@ ATTN_IMPLS = ("sdpa", "naive")
 
 @dataclass
 class TransformerConfig:
-    """Sizes of the small Transformer; defaults are a ~5 M-parameter encoder (lessons 01–06)."""
+    """Sizes of the small Transformer; the defaults: an 11 M-parameter encoder (lessons 01–06)."""
 
     vocab_size: int = 30522  # BERT's WordPiece vocabulary, so real tokenised text can be fed in
     max_len: int = 512  # longest sequence (learned position embeddings)
@@ -53,8 +55,7 @@ class TransformerConfig:
         self.d_ff = self.d_ff or 4 * self.d_model
 
     def build(self) -> SmallTransformer:
-        """The SmallTransformer of this shape (lessons 01-06); `helpers.measure.memory` sizes configs through
-        it."""
+        """The SmallTransformer of this shape (lessons 01-06)."""
         return SmallTransformer(self)
 
 
@@ -125,8 +126,7 @@ class SmallTransformer(nn.Module):
         self.apply(self._init)
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
-        """Recompute each block's activations in the backward pass instead of keeping them (less memory,
-        more time; lesson 03)."""
+        """Recompute each block's activations in backward instead of keeping them (lesson 03)."""
         self.activation_checkpointing = bool(enabled)
 
     @staticmethod
@@ -142,8 +142,8 @@ class SmallTransformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> ModelOutput:
-        """input_ids (B, T); attention_mask (B, T), 1 or True for real tokens; labels (B,) or (B, T),
-        -100 = ignore. Token ids are checked on a CPU; on a GPU a check would stall the host every step."""
+        """input_ids (B, T); attention_mask (B, T), 1 or True = real token; labels (B,) or (B, T), -100 =
+        ignore. Token ids are checked on a CPU only: on a GPU the check would stall the host every step."""
         t = input_ids.shape[-1]
         if t > self.cfg.max_len:
             raise ValueError(f"sequence of {t} tokens is longer than max_len={self.cfg.max_len}")
@@ -202,9 +202,8 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
 
 
 def _tokenizer_folder(path: str, env_path: Path | None) -> str:
-    """Where the tokenizer of `path` lies: `path` itself, or, for a local folder holding a model without
-    its tokenizer (save_pretrained of the model only), the folder in $COURSE_BERT_PATH. Transformers 5
-    builds an empty-vocabulary tokenizer from such a folder and 4.x fails; both are refused here."""
+    """`path`, or $COURSE_BERT_PATH for a local folder holding a model without its tokenizer: from such a
+    folder transformers 5 builds an empty-vocabulary tokenizer and 4.x fails."""
     folder = Path(path)
     if not folder.is_dir() or any((folder / f).is_file() for f in TOKENIZER_FILES):
         return path  # a hub name, or a folder with its tokenizer
@@ -215,7 +214,6 @@ def _tokenizer_folder(path: str, env_path: Path | None) -> str:
 
 
 def _random_from_config(path: str | Path, args: dict[str, Any]) -> nn.Module:
-    """A sequence classifier with the architecture in `path`/config.json and freshly initialised weights."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     attn = args.pop("attn_implementation")
@@ -225,17 +223,10 @@ def _random_from_config(path: str | Path, args: dict[str, Any]) -> nn.Module:
 
 def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_implementation: str = "sdpa",
               offline: bool | None = None, verbose: bool = True, **kwargs: Any):
-    """A BERT-family classifier and its tokenizer for lesson 08; prints one line saying where from.
-
-    Sources, first that applies: `name` when it is a local folder; the folder in $COURSE_BERT_PATH;
-    the hub (unless `offline` or HF_HUB_OFFLINE, or it does not answer); the offline package's
-    all-MiniLM-L6-v2. A folder with config and tokenizer but no weight file gives RANDOM weights.
-    The model carries `course_source` ("env", "local", "hub" or "offline") and `course_pretrained`
-    (False for random weights: report speed, never accuracy).
-    """
+    """(model, tokenizer): a BERT-family classifier, from a local folder, $COURSE_BERT_PATH, the hub or the
+    offline MiniLM, in that order (lesson 08). `model.course_pretrained` is False for random weights."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from helpers.core import hub
 
     if attn_implementation not in ("eager", "sdpa"):
         raise ValueError(f"attn_implementation must be 'eager' (Hugging Face's name for the naive attention, "
@@ -279,11 +270,8 @@ def load_bert(name: str = "bert-base-uncased", num_labels: int = 2, *, attn_impl
 
 
 def bert_base_random(num_labels: int = 2, *, attn_implementation: str = "sdpa", verbose: bool = True):
-    """BERT-base's shape (12 layers, width 768, 12 heads, 110 M parameters) with RANDOM weights, and a
-    WordPiece tokenizer: for speed benchmarks where no BERT-base weights exist (lesson 08's ladder).
-
-    The tokenizer comes from $COURSE_BERT_PATH, else the offline package. `course_pretrained` is False.
-    """
+    """(model, tokenizer): BERT-base's shape (110 M parameters) with RANDOM weights, for speed benchmarks
+    (lesson 08's ladder); the tokenizer from $COURSE_BERT_PATH, else the offline package."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig
 
     if attn_implementation not in ("eager", "sdpa"):
@@ -313,8 +301,8 @@ MODEL_SIZES: dict[str, dict[str, int]] = {  # BertConfig overrides; "base" is Be
 
 
 def bert_config(model: str, n_classes: int, *, dropout: bool = False):
-    """BERT-base shapes (or a smaller named size), dropout off unless `dropout` (so stacks compare exactly:
-    lesson 08's benchmark, benchmarks/ladder.py; lesson 09 plans it with dropout on, as lesson 08 trains)."""
+    """A BertConfig of a MODEL_SIZES size; dropout off unless `dropout`, so stacks compare exactly
+    (lesson 08's benchmark; lesson 09 plans with dropout on)."""
     from transformers import BertConfig
 
     if model not in MODEL_SIZES:
@@ -370,8 +358,8 @@ KNOWN_MODELS: dict[str, Callable[[], nn.Module]] = {
 
 
 def meta_model(name: str) -> nn.Module:
-    """A model from its config on the meta device (shapes only, nothing downloaded or allocated): a name of
-    KNOWN_MODELS, or a Hugging Face config.json or its folder (lessons 09, 10)."""
+    """A model on the meta device (nothing downloaded or allocated): a KNOWN_MODELS name, or a Hugging Face
+    config.json or its folder (lessons 09, 10)."""
     with torch.device("meta"):
         if name in KNOWN_MODELS:
             return KNOWN_MODELS[name]()

@@ -1,40 +1,6 @@
-"""Sequence packing, the model side: run a classifier on packed batches (`helpers.data.packing` makes them),
-with the attention each implementation needs, and count what packing saves (lessons 06 and 08).
-
-Which attention keeps documents apart follows the model's attention implementation, as Hugging Face
-models choose it (`helpers.core.compat.attn_implementation(model)`):
-
-- "sdpa" / "eager": a dense block-diagonal mask (rows, 1, T, T), made by one broadcast comparison of
-  document ids; exact, dropout included, on every device. SDPA then cannot use its flash kernel.
-- "flex_attention": a FlexAttention `BlockMask` from `create_block_mask` with a document mask_mod;
-  fully masked blocks are skipped. Compiles on first use (~25 s on a CPU). No attention dropout.
-  A GPU path for training: on a CPU FlexAttention has no backward pass (torch >= 2.11), so a packed
-  forward that would train there is refused; on a CPU it serves to check results (under torch.no_grad).
-  BERT runs it with transformers >= 5.0 only (4.x BERT has eager and sdpa).
-- VARLEN ("course_varlen", set by `use_varlen(model)`): the rows are flattened into one sequence and
-  `torch.nn.attention.varlen.varlen_attn` (FlashAttention on cumulative sequence lengths, CUDA with
-  bf16/fp16 only) attends within each document; nothing is masked because nothing crosses. No
-  attention dropout: HF's flex path and this one refuse to train with attention dropout > 0 (set it
-  to 0 in every arm of a comparison with `helpers.core.compat.disable_dropout(model, attention_only=True)`).
-
-Hugging Face's `DataCollatorWithFlattening` (one row, position ids restarting per document) keeps
-BERT's documents apart only from transformers 5.25 on, which reads the restarting position ids when it
-builds the mask; with 5.24 and earlier, "sdpa" or "eager", the documents of a flattened row attend to
-each other (tests/test_packing.py checks both). Here the boundaries travel as `doc_ids`, on every version
-the course supports, and every path above honours them.
-
-The course's SmallTransformer is packed with the dense mask and pools each document's own tokens (its
-classifier averages the real tokens of a sequence).
-
-Example (lessons 06 and 08), with `loader` yielding `helpers.data.packing.PackCollate` batches:
-
-    from helpers.model.packed_model import PackedModel, packed_padding_stats
-    packed = PackedModel(model)                 # model from load_bert(), or a SmallTransformer classifier
-    out = packed(**next(iter(loader)))          # out.logits (documents, classes), out.loss
-    stats = packed_padding_stats(loader, model) # rows, real tokens, padding fraction, useful FLOPs
-
-`helpers.train.loop.train(PackedModel(model), loader, cfg)` trains on packed batches unchanged.
-"""
+"""Sequence packing, the model side: a classifier's forward on packed batches (`helpers.data.packing`),
+with the attention that keeps documents apart, varlen attention, and what packing saves (lessons 06, 08).
+Guide: docs/library/model.md#helpersmodelpacked_model"""
 
 from __future__ import annotations
 
@@ -50,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from helpers.core import compat
 from helpers.core.adapt import ModelOutput
 from helpers.data.packing import check_packed_batch, document_block_mask, document_mask, varlen_segments
+from helpers.measure.flops import model_flops_per_token
 
 # transformers is imported inside the functions that use it: about 3 s with its model classes (2-core CPU,
 # `python -X importtime`), which importing this module for a model of your own should not pay
@@ -90,7 +57,7 @@ def _varlen_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.
 def _varlen_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """HF attention function: varlen on a packed call (cu_seq_lens_q given), SDPA otherwise."""
+    # a Hugging Face attention function: varlen on a packed call (cu_seq_lens_q given), SDPA otherwise
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     cu = kwargs.get("cu_seq_lens_q")
@@ -120,8 +87,7 @@ def _register_varlen() -> None:
 
 def use_varlen(model: nn.Module, *, check_device: bool = True) -> nn.Module:
     """Switch a Hugging Face model to varlen attention for packed batches, SDPA for padded ones (lesson 08).
-
-    Raises ValueError where varlen cannot run (CPU, pre-Ampere GPU); check_device=False is for tests."""
+    ValueError where varlen cannot run (CPU, pre-Ampere GPU); check_device=False is for tests."""
     from transformers import PreTrainedModel
 
     if not isinstance(model, PreTrainedModel):
@@ -174,7 +140,7 @@ def _hf_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> A
 
 
 def _small_block(block: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """SmallTransformer's Block.forward with a document mask (R, 1, T, T) in place of its padding mask."""
+    # SmallTransformer's Block.forward with a document mask (R, 1, T, T) in place of its padding mask
     a, (r, t, _) = block.attn, x.shape
     q, k, v = a.qkv(block.ln1(x)).view(r, t, 3, a.cfg.n_heads, -1).permute(2, 0, 3, 1, 4)  # 3 x (R, H, T, d)
     drop = a.cfg.dropout if a.training else 0.0
@@ -210,8 +176,8 @@ def _small_packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -
 
 
 def packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> Any:
-    """Per-document logits (D, C) and loss of a packed batch, for a HF BERT classifier or a
-    SmallTransformer classifier (lessons 06 and 08)."""
+    """Per-document logits (D, C) and loss of a packed batch: a BERT or SmallTransformer classifier (lessons
+    06, 08)."""
     check_packed_batch(batch)
     if hasattr(model, "bert") and hasattr(model, "classifier"):
         return _hf_packed_forward(model, batch)
@@ -222,9 +188,8 @@ def packed_forward(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> Any:
 
 
 class PackedModel(nn.Module):
-    """Wraps a classifier so that `PackedModel(model)(**packed_batch)` runs `packed_forward` (lesson 08).
-
-    `config` / `cfg` are the wrapped model's, so FLOP counters read the same sizes."""
+    """`PackedModel(model)(**packed_batch)` runs `packed_forward`; `config`, `cfg` stay the model's
+    (lesson 08)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -238,8 +203,7 @@ class PackedModel(nn.Module):
 
 
 def base_model(model: nn.Module) -> nn.Module:
-    """The model inside a stack's wrappers (`RunSpec.apply`'s PackedModel and torch.compile, DDP's): the
-    one to save with `save_pretrained`, load weights into, or capture attention maps from (lesson 08)."""
+    """The model inside PackedModel, torch.compile and DDP: the one to save or inspect (lesson 08)."""
     while True:
         inner = compat.unwrap_model(model)
         if not isinstance(inner, PackedModel):
@@ -251,7 +215,7 @@ def base_model(model: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class PackingStats:
-    """Counts over packed (or padded) batches; useful_flops counts real tokens only (lessons 06 and 08)."""
+    """Counts over packed (or padded) batches; useful_flops counts real tokens only (lessons 06, 08)."""
 
     batches: int
     rows: int
@@ -271,10 +235,8 @@ class PackingStats:
 
 def packed_padding_stats(batches: Iterable[Mapping[str, torch.Tensor]],
                          model: nn.Module | None = None) -> PackingStats:
-    """Rows, documents, real tokens and padding of packed or padded batches; with `model`, the useful
-    training FLOPs (6·N per token + attention over each document's own length) (lessons 06 and 08)."""
-    from helpers.measure.flops import model_flops_per_token
-
+    """Rows, documents, real tokens and padding of batches; with `model`, useful training FLOPs (each
+    document attending to itself) (lessons 06, 08)."""
     n_batches = rows = documents = real = slots = 0
     doc_lengths: dict[int, int] = {}  # length -> how many documents have it
     for batch in batches:

@@ -1,5 +1,6 @@
-"""The largest batch that fits, searched with lesson 03's dry run (lesson 09): each size tried is where
-the line through the two nearest sizes tried so far reaches the memory: a few dry runs serve all classes."""
+"""The largest batch that fits, predicted with lesson 03's dry run (lesson 09): each size tried is where the
+line through the two nearest sizes tried so far reaches the memory, so a few dry runs serve all classes.
+Guide: docs/library/plan.md#helpersplanbatch_search"""
 
 from __future__ import annotations
 
@@ -14,13 +15,12 @@ from helpers.core.adapt import batch_shape
 from helpers.measure.memory import estimate_step_memory
 from helpers.measure.opcount import gpu_like_attention
 
-__all__ = ["DryRuns", "largest_batch", "check_line"]
+__all__ = ["DryRuns", "predict_max_batch_size", "check_line"]
 
 
 def _resized(batch: Mapping[str, Any], rows: int) -> dict[str, Any]:
-    """The batch with `rows` rows: every tensor whose first dimension is the batch's, its rows repeated. Its
-    values are the batch's, not zeros: a model may read them (transformers 4.x BERT warns of padding when
-    the first or last token is its pad token, id 0), and the dry run answers such reads from the batch."""
+    """The batch with `rows` rows, its own rows repeated."""
+    # not zeros: a model may read the values (transformers 4.x BERT warns of padding at a pad token, id 0)
     n, _ = batch_shape(batch)
 
     def resized(v: Any) -> Any:
@@ -65,20 +65,15 @@ def _reaches(seen: Mapping[int, int], usable: int, near: int) -> int | None:
     return a + math.floor((usable - pa) / slope) if slope > 0 else None
 
 
-def largest_batch(peak: Callable[[int], int], usable: int, *, start: int = 1, limit: int = 1 << 16,
-                  known: Mapping[int, int] | None = None, miss: float | None = None) -> int:
-    """The largest batch n <= `limit` with peak(n) <= `usable` bytes, 0 if none fits, searched with `peak`
-    (the dry run, a function of the batch size; `known`: peaks it gave before, by size) (lesson 09).
-
-    Each size tried is where the line through the two nearest sizes tried so far reaches `usable` (doubling
-    or halving before there are two). The answer n is a size that fits; n + 1 was tried and does not, or the
-    line puts it over `usable` by more than twice the line's own miss at n plus 1 MiB (the dry run's peak
-    grows by the same bytes per sample, so the line is exact up to the miss it shows): a dry run saved.
-    `miss`: how far the line through `known` missed a dry run made to check it (`check_line`): an answer
-    between known sizes then comes from the line alone when it clears `usable` by twice that plus 1 MiB."""
+def predict_max_batch_size(peak: Callable[[int], int], usable: int, *, start: int = 1, limit: int = 1 << 16,
+                           known: Mapping[int, int] | None = None, miss: float | None = None) -> int:
+    """The largest batch n <= `limit` whose dry-run `peak(n)` fits `usable` bytes, 0 if none (lesson 09),
+    predicted from few dry runs; find_max_batch_size runs steps until out of memory instead."""
     if not 1 <= start <= limit:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
-    seen: dict[int, int] = dict(known or {})
+    seen: dict[int, int] = dict(known or {})  # `known`: peaks `peak` gave before, by size
+    # `miss`: how far the line through `known` missed a dry run made to check it (`check_line`); an answer
+    # between known sizes then comes from the line alone when it clears `usable` by twice that plus 1 MiB
     if miss is not None and len(seen) >= 3:
         n = _reaches(seen, usable, start)
         n = _reaches(seen, usable, n) if n is not None else None  # again, between the sizes nearest it
@@ -88,6 +83,9 @@ def largest_batch(peak: Callable[[int], int], usable: int, *, start: int = 1, li
             above = seen[n + 1] > usable if n + 1 in seen else _line(seen, n + 1) > usable + room
             if fits and above:
                 return n
+    # each size tried is where the line through the two nearest sizes tried reaches `usable` (doubling or
+    # halving before there are two); the peak grows by the same bytes per sample, so the line is exact up to
+    # the miss it shows: n is the answer once n + 1 is over `usable` by more than twice that plus 1 MiB
     lo, hi = 0, limit + 1  # peak(lo) fits (0: trivially), peak(hi) does not (limit + 1: never tried)
     n = start
     while True:

@@ -1,7 +1,6 @@
-"""The expected step time (lessons 09, 10): the roof plan puts every kernel at its roof, a bound; real stacks
-run the memory-bound kernels well below theirs. The estimate keeps the compute-bound kernels at their roof
-and slows the memory-bound ones by a factor per stack, fitted on published runs (`helpers.plan.published`);
-the range is the leave-one-out error of that fit. docs/plan.md compares it with a plain factor per stack."""
+"""The expected step time (lessons 09, 10): the roof plan (a bound) with its memory-bound kernels slowed by a
+factor per stack, fitted on published runs (`helpers.plan.published`); the range is the fit's leave-one-out
+error. Guide: docs/plan.md#the-expected-step-time-how-it-is-calibrated"""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ class Observed(Protocol):
 
 
 def expected_seconds(step: StepTime, factor: float, estimate: str = ESTIMATES[0]) -> float:
-    """The step's seconds with its memory-bound kernels `factor` times slower than their roof (the queue,
-    the collectives and an offload as the roof plan has them), or the whole roof plan times `factor`
-    (lessons 09, 10)."""
+    """The step's seconds with its memory-bound kernels `factor` times slower than their roof, or
+    (ESTIMATES[1]) the whole roof plan times `factor` (lessons 09, 10)."""
     if estimate == ESTIMATES[1]:
         return step.seconds * factor
     if estimate != ESTIMATES[0]:

@@ -115,8 +115,8 @@ def _segment(
 
 
 def _moment(e: MemoryEstimate) -> bool:
-    """Which moment held a dry run's peak: True for one with gradients alive (late in the backward, or the
-    optimizer step), False for the end of the forward (activations, no gradient yet)."""
+    """Whether a dry run peaked with gradients alive (late in the backward, the optimizer step), not after the
+    forward."""
     return e.at_peak.get("Gradient", 0) > 0
 
 
@@ -127,11 +127,10 @@ def consistent(corners: Mapping[tuple[int, int], MemoryEstimate], lo: int, hi: i
 
 
 def memory_at(corners: Mapping[tuple[int, int], MemoryEstimate], layers: int, rows: int) -> MemoryEstimate:
-    """The dry run at (layers, rows) from its corners: the peak is the largest of several moments' bytes (the
-    backward's, the optimizer step's), each bilinear in (layers, rows), so each segment of sizes whose four
-    corners peaked at one moment extrapolates that moment, and the largest answer counts (a 1-2-layer copy at
-    one sequence can peak at its optimizer step where the whole model peaks in its backward); a segment whose
-    corners peaked at different moments is still its sizes' best line (lesson 10)."""
+    """The dry run at (layers, rows) from its corners: the largest segment's bilinear answer (lesson 10)."""
+    # the peak is the largest of several moments' bytes (the backward's, the optimizer step's), each bilinear:
+    # a 1-2-layer copy at one sequence can peak at its optimizer step where the whole model peaks in its
+    # backward. A segment whose corners peaked at different moments is still its sizes' best line
     sizes = sorted({r for _, r in corners})
     segments = list(zip(sizes, sizes[1:]))
     usable = segments

@@ -1,13 +1,6 @@
-"""Make a run fit (lesson 10): every combination of the memory levers, priced in memory per GPU (the dry run's
-terms: weights, gradients, optimizer state, activations) and in time (the step's op table), and per GPU class
-the fastest (or cheapest) combination that fits, with the reason in the terms of the memory it cuts.
-
-    from helpers.model.models import meta_model
-    from helpers.plan.fit import make_it_fit
-    f = make_it_fit(meta_model("qwen2.5-0.5b"), seq_len=1024, global_batch=32, gpus=["T4", "L4", "8xH100"])
-    f            # a table: per class, the levers chosen, memory per GPU, step time, tokens/s, cost
-    print(f.why("T4"))
-"""
+"""Make a run fit (lesson 10): every combination of the memory levers priced in memory per GPU (the dry run's
+terms) and in step time, and per GPU class the fastest (or cheapest) that fits, with the reason.
+Guide: docs/plan.md#make-it-fit-lesson-10"""
 
 from __future__ import annotations
 
@@ -436,12 +429,8 @@ def make_it_fit(
     launch_s: float = LAUNCH_S,
     pricer: Pricer | None = None,
 ) -> FitPlan:
-    """Per GPU class of `gpus` ("T4", "8xH100": the box's count is the data-parallel size), every combination
-    of the levers in `allow` that trains `global_batch` sequences of `seq_len` tokens per optimizer step,
-    priced from the dry run and the op counts of the model's 1- and 2-layer copies; the fastest (or, with
-    objective="cost", cheapest) that fits is chosen; times expected on `stack` ("eager", "compiled", "fused":
-    helpers.plan.calibrate); `pricer`: a Pricer of this model and seq_len made before, whose dry runs and
-    counts are reused (lesson 10)."""
+    """Per class of `gpus` ("8xH100": 8 data-parallel GPUs), the fastest (objective="cost": cheapest) levers
+    of `allow` fitting `global_batch` sequences a step, timed on `stack`; `pricer`: to reuse (lesson 10)."""
     started = time.perf_counter()
     bad = set(allow) - set(LEVERS)
     if bad:
@@ -523,9 +512,8 @@ def _family(precision: str) -> str:
 
 
 def _per_gpu(est: MemoryEstimate, model: nn.Module, levers: Levers) -> GpuMemory:
-    """One GPU's bytes under `levers`, from the dry run of one GPU's micro-batch with the whole model: each of
-    the tracker's categories at that peak, divided or moved as each lever does (within 5 % of the levers' own
-    dry run, helpers.measure.memory.estimate_step_memory: tests/test_fit.py)."""
+    """One GPU's bytes under `levers`: the whole model's dry run at one micro-batch, each category divided or
+    moved as each lever does (tests/test_fit.py: within 5 % of the levers' own dry run)."""
     at = est.at_peak  # the tracker's categories at the one pass's peak; the rest of the peak: the batch
     weights, optimizer = at.get("Parameter", 0) + at.get("Buffer", 0), at.get("Optstate", 0)
     # the gradients alive at the peak, at most all of them: a segment whose corners peaked at two moments can

@@ -1,16 +1,6 @@
-"""Plan a training run on GPUs you do not have: will it fit, how fast, what it costs (lesson 09).
-
-    from helpers.plan.planner import plan
-    p = plan(model, batch, RunSpec(), gpus=["T4", "L4", "A100-80", "H100"], dataset_tokens=50e6)
-    p                      # a Markdown table: a column per GPU class, the last naming each row's source
-    p.cheapest()           # the class that fits at the lowest cost per epoch (prices: a parameter)
-
-Every figure is a prediction made on this CPU from the course's own pieces: the course's precision rules asked
-as if torch saw the GPU, lesson 03's dry run (`helpers.plan.batch_search` finds the largest batch with it),
-the step's ops counted on fake tensors (`helpers.measure.opcount.count_step`) and placed on the class's roofs
-(`helpers.plan.steptime`); `helpers.plan.report` holds the table. docs/plan.md explains each row;
-`ASSUMPTIONS` says what it takes for granted. From a terminal: `python -m course.scripts.plan --help`.
-"""
+"""Plan a training run on GPUs you do not have: will it fit, how fast, what it costs (lesson 09). Every figure
+is predicted on this CPU from the dry run, the step's ops counted on fake tensors and each class's datasheet
+roofs; `ASSUMPTIONS` says what it takes for granted. Guide: docs/plan.md"""
 
 from __future__ import annotations
 
@@ -32,7 +22,8 @@ from helpers.measure.memory import MARGIN
 from helpers.measure.opcount import count_step
 from helpers.measure.regimes import is_synchronous
 from helpers.measure.roofline import LAUNCH_S, Roofline, datasheet_roofline, mfu_peak
-from helpers.plan.batch_search import DryRuns, check_line, largest_batch
+from helpers.model.fp8 import fp8_capable
+from helpers.plan.batch_search import DryRuns, check_line, predict_max_batch_size
 from helpers.plan.report import EXAMPLE_PRICES, ClassPlan, Plan, Prices
 from helpers.plan.steptime import ASSUMED, StepTime, step_time
 from helpers.train.runspec import RunSpec
@@ -75,9 +66,8 @@ _COMPILE = "RunSpec.compile is not modelled: the step is predicted as eager PyTo
 
 def measured_roofs(roofline: Roofline, *, overhead_s: float, memory_roofs: Roofline | None = None,
                    device: torch.device | str = "cpu", name: str = "") -> Roofline:
-    """This machine's roofs, measured (lessons 00 and 04): the roofline's matmul rates and copy bandwidth, the
-    cost of one op call (`helpers.measure.optime.per_call_overhead`), the cache roofs; a CPU runs each op
-    before the next, a GPU queues them (lesson 09 checks the planner against this machine's own step)."""
+    """This machine's measured roofs (lessons 00, 04): matmul rates, copy bandwidth, `overhead_s` per op call,
+    cache roofs; lesson 09 checks the planner against this machine's own step."""
     if not isinstance(roofline, Roofline):
         raise ValueError(f"roofline must be a helpers.measure.roofline.Roofline, got "
                          f"{type(roofline).__name__}")
@@ -97,8 +87,6 @@ def measured_roofs(roofline: Roofline, *, overhead_s: float, memory_roofs: Roofl
 def class_rules(g: GPU) -> tuple[str, str, list[str], float, str]:
     """(precision, why, techniques, MFU's peak FLOP/s, its source) of class `g`, by the course's rules, asked
     as if torch saw it (lessons 09, 10)."""
-    from helpers.model.fp8 import fp8_capable
-
     with seen_as(g):
         cuda = torch.device("cuda")
         precision, why = training_precision(cuda)
@@ -187,11 +175,8 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
          gpus: Sequence[str | GPU] | None = None, dataset_tokens: float | None = None,
          prices: Prices | None = EXAMPLE_PRICES, launch_s: float = LAUNCH_S,
          search: bool = True) -> Plan:
-    """Plan one training step of `model` on `batch` (a dict, an (x, y) pair, or a (batch, seq_len) shape for
-    random tokens) with `spec`'s switches on each GPU class of `gpus` (default: every class of
-    helpers.measure.gpus): precision and techniques, memory and whether it fits, the largest batch (`search`),
-    step time, tokens/s,
-    MFU, epoch time and cost for `dataset_tokens`, and the serving row. Nothing runs on a GPU (lesson 09)."""
+    """Plan a training step of `model` on `batch` (a dict, (x, y), or a (batch, seq_len) shape) with `spec` on
+    each class of `gpus`: fit, largest batch (`search`), time, cost. Nothing runs on a GPU (lesson 09)."""
     started = time.perf_counter()
     spec = spec or RunSpec()
     if not isinstance(spec, RunSpec):
@@ -225,7 +210,7 @@ def plan(model: nn.Module, batch: Mapping[str, Any] | tuple[int, int], spec: Run
             misses[family] = check_line(runs[family], rows, usables)
         largest = None
         if search:  # the weights and AdamW's state alone over the memory: no batch fits, none to search
-            largest = 0 if runs[family].states > usable else largest_batch(
+            largest = 0 if runs[family].states > usable else predict_max_batch_size(
                 runs[family], usable, start=rows, known=runs[family].peaks, miss=misses[family])
         weights = 2 * sum(p.numel() for p in prepared.parameters())
         # one generated token reads every weight and the keys and values of the whole context once

@@ -1,10 +1,6 @@
-"""Published training runs the planner is calibrated on (lessons 09, 10). Each run is rebuilt from what its
-source says (model, micro-batch, accumulation, GPUs, sharding, checkpointing, precision) and priced by
-`helpers.plan.fit.Pricer` on its GPU's datasheet roofs; `helpers.plan.calibrate` turns the roof plan into an
-expected time with a range. Published memory figures for the levers are rebuilt the same way.
-
-No T4 or L4 training run was found with its configuration and a time (the code and page corpora were
-searched for T4 and L4 fine-tuning and training benchmarks): the free GPUs are not in the calibration."""
+"""Published training runs and memory figures the planner is calibrated on (lessons 09, 10), each with its
+source, rebuilt from what it says and priced by `helpers.plan.fit.Pricer` on its GPU's datasheet roofs.
+Guide: docs/plan.md#the-expected-step-time-how-it-is-calibrated"""
 
 from __future__ import annotations
 

@@ -140,7 +140,8 @@ class Plan:
         row(f"fits with a {MARGIN:.0%} margin", ["yes" if c.fits else "NO" for c in cs],
             f"dry run vs memory less helpers.measure.memory.MARGIN ({MARGIN:.0%})")
         if any(c.largest_batch is not None for c in cs):
-            row("largest batch that fits", [c.largest_batch for c in cs], "dry run, searched (largest_batch)")
+            row("largest batch that fits", [c.largest_batch for c in cs],
+                "dry run, searched (predict_max_batch_size)")
         row("step time (ms)", [_ms(c) for c in cs],
             f"op counts (dry run) on datasheet roofs + {self.launch_s * 1e6:g} µs per launch (assumed)")
         row("time in compute / memory / launch-bound ops (%)", [_split(c) for c in cs], "the same op table")

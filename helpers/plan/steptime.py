@@ -1,8 +1,6 @@
 """A training step's time on a device's roofs (lessons 09, 10): each op at its roof (lesson 04's model), the
-kernels against the host's issue time (a GPU queues kernels while the host runs ahead), and what the levers
-add: micro-batches per optimizer step, data parallelism's communication (DDP, ZeRO-1, FSDP) and an optimizer
-offloaded to the CPU, each from its bytes and the link's bandwidth. `ASSUMED` says what it takes for
-granted."""
+kernels against the host's issue time, and what the levers add: accumulation, data parallelism's collectives,
+an optimizer offloaded to the CPU. `ASSUMED` says what it takes for granted."""
 
 from __future__ import annotations
 
@@ -164,9 +162,7 @@ def step_time(
     parameters: int = 0,
     host_adamw_params_s: float = HOST_ADAMW_PARAMS_S,
 ) -> StepTime:
-    """One optimizer step's time with each op of `counts` (one micro-batch's forward and backward, and the
-    optimizer's step) at `roofs` (lesson 04's model), repeated over `levers.accumulation` micro-batches, the
-    optimizer's work shared among the GPUs that shard it, and the collectives and offload of `levers` on
+    """One optimizer step's seconds: `counts` (one micro-batch and the optimizer) at `roofs`, with `levers` on
     board `g` (`trainable`, `parameters`: element counts) (lessons 09, 10)."""
     levers = levers or Levers()
     if levers.gpus > 1 or levers.offload:

@@ -1,31 +1,6 @@
-"""Checkpoints, one home for the course (lessons 03, 07, 08): what `helpers.train.loop.train` and
-`course/scripts/train_ddp.py` save and resume from.
-
-Names: one checkpoint per saved step, in one folder, named by the optimizer steps done:
-
-    <folder>/step_000004.pt   one file (a single process; under DDP rank 0 writes it, replicas are equal)
-    <folder>/step_000004/     a torch.distributed.checkpoint (DCP) folder: each FSDP rank writes its shards,
-                              and a file of its own beside them (rank_00001.pt: RNG, GradScaler, scheduler)
-
-A training loop needs two calls: `resume_latest(folder, ...)` on start and `save_step(folder, step, ...)` when
-`is_due`; both work in one process and under torchrun (DDP: rank 0 writes, every rank reads; FSDP: sharded).
-`latest_checkpoint(folder)` is the one with the most steps; `prune_checkpoints` keeps the newest few, so a
-checkpoint that turns out to be damaged still leaves the one before it. "Save every K steps" means after
-every K-th step and after the last one; K = 0 means never (`is_due`).
-
-Atomic: a file is written to a temporary name in the same folder (`step_000004.pt.<random>.tmp`), flushed to
-disk, then renamed over the final name (`os.replace`); a DCP folder is written as `step_000004.tmp/` and
-renamed when every rank has finished. A run killed at any moment leaves the previous checkpoint or the new
-one, never half of one; what it leaves is a temporary, which the next start removes
-(`remove_stale_temporaries`, only names of this writer's pattern). A save that runs out of disk space
-removes its temporary and raises `CheckpointDiskFull` (an OSError, errno ENOSPC) naming the folder, the bytes
-the checkpoint needs and the bytes left there, instead of torch's `[enforce fail at inline_container.cc]
-unexpected pos` (the "No space left on device" is only in its chain).
-
-A single-file checkpoint holds the model, optimizer, GradScaler and learning-rate scheduler states, the RNG
-states (torch, Python, CUDA), the step and an `extra` dict (the loss history...). It is read with
-`torch.load(weights_only=True)`: tensors and plain values only, no code runs when a file is loaded.
-"""
+"""Checkpoints (lessons 03, 07, 08): atomic single files and sharded DCP folders, named by step, pruned,
+resumed from; what `helpers.train.loop.train` and course/scripts/train_ddp.py save.
+Guide: docs/library/train.md#helperstraincheckpoint"""
 
 from __future__ import annotations
 
@@ -42,9 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from helpers.core.compat import unwrap_model
+from helpers.measure.memory import tensor_bytes
+
+# torch.distributed.checkpoint (DCP) is imported inside the two functions that write and read sharded
+# checkpoints: 0.85 s on first import (2-core CPU, after `import torch`), paid only by FSDP runs
 
 __all__ = ["CheckpointError", "CheckpointDiskFull", "checkpoint_name", "list_checkpoints",
            "latest_checkpoint", "is_due", "prune_checkpoints", "remove_stale_temporaries",
@@ -65,8 +45,8 @@ class CheckpointDiskFull(OSError):
 
 
 def _out_of_space(err: BaseException) -> bool:
-    """ENOSPC (or a quota) anywhere in `err`'s chain: torch.save wraps it in a RuntimeError, DCP in the
-    per-rank failures of a CheckpointException."""
+    # ENOSPC (or a quota) anywhere in the chain: torch.save wraps it in a RuntimeError, DCP in the
+    # per-rank failures of a CheckpointException
     todo, seen = [err], set()
     while todo:
         e = todo.pop()
@@ -83,9 +63,7 @@ def _out_of_space(err: BaseException) -> bool:
 
 
 def _state_bytes(state: Any) -> int:
-    """Bytes of the tensors in `state`: about what a checkpoint of it takes on disk."""
-    from helpers.measure.memory import tensor_bytes
-
+    # bytes of the tensors: about what a checkpoint of them takes on disk
     try:
         return tensor_bytes(state)
     except (ValueError, RuntimeError):  # something it cannot count (e.g. a tensor subclass): no estimate
@@ -93,7 +71,6 @@ def _state_bytes(state: Any) -> int:
 
 
 def _disk_full(folder: Path, name: str, needed: int) -> CheckpointDiskFull:
-    """The error for a save that ran out of space (called after its temporary is removed)."""
     left = shutil.disk_usage(folder).free
     need = f"about {needed / 2**20:,.1f} MiB ({needed:,} bytes)" if needed else "an unknown amount"
     return CheckpointDiskFull(errno.ENOSPC, f"No space left on device for checkpoint {name} in {folder}: it "
@@ -160,7 +137,6 @@ def remove_stale_temporaries(folder: str | os.PathLike, *, log: Any = print) -> 
 
 
 def _signature(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the model's state: what a checkpoint must match."""
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
@@ -201,7 +177,6 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
 
 
 def _damaged(path: Path, err: BaseException) -> CheckpointError:
-    """The error for a file torch.load cannot read: which file, what it is, what to do."""
     size = path.stat().st_size if path.exists() else 0
     earlier = [p for s, p in list_checkpoints(path.parent) if p != path and p.name < path.name]
     what_now = (f"resume from the previous checkpoint {earlier[-1].name} (delete {path.name}, and the "
@@ -215,8 +190,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
                     scaler: torch.amp.GradScaler | None = None, *, scheduler: Any = None,
                     restore_rng: bool = True) -> dict[str, Any]:
     """Load a single-file checkpoint into `model` (and optimizer, scaler, scheduler); returns its contents.
-
-    Raises CheckpointError (a ValueError) for a missing, damaged or foreign file (lessons 07, 08)."""
+    CheckpointError (a ValueError) for a missing, damaged or foreign file (lessons 07, 08)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint file at {path}")
@@ -252,7 +226,6 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
 
 
 def _restore_rng(rng: Mapping[str, Any]) -> None:
-    """The RNG states a checkpoint saved: torch's, Python's and (when there is a GPU) CUDA's."""
     torch.set_rng_state(rng["torch"])
     random.setstate(_as_tuple(rng["python"]))
     if rng["cuda"] is not None and torch.cuda.is_available():
@@ -260,7 +233,7 @@ def _restore_rng(rng: Mapping[str, Any]) -> None:
 
 
 def _as_tuple(x: Any) -> Any:
-    """random.setstate wants tuples all the way down."""
+    # random.setstate wants tuples all the way down
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
@@ -271,8 +244,7 @@ def _rank_file(folder: Path, rank: int) -> Path:
 
 
 def _host_state(scaler: Any, scheduler: Any) -> dict[str, Any]:
-    """What a rank keeps beside its shards: its RNG states (each rank draws its own dropout masks), the
-    GradScaler's and the scheduler's states (the same on every rank)."""
+    # beside a rank's shards: its own RNG states (its own dropout masks), the scaler and the scheduler
     return {"rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
             "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
@@ -282,12 +254,8 @@ def _host_state(scaler: Any, scheduler: Any) -> dict[str, Any]:
 def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                  *, extra: Mapping[str, Any] | None = None, scaler: torch.amp.GradScaler | None = None,
                  scheduler: Any = None) -> Path:
-    """Every rank writes its shards of model and optimizer (DCP) to `folder/step_NNNNNN/`, and a small file
-    of its own (`rank_NNNNN.pt`: RNG states, GradScaler, scheduler) (lessons 07, 08).
-
-    A collective: call it on every rank. Written as step_NNNNNN.tmp/ and renamed by rank 0 when every rank
-    has finished."""
-    import torch.distributed as dist
+    """Each rank writes its shards (DCP) and its `rank_NNNNN.pt` to `folder/step_NNNNNN/`, renamed from .tmp
+    when all are done (lessons 07, 08). A collective: call it on every rank."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -326,11 +294,8 @@ def save_sharded(folder: str | os.PathLike, step: int, model: nn.Module, optimiz
 def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  scaler: torch.amp.GradScaler | None = None, scheduler: Any = None,
                  restore_rng: bool = True, log: Any = print) -> dict[str, Any]:
-    """Load a DCP checkpoint folder into this run's shards, on every rank, and this rank's RNG states,
-    GradScaler and scheduler (lessons 07, 08). Returns {"step": ..., "extra": ...}.
-
-    Another number of ranks reshards the model and optimizer (DCP); the RNG states then stay as they are."""
-    import torch.distributed as dist
+    """Load a DCP folder into this run's shards and this rank's RNG, scaler and scheduler; {"step", "extra"}
+    (lessons 07, 08). Call it on every rank; another world size reshards, RNG states stay as they are."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -368,8 +333,6 @@ def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
 # --- what a training loop calls ------------------------------------------------------------------------
 
 def _rank0_and_barrier() -> tuple[bool, Any]:
-    import torch.distributed as dist
-
     on = dist.is_available() and dist.is_initialized()
     return (not on or dist.get_rank() == 0), (dist.barrier if on else (lambda: None))
 
@@ -377,10 +340,8 @@ def _rank0_and_barrier() -> tuple[bool, Any]:
 def save_step(folder: str | os.PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *,
               scaler: torch.amp.GradScaler | None = None, scheduler: Any = None,
               extra: Mapping[str, Any] | None = None, sharded: bool = False, keep: int = 2) -> Path:
-    """Save the state after `step` steps in `folder` and keep the newest `keep` (lessons 07, 08).
-
-    Under torch.distributed call it on every rank: sharded (FSDP), each writes its shards; otherwise
-    rank 0 writes one file (DDP replicas are equal) and the others wait until it is on disk."""
+    """Save the state after `step` steps in `folder`, keep the newest `keep` (lessons 07, 08). Call it on
+    every rank: sharded, each writes its shards; else rank 0 writes and the others wait."""
     main, barrier = _rank0_and_barrier()
     if sharded:  # a failure raises on every rank
         path = save_sharded(folder, step, model, optimizer, extra=extra, scaler=scaler, scheduler=scheduler)
@@ -400,9 +361,7 @@ def save_step(folder: str | os.PathLike, step: int, model: nn.Module, optimizer:
 
 
 def _raise_on_every_rank(failure: Exception | None, path: Path) -> None:
-    """Rank 0's save outcome, shared: it re-raises its error, the other ranks raise one naming it."""
-    import torch.distributed as dist
-
+    # rank 0 re-raises its error; the other ranks raise one naming it
     if dist.is_available() and dist.is_initialized():
         said = [None if failure is None else f"{type(failure).__name__}: {failure}"]
         dist.broadcast_object_list(said, src=0)  # also the barrier: every rank waits for rank 0's write
@@ -418,7 +377,7 @@ ON_CHANGED_SETTINGS = ("refuse", "checkpoint", "this run")
 
 
 def _settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """Each parameter group's settings (a scheduler's base learning rate stands for the learning rate)."""
+    # a scheduler's base learning rate stands for the learning rate
     out = []
     for group in optimizer.param_groups:
         keys = [k for k in SETTINGS if k in group and not (k == "lr" and "initial_lr" in group)]
@@ -434,8 +393,7 @@ def _changed(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[
 
 def _settle_settings(optimizer: torch.optim.Optimizer, scheduler: Any, before: list[dict[str, Any]],
                      on_changed: str, log: Any) -> None:
-    """After a load: the optimizer's settings that differ from this run's, refused or kept as `on_changed`
-    says (the checkpoint's, or this run's), and said."""
+    # after a load: settings that differ from this run's are refused, or kept as `on_changed` says
     changed = _changed(before, _settings(optimizer))
     if not changed:
         return
@@ -458,10 +416,8 @@ def resume_latest(folder: str | os.PathLike, model: nn.Module, optimizer: torch.
                   scaler: torch.amp.GradScaler | None = None, scheduler: Any = None, sharded: bool = False,
                   restore_rng: bool = True, log: Any = print,
                   on_changed_settings: str = "refuse") -> dict[str, Any] | None:
-    """On start: remove what an interrupted save left (rank 0), then load the newest checkpoint in `folder`
-    into every rank's model and optimizer; its {"step", "extra", "path"}, or None (lessons 07, 08). Where the
-    optimizer's settings (learning rate, weight decay, betas...) differ from the checkpoint's, it refuses
-    naming them, or keeps the checkpoint's or this run's as `on_changed_settings` says, and says which."""
+    """On start, on every rank: clear stale temporaries, load the newest checkpoint; {"step", "extra",
+    "path"} or None (lessons 07, 08). Changed optimizer settings: `on_changed_settings` decides."""
     if on_changed_settings not in ON_CHANGED_SETTINGS:
         raise ValueError(f"on_changed_settings must be one of {ON_CHANGED_SETTINGS}, got "
                          f"{on_changed_settings!r}")

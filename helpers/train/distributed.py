@@ -1,19 +1,6 @@
-"""Distributed training plumbing (lesson 07): join the process group torchrun describes, apply DDP or FSDP2
-to an unchanged model, print and log from rank 0, and `launch` torchrun from a notebook with every rank's
-output streamed live into the cell.
-
-torchrun starts one worker process per device and tells each who it is through the environment:
-RANK (0..WORLD_SIZE-1 over all machines), LOCAL_RANK (0..LOCAL_WORLD_SIZE-1 on this machine),
-WORLD_SIZE, MASTER_ADDR/MASTER_PORT (where the process group meets). `setup` reads them, picks the
-device (GPU number LOCAL_RANK, or the CPU; `helpers.core.device.get_device` checks it) and the backend that
-suits it (NCCL for CUDA, gloo for CPUs); without torchrun it returns a one-process environment, so one script
-serves both.
-
-`apply_ddp`, `apply_fsdp` and `grad_sync` are the small functions `course/scripts/train_ddp.py` applies to an
-unchanged model, in this order: the model, then DDP or FSDP (then `torch.compile`, if at all, around the
-wrapped model, as PyTorch advises for DDP). About 410 lines: `launch` (the process handling that a notebook
-needs: live output, timeouts, no orphans) is half of it, and it serves the same job, running distributed.
-"""
+"""Distributed training (lesson 07): join torchrun's process group, apply DDP or FSDP2 to an unchanged
+model, print and log from rank 0, measure all-reduce overlap, and `launch` torchrun from a notebook.
+Guide: docs/library/train.md#helperstraindistributed"""
 
 from __future__ import annotations
 
@@ -39,7 +26,11 @@ import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.core import compat
 from helpers.core.device import get_device
 
 __all__ = ["DistEnv", "backend_for", "setup", "teardown", "apply_ddp", "apply_fsdp", "grad_sync", "is_main",
@@ -87,7 +78,6 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _pick_device(device: str, local_rank: int) -> torch.device:
-    """This process's device: GPU number LOCAL_RANK, or the CPU ("auto": a GPU when there is one)."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
@@ -99,13 +89,9 @@ def _pick_device(device: str, local_rank: int) -> torch.device:
 
 
 def _attempt_store(timeout_s: float) -> dist.Store | None:
-    """torchrun's own key-value store, with keys private to this restart attempt (None: not under torchrun).
-
-    torchrun (c10d rendezvous) lends the workers its store, which outlives a restart; the keys where
-    the ranks of a failed attempt published their addresses are still there, and a restarted rank can
-    read a dead peer's address ("Connection refused"; pytorch/pytorch#135712, #167288). A prefix per
-    attempt keeps the attempts apart.
-    """
+    """torchrun's key-value store with a prefix per restart attempt, or None when not under torchrun."""
+    # the store outlives a restart: without the prefix a restarted rank can read a dead peer's address
+    # ("Connection refused"; pytorch/pytorch#135712, #167288)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     base = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), is_master=False,
@@ -114,7 +100,8 @@ def _attempt_store(timeout_s: float) -> dist.Store | None:
 
 
 def setup(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
-    """Join the process group torchrun's environment describes; without torchrun, one process (lesson 07)."""
+    """Join the process group torchrun's environment describes (RANK, LOCAL_RANK, WORLD_SIZE...); without
+    torchrun, one process (lesson 07)."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
     if not 0 <= rank < world:
@@ -132,13 +119,8 @@ def setup(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
 
 
 def teardown() -> None:
-    """Leave the process group once all ranks arrive: none exits while a peer still talks (lesson 07).
-
-    Drop your references to the wrapped model and optimizer first: FSDP's modules sit in reference cycles
-    that keep finished communication work (and its tensors) alive until a garbage collection. Collected at
-    interpreter exit, after the process group is gone, that work can abort the process (gloo's threads
-    release tensors without the GIL); collected here, it cannot."""
-
+    """Leave the process group once all ranks arrive (lesson 07). Drop your references to the wrapped model
+    and optimizer first: their reference cycles are collected here, not at exit, where they can abort."""
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
@@ -149,13 +131,8 @@ def teardown() -> None:
 
 def apply_ddp(model: nn.Module, env: DistEnv, *, bucket_cap_mb: float = 25.0,
               stats: dict[str, int] | None = None) -> nn.Module:
-    """Wrap `model` in DDP (lesson 07): gradients all-reduced in buckets while backward still runs.
-
-    With `stats`, a communication hook counts what is handed to the all-reduce: stats["allreduce_calls"]
-    and stats["allreduce_bytes"] grow by one and by the bucket's bytes per bucket."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
+    """Wrap `model` in DDP (lesson 07). `stats` counts the buckets handed to all-reduce:
+    stats["allreduce_calls"] and stats["allreduce_bytes"]."""
     if not env.distributed:
         raise ValueError("DDP needs a process group: launch the script with torchrun")
     ddp = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
@@ -176,14 +153,8 @@ def apply_ddp(model: nn.Module, env: DistEnv, *, bucket_cap_mb: float = 25.0,
 
 def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | None = None, *,
                offload: bool = False) -> nn.Module:
-    """FSDP2 (lessons 07, 10): shard each block (default `model.blocks`), then the root (embeddings, head);
-    parameters become DTensors, each rank holding 1/N of them. `offload`: FSDP2's CPUOffloadPolicy, each
-    rank's shards, their gradients and the optimizer step in the CPU's memory (gathered to the device for
-    each block's forward and backward)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from helpers.core import compat
-
+    """FSDP2 (lessons 07, 10): shard each block (default `model.blocks`), then the root; each rank holds
+    1/N of the parameters. `offload`: shards, gradients and optimizer step in the CPU's memory."""
     if not env.distributed:
         raise ValueError("FSDP needs a process group: launch the script with torchrun")
     blocks = list(blocks if blocks is not None else getattr(model, "blocks", []))
@@ -194,7 +165,7 @@ def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | Non
     mesh = init_device_mesh(env.device.type, (env.world_size,))
     policy = {}
     if offload:
-        from torch.distributed.fsdp import CPUOffloadPolicy
+        from torch.distributed.fsdp import CPUOffloadPolicy  # 0.5 s to import (2-core CPU): offload only
 
         policy["offload_policy"] = CPUOffloadPolicy(pin_memory=env.device.type == "cuda")
     for block in blocks:
@@ -207,8 +178,7 @@ def apply_fsdp(model: nn.Module, env: DistEnv, blocks: Sequence[nn.Module] | Non
 
 
 def grad_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
-    """A context for one micro-step (lesson 07): without `sync`, gradients only accumulate locally (DDP's
-    `no_sync()`, FSDP2's `set_requires_gradient_sync(False)`); the last micro-step syncs them."""
+    """A context for one micro-step: without `sync`, gradients only accumulate locally (lesson 07)."""
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(sync)
         return nullcontext()
@@ -234,7 +204,7 @@ class Overlap:
 
     @property
     def hidden_fraction(self) -> float:
-        """The share of the communication time hidden behind backward (0 when there was none)."""
+        """The share of the communication time hidden behind backward (0 when there was none) (lesson 07)."""
         return self.hidden_s / self.comm_s if self.comm_s > 0 else 0.0
 
 
@@ -253,13 +223,10 @@ def _intersection(xs: Sequence[tuple[float, float]], ys: Sequence[tuple[float, f
 
 
 def comm_overlap(events: Sequence[object]) -> Overlap:
-    """The overlap of all-reduces with backward in a profiled step (`torch.profiler.profile(...).events()`)
-    (lesson 07). On gloo the communication is the `gloo:all_reduce` events of gloo's worker threads and the
-    computation the autograd engine's `evaluate_function` events (backward's ops); on a GPU, NCCL's all-reduce
-    kernels against every other kernel (they run on streams of their own; DDP's optimizer step waits for the
-    last all-reduce, so what runs beside one is backward). The calls (`c10d::allreduce_`, made on the thread
-    that runs backward) are judged against backward's ops on both: when DDP asks, not when the bytes move.
-    Times in the events are µs."""
+    """The overlap of all-reduces with backward in a profiled step's events (lesson 07)."""
+    # gloo: its worker threads' gloo:all_reduce events against backward's evaluate_function ops; a GPU:
+    # NCCL's all-reduce kernels against every other kernel. The c10d::allreduce_ calls are judged against
+    # backward's ops on both: when DDP asks, not when the bytes move. Event times are µs.
     def span(e: object) -> tuple[float, float]:
         return e.time_range.start, e.time_range.end  # type: ignore[attr-defined]
 
@@ -365,7 +332,7 @@ class LaunchResult:
     lines: list[str] = field(repr=False)
 
     def rank_lines(self, rank: int) -> list[str]:
-        """The lines printed by one global rank, without their prefix."""
+        """The lines printed by one global rank, without their prefix (lesson 07)."""
         prefix = RANK_PREFIX.format(rank=rank)
         return [line[len(prefix):] for line in self.lines if line.startswith(prefix)]
 
@@ -379,7 +346,7 @@ class LaunchError(RuntimeError):
 
 
 def _failed_ranks(lines: Sequence[str]) -> list[int]:
-    """Global ranks named in torchrun's failure summary ("rank : 1 (local_rank: 1)"), root cause first."""
+    # global ranks named in torchrun's failure summary ("rank : 1 (local_rank: 1)"), root cause first
     found, root = [], None
     for i, line in enumerate(lines):
         if m := re.search(r"^\s*rank\s*:\s*(\d+)", line):
@@ -391,7 +358,7 @@ def _failed_ranks(lines: Sequence[str]) -> list[int]:
 
 
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Stop torchrun and its workers (which run in sessions of their own): SIGTERM, then SIGKILL."""
+    # the workers run in sessions of their own: SIGTERM each, then SIGKILL
     try:
         workers = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -491,12 +458,12 @@ def launch(script: str | Path, args: Sequence[str] = (), *, nproc_per_node: int 
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """Whether `model` is sharded by FSDP2 (`fully_shard`: its parameters are DTensors, each rank holding a
-    shard), so that a checkpoint of it is every rank's shards, a DCP folder (lessons 07, 08: `train`)."""
+    """Whether FSDP2 shards `model` (DTensor parameters): its checkpoint is then a DCP folder (lessons 07,
+    08)."""
     if hasattr(model, "set_requires_gradient_sync"):  # an FSDPModule
         return True
     if not torch.distributed.is_available():
         return False
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # 0.5 s to import (2-core CPU), and needs distributed
 
     return any(isinstance(p, DTensor) for p in model.parameters())

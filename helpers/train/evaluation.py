@@ -1,9 +1,5 @@
-"""Accuracy and the confusion matrix of a sequence classifier over a tokenised dataset (lesson 08).
-
-Forward passes only: TF32 and autocast as the spec says (`RunSpec.step_context`, `RunSpec.autocast`),
-batches sorted by length so each is padded to its own longest (less padding, same predictions). A model
-trained on packed rows (`helpers.model.packed_model.PackedModel`) is evaluated through the model it wraps.
-"""
+"""Accuracy and confusion matrix of a sequence classifier (lesson 08): forward passes only, batches sorted
+by length (less padding, same predictions); a PackedModel is evaluated through the model it wraps."""
 
 from __future__ import annotations
 
@@ -25,10 +21,8 @@ __all__ = ["evaluate", "confusion_matrix"]
 def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, spec: RunSpec | None = None,
              device: torch.device | str | None = None,
              pad_token_id: int = 0) -> tuple[float, list[int], list[int]]:
-    """(accuracy, predictions, labels) of a sequence classifier over a tokenised dataset
-    (`helpers.data.text.tokenize`), in batches sorted by length (less padding), forward passes under the
-    spec's
-    TF32 and autocast; a PackedModel through the model it wraps, on padded batches (lesson 08)."""
+    """(accuracy, predictions, labels) of a classifier over a tokenised dataset, under the spec's TF32 and
+    autocast (lesson 08)."""
     model = model.model if isinstance(model, PackedModel) else model
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -52,8 +46,7 @@ def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 64, spec: RunS
 
 
 def confusion_matrix(labels: Sequence[int], preds: Sequence[int], n_classes: int) -> list[list[int]]:
-    """Counts of (true class, predicted class): row i holds the samples of class i, column j those predicted
-    as j (lesson 08)."""
+    """Counts [true class][predicted class] (lesson 08)."""
     if len(labels) != len(preds):
         raise ValueError(f"{len(labels)} labels for {len(preds)} predictions: give one prediction per label")
     if n_classes < 1:

@@ -1,43 +1,6 @@
-"""The speed ladder of lesson 08: rungs, the greedy rule, the climb, arms timed side by side, and the
-batches every stack trains on (`benchmarks/ladder.py` runs it on a random-weight BERT).
-
-A *stack* is the full set of switches one run uses (a `helpers.train.runspec.RunSpec`); a *rung* (`Rung`)
-changes one of its fields. From `BASELINE` (fp32, eager attention, no compile, the default AdamW, every batch
-padded to the longest allowed) the ladder climbs `RUNGS`: + TF32, + bf16 autocast, + fp16 autocast with a
-GradScaler (GPUs without bf16 tensor cores: compute capability below 8.0, a T4, a V100), + SDPA,
-+ torch.compile, + fused AdamW, + length bucketing, + packing, + FP8 (GPUs of compute capability 8.9+).
-`climb` adds each rung to the stack below it (cumulative) or to the best stack so far (greedy), keeping it
-only when it is faster beyond the measured spread (`keeps`: median ratio > 1 + the larger relative IQR of the
-two arms); what survives is "your stack", printed as its code (`RunSpec.describe`). While it climbs, three
-models at most are alive: the baseline, the stack the next rung is added to, and the candidate (`let_go`
-drops the timed pass of every other arm, and with it its model, gradients and optimizer state). On a machine
-too busy to judge (`helpers.core.timing.busy`: the arms' rounds disagree by half or more, or other programs
-took a quarter or more of the CPUs while they ran) a rung gets no verdict: it is not kept, and its row and a
-line say so.
-
-One timing source per row: a candidate is timed in alternation with the stack it is added to and with the
-baseline (`time_interleaved`: abc, cba, ...), so a change in load falls on every arm alike and every
-number of its row (samples/s, MFU, the ratio to the stack below, the speed-up over the baseline) comes from
-that one session. Correct before fast: `measure_stack` first checks a stack against the stack it adds to
-(`helpers.measure.agreement`: logits and loss of one forward pass from the same weights on the same samples,
-each
-with its own spec's TF32 and autocast; the fused-AdamW rung by one optimizer step); a stack that disagrees
-is not timed (`RungDisagrees`); one the device cannot run (`RunSpec.check`, a rung's `where`) or the model
-cannot take (`RunSpec.check_model`: attention of its own, no packed forward) is skipped with its reason, and
-`plan_rungs` says which before anything runs; a rung that would run the same computation as the stack below on
-this device is skipped too (+ TF32 where there are no TF32 units: a CPU, a GPU before compute capability 8.0).
-Dropout is off for the checks (the model in eval mode, which turns off dropout modules and functional dropout
-alike: two passes with dropout on draw different masks) and on for the timed passes, which run `train`'s own
-step (`helpers.train.loop.TrainStep`). Throughput counts real tokens, MFU useful
-FLOPs (`helpers.model.packed_model.packed_padding_stats`). Each rung's row, the table and why it measured what
-it
-did: `helpers.train.ladder_report`, which this module imports (never the other way round).
-
-Any model: `climb_stacks(make_model, batches, check, ...)` takes a model of your own wrapped by
-`helpers.core.adapt.as_course_model`, batches as dicts or `(x, y)` pairs (`{"fixed": [(x, y), ...]}`: rungs of
-a padding with no batches are skipped), and a baseline that leaves a model's own attention alone
-(`baseline=None`: `BASELINE` for a Hugging Face model, `BASELINE.replace(attn=None)` for any other).
-"""
+"""Lesson 08's speed ladder: rungs that each change one RunSpec switch, the greedy rule, the climb with
+every stack checked before it is timed beside the stack below and the baseline, and the batches every
+stack trains on (benchmarks/ladder.py). Guide: docs/library/train.md#helperstrainladder"""
 
 from __future__ import annotations
 
@@ -54,6 +17,7 @@ import torch
 from torch import nn
 
 from helpers.core.adapt import as_batch, logits_of, loss_of
+from helpers.core.compat import hf_model_in
 from helpers.core.diagnosis import OOMReport
 from helpers.core.timing import (
     OTHERS_BUSY,
@@ -67,9 +31,14 @@ from helpers.core.timing import (
     time_interleaved,
     time_passes,
 )
+from helpers.data.text import TokenizedDataset
 from helpers.measure.agreement import agree, looser, optimizer_step_agreement
+from helpers.measure.flops import mfu, model_flops_per_token
 from helpers.measure.roofline import mfu_peak, saved_roofline
+from helpers.model.packed_model import packed_padding_stats
 from helpers.train.ladder_report import ladder_rows, your_stack
+from helpers.train.loop import TrainStep, make_optimizer
+from helpers.train.meter import flops_unreadable
 from helpers.train.runspec import RunSpec
 
 __all__ = ["Rung", "BASELINE", "RUNGS", "RULE", "Decision", "Step", "Arm", "keeps", "climb", "let_go",
@@ -97,9 +66,8 @@ class Rung:
 
 
 def fp16_rung_problem(device: torch.device | str) -> str | None:
-    """Why the ladder leaves out its fp16 rung on `device`, or None where it runs it: fp16 autocast with a
-    GradScaler is the 16-bit rung of GPUs with fp16 tensor cores and no bf16 ones (compute capability
-    below 8.0: a T4, a V100); elsewhere bf16 is (fp32's range, no loss scale) (lessons 02, 08)."""
+    """Why the ladder leaves out its fp16 rung on `device`, or None: it is for GPUs without bf16 tensor cores
+    (compute capability < 8.0: T4, V100) (lessons 02, 08)."""
     device = torch.device(device)
     if device.type != "cuda":
         return (f"fp16 + GradScaler is the 16-bit rung of GPUs without bf16 tensor cores (compute capability "
@@ -112,9 +80,8 @@ def fp16_rung_problem(device: torch.device | str) -> str | None:
 
 
 def tf32_rung_problem(device: torch.device | str) -> str | None:
-    """Why the ladder leaves out its TF32 rung on `device`, or None where it runs it: TF32 runs fp32 matmuls
-    on the TF32 tensor cores of GPUs of compute capability 8.0 and up; elsewhere (a CPU, a T4, a V100) the
-    same fp32 matmuls run, and timing them twice measures nothing but noise (lessons 02, 08)."""
+    """Why the ladder leaves out its TF32 rung on `device`, or None: without TF32 tensor cores (compute
+    capability >= 8.0) the same fp32 matmuls run, and timing them twice measures noise (lessons 02, 08)."""
     device = torch.device(device)
     if device.type != "cuda":
         return (f"a {device.type.upper()} has no TF32 units: + TF32 runs the same fp32 matmuls, nothing to "
@@ -151,10 +118,7 @@ RULE = ("keep a rung when best median / candidate median > 1 + max(IQR / median 
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether a candidate arm beats the best one beyond the spread: ratio > 1 + spread (lesson 08); on a
-    machine too busy to judge (`busy`, helpers.core.timing's one rule) neither kept nor dropped by the rule:
-    not
-    kept, and said so."""
+    """Whether a candidate beats the best arm beyond the spread; too busy to judge: not kept (lesson 08)."""
 
     keep: bool
     ratio: float  # best median time / candidate median time: > 1 means the candidate is faster
@@ -163,7 +127,7 @@ class Decision:
 
     @property
     def too_busy(self) -> bool:
-        """True when the timings could not judge the rung (`busy` says why)."""
+        """True when the timings could not judge the rung (`busy` says why) (lesson 08)."""
         return self.busy is not None and self.busy.too_busy
 
     def __str__(self) -> str:
@@ -174,10 +138,8 @@ class Decision:
 
 
 def keeps(candidate: Timing, best: Timing, *, load: CpuLoad | None = None) -> Decision:
-    """The greedy rule: keep the candidate when its median is faster than the best arm's by more than the
-    larger relative spread (IQR / median) of the two arms; on a machine too busy to judge
-    (`helpers.core.timing.busy` of the two arms and `load`, what other programs took of the CPUs meanwhile) no
-    verdict: not kept, and the decision says why (lesson 08)."""
+    """The greedy rule (`RULE`): keep the candidate when faster than the best arm by more than the larger
+    relative IQR; `load` (other programs' CPU share) can make it too busy to judge (lesson 08)."""
     for name, t in (("candidate", candidate), ("best", best)):
         if not t.median_s > 0 or t.iqr_s < 0:
             raise ValueError(f"the {name} timing needs a positive median and a non-negative IQR, got {t}")
@@ -193,7 +155,7 @@ class RungDisagrees(AssertionError):
 
 @dataclass
 class Arm:
-    """One measured stack: its timing, the outputs later stacks are checked against, and a row of numbers."""
+    """One measured stack: its timing, the outputs later stacks are checked against, its row (lesson 08)."""
 
     stack: RunSpec
     timing: Timing | None  # None until `climb` times it beside the stack below (measure_stack's timed=False)
@@ -204,8 +166,7 @@ class Arm:
 
 @dataclass
 class Step:
-    """One rung of a climb: the stack measured, its arm, the decision against the stack below it, and its
-    speed-up over the baseline from the same timing session."""
+    """One rung of a climb: its stack, arm, decision and speed-up over the baseline (lesson 08)."""
 
     rung: Rung
     stack: RunSpec
@@ -218,9 +179,8 @@ class Step:
 
 
 def _side_by_side(arm: Arm, ref: Arm, base: Arm, repeats: int) -> tuple[Decision, float]:
-    """Time `arm`, the stack it is added to and the baseline in alternation (the baseline once when it is
-    the reference); the arm's row from that one session; (the rule's decision, speed-up over the baseline).
-    Arms without a pass to repeat (`run` None) are compared with their own timings."""
+    # `arm`, the stack it is added to and the baseline timed in alternation: one session for the whole row;
+    # arms without a pass to repeat (`run` None) are compared with their own timings
     load = None
     if arm.run is None or ref.run is None or base.run is None:
         t_arm, t_ref, t_base = arm.timing, ref.timing, base.timing
@@ -245,16 +205,8 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
           log: Callable[[str], None] = print,
           on_step: Callable[[Arm, list[Step], RunSpec], None] | None = None,
           ) -> tuple[Arm, list[Step], RunSpec]:
-    """Measure the baseline, then each rung added to the stack below it (cumulative) or to the best stack
-    so far (greedy, kept by `keeps`); returns (baseline arm, steps, the final stack) (lesson 08).
-
-    `measure(stack, reference_arm)` checks `stack` against the reference arm and times it (raising
-    RungDisagrees when it disagrees: reported, not kept); `skip(stack, rung)` gives a reason not to run a
-    stack here (or None): the device cannot run it, the model cannot take it, the rung's `where`; rungs left
-    when `time_budget_s` has run out are reported as not measured.
-    Each candidate is timed in `repeats` rounds beside the stack below it and the baseline.
-    `on_step(baseline arm, steps so far, stack so far)` runs after the baseline and after each rung (a
-    benchmark saves what it has, so a run stopped at a time limit keeps its finished rungs)."""
+    """The baseline, then each rung added to the stack below (cumulative) or to the best so far (greedy);
+    (baseline arm, steps, final stack) (lesson 08). Guide: docs/library/train.md#helperstrainladder"""
     if not rungs:
         raise ValueError("climb needs at least one rung")
     t0 = time.perf_counter()
@@ -302,9 +254,8 @@ def climb(rungs: Sequence[Rung], measure: Callable[[RunSpec, Arm | None], Arm], 
 
 
 def let_go(arms: Sequence[Arm], *, keep: Sequence[Arm]) -> None:
-    """Drop the timed pass of each arm in `arms` that is not in `keep`: its model, gradients, optimizer state
-    and batches go with it, so the climb holds the baseline, the stack it adds the next rung to and the
-    candidate, never one model per rung (lesson 08); the arm keeps its row and its timing."""
+    """Drop the timed pass (model, gradients, optimizer state) of each arm not in `keep`; rows and timings
+    stay (lesson 08)."""
     for arm in arms:
         if not any(arm is k for k in keep):
             arm.run = None
@@ -312,8 +263,7 @@ def let_go(arms: Sequence[Arm], *, keep: Sequence[Arm]) -> None:
 
 def _try_stack(stack: RunSpec, ref: Arm, base_arm: Arm, measure: Callable[[RunSpec, Arm | None], Arm],
                repeats: int) -> tuple[Arm | None, Any, Any, str | None]:
-    """One rung's stack checked and timed beside `ref` and the baseline -> (arm, decision, speedup, why not):
-    a stack that disagrees, or that does not fit in the device's memory, is reported and the climb goes on."""
+    # a stack that disagrees or runs out of memory is reported in `why not`, and the climb goes on
     oom = None
     try:
         arm = measure(stack, ref)
@@ -335,9 +285,6 @@ def _try_stack(stack: RunSpec, ref: Arm, base_arm: Arm, measure: Callable[[RunSp
 # --- measuring a stack ----------------------------------------------------------------------------------
 
 def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
-    """A row's throughput and MFU (helpers.measure.flops.mfu) from a pass timing and the pass's counts."""
-    from helpers.measure.flops import mfu
-
     t, peak, tokens = timing.median_s, row.get("peak_flops_used"), row["real_tokens_per_pass"]
     useful = row["useful_flops_per_pass"]  # None for a model whose FLOPs are not known (row["notes"])
     return dict(pass_median_s=t, pass_iqr_s=timing.iqr_s, passes=timing.runs,
@@ -348,16 +295,13 @@ def _rates(row: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
 
 
 def _to(batch: Any, device: torch.device, model: nn.Module | None = None) -> dict[str, torch.Tensor]:
-    """A batch (a dict, or an (x, y) pair `model` can take: helpers.core.adapt.as_batch) on `device`, as a
-    dict."""
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
             for k, v in as_batch(batch, model).items()}
 
 
 def _check_against(stack: RunSpec, reference: Arm, logits: torch.Tensor | None,
                    loss: torch.Tensor) -> dict[str, str]:
-    """RungDisagrees unless logits and loss agree with the reference's within the looser tolerance (the
-    loss alone for a model that returns no logits)."""
+    # RungDisagrees unless logits (where the model has them) and loss agree within the looser tolerance
     ref_logits, ref_loss, ref_precision = reference.reference
     tol = looser(stack.effective_precision, ref_precision)
     ok_s = agree(loss, ref_loss, tol)
@@ -370,8 +314,7 @@ def _check_against(stack: RunSpec, reference: Arm, logits: torch.Tensor | None,
 
 def _random_forward(run: nn.Module, batch: Mapping[str, Any], stack: RunSpec, device: torch.device,
                     logits: torch.Tensor | None, loss: torch.Tensor) -> str:
-    """Why a check failed when the model itself is random in eval mode: the same forward pass again must give
-    the same outputs; when it does not, "" becomes the sentence that names dropout (or another random op)."""
+    # a failed check's cause when the same eval-mode forward pass differs from itself: "" otherwise
     run.eval()
     with torch.no_grad(), stack.step_context(device), stack.autocast(device):
         again = run(**batch)
@@ -388,16 +331,10 @@ def _random_forward(run: nn.Module, batch: Mapping[str, Any], stack: RunSpec, de
 
 
 def _pass_stats(batches: Sequence[Mapping[str, torch.Tensor]], model: nn.Module) -> tuple[Any, str | None]:
-    """(documents, real tokens, useful FLOPs and padding of a pass, why the FLOPs are None or None):
-    `packed_padding_stats` for batches with an attention mask, every token real otherwise."""
-
-    from helpers.model.packed_model import packed_padding_stats
-    from helpers.train.meter import flops_unreadable
-
+    # (documents, real tokens, useful FLOPs, padding of a pass; why the FLOPs are None, or None)
     why = flops_unreadable(model)
     if all("attention_mask" in b for b in batches):
         return packed_padding_stats(batches, model if why is None else None), why
-    from helpers.measure.flops import model_flops_per_token
 
     ids = [b["input_ids"] for b in batches]
     real = sum(x.numel() for x in ids)
@@ -411,17 +348,8 @@ def measure_stack(stack: RunSpec, reference: Arm | None, *, make_model: Callable
                   batches: Mapping[str, Sequence[Any]], check: Mapping[str, Any], device: torch.device,
                   lr: float = 5e-5, repeats: int = 5, peak_flops: float | None = None,
                   timed: bool = True, max_grad_norm: float | None = 1.0) -> Arm:
-    """Check `stack` against `reference` (same weights, same samples), run one warm-up pass over its batches,
-    then time `repeats` passes unless `timed` is False (`climb` times a candidate beside other stacks anyway:
-    its row's rates come from there) (lesson 08). `make_model()` gives a fresh model with the initial weights
-    on `device`; `batches[padding]` and `check[padding]` hold the same samples batched as each padding does
-    (dicts, or (x, y) pairs). The check runs in eval mode (dropout off, modules and functional alike; a model
-    random in eval mode is named as the cause of a failed check); the timed passes train, with dropout on,
-    through `helpers.train.loop.TrainStep` (train's own step, clipping at `max_grad_norm`; fp16 with the
-    stack's
-    GradScaler). Raises RungDisagrees when the stack disagrees with the reference."""
-    from helpers.train.loop import TrainStep, make_optimizer
-
+    """Check `stack` against `reference` in eval mode, one warm-up pass, then `repeats` timed training passes
+    through TrainStep unless not `timed` (lesson 08). RungDisagrees when the stack disagrees."""
     model = make_model()
     run = stack.apply(model)
     row: dict[str, Any] = {}
@@ -509,15 +437,8 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
                    token_ids: Sequence[Sequence[int]] | None = None, labels: Sequence[int] | None = None,
                    check_size: int | None = None
                    ) -> tuple[dict[str, list[dict[str, torch.Tensor]]], dict[str, dict[str, torch.Tensor]]]:
-    """(batches, check): the same `batch_size * n_batches` samples batched as each padding does,
-    {"fixed": [...], "bucketed": [...], "packed": [...]} (`RunSpec.dataloader`; packed batches hold the same
-    documents per batch as the others, packed into rows), and the first `check_size` of them (default:
-    `batch_size`) as one batch per padding, in the same order, for the agreement checks. Token ids are random
-    of the given lengths unless `token_ids` are given (benchmark and lesson 08): below `vocab`, from id 1000
-    up when the vocabulary is large enough to leave out a BERT vocabulary's special and unused ids (< 1000),
-    from 1 up (0 is padding) in a smaller one."""
-    from helpers.data.text import TokenizedDataset
-
+    """(batches, check): the same samples batched per padding ("fixed", "bucketed", "packed"), and the first
+    `check_size` as one batch per padding for the checks (lesson 08). Random ids unless `token_ids`."""
     need = batch_size * n_batches
     if min(batch_size, n_batches, seq_len) < 1:
         raise ValueError(f"need batch_size, n_batches and seq_len >= 1, got {batch_size}, {n_batches}, "
@@ -554,17 +475,14 @@ def sample_batches(lengths: Sequence[int], *, batch_size: int, n_batches: int, s
 # --- the climb on a model, and its rows ------------------------------------------------------------------
 
 def baseline_for(model: nn.Module) -> RunSpec:
-    """The ladder's baseline for `model`: `BASELINE` (eager attention) for a Hugging Face model (a `peft` one
-    too: its base model's attention is switched), the same with the model's own attention kept (attn=None)
-    for any other (lesson 08)."""
-    from helpers.core.compat import hf_model_in
-
+    """`BASELINE` for a Hugging Face (or peft) model; for any other, the same with its own attention
+    (attn=None) (lesson 08)."""
     return BASELINE if hf_model_in(model) is not None else BASELINE.replace(attn=None)
 
 
 def _model_problems(model: nn.Module, rungs: Sequence[Rung], baseline: RunSpec) -> dict[tuple, str | None]:
-    """What `model` cannot take, for every mix of the model switches the climb can reach (so that the model
-    itself need not be kept): (attn, padding, activation_checkpointing) -> RunSpec.check_model's reason."""
+    # (attn, padding, activation_checkpointing) -> check_model's reason, for every mix the climb can reach,
+    # so that the model itself need not be kept
 
     def values(name: str) -> set:
         return {getattr(baseline, name)} | {r.value for r in rungs if r.switch == name}
@@ -585,8 +503,6 @@ def _model_problems(model: nn.Module, rungs: Sequence[Rung], baseline: RunSpec) 
 
 def _skip_reason(stack: RunSpec, rung: Rung, device: torch.device, problems: dict[tuple, str | None] | None,
                  paddings: Sequence[str] | None) -> str | None:
-    """Why `stack` (`rung` added) is not run here: the rung's `where`, what the device cannot run
-    (`RunSpec.check`), what the model cannot take (`_model_problems`), a padding with no batches."""
     why = rung.where(device) if rung.where is not None else None
     try:
         stack.check(device)
@@ -603,9 +519,8 @@ def _skip_reason(stack: RunSpec, rung: Rung, device: torch.device, problems: dic
 def plan_rungs(device: torch.device | str, *, model: nn.Module | None = None, rungs: Sequence[Rung] = RUNGS,
                baseline: RunSpec | None = None,
                paddings: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Which rungs the ladder runs on `device` (and `model`, and batches of `paddings`), and why it skips the
-    others, before anything runs (lesson 08, the GPU classes of docs/gpus.md): one {"name", "stack",
-    "skipped"} per rung, "skipped" the reason or None; each rung is judged added to the baseline."""
+    """Before anything runs: one {"name", "stack", "skipped"} per rung, "skipped" the reason the ladder
+    skips it on `device` (and `model`, `paddings`) or None (lesson 08)."""
     device = torch.device(device)
     base = baseline if baseline is not None else (baseline_for(model) if model is not None else BASELINE)
     problems = _model_problems(model, rungs, base) if model is not None else None
@@ -614,7 +529,6 @@ def plan_rungs(device: torch.device | str, *, model: nn.Module | None = None, ru
 
 
 def _none_line(rows: Sequence[Mapping[str, Any]]) -> str | None:
-    """One line with the reason of every number the rows leave None (each reason once)."""
     reasons: dict[str, str] = {}
     for row in rows:
         for key, why in row.get("notes", {}).items():
@@ -628,13 +542,8 @@ def climb_stacks(make_model: Callable[[], nn.Module], batches: Mapping[str, Sequ
                  rungs: Sequence[Rung] = RUNGS, time_budget_s: float | None = None,
                  baseline: RunSpec | None = None, log: Callable[[str], None] = print,
                  on_rung: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """`climb` with `measure_stack` on the given model and batches (`sample_batches`, or your own: dicts or
-    (x, y) pairs per padding): each stack checked, then timed beside the stack below it and the baseline;
-    stacks the device cannot run, the model cannot take, or with no batches of their padding skipped with
-    their reason (`plan_rungs`). `baseline`: None picks `baseline_for(make_model())`. Returns {"mode", "rows",
-    "your_stack", "your_stack_code", "your_stack_vs_baseline", "stack"} (lesson 08 and benchmarks/ladder.py);
-    a number a row leaves None says why in its "notes", and one printed line gathers them. `on_rung` gets
-    that dict after the baseline and after each rung, with "partial": how many rungs of how many are done."""
+    """`climb` with `measure_stack` on a model and batches per padding (lesson 08): {"mode", "rows", "stack",
+    "your_stack", "your_stack_code", "your_stack_vs_baseline", "too_busy"}, partial ones to `on_rung`."""
     device = torch.device(device)
     probe = make_model()  # what the model can take (its attention, a packed forward), then let go
     base_spec = baseline if baseline is not None else baseline_for(probe)

@@ -1,15 +1,6 @@
-"""What each rung of lesson 08's ladder measured, and why: its row of numbers (`ladder_rows`), the table of
-them (`ladder_table`), your stack's figures (`your_stack`), and the one-line reason (`explain`) chosen from
-the facts of the device that ran it (`helpers.core.device.device_facts`), never from a text written for one
-machine in advance (lesson 08, benchmarks/ladder.py).
-
-It reads the climb's objects (`helpers.train.ladder`'s Rung, Decision, Arm, Step) by their fields and imports
-nothing from `helpers.train.ladder`, which imports it: one direction only.
-
-Every number in a row comes from one timing session (`helpers.train.ladder`: the stack, the stack below it and
-the baseline timed in alternation), so samples/s ÷ the baseline's samples/s in the same row is the speed-up,
-and samples/s ÷ the stack below's is the ratio the greedy rule judged.
-"""
+"""Lesson 08's ladder report: each rung's row, the table, your stack's figures, and the reason for each
+result from the facts of the device that ran it (benchmarks/ladder.py).
+Guide: docs/library/train.md#helperstrainladder_report"""
 
 from __future__ import annotations
 
@@ -19,9 +10,11 @@ from typing import Any
 
 import torch
 
+from helpers.core.device import device_facts
+from helpers.core.tables import Table
 from helpers.train.runspec import RunSpec
 
-# helpers.train.ladder's classes, read by their fields (see the module docstring)
+# helpers.train.ladder's classes, read by their fields: ladder imports this module, never the other way
 Rung = Decision = Arm = Step = Any
 
 __all__ = ["explain", "ladder_rows", "your_stack", "ladder_table"]
@@ -79,10 +72,8 @@ def _verdict(decision: Decision) -> str:
 
 def explain(rung: Rung, decision: Decision, device: torch.device, *,
             padded_removed: float | None = None, padded_left: float | None = None) -> str:
-    """Why a rung measured what it did (its speed ratio and the rule's verdict) on the device that ran it:
-    the reasons come from that device's facts (`helpers.core.device.device_facts`) (lesson 08)."""
-    from helpers.core.device import device_facts
-
+    """Why a rung measured what it did (ratio and verdict), from the facts of the device that ran it
+    (lesson 08)."""
     f = device_facts(device)
     gpu = f["type"] == "cuda"
     why = {
@@ -106,8 +97,8 @@ def _spec_of(row: Mapping[str, Any]) -> RunSpec:
 
 
 def your_stack(rows: Sequence[Mapping[str, Any]], final: RunSpec) -> dict[str, Any]:
-    """The final stack's numbers, all from its row's one timing session (beside the baseline): its name,
-    speed-up over fp32 eager, samples/s and MFU, and the baseline's samples/s in that session (lesson 08)."""
+    """The final stack's name, speed-up, samples/s and MFU, and the baseline's, from its row's one timing
+    session (lesson 08)."""
     row = next((r for r in reversed(rows[1:]) if "samples_per_s" in r and _spec_of(r) == final), rows[0])
     out = {"name": row["name"], "speedup": row["speedup"], "samples_per_s": row["samples_per_s"],
            "mfu": row.get("mfu"), "median_s": row["pass_median_s"], "passes": row["passes"]}
@@ -118,8 +109,7 @@ def your_stack(rows: Sequence[Mapping[str, Any]], final: RunSpec) -> dict[str, A
 
 def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
                 greedy: bool) -> list[dict[str, Any]]:
-    """One JSON-ready row per measured stack: switches, numbers from one timing session, decision and the
-    device's why (lesson 08)."""
+    """One JSON-ready row per stack: switches, numbers of one timing session, decision, why (lesson 08)."""
     rows = [{"name": "fp32 eager (baseline)", **dataclasses.asdict(base.stack), **base.row,
              "speedup": 1.0, "vs_below": None, "kept": True, "why": "the reference", "claim": "baseline"}]
     for s in steps:
@@ -145,10 +135,7 @@ def ladder_rows(base: Arm, steps: Sequence[Step], device: torch.device, *,
 
 
 def ladder_table(result: Mapping[str, Any]):
-    """The ladder as a helpers.core.tables.Table, every number of a row from one timing session (lesson
-    08)."""
-    from helpers.core.tables import Table
-
+    """The ladder as a helpers.core.tables.Table (lesson 08)."""
     greedy = result["mode"] == "greedy"
     table = Table(["rung", "samples/s", "tokens/s (real)", "baseline samples/s, same timing", "speed-up",
                    "vs stack below", "MFU (useful FLOPs)", "peak memory GB", "padding", "IQR %",

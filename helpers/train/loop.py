@@ -1,54 +1,7 @@
-"""One training loop: a run's switches (a `helpers.train.runspec.RunSpec`), gradient accumulation, a
-learning-rate
-schedule, atomic checkpoints that resume; it reports the loss curve, tokens/s, MFU and peak memory
-(`helpers.train.meter`) (lessons 02-08). `TrainStep(model, optimizer)(batch)` is one optimizer step, for a
-loop of your own.
-
-    model = spec.apply(model)  # the model switches: attention, FP8, compile, checkpointing, packing
-    result = train(model, batches, TrainConfig(steps=100, lr_schedule="linear"), spec=spec)
-
-The switches are a frozen `RunSpec` (`train` refuses a model the spec changes but was not applied to):
-`spec.step_context(device)` (TF32) wraps each whole step, `spec.autocast(device)` each forward pass and
-loss only (PyTorch's AMP guide: backward runs in the dtypes autocast chose for the forward ops; the
-optimizer step is outside autocast), `spec.make_scaler(device)` makes fp16's GradScaler. `TrainConfig`
-holds the rest: steps, optimizer, schedule, accumulation, checkpoints. Under DDP (or FSDP2) with
-accumulation, gradients are all-reduced once per step, on the last micro-batch (`grad_sync`).
-
-Batches
--------
-A batch is a dict with `input_ids` (B, T), optionally `attention_mask` (B, T) (1 = real token) and
-`labels`; any other keys are passed to the model too; the loss is `model(**batch).loss` (SmallTransformer
-and Hugging Face models alike). An `(x, y)` pair of tensors is a batch too, `{"input_ids": x, "labels": y}`
-(`helpers.core.adapt.as_batch`). A model of your own whose forward takes other arguments or returns a tuple is
-wrapped once, `model = helpers.core.adapt.as_course_model(model)` (`train` says so when it is needed). Tokens
-are counted from `attention_mask` (real tokens), else `input_ids.numel()`. `batches` is one of:
-
-- a callable `batch_fn(step, micro) -> dict` (micro = 0 … grad_accum-1), the recommended form: a pure
-  function of (step, micro), so a run resumed from step k sees exactly the batches an uninterrupted run would;
-- a sequence of batches: micro-batch i = step·grad_accum + micro is `batches[i % len(batches)]`;
-- any other iterable (a `DataLoader`): read in order, restarted when it runs out; on resume the micro-batches
-  already used are drawn again and dropped (exact only if its order is deterministic: a seeded `generator`).
-
-The loop waits for the device only where it needs a number (log points, checkpoints, the end: lesson 06);
-the copy to the GPU is `non_blocking`, asynchronous for batches in pinned memory (`RunSpec.dataloader`).
-
-Checkpoints
------------
-With `checkpoint_dir` and `checkpoint_every=K` (0 = never), the state after every K-th step and after the
-last is written atomically to `<checkpoint_dir>/step_NNNNNN.pt` (`helpers.train.checkpoint`), the newest
-`keep_checkpoints` kept. `train` resumes from the newest: model, optimizer, scaler, learning-rate schedule,
-RNG states, step and loss history. Under DDP rank 0 writes (the replicas are equal) and every rank reads.
-An FSDP2 model (`helpers.train.distributed.is_sharded`) is checkpointed sharded end to end: every rank writes
-its
-own shards and RNG states into a DCP folder `<checkpoint_dir>/step_NNNNNN/`, and reads its own back.
-
-One step
---------
-`TrainStep` is the one optimizer step of the course: `train` runs it, and so do lesson 08's ladder (its timed
-passes) and course/scripts/train_ddp.py. It checks the spec on the device once, when it is made, not at
-every step or forward pass. On a CPU the peak memory is read with the profiler over the call's second step,
-the first that starts with AdamW's state in place; that step is left out of the throughput, like the first.
-"""
+"""The course's training loop (lessons 02-08): `train` runs a RunSpec's switches with accumulation, a
+learning-rate schedule and resumable checkpoints, reporting loss, tokens/s, MFU and peak memory;
+`TrainStep` is its one optimizer step, for a loop of your own.
+Guide: docs/library/train.md#helperstrainloop"""
 
 from __future__ import annotations
 
@@ -87,13 +40,8 @@ def _check_max_grad_norm(value: Any) -> None:
 
 @dataclass
 class TrainConfig:
-    """Steps, optimizer, schedule, accumulation and checkpoints of one run (lessons 02-08); the switches
-    (precision, attention, compile, activation checkpointing, fused AdamW, padding, fp16's loss scale)
-    are a `helpers.train.runspec.RunSpec`.
-
-    `steps=0` is a run of no steps: it returns at once (with a resumed run's loss history) and reports
-    no throughput (None, never NaN). Throughput leaves out the run's first step (warm-up), so it needs
-    at least 2 steps in this call."""
+    """Steps, optimizer, schedule, accumulation and checkpoints of one run; the switches are a RunSpec
+    (lessons 02-08). Throughput skips the first step: it needs 2 steps or more in a call, else None."""
 
     steps: int  # optimizer steps in total (a resumed run counts the steps done before)
     lr: float = 3e-4  # peak learning rate
@@ -149,7 +97,7 @@ class TrainConfig:
 
     @property
     def warmup(self) -> int:
-        """Warm-up steps: `warmup_steps`, or `warmup_frac` of `steps` rounded."""
+        """Warm-up steps: `warmup_steps`, or `warmup_frac` of `steps` rounded (lesson 08)."""
         return self.warmup_steps or round(self.warmup_frac * self.steps)
 
 
@@ -168,8 +116,8 @@ class StepOutput:
 # --- model and optimizer ----------------------------------------------------------------------------
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool = True) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not biases, norms); the fused kernel where torch has it
-    for the device (CUDA; CPU since torch 2.4: 37 ms vs 188 ms a step for MiniLM here) (lessons 03, 08)."""
+    """AdamW, weight decay on matrices only, the fused kernel where torch has one (lessons 03, 08)."""
+    # fused on a CPU too (torch >= 2.4): 37 ms vs 188 ms a step for MiniLM, measured on a CPU
     if not lr > 0 or not weight_decay >= 0:
         raise ValueError(f"need lr > 0 and weight_decay >= 0, got lr={lr}, weight_decay={weight_decay}")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -186,8 +134,8 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool
 
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: LRSchedule = "constant",
                       warmup_steps: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over `warmup_steps`, then the lr held ("constant") or decayed linearly to 0 at
-    `steps` ("linear", as transformers' get_linear_schedule_with_warmup) (lesson 08)."""
+    """Linear warm-up, then the lr held ("constant") or decayed linearly to 0 at `steps` ("linear")
+    (lesson 08)."""
     if schedule not in LR_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {LR_SCHEDULES}")
     if steps < 0 or not 0 <= warmup_steps <= max(steps, 0):
@@ -206,10 +154,8 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, schedule: LR
 # --- batches ----------------------------------------------------------------------------------------
 
 def count_tokens(batch: Mapping[str, Any] | Sequence[torch.Tensor]) -> int:
-    """Real tokens of a batch (a dict, or an (x, y) pair): the attention mask's sum when present, else
-    input_ids.numel() (lesson 06).
-
-    Count a batch while it is still on the host: on a GPU, `int(mask.sum())` waits for the device."""
+    """Real tokens of a batch: the attention mask's sum, else input_ids.numel() (lesson 06). Count on the
+    host: on a GPU, `int(mask.sum())` waits for the device."""
     batch = as_batch(batch)
     if "input_ids" not in batch:
         raise ValueError(f"a batch needs `input_ids`; got keys {sorted(batch)}")
@@ -218,7 +164,7 @@ def count_tokens(batch: Mapping[str, Any] | Sequence[torch.Tensor]) -> int:
 
 
 def _tokens(batch: Mapping[str, Any]) -> int | torch.Tensor:
-    """count_tokens without a device sync: an int for a host mask, a device tensor otherwise."""
+    # count_tokens without a device sync: an int for a host mask, a device tensor otherwise
     mask = batch.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.device.type != "cpu":
         return mask.sum()
@@ -226,8 +172,7 @@ def _tokens(batch: Mapping[str, Any]) -> int | torch.Tensor:
 
 
 def _to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    """Tensors to `device`, asynchronously on a GPU when the DataLoader pinned them (`RunSpec.dataloader`);
-    no pinning here: `t.pin_memory()` in the loop is a blocking copy before the copy (PyTorch's guide)."""
+    # asynchronous where the DataLoader pinned the batch; pinning here would be one more blocking copy
     if "input_ids" not in batch:
         raise ValueError(f"each batch must have `input_ids` (and optionally attention_mask, labels), got "
                          f"keys {sorted(batch)}")
@@ -237,7 +182,7 @@ def _to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]
 
 
 def _micro_batches(batches: Any, start_step: int, grad_accum: int) -> Iterator[dict]:
-    """Micro-batches in order from optimizer step `start_step` on (see the module docstring)."""
+    # micro-batches in order from optimizer step `start_step` on (docs/library/train.md: Batches)
     indexable = isinstance(batches, Sequence) or (hasattr(batches, "__getitem__")
                                                   and hasattr(batches, "__len__"))
     if isinstance(batches, Mapping) or not (callable(batches) or indexable or isinstance(batches, Iterable)):
@@ -280,22 +225,8 @@ def _generate(batches: Any, start_step: int, grad_accum: int, indexable: bool) -
 # --- one step ----------------------------------------------------------------------------------------
 
 class TrainStep:
-    """One optimizer step of a run, checked once (lessons 02-08): the step `train`, lesson 08's ladder
-    (`helpers.train.ladder.measure_stack`) and `course/scripts/train_ddp.py` all run.
-
-        step = TrainStep(model, optimizer, spec=spec, device=device, scaler=spec.make_scaler(device))
-        for micro_batches in ...:
-            out = step(micro_batches)  # a StepOutput; the loss stays on the device
-
-    Made once per run, it checks the spec on the device, the model, the clipping norm and fp16's scaler;
-    each call then runs one step with no checks: TF32 (`spec.step_contexts`) around all of it, autocast
-    around each forward pass and loss only, the gradients of the micro-batches averaged (accumulated), and
-    under DDP or FSDP2 all-reduced on the last micro-batch only (`grad_sync`; every micro-batch with
-    `sync_every_micro_batch`); then clip (fp16: unscaled first), the optimizer step through fp16's GradScaler
-    (skipped on an overflow), the schedule. No device sync unless fp16's scaler needs one.
-
-    Two hooks, for a script's fault tests: `after_forward(i, n, loss)` returns the loss micro-batch i of n
-    goes on with; `before_update()` runs after the last backward, before clipping and the optimizer step."""
+    """One optimizer step, checked once when made; `train`, lesson 08's ladder and train_ddp.py run it
+    (lessons 02-08). Hooks for fault tests: `after_forward(i, n, loss)` -> loss, `before_update()`."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  spec: RunSpec | None = None, device: torch.device | str | None = None,
@@ -321,7 +252,7 @@ class TrainStep:
         self.after_forward, self.before_update = after_forward, before_update
 
     def __call__(self, batch: Any) -> StepOutput:
-        """One optimizer step over `batch`: a batch (a dict or an (x, y) pair), or a list of micro-batches."""
+        """One optimizer step over a batch (a dict or an (x, y) pair), or a list of micro-batches."""
         micro = [as_batch(b, self.model) for b in ([batch] if is_batch(batch) else batch)]
         if not micro:
             raise ValueError("a training step got an empty list of micro-batches")
@@ -368,7 +299,6 @@ class TrainStep:
 
 
 def _loss(model: nn.Module, out: Any) -> torch.Tensor:
-    """The loss in what the model returned, or a ValueError that says how to get one."""
     if not hasattr(out, "loss"):  # a tuple, a bare tensor: a model of one's own, not wrapped
         raise ValueError(f"{type(model).__name__} returned a {type(out).__name__}, not an object with "
                          ".loss: wrap it once, model = helpers.core.adapt.as_course_model(model) (it reads a "
@@ -380,7 +310,7 @@ def _loss(model: nn.Module, out: Any) -> torch.Tensor:
 
 
 def _scale_tensor(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
-    """fp16: the scaler's current scale as a tensor (get_scale() would wait for the device); else None."""
+    # a tensor: get_scale() would wait for the device
     return grad_scaler_scale(scaler)
 
 
@@ -388,8 +318,7 @@ def _scale_tensor(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
 
 def _resume(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any,
             scheduler: Any, sharded: bool) -> tuple[int, dict[str, Any]]:
-    """(first step, history): from the newest checkpoint in cfg.checkpoint_dir, else a fresh start
-    (`sharded`: an FSDP2 model's DCP folder, each rank reading its own shards)."""
+    # (first step, history): from the newest checkpoint in cfg.checkpoint_dir, else a fresh start
     history: dict[str, Any] = {"losses": [], "skipped_steps": [], "scales": [], "lrs": [],
                                "resumed_from": None}
     folder = cfg.checkpoint_dir
@@ -404,7 +333,7 @@ def _resume(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer
 
 
 def _check_model(model: nn.Module) -> None:
-    """ValueError with the fix for a model `model(**batch)` cannot call (lesson 02: the model contract)."""
+    # lesson 02's model contract: model(**batch).loss
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
     if not takes_course_batches(model):
@@ -413,8 +342,7 @@ def _check_model(model: nn.Module) -> None:
 
 def _check(model: nn.Module, cfg: TrainConfig, spec: RunSpec | None, device: Any,
            scheduler: Any) -> tuple[RunSpec, torch.device]:
-    """ValueError for a wrong argument of `train`; (spec, device) with their defaults filled in (the spec
-    on the device is checked once, by the run's TrainStep)."""
+    # (spec, device) with their defaults; the spec on the device is checked once, by the run's TrainStep
     if not isinstance(cfg, TrainConfig):
         raise ValueError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
     if spec is not None and not isinstance(spec, RunSpec):
@@ -433,12 +361,8 @@ def _check(model: nn.Module, cfg: TrainConfig, spec: RunSpec | None, device: Any
 def train(model: nn.Module, batches: Any, cfg: TrainConfig, device: torch.device | str | None = None, *,
           spec: RunSpec | None = None, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
           on_step: Callable[[int, StepOutput], Any] | None = None) -> TrainResult:
-    """Train `model` for `cfg.steps` optimizer steps on `batches` with the switches of `spec` (default
-    `RunSpec()`, fp32) (see the module docstring) (lessons 02-08).
-
-    `optimizer`: yours instead of `make_optimizer(model, cfg.lr, cfg.weight_decay, spec.fused_adamw)`;
-    `scheduler`: yours instead of `make_lr_scheduler` from cfg (stepped once per optimizer step);
-    `on_step(steps_done, StepOutput)`: called after every step (its tensors are on the device)."""
+    """Train `model` for `cfg.steps` optimizer steps on `batches` with `spec`'s switches (lessons 02-08).
+    `optimizer`, `scheduler`: yours instead of cfg's; `on_step(steps_done, StepOutput)` after every step."""
     spec, device = _check(model, cfg, spec, device, scheduler)
     seed_everything(cfg.seed)
     model.to(device).train()

@@ -1,19 +1,5 @@
-"""What a training run measures as it goes, and what it reports: `Meter` and `TrainResult` (lessons 02-08).
-
-`helpers.train.loop.train` starts and stops a `Meter` around each step. It waits for the device only where it
-needs a number (at log points, checkpoints and the end, lesson 06): step times come from CUDA events on a
-GPU (the wall clock on a CPU, which computes synchronously), losses and fp16 loss scales stay on the device
-until `read_back` fetches them in one copy, tokens are counted on the host before the batch is copied.
-
-MFU (one definition for the course): useful model FLOPs per second over the device's peak,
-`sum over timed batches (real tokens × model_flops_per_token(model, batch width)) / time / peak`, i.e. real
-(non-padding) tokens/s × FLOPs per token / peak. Padding the device computed is not useful work. FLOPs per
-token come from `helpers.measure.flops.model_flops_per_token`, the ratio from `helpers.measure.flops.mfu`, the
-peak from
-`helpers.measure.roofline.mfu_peak` (the device's fastest dense rate among the training precisions: datasheet,
-else lesson 00's saved roofline) or `TrainConfig.peak_flops`. Under DDP it is this process's MFU on its own
-device.
-"""
+"""What a training run measures as it goes and reports (lessons 02-08): `Meter`, `TrainResult`, and the
+course's one MFU: real tokens/s × FLOPs per token / peak. Guide: docs/library/train.md#helperstrainmeter"""
 
 from __future__ import annotations
 
@@ -27,6 +13,10 @@ import torch
 from torch import nn
 
 from helpers.core.compat import unwrap_model
+from helpers.measure.flops import mfu, model_flops_per_token
+from helpers.measure.memory import tensor_bytes, track_peak_memory
+from helpers.measure.roofline import mfu_peak, saved_roofline
+from helpers.train.distributed import print0
 
 __all__ = ["TrainResult", "Meter", "useful_flops", "flops_unreadable", "run_peak"]
 
@@ -35,13 +25,8 @@ Widths = list[tuple[int | torch.Tensor, int]]  # (real tokens, padded width T) p
 
 @dataclass
 class TrainResult:
-    """What a run measured (lessons 02-08).
-
-    Throughput leaves out the first step of the call (warm-up: allocator growth, lazy optimizer state,
-    compilation) and, on a CPU with memory tracked, the step the profiler read the peak memory in (the
-    second: the first that starts with the optimizer's state in place); it is None when no other step ran.
-    MFU: see the module docstring. Every number left None says why in `notes` (field name -> reason), and
-    `train` prints those reasons in one line."""
+    """What a run measured (lessons 02-08); every number left None says why in `notes` (field -> reason).
+    Throughput leaves out the warm-up step and, on a CPU, the profiled one."""
 
     losses: list[float]  # mean loss of each optimizer step, from step 0 (resumed runs keep the history)
     step_times_s: list[float]  # time of each step this call: CUDA events on a GPU, wall clock on a CPU
@@ -68,11 +53,8 @@ class TrainResult:
 
 
 class Meter:
-    """A run's measurements as they come (lesson 06: no device sync between log points): step times, losses
-    and fp16 scales read back in one copy per log point, real tokens, useful FLOPs, peak memory (lesson 02).
-
-    `history` holds "losses", "skipped_steps", "scales", "lrs" and "resumed_from" (a resumed run's
-    history continues); `scaler` is fp16's enabled GradScaler, or None."""
+    """A run's measurements as they come, with no device sync between log points (lessons 02, 06).
+    `history`: "losses", "skipped_steps", "scales", "lrs", "resumed_from"; `scaler`: fp16's, or None."""
 
     def __init__(self, model: nn.Module, device: torch.device, scaler: torch.amp.GradScaler | None,
                  history: dict[str, Any], track_memory: bool) -> None:
@@ -89,7 +71,7 @@ class Meter:
             torch.cuda.reset_peak_memory_stats(device)
 
     def begin(self, lr: float) -> None:
-        """A step starts: its learning rate, and the clock (fetching the batches is part of the step)."""
+        """A step starts: its learning rate, and the clock (fetching its batches counts)."""
         self.h["lrs"].append(lr)  # a Python float: no sync
         if self.cuda:
             self.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
@@ -97,23 +79,21 @@ class Meter:
         self.t0 = time.perf_counter()
 
     def profiles(self, chosen: bool) -> bool:
-        """Whether the step the caller chose for the memory reading runs under the profiler: on a CPU with
-        memory tracked (a GPU's allocator keeps its own statistics, for the whole run)."""
+        """Whether the chosen step runs under the profiler: a CPU with memory tracked (a GPU's allocator keeps
+        its own statistics)."""
         return chosen and self.track_memory and self.device.type == "cpu"
 
     def memory(self, profiled: bool, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
-        """On a CPU, the profiler's peak memory during a `profiled` step (`profiles`), the model's and the
-        optimizer's tensors held before it added; nothing otherwise."""
-        from helpers.measure.memory import tensor_bytes, track_peak_memory
-
+        """On a CPU, the profiler's peak memory of a `profiled` step, plus the model and optimizer; else
+        nothing."""
         if not profiled:
             return contextlib.nullcontext()
         # an FSDP2 rank's DTensors count their local shards (tensor_bytes)
         return track_peak_memory(self.device, baseline_bytes=tensor_bytes(self.model, optimizer))
 
     def end(self, step: int, out: Any, timed: bool, report: Any) -> None:
-        """A step is done (`out`: its StepOutput): stop its clock, keep its outputs until the next
-        read-back. `timed`: whether the throughput counts it (not the warm-up, not a profiled step)."""
+        """A step is done: stop its clock, keep its StepOutput until the next read-back; `timed`: counted in
+        the throughput."""
         if self.cuda:
             self.events[-1][1].record()
         else:
@@ -128,8 +108,8 @@ class Meter:
             self.samples += out.samples
 
     def read_back(self, scale_now: torch.Tensor | None = None) -> None:
-        """Wait for the device once, then read the losses, scales and step times since the last time;
-        `scale_now`: fp16's current scale, to tell which pending steps the scaler skipped."""
+        """Wait for the device once and read the pending losses, scales and step times; `scale_now`: fp16's
+        scale now, to tell which steps the scaler skipped."""
         if not self.pending:
             return
         if self.cuda:
@@ -146,10 +126,7 @@ class Meter:
         self.pending.clear()
 
     def result(self, start: int, steps: int, peak_flops: float | None) -> TrainResult:
-        """The run's TrainResult: throughput of the timed steps, MFU through helpers.measure.flops.mfu against
-        `peak_flops` (None: `run_peak` for the device)."""
-        from helpers.measure.flops import mfu
-
+        """The run's TrainResult; MFU against `peak_flops`, else `run_peak` for the device."""
         if self.track_memory and self.cuda:
             self.peak_memory = torch.cuda.max_memory_allocated(self.device)
             self.memory_method = "torch.cuda.max_memory_allocated"
@@ -162,8 +139,6 @@ class Meter:
         ok = peak and timed_s > 0 and tokens > 0 and timed_flops is not None
         notes = self._notes(timed_s, tokens, flops_problem, peak, source)
         if notes:
-            from helpers.train.distributed import print0
-
             print0("train: " + "; ".join(f"{k} is None: {why}" for k, why in notes.items()))
         return TrainResult(
             losses=self.h["losses"], step_times_s=self.step_times,
@@ -178,7 +153,6 @@ class Meter:
 
     def _notes(self, timed_s: float, tokens: int, flops_problem: str | None, peak: float | None,
                source: str) -> dict[str, str]:
-        """Why each number the result leaves None is None, one reason per field."""
         notes: dict[str, str] = {}
         if not timed_s > 0:
             notes["tokens_per_s"] = notes["samples_per_s"] = (
@@ -206,9 +180,7 @@ class Meter:
 
 
 def flops_unreadable(model: nn.Module) -> str | None:
-    """Why helpers.measure.flops cannot count `model`'s FLOPs (its error, which names the fix), or None."""
-    from helpers.measure.flops import model_flops_per_token
-
+    """Why helpers.measure.flops cannot count `model`'s FLOPs (its error names the fix), or None."""
     try:
         model_flops_per_token(unwrap_model(model), 1)
     except ValueError as err:
@@ -217,11 +189,8 @@ def flops_unreadable(model: nn.Module) -> str | None:
 
 
 def useful_flops(model: nn.Module, widths: Widths) -> float | None:
-    """Real tokens × model FLOPs per token at each batch's width; None for a model helpers.measure.flops
-    cannot
-    read (lesson 08's MFU: padding is not useful work)."""
-    from helpers.measure.flops import model_flops_per_token
-
+    """Real tokens × model FLOPs per token at each batch's width: padding is not useful work; None for a
+    model helpers.measure.flops cannot read (lesson 08)."""
     per_width: dict[int, float] = {}
     try:
         for _, width in widths:
@@ -233,12 +202,8 @@ def useful_flops(model: nn.Module, widths: Widths) -> float | None:
 
 
 def run_peak(device: torch.device) -> tuple[float | None, str]:
-    """(peak FLOP/s, where from) that a run's MFU divides by: helpers.measure.roofline.mfu_peak (a GPU's
-    datasheet,
-    else lesson 00's saved roofline when it is stamped and was measured on a quiet machine); (None, why
-    not) when there is none (lesson 02)."""
-    from helpers.measure.roofline import mfu_peak, saved_roofline
-
+    """(peak FLOP/s, where from) a run's MFU divides by (helpers.measure.roofline.mfu_peak), or (None, why
+    not) (lesson 02)."""
     peak = mfu_peak(device)
     if peak is not None:
         return peak.flops, peak.source

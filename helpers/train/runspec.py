@@ -1,37 +1,5 @@
-"""One run specification: the switches of a training run, each applied in exactly one place (lessons 02-08).
-
-A `RunSpec` is frozen: it names *what* a run uses; its methods are the only code that turns a switch into
-torch calls:
-
-- `spec.step_context(device)`: TF32 (a global matmul setting, one rule: `helpers.core.precision.uses_tf32`)
-  around the whole step: forward, backward and optimizer step;
-- `spec.autocast(device)`: autocast around the forward pass and the loss ONLY. Backward ops run in the
-  dtype autocast chose for their forward op, and the optimizer updates float32 weights: PyTorch's AMP
-  guide keeps backward and `optimizer.step()` outside autocast;
-- `spec.step_contexts(device)`: both, the spec checked on the device once (a run's every step uses them);
-- `spec.make_scaler(device)`: fp16's GradScaler (starting at `init_scale`), a disabled one otherwise;
-- `spec.dataloader(dataset, batch_size)`: the batches of its padding (fixed, dynamic, bucketed, packed),
-  in pinned memory when they go to a GPU (the DataLoader pins them; with no worker processes it does so
-  inside `next()`, on the loop's own thread);
-- `spec.apply(model)`: attention implementation (varlen included), activation checkpointing, FP8 linears,
-  regional compilation, packed forward; `helpers.model.packed_model.base_model(applied)` is the model inside
-  those
-  wrappers, the one to save or inspect;
-- `spec.check(device)`: a ValueError naming the switch when `device` cannot run one of them;
-  `spec.check_model(model)` the same for a switch the model cannot take (attention of its own, say);
-- `spec.describe()`: the spec as the lines of code that reproduce it ("your stack", lesson 08);
-- `spec_flags` / `flag_parser` / `spec_from_arguments`: a script's flags for the switches
-  (`transformers.HfArgumentParser`), nested back into one spec.
-
-`helpers.train.loop.train(model, batches, cfg, spec=spec)` trains with it; `TrainConfig` keeps what is not a
-switch (steps, optimizer, schedule, accumulation, checkpoints). Lesson 08's ladder changes one field of a
-spec per rung (`spec.replace`).
-
-    spec = RunSpec(precision="bf16", attn="sdpa", padding="bucketed")
-    model = spec.apply(model)
-    loader = spec.dataloader(train_ds, 32, pad_token_id=tok.pad_token_id, max_length=512)
-    train(model, loader, TrainConfig(steps=1000), spec=spec)
-"""
+"""A run's switches in one frozen `RunSpec`, each applied in exactly one place, and a script's flags for
+them (lessons 02-08). Guide: docs/library/train.md#helperstrainrunspec"""
 
 from __future__ import annotations
 
@@ -42,13 +10,21 @@ import os
 import shutil
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from helpers.core import compat
+from helpers.core.compat import (
+    hf_activation_checkpointing,
+    hf_model_in,
+    is_peft_model,
+    set_attn_implementation,
+    unwrap_model,
+)
 from helpers.core.precision import (
     PRECISIONS,
     Precision,
@@ -59,9 +35,14 @@ from helpers.core.precision import (
     tf32_matmuls,
     uses_tf32,
 )
+from helpers.data.packing import PackCollate
+from helpers.data.text import make_dataloader
+from helpers.measure.flops import transformer_blocks
+from helpers.model.fp8 import convert_to_float8, fp8_supported
+from helpers.model.packed_model import PackedModel, use_varlen, varlen_available
 
-# transformers is imported inside the one function that reads its attention registry: about 3 s with its model
-# classes (2-core CPU, `python -X importtime`), which a RunSpec on a model of your own never needs
+# transformers is imported inside the two functions that use it (its attention registry, HfArgumentParser):
+# about 3 s with its model classes (2-core CPU, `python -X importtime`), which a RunSpec never needs otherwise
 
 __all__ = ["Padding", "Attn", "PADDINGS", "ATTNS", "FUSED_ADAMW_DEVICES", "RunSpec",
            "set_activation_checkpointing", "dataclass_flags", "spec_flags", "flag_parser",
@@ -80,16 +61,30 @@ _DEFAULT_MODEL = (None, False, False, False, False)  # what `_model_switches` gi
 
 @dataclass(frozen=True)
 class RunSpec:
-    """The switches of one training run (lessons 02-08); see the module docstring."""
+    """The switches of one training run (lessons 02-08); each field's help says what it does and needs."""
 
-    precision: Precision = "fp32"  # TF32 stays on from "tf32" up; "fp16" trains with a GradScaler
-    fp8: bool = False  # FP8 matmuls in the Linear layers (helpers.model.fp8), run under bf16 autocast
-    attn: Attn | None = None  # None: the model's own (a SmallTransformer has one)
-    compile: bool = False  # torch.compile each Transformer layer (regional compilation, lesson 05)
-    fused_adamw: bool = True  # the fused AdamW kernel (FUSED_ADAMW_DEVICES)
-    padding: Padding = "dynamic"
-    activation_checkpointing: bool = False  # recompute each block's activations in the backward (lesson 03)
-    init_scale: float = 2.0 ** 16  # fp16: the GradScaler's first loss scale
+    precision: Precision = field(default="fp32", metadata={"help": (
+        "fp32; tf32 (TF32 matmuls); bf16 or fp16 autocast (fp16 with a GradScaler). TF32 stays on from "
+        "tf32 up; on a GPU bf16 needs compute capability 8.0 (Ampere) or newer")})
+    fp8: bool = field(default=False, metadata={"help": (
+        "FP8 matmuls in the Linear layers (helpers.model.fp8) under bf16 autocast: GPUs of compute "
+        "capability 8.9 or newer")})
+    attn: Attn | None = field(default=None, metadata={"help": (
+        "a Hugging Face model's attention: eager, sdpa, flex (FlexAttention: transformers 5, a GPU to "
+        "train) or varlen (FlashAttention within packed documents: padding packed, bf16 or fp16, an "
+        "Ampere+ GPU); unset keeps the model's own")})
+    compile: bool = field(default=False, metadata={"help": (
+        "torch.compile each Transformer layer (regional compilation, lesson 05): needs triton on a GPU, a "
+        "C++ compiler on a CPU")})
+    fused_adamw: bool = field(default=True, metadata={"help": (
+        "the fused AdamW kernel, one kernel for all parameters (devices: cuda, cpu, mps, xpu)")})
+    padding: Padding = field(default="dynamic", metadata={"help": (
+        "batch padding: dynamic (each batch to its longest), fixed (to max_length), bucketed (length "
+        "buckets), packed (documents packed whole into rows; a BERT-like or SmallTransformer classifier)")})
+    activation_checkpointing: bool = field(default=False, metadata={"help": (
+        "recompute each block's activations in the backward pass: less memory, more time (lesson 03)")})
+    init_scale: float = field(default=2.0 ** 16, metadata={"help": (
+        "fp16 only: the GradScaler's first loss scale")})
 
     def __post_init__(self) -> None:
         allowed = {"precision": PRECISIONS, "attn": (None, *ATTNS), "padding": PADDINGS}
@@ -121,21 +116,13 @@ class RunSpec:
 
     @property
     def effective_precision(self) -> str:
-        """The precision a run's numbers carry: "fp8" with FP8 linears, else `precision` (lesson 08's
-        tolerances, the TF32 rule)."""
+        """The precision a run's numbers carry: "fp8" with FP8 linears, else `precision` (lesson 08)."""
         return "fp8" if self.fp8 else self.precision
 
     # --- can this device run it? ---------------------------------------------------------------------
 
     def check(self, device: torch.device | str) -> None:
-        """ValueError naming the switch when `device` cannot run it (lessons 02-08). Per field: precision
-        (helpers.core.precision.check_precision), fp8 (helpers.model.fp8.fp8_supported), attn (flex: a
-        backward pass
-        on this device and a transformers that has it; varlen: helpers.model.packed_model.varlen_available),
-        compile
-        (Triton for a GPU, a C++ compiler for a CPU), fused_adamw (FUSED_ADAMW_DEVICES). padding,
-        activation_checkpointing and init_scale run on every device (checked when the spec is made; what
-        a model supports is checked by `apply`)."""
+        """ValueError naming the switch when `device` cannot run it (lessons 02-08)."""
         device = torch.device(device)
         fp8 = self._fp8_problem(device)  # before the precision: FP8's bf16 autocast fails where FP8 does
         if fp8:
@@ -146,17 +133,12 @@ class RunSpec:
             raise ValueError(f"RunSpec.{why} (device {device})")
 
     def check_model(self, model: nn.Module) -> None:
-        """ValueError naming the switch `model` cannot take, and the fix (lessons 03, 08; the ladder skips
-        such a rung with this reason): an attention implementation (eager, sdpa, flex, varlen) switches a
-        Hugging Face model's attention, so a model with its own keeps it (attn=None); packing needs a
-        BERT-like classifier or a SmallTransformer; activation checkpointing a model with a switch for it."""
+        """ValueError naming the switch `model` cannot take, and the fix (lessons 03, 08)."""
         why = self._model_problem(model)
         if why:
             raise ValueError(f"RunSpec.{why}")
 
     def _model_problem(self, model: nn.Module) -> str | None:
-        from helpers.core.compat import hf_model_in, unwrap_model
-
         inner = unwrap_model(model)
         name = type(inner).__name__
         if name == "CourseModel":  # helpers.core.adapt's wrapper of a model of one's own
@@ -180,14 +162,11 @@ class RunSpec:
     def _fp8_problem(self, device: torch.device) -> str | None:
         if not self.fp8:
             return None
-        from helpers.model.fp8 import fp8_supported
 
         ok, why = fp8_supported(device)
         return None if ok else f"fp8=True: {why}"
 
     def _attn_problem(self, device: torch.device) -> str | None:
-        from helpers.core import compat
-
         if self.attn == "flex":
             if "flex_attention" not in compat.bert_attn_implementations():
                 return (f"attn='flex': this transformers' BERT runs {compat.bert_attn_implementations()} "
@@ -195,8 +174,6 @@ class RunSpec:
             ok, why = compat.flex_trains(device)
             return None if ok else f"attn='flex': {why}"
         if self.attn == "varlen":
-            from helpers.model.packed_model import varlen_available
-
             ok, why = varlen_available(device)
             return None if ok else f"attn='varlen': {why}"
         return None
@@ -220,27 +197,21 @@ class RunSpec:
     # --- the step ------------------------------------------------------------------------------------
 
     def step_context(self, device: torch.device | str) -> contextlib.AbstractContextManager:
-        """TF32 as the spec says, around the WHOLE step: forward, backward and optimizer step (lesson 02).
-
-        On for "tf32" and every later precision (fp16, bf16, FP8), on every device: a device without TF32
-        units (a CPU) computes exact float32 anyway. Restores the previous setting on exit."""
+        """TF32 as the spec says, around the WHOLE step: forward, backward, optimizer step (lesson 02)."""
         return tf32_matmuls(uses_tf32(self.effective_precision))
 
     def autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager:
-        """Autocast as the spec says, around the forward pass and the loss ONLY (lesson 02): backward runs
-        outside it, in the dtypes autocast chose for the forward ops; so does the optimizer step."""
+        """Autocast as the spec says, around the forward pass and the loss ONLY (lesson 02)."""
         return autocast_context(self.autocast_precision, device)
 
     def step_contexts(self, device: torch.device | str) -> tuple[ContextFactory, ContextFactory]:
-        """(step context, autocast) as functions that make them, the spec checked on `device` once, here:
-        what a training step calls at every step without checking again (`helpers.train.loop.TrainStep`)."""
+        """(step context, autocast) factories, the spec checked on `device` once, here (lessons 02-08)."""
         self.check(device)
         tf32 = uses_tf32(self.effective_precision)
         return (lambda: tf32_matmuls(tf32)), autocast_factory(self.autocast_precision, device, check=False)
 
     def make_scaler(self, device: torch.device | str) -> torch.amp.GradScaler:
-        """The run's GradScaler, kept from step to step: enabled for fp16 only, starting at `init_scale`
-        (lessons 02, 03: `train` makes it; a loop of your own passes it to `TrainStep`)."""
+        """The run's GradScaler, kept from step to step: enabled for fp16 only (lessons 02, 03)."""
         return make_scaler(self.precision, device, self.init_scale)
 
     # --- the data ------------------------------------------------------------------------------------
@@ -248,15 +219,8 @@ class RunSpec:
     def dataloader(self, dataset: Any, batch_size: int, *, pad_token_id: int = 0,
                    max_length: int | None = None, shuffle: bool = True, seed: int = 0,
                    device: torch.device | str | None = None) -> DataLoader:
-        """The DataLoader of this spec's padding over a `helpers.data.text.TokenizedDataset` (lessons 06, 08).
-
-        `max_length`: the width of fixed padding and of packed rows (default: the longest example).
-        Batches bound for a CUDA `device` (default: CUDA when torch sees a GPU) come in pinned memory, so
-        the loop's copy `tensor.to(device, non_blocking=True)` is async (with no worker processes, the
-        DataLoader pins each batch on the main thread as it makes it)."""
-        from helpers.data.packing import PackCollate
-        from helpers.data.text import make_dataloader
-
+        """The DataLoader of this spec's padding over a TokenizedDataset, pinned for a CUDA `device` (lessons
+        06, 08). `max_length`: fixed padding's and packed rows' width (default: the longest example)."""
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length must be a positive number of tokens or None, got {max_length}")
         cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
@@ -274,15 +238,10 @@ class RunSpec:
         return (self.attn, self.fp8, self.compile, self.activation_checkpointing, self.padding == "packed")
 
     def apply(self, model: nn.Module) -> nn.Module:
-        """`model` with the spec's attention, activation checkpointing, FP8 linears, compiled layers and
-        packed forward, in that order; train what it returns and optimize its parameters (transformers 4.x
-        switches attention by rebuilding the model, helpers.core.compat) (lessons 03, 08)."""
-        from helpers.core.compat import hf_model_in, is_peft_model, set_attn_implementation
-
+        """`model` with the spec's model switches applied: train what it returns, and optimize its
+        parameters (transformers 4.x switches attention by rebuilding the model) (lessons 03, 08)."""
         self.check_model(model)
         if self.attn == "varlen":
-            from helpers.model.packed_model import use_varlen
-
             model = use_varlen(model)  # checks the device; SDPA for padded batches through the same model
         elif self.attn is not None and is_peft_model(model):  # switched in the base model, adapters kept
             base = hf_model_in(model)
@@ -296,25 +255,18 @@ class RunSpec:
         if self.activation_checkpointing:
             set_activation_checkpointing(model, True)
         if self.fp8:
-            from helpers.model.fp8 import convert_to_float8
-
             convert_to_float8(model)
         base = model
         if self.compile:
             model = _compile_layers(model)
         if self.padding == "packed":
-            from helpers.model.packed_model import PackedModel
-
             model = PackedModel(model)
         for m in {id(base): base, id(model): model}.values():  # what `train` checks (`applied_to`)
             m.course_spec_model_switches = self._model_switches()
         return model
 
     def applied_to(self, model: nn.Module) -> bool:
-        """Whether `model` came out of `apply` of a spec with this spec's model switches; a spec that
-        changes no model needs no `apply` (lesson 08: `train` refuses a model the spec was not applied to)."""
-        from helpers.core.compat import unwrap_model
-
+        """Whether `model` came out of `apply` with this spec's model switches (or needs none) (lesson 08)."""
         if self._model_switches() == _DEFAULT_MODEL:
             return True
         return getattr(unwrap_model(model), "course_spec_model_switches", None) == self._model_switches()
@@ -338,16 +290,18 @@ class RunSpec:
 
 
 def dataclass_flags(defaults: Any, fields: Sequence[str] | None = None) -> type:
-    """A dataclass of the fields of the dataclass instance `defaults` (or of the named `fields`), its values
-    as their defaults: what `transformers.HfArgumentParser` turns into flags (`flag_parser`) (scripts/)."""
+    """A dataclass of the (named) fields of the dataclass instance `defaults`, its values as the defaults,
+    for `flag_parser`; --help shows a field's metadata help (course/scripts)."""
     cls = type(defaults)
     known = [f.name for f in dataclasses.fields(cls)]
     for name in fields or ():
         if name not in known:
             raise ValueError(f"{name!r} is not a {cls.__name__} field: use one of {sorted(known)}")
     hints = typing.get_type_hints(cls)
+    own_help = {f.name: f.metadata.get("help") for f in dataclasses.fields(cls)}
+
     def flag(name: str) -> tuple[str, Any, Any]:
-        help_text = {"help": f"{cls.__name__}.{name}"}  # --help: where the flag lands
+        help_text = {"help": own_help[name] or f"{cls.__name__}.{name}"}  # else where the flag lands
         return name, hints[name], dataclasses.field(default=getattr(defaults, name), metadata=help_text)
 
     return dataclasses.make_dataclass(f"{cls.__name__}Flags",
@@ -355,23 +309,21 @@ def dataclass_flags(defaults: Any, fields: Sequence[str] | None = None) -> type:
 
 
 def spec_flags(fields: Sequence[str] | None = None, defaults: RunSpec | None = None) -> type:
-    """The RunSpec switches a script offers (all, or the named `fields`), with `defaults`' values, as a
-    dataclass for `flag_parser`; `spec_from_arguments` nests them back into one RunSpec (scripts/)."""
+    """The RunSpec switches a script offers (all, or the named `fields`) as a dataclass for `flag_parser`
+    (course/scripts)."""
     return dataclass_flags(defaults if defaults is not None else RunSpec(), fields)
 
 
 def flag_parser(*flags: type, **kwargs: Any) -> Any:
-    """`transformers.HfArgumentParser` over the dataclasses `flags` (`dataclass_flags`, `spec_flags`):
-    --name per field (and --name_with_underscores), a Literal's values as the choices, --flag / --flag
-    false for a bool, None kept as the default; `kwargs` go to argparse. HfArgumentParser adds --no-name
-    only for a bool whose default is True; the --no-name of a bool whose default is False is added here,
-    so every switch reads --compile / --no-compile (scripts/)."""
+    """`transformers.HfArgumentParser` over the dataclasses `flags`, with --no-name for every bool
+    (course/scripts); `kwargs` go to argparse."""
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(list(flags), **kwargs)
     for cls in flags:
         for f in dataclasses.fields(cls):
-            if f.default is False:  # argparse keeps the first default of a dest: the field's, False
+            # HfArgumentParser adds --no-name only for a True default; argparse keeps the first default
+            if f.default is False:
                 owner = cls.__name__.removesuffix("Flags")
                 parser.add_argument(f"--no-{f.name.replace('_', '-')}", f"--no_{f.name}",
                                     action="store_false", dest=f.name, help=f"{owner}.{f.name} = False")
@@ -379,23 +331,18 @@ def flag_parser(*flags: type, **kwargs: Any) -> Any:
 
 
 def spec_from_arguments(args: Any) -> RunSpec:
-    """The RunSpec of the switches a parsed command line holds (an argparse Namespace, or the `spec_flags`
-    dataclass `HfArgumentParser.parse_args_into_dataclasses` returns): the fields a script did not offer keep
-    their defaults (scripts/)."""
+    """The RunSpec of a parsed command line (a Namespace, or the `spec_flags` dataclass); switches a script
+    did not offer keep their defaults (course/scripts)."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec) if hasattr(args, f.name)}
     return RunSpec(**given)
 
 
 def _layers(model: nn.Module) -> Any:
-    """A model's list of Transformer layers (helpers.measure.flops.transformer_blocks)."""
-    from helpers.measure.flops import transformer_blocks
-
     return transformer_blocks(model)
 
 
 def _compile_layers(model: nn.Module) -> nn.Module:
-    """Regional compilation: each Transformer layer compiled (they share one graph, compiled once); a
-    model without a list of layers is compiled whole (lesson 05)."""
+    # regional compilation: the layers share one graph, compiled once; no list of layers: compiled whole
     layers = _layers(model)
     if layers is None:
         return torch.compile(model)
@@ -405,10 +352,7 @@ def _compile_layers(model: nn.Module) -> nn.Module:
 
 
 def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
-    """Turn activation checkpointing on or off: SmallTransformer's switch, or Hugging Face's (lesson 03);
-    `RunSpec(activation_checkpointing=True).apply(model)` is the way a run turns it on."""
-    from helpers.core.compat import hf_activation_checkpointing, hf_model_in
-
+    """Activation checkpointing on or off: SmallTransformer's switch, or Hugging Face's (lesson 03)."""
     if hasattr(model, "set_activation_checkpointing"):
         model.set_activation_checkpointing(enabled)
     elif hf_model_in(model) is not None:  # a Hugging Face PreTrainedModel, or the base model of a peft one

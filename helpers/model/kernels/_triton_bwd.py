@@ -1,17 +1,15 @@
-"""The FlashAttention backward kernels, in Triton (imported lazily, like the forward).
-
-Gradients of O = softmax(S)·V with S = Q Kᵀ·scale, recomputing P tile by tile from the row
-log-sum-exp L the forward stored (so the (T, T) matrix is never stored here either):
-    dV = Pᵀ dO        dP = dO Vᵀ        dS = P ∘ (dP − D),  D = rowsum(dO ∘ O)
-    dQ = scale · dS K                    dK = scale · dSᵀ Q
-Two kernels: `attn_bwd_dkdv` (one program per key block: loops over query blocks) and `attn_bwd_dq`
-(one program per query block: loops over key blocks); no atomics. Inputs are contiguous (B, H, T, d).
-"""
+"""The FlashAttention backward kernels in Triton (lesson 01), imported lazily like the forward. Inputs are
+contiguous (B, H, T, d)."""
 
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 
+# P is recomputed tile by tile from the forward's row log-sum-exp L (the (T, T) matrix is never stored):
+#     dV = Pᵀ dO        dP = dO Vᵀ        dS = P ∘ (dP − D),  D = rowsum(dO ∘ O)
+#     dQ = scale · dS K                    dK = scale · dSᵀ Q
+# attn_bwd_dkdv: one program per key block; attn_bwd_dq: one per query block; no atomics.
 def attn_bwd_dkdv(Q, K, V, DO, L, D, DK, DV, Mask, sm_scale, H, TQ, TK, CAUSAL_OFFSET,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
@@ -99,9 +97,7 @@ def attn_bwd_dq(Q, K, V, DO, L, D, DQ, Mask, sm_scale, H, TQ, TK, CAUSAL_OFFSET,
 
 
 def build(interpret):
-    """(dK/dV kernel, dQ kernel) for one mode: Triton's interpreter (CPU tensors) or compiled."""
+    """(dK/dV kernel, dQ kernel), interpreted (CPU tensors) or compiled."""
     if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-
         return InterpretedFunction(attn_bwd_dkdv), InterpretedFunction(attn_bwd_dq)
     return triton.jit(attn_bwd_dkdv), triton.jit(attn_bwd_dq)

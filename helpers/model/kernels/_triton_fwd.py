@@ -1,19 +1,13 @@
-"""The FlashAttention forward kernel, written in Triton (imported lazily: only this file and
-`_triton_bwd.py` need triton).
-
-One program computes one (BLOCK_M, d) tile of the output for one (batch, head): it loads its Q tile
-once, then streams K/V tiles of BLOCK_N keys, keeping a running row max `m`, a running row sum `l` and
-an fp32 accumulator, exactly like `helpers.model.attention.tiled_attention`. The (T, T) score matrix never
-exists; each tile of scores lives in registers. Exponentials use exp2 with log2(e) folded into the scale.
-Each row's log-sum-exp goes to L for the backward pass.
-
-No `from __future__ import annotations` here: Triton reads the `tl.constexpr` annotations as objects.
-"""
+"""The FlashAttention forward kernel in Triton (lesson 01); only this file and `_triton_bwd.py` import
+triton. No `from __future__ import annotations`: Triton reads the `tl.constexpr` annotations as objects."""
 
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 
+# One program: one (BLOCK_M, d) output tile of one (batch, head). It streams K/V tiles with a running row
+# max `m_i`, row sum `l_i` and fp32 accumulator, as tiled_attention does; exp2 with log2(e) in the scale.
 def attn_fwd(Q, K, V, O, L, Mask, sm_scale,  # noqa: E741 - O is the output, named as in the papers
              stride_qb, stride_qh, stride_qt, stride_qd,
              stride_kb, stride_kh, stride_kt, stride_kd,
@@ -82,11 +76,8 @@ def _even_n(args):
 
 
 def build(interpret, configs=None):
-    """The kernel for one mode: Triton's interpreter (CPU tensors), compiled, or compiled and autotuned over
-    `configs` (`helpers.model.kernels.configs.TileConfig`s, chosen for one GPU architecture and head dim)."""
+    """The kernel interpreted (CPU tensors), compiled, or compiled and autotuned over `configs`."""
     if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-
         return InterpretedFunction(attn_fwd)
     kernel = triton.jit(attn_fwd)
     if configs:

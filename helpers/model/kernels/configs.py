@@ -1,37 +1,6 @@
-"""Tile configurations of the Triton kernels, chosen per GPU architecture: one function decides
-(`tile_configs`), and the launches in `flash_attention.py` use what it returns (lesson 01).
-
-A program of a kernel keeps its tiles in the SM's shared memory, and a launch fails (Triton's
-`OutOfResources`) when one program needs more than one thread block may have. That limit depends on the
-architecture (CUDA C++ Programming Guide, "Compute Capabilities", Table 31 "Memory Information per
-Compute Capability", row "Maximum amount of shared memory per thread block":
-https://docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/compute-capabilities.html):
-sm_75 (T4, RTX 20xx) 64 KB; sm_80 (A100) 163 KB; sm_86 / sm_89 (RTX 30xx / 40xx, L4) 99 KB; sm_90 (H100)
-227 KB. What a tile needs also depends on how Triton compiles `tl.dot` for the architecture: from sm_80 on
-it is tensor-core `mma` fed by asynchronous copies (`num_stages` tiles in flight); below sm_80 Triton
-compiles it to FMAs on the CUDA cores (its AccelerateMatmul pass: "Dot op using MMA for compute capability
-< 80 has been deprecated. It falls back to the FMA path.") and has no asynchronous copies to pipeline.
-
-What a launch needs is more than the kernel compiled bare: a launch specialises the kernel on its arguments
-(aligned pointers, strides divisible by 16), so Triton vectorises the loads and, from sm_80 on, pipelines
-them through shared memory (the forward's 128x128 tile at d=128: 160 KB on sm_80, 96 KB compiled bare).
-Each candidate below names the path it is for and the smallest per-block limit it is offered on: at least
-what it needs there, as a launch compiles it. `tests/test_triton_targets.py` compiles every configuration
-offered here that way, ahead of time, for sm_75, 80, 86, 89 and 90, and checks what each needs against that
-architecture's limit. The forward's largest tiles leave about 3 KB of room (160 of sm_80's 163 KB, 96 of
-sm_86's 99 KB, 224 of sm_90's 227 KB). A later Triton that needed more would fail that launch with
-`OutOfResources`, and the forward's autotuner skips a configuration that fails so and times the next; each
-backward kernel launches one configuration, with 26 KB of room or more.
-
-Triton versions: the same configurations compile, needing the same shared memory, with triton 3.4 to 3.9.
-triton 3.3 (torch 2.7's) compiles every sm_80-90 one but no fp16 `tl.dot` for sm_75 ("Unsupported
-conversion from f16 to f16", triton-lang/triton#6698, fixed in 3.4): on a T4 the kernel needs triton 3.4+.
-
-What the compiled kernels are planned for: head dims 64 and 128 in fp16 or bf16, on sm_75 and newer.
-Refused on a GPU, with the reason (`gpu_refusal`): other head dims (16 and 32 run in the interpreter),
-fp32 inputs (their tiles need twice the shared memory; none of these plans is compiled for them), and
-GPUs below sm_75. On a CPU the interpreter runs 16x16 tiles and nothing here applies.
-"""
+"""Tile configurations of the Triton kernels per GPU architecture (lesson 01): `tile_configs` decides what
+fits one thread block's shared memory, `gpu_refusal` says what is not planned (head dims other than 64 and
+128, fp32, GPUs below sm_75). Guide: docs/library/model.md#helpersmodelkernelsconfigs"""
 
 from __future__ import annotations
 
@@ -47,8 +16,9 @@ __all__ = ["TileConfig", "KERNELS", "COMPILED_TARGETS", "SHARED_MEMORY_PER_BLOCK
 
 KiB = 1024
 KERNELS = ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
-# Per-block shared memory, bytes (Table 31 of the CUDA C++ Programming Guide, cited above); what Triton
-# checks a launch against (the device's opt-in maximum per block).
+# Per-block shared memory, bytes: what Triton checks a launch against (the opt-in maximum per block).
+# CUDA C++ Programming Guide, "Compute Capabilities", Table 31 "Memory Information per Compute Capability":
+# https://docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/compute-capabilities.html
 SHARED_MEMORY_PER_BLOCK: dict[tuple[int, int], int] = {
     (7, 5): 64 * KiB, (8, 0): 163 * KiB, (8, 6): 99 * KiB, (8, 7): 163 * KiB, (8, 9): 99 * KiB,
     (9, 0): 227 * KiB, (10, 0): 227 * KiB, (10, 3): 227 * KiB, (11, 0): 227 * KiB, (12, 0): 99 * KiB,
@@ -63,7 +33,7 @@ EXPLICIT_LAUNCH = dict(num_warps=4, num_stages=2)  # block sizes given by the ca
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One launch of a kernel: tile edges (queries, keys), warps per program, pipeline stages."""
+    """One launch of a kernel: tile edges (queries, keys), warps per program, pipeline stages (lesson 01)."""
 
     block_m: int
     block_n: int
@@ -85,10 +55,11 @@ def _c(path: str, min_kib: int, bm: int, bn: int, warps: int, stages: int) -> _C
     return _Candidate(TileConfig(bm, bn, warps, stages), path, min_kib * KiB)
 
 
-# Candidates per (kernel, head dim), in order of preference. The forward is autotuned over every candidate
-# offered; each backward kernel launches the first one offered. What each needed, compiled as a launch
-# compiles it, with triton 3.9 (tests/test_triton_targets.py measures it again with the installed Triton):
-# see the comment on each line.
+# Candidates per (kernel, head dim), in order of preference: the forward is autotuned over every one
+# offered, each backward kernel launches the first. Each is offered where a block may have `min_kib`, what
+# it needed compiled as a launch compiles it (aligned, vectorised, pipelined from sm_80 on), triton 3.9;
+# tests/test_triton_targets.py measures it again with the installed Triton. Largest forward tiles leave
+# about 3 KB of room; the backward ones 26 KB or more.
 _CANDIDATES: dict[tuple[str, int], tuple[_Candidate, ...]] = {
     ("attn_fwd", 64): (
         _c("mma", 64, 128, 64, 4, 3),  # 48 KB on sm_80/86/89, 64 KB on sm_90
@@ -132,8 +103,7 @@ def shared_memory_per_block(capability: tuple[int, int]) -> int:
 
 
 def gpu_refusal(capability: tuple[int, int], dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why the compiled kernel is not launched for these inputs on a GPU of `capability`, or None when it is
-    (lesson 01)."""
+    """Why the compiled kernel is not launched for these inputs on this GPU, or None (lesson 01)."""
     capability = _check_capability(capability)
     sm = f"sm_{capability[0]}{capability[1]}"
     if capability < (7, 5):
@@ -156,8 +126,7 @@ def gpu_refusal(capability: tuple[int, int], dtype: torch.dtype, head_dim: int) 
 
 
 def tile_configs(kernel: str, capability: tuple[int, int], head_dim: int) -> tuple[TileConfig, ...]:
-    """The configurations `kernel` launches with on a GPU of `capability` at `head_dim`: the forward is
-    autotuned over all of them, a backward kernel launches the first (lesson 01)."""
+    """The configurations `kernel` launches with on a GPU of `capability` at `head_dim` (lesson 01)."""
     if kernel not in KERNELS:
         raise ValueError(f"no kernel named {kernel!r}: choose one of {KERNELS}")
     capability = _check_capability(capability)
@@ -173,9 +142,8 @@ def tile_configs(kernel: str, capability: tuple[int, int], head_dim: int) -> tup
 
 
 def explicit_config(capability: tuple[int, int], head_dim: int, block_m: int, block_n: int) -> TileConfig:
-    """The forward launch when the caller gives the block sizes: the planned configuration with those
-    sizes, else those sizes with 4 warps and 2 stages (a learner's experiment: Triton refuses it if it does
-    not fit) (lesson 01)."""
+    """The forward launch for the caller's block sizes: the planned one, else 4 warps and 2 stages (Triton
+    refuses it if it does not fit) (lesson 01)."""
     if head_dim in GPU_HEAD_DIMS:
         for config in tile_configs("attn_fwd", capability, head_dim):
             if (config.block_m, config.block_n) == (block_m, block_n):
@@ -186,8 +154,7 @@ def explicit_config(capability: tuple[int, int], head_dim: int, block_m: int, bl
 
 def course_launches(targets: tuple[tuple[int, int], ...] = COMPILED_TARGETS,
                     ) -> dict[tuple[str, tuple[int, int], int], tuple[TileConfig, ...]]:
-    """Every configuration the course launches on `targets`, per (kernel, capability, head dim): the planned
-    ones (its GPU tests give the block sizes of a planned one) (lesson 01; the tests compile them all)."""
+    """Every configuration launched on `targets`, per (kernel, capability, head dim), for the tests."""
     return {(kernel, cc, d): tile_configs(kernel, cc, d)
             for cc in targets for d in GPU_HEAD_DIMS for kernel in KERNELS}
 

@@ -1,7 +1,5 @@
-"""Host side of the Triton FlashAttention kernels: checks the inputs, picks compiled or interpreted
-Triton, launches one program per (query block, batch·head) forward and per key or query block backward,
-with the tile configuration `helpers.model.kernels.configs.tile_configs` chose for the GPU's architecture, and
-ties forward and backward together with `torch.autograd.Function`."""
+"""Host side of the Triton FlashAttention (lesson 01): checks the inputs, picks compiled or interpreted
+Triton, launches the kernels with the tiles `configs.tile_configs` chose, ties them together for autograd."""
 
 from __future__ import annotations
 
@@ -15,6 +13,9 @@ from typing import Any
 
 import torch
 
+from helpers.core import compat
+from helpers.model.attention import check_qkv
+from helpers.model.kernels import _triton_bwd, _triton_fwd
 from helpers.model.kernels import configs as tiles
 
 __all__ = ["flash_attention", "triton_available", "uses_interpreter", "kernel_source", "kernel_refusal",
@@ -27,7 +28,7 @@ INTERPRETER_BLOCK = 16  # tile edge under the interpreter: small tiles keep the 
 
 
 def triton_available() -> bool:
-    """True when the triton package is installed (Linux; it is not built for macOS or Windows) (lesson 01)."""
+    """True when the triton package is installed (it is built for Linux only) (lesson 01)."""
     return importlib.util.find_spec("triton") is not None
 
 
@@ -36,8 +37,7 @@ KERNEL_FILES = {"attn_fwd": "_triton_fwd.py", "attn_bwd_dkdv": "_triton_bwd.py",
 
 
 def kernel_source(name: str = "attn_fwd") -> str:
-    """The Triton source of one of the course's kernels, for reading (lesson 01): 'attn_fwd' (forward),
-    'attn_bwd_dkdv' or 'attn_bwd_dq' (backward). Read from the file, so triton is not imported."""
+    """The Triton source of 'attn_fwd', 'attn_bwd_dkdv' or 'attn_bwd_dq', read from its file (lesson 01)."""
     if name not in KERNEL_FILES:
         raise ValueError(f"no kernel named {name!r}: choose one of {sorted(KERNEL_FILES)}")
     path = os.path.join(os.path.dirname(__file__), KERNEL_FILES[name])
@@ -48,9 +48,8 @@ def kernel_source(name: str = "attn_fwd") -> str:
 
 
 def kernel_refusal(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why `flash_attention` cannot run inputs of `dtype` and `head_dim` on `device` here, in one line, or
-    None when it can: triton missing (it is built for Linux only), a device Triton has no backend for, or a
-    GPU, dtype or head dim the compiled kernel is not planned for (lesson 01)."""
+    """Why `flash_attention` cannot run inputs of `dtype` and `head_dim` on `device`, in one line, or None
+    (lesson 01)."""
     device = torch.device(device)
     if not triton_available():
         return "needs the triton package, which is built for Linux only (pip install triton on Linux)"
@@ -65,23 +64,19 @@ def kernel_refusal(device: torch.device | str, dtype: torch.dtype, head_dim: int
 
 
 def _capability(device: torch.device) -> tuple[int, int]:
-    """The compute capability of a CUDA device, as a tuple (the tests fake it)."""
+    # a function of its own: the tests fake it
     return tuple(torch.cuda.get_device_capability(device))
 
 
 def uses_interpreter(device: torch.device | str) -> bool:
-    """True when a kernel on `device` runs through Triton's interpreter: CPU tensors, or TRITON_INTERPRET=1
-    (lesson 01)."""
+    """True for CPU tensors or TRITON_INTERPRET=1: kernels run in Triton's interpreter (lesson 01)."""
     env = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "yes", "on")
     return env or torch.device(device).type != "cuda"
 
 
 def _ensure_interpreter() -> None:
-    """Make Triton interpret kernels: TRITON_INTERPRET=1 must be set before triton is first imported,
-    because triton decides at import time whether its own library functions (tl.zeros, tl.max...) are
-    compiled or interpreted. Refuses a triton whose interpreter cannot run with the installed numpy."""
-    from helpers.core import compat
-
+    # triton decides when first imported whether tl.zeros, tl.max... are interpreted: TRITON_INTERPRET=1
+    # must be set before then
     compat.check_triton_interpreter()
     if "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"  # nothing has imported triton yet: safe to choose now
@@ -95,28 +90,15 @@ def _ensure_interpreter() -> None:
 
 @functools.cache
 def _fwd_kernel(interpret: bool, configs: tuple[tiles.TileConfig, ...] | None) -> Any:
-    """The forward kernel: interpreted, compiled, or compiled and autotuned over `configs` (one autotuner
-    per architecture and head dim, each with its own list)."""
-    from helpers.model.kernels import _triton_fwd
-
+    # cached: one autotuner per architecture and head dim, each with its own list of configs
     return _triton_fwd.build(interpret, configs)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     key_padding_mask: torch.Tensor | None = None, scale: float | None = None,
                     block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
-    """FlashAttention in Triton: softmax(Q Kᵀ·scale) V without forming the (Tq, Tk) matrix.
-
-    q (B, H, Tq, d); k, v (B, H, Tk, d); key_padding_mask (B, Tk) bool, True = real token; causal is
-    aligned bottom-right, as in `helpers.model.attention`. On a GPU the block sizes are autotuned over
-    the configurations planned for its architecture (`helpers.model.kernels.configs`) unless given; under the
-    interpreter (CPU tensors) they default to 16. On a GPU it takes fp16 or bf16 at head dims 64 and 128
-    (`kernel_refusal` says why anything else is refused). Differentiable: the backward pass is two more Triton
-    kernels that recompute the probabilities tile by tile.
-    Lesson 01.
-    """
-    from helpers.model.attention import check_qkv
-
+    """softmax(Q Kᵀ·scale) V in Triton, differentiable, without the (Tq, Tk) matrix (lesson 01). Shapes and
+    masks as in `helpers.model.attention`; on a GPU fp16/bf16 at head dims 64 and 128, blocks autotuned."""
     check_qkv(q, k, v, key_padding_mask)
     d = q.shape[-1]
     if d not in SUPPORTED_HEAD_DIMS:
@@ -155,7 +137,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
              scale: float, block_m: int | None, block_n: int | None,
              interpret: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel: (output (B, H, Tq, d), row log-sum-exp (B·H, Tq) fp32, log2 units)."""
+    # -> output (B, H, Tq, d), row log-sum-exp (B·H, Tq) fp32 in log2 units
     b, h, tq, d = q.shape
     tk = k.shape[2]
     out = torch.empty_like(q)
@@ -182,15 +164,12 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
 
 @functools.cache
 def _bwd_kernels(interpret: bool) -> Any:
-    from helpers.model.kernels import _triton_bwd
-
     return _triton_bwd.build(interpret)
 
 
 def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
               lse: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float,
               interpret: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the two backward kernels: (dq, dk, dv)."""
     q, k, v, out, do = (t.contiguous() for t in (q, k, v, out, do))  # the kernels index (B, H, T, d) densely
     b, h, tq, d = q.shape
     tk = k.shape[2]
@@ -216,8 +195,6 @@ def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Forward and backward kernels tied together for autograd."""
-
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                 causal: bool, scale: float, block_m: int | None, block_n: int | None,

@@ -1,11 +1,11 @@
 """Sweep the exercise checks over many seeds: every wrong answer of tests/exercise_answers.py must fail its
 check on every seed, with the mistake key it is filed under, and every right answer (the solution, the right
 variants) must pass on every seed. The suite runs each answer on one seed a session; this is the slow run
-whose result docs/exercises.md records ("The sweep").
+whose result docs/exercises.md records ("The sweep"). It lives beside the tests: it runs their answers.
 
-    python benchmarks/exercise_sweep.py --seeds 100 --batch 51            # issue 51's wrong answers
-    python benchmarks/exercise_sweep.py --seeds 10 --right                 # the right answers
-    python benchmarks/exercise_sweep.py --seeds 20 --batch 51 --ids 07-bucketed-allreduce
+    python tests/exercise_sweep.py --seeds 100 --batch 51            # issue 51's wrong answers
+    python tests/exercise_sweep.py --seeds 10 --right                 # the right answers
+    python tests/exercise_sweep.py --seeds 20 --batch 51 --ids 07-bucketed-allreduce
 
 Lesson 07's answers run in one torchrun launch for all the seeds. Seeds are 0 .. N-1. Each answer is loaded
 once and checked on every seed in turn, as a learner's kernel would run the check again: state an answer
@@ -26,9 +26,9 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the course, and tests/exercise_answers.py
+sys.path.insert(1, str(ROOT))  # the course (tests/, this script's folder, is sys.path[0])
 
-import exercise_answers as answers  # noqa: E402 - tests/ is on the path only from here
+import exercise_answers as answers  # noqa: E402 - tests/exercise_answers.py
 
 from course.exercises import EXERCISES, lesson07, outcome_of  # noqa: E402
 from course.exercises.core import TIME_LIMIT_ENV  # noqa: E402
