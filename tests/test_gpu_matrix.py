@@ -115,9 +115,7 @@ def test_planted_unfitted_size_fails_the_matrix(monkeypatch, tmp_path) -> None:
     fitted = lesson04.setup
 
     def unfitted(*args, **kwargs):  # a setup that runs the full batch sweep whatever it fitted
-        chosen = fitted(*args, **kwargs)
-        chosen.BATCHES_MAX = lesson04.SIZES["BATCHES_MAX"].full
-        return chosen
+        return fitted(*args, **kwargs).replace(BATCHES_MAX=lesson04.SIZES["BATCHES_MAX"].full)
 
     ns = decide("04_where_time_goes", "T4", monkeypatch, tmp=tmp_path, plant=[("setup", unfitted)])
     with pytest.raises(AssertionError, match="the lesson runs .*'BATCHES_MAX': 64"):

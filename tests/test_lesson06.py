@@ -238,7 +238,7 @@ def test_padding_keeps_the_loss_and_a_leaking_pack_fails(tiny_model, monkeypatch
     import helpers.model.packed_model as packed_model
 
     S = _setup()
-    S.BATCH = 4
+    S.BATCH = 4  # a SimpleNamespace here, not a lesson's frozen set-up
     lesson06.check_padding_keeps_the_loss(tiny_model, _articles(), 0, S, max_len=32)
     # planted: a mask that leaks between the documents of a row (every real token of the row visible)
     monkeypatch.setattr(packed_model, "document_mask",
