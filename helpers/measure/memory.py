@@ -594,7 +594,7 @@ def _is_oom(err: BaseException) -> bool:
 def find_max_batch_size(step_fn: Callable[[int], Any], *, start: int = 1, limit: int = 4096,
                         device: torch.device | str | None = None, verbose: bool = True) -> int:
     """The largest batch `step_fn(n)` runs on this device, by running steps until out of memory (lesson 03);
-    predict_max_batch_size asks the dry run instead. 0 when `start` does not fit; other errors are raised."""
+    predict_max_batch_size asks the dry run instead. At most `limit`; 0 when `start` does not fit."""
     if start < 1 or limit < start:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
     # whose cache to empty after a failure: the given device, or any GPU torch sees
