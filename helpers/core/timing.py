@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from torch.utils.benchmark import Timer
 
 from helpers.core.tables import Table
+
+# torch.utils.benchmark is imported inside `benchmark`, the one function that times with it: 0.13 s on first
+# import (it pulls in setuptools; 2-core CPU, `python -X importtime`), which every process that imports this
+# module but never times a call (a torchrun rank, a lesson's set-up) would pay
 
 __all__ = ["Timing", "benchmark", "benchmark_interleaved", "time_interleaved", "time_passes", "timing_from",
            "time_once", "compare", "synchronize", "ColdStart", "cold_start", "TOO_BUSY", "OTHERS_BUSY",
@@ -67,6 +70,8 @@ def benchmark(fn: Callable[[], Any], *, name: str = "", warmup: int = 2, min_run
     for _ in range(warmup):
         fn()
     synchronize()
+    from torch.utils.benchmark import Timer
+
     timer = Timer(stmt="fn()", globals={"fn": fn},
                   num_threads=num_threads or torch.get_num_threads())  # Timer's default is 1 thread
     m = timer.blocked_autorange(min_run_time=min_run_time)
